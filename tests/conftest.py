@@ -1,0 +1,32 @@
+"""Test-suite wiring: the ``slow`` and ``gpu`` markers.
+
+``pytest`` alone skips slow tests (fast local loop); ``pytest --run-slow`` (what CI runs through
+``tools/dev.sh test``) runs everything. ``gpu`` tests are skipped when no CUDA device exists.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False, help="run slow tests too")
+
+
+def _has_gpu() -> bool:
+    import shutil
+
+    return shutil.which("nvidia-smi") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow")
+    gpu = None
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow test: run with --run-slow"))
+        if "gpu" in item.keywords:
+            if gpu is None:
+                gpu = _has_gpu()
+            if not gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)"))

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: `tools/dev.sh serve` sets up the environment, writes the
+# demo model repository (./models) if absent and serves it on 127.0.0.1:8001;
+# `tools/dev.sh test` sets up the environment and runs the whole test suite, slow tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+setup() {
+  if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+  fi
+  # Reinstall only when the project metadata changed since the last setup.
+  stamp=.venv/.kserve_trio-installed
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+    echo "$want" > "$stamp"
+  fi
+}
+
+cmd=${1:-help}
+shift || true
+case "$cmd" in
+  serve)
+    setup
+    [ -d models ] || .venv/bin/python -m kserve_trio bundle demo models
+    exec .venv/bin/python -m kserve_trio worker --model-repo models "$@"
+    ;;
+  test)
+    setup
+    exec .venv/bin/python -m pytest --run-slow "$@"
+    ;;
+  *)
+    echo "usage: tools/dev.sh serve|test [args...]" >&2
+    exit 2
+    ;;
+esac
