@@ -43,7 +43,9 @@ _COMMANDS: dict[str, tuple[str, str | None, str]] = {
 }
 
 
-def _resolve(target: str) -> Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]] | None:
+def _resolve(
+    target: str,
+) -> Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]] | None:
     module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)

@@ -23,7 +23,9 @@ def parse_level(level: str | int) -> int:
     try:
         return _LEVELS[level.strip().lower()]
     except KeyError:
-        raise ValueError(f"unknown log level '{level}'; expected one of {', '.join(_LEVELS)}") from None
+        raise ValueError(
+            f"unknown log level '{level}'; expected one of {', '.join(_LEVELS)}"
+        ) from None
 
 
 def configure_logging(fmt: LogFormat = "auto", level: str | int = "info", stream=None) -> None:

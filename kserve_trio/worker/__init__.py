@@ -1,0 +1,26 @@
+"""The worker: one process serving a model repository over KServe V2 gRPC on one device.
+
+Public surface: ``serve``, ``serve_worker``, ``stop``, ``RunningServer``, ``register_model``,
+``register_meta_model``. Importing this package does not import jax; compiling bundles does.
+"""
+
+from __future__ import annotations
+
+from kserve_trio.worker.hooks import register_meta_model, register_model
+
+__all__ = [
+    "RunningServer",
+    "register_meta_model",
+    "register_model",
+    "serve",
+    "serve_worker",
+    "stop",
+]
+
+
+def __getattr__(name: str):
+    if name in ("RunningServer", "serve", "serve_worker", "stop"):
+        from kserve_trio.worker import server
+
+        return getattr(server, name)
+    raise AttributeError(name)

@@ -1,0 +1,77 @@
+"""``python -m kserve_trio worker``: serve a model repository from the command line.
+
+With no arguments it serves ``./models`` on 127.0.0.1:8001. Precedence: defaults < node file <
+``INFERENCE_SERVER_*`` environment < these flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure_parser(parser: argparse.ArgumentParser):
+    """Add the worker's flags to ``parser``; returns the runner."""
+    parser.add_argument(
+        "--node", metavar="FILE", help="node file (node.yaml) to resolve the worker from"
+    )
+    parser.add_argument("--worker", metavar="NAME", help="worker entry of the node file to serve")
+    parser.add_argument(
+        "--model-repo",
+        metavar="DIR",
+        action="append",
+        help="model repository (repeatable; default ./models)",
+    )
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="gRPC port (default 8001; 0 = ephemeral)")
+    parser.add_argument(
+        "--model-control-mode",
+        choices=["static", "dynamic", "explicit"],
+        help="model lifecycle mode",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        help="log rendering (default: console on a TTY)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", help="debug|info|warning|error (default info)"
+    )
+    return run
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    """CLI flags as a raw config dict in YAML shape (the last precedence layer)."""
+    raw: dict = {}
+    if args.model_repo:
+        raw["model_dirs"] = list(args.model_repo)
+    if args.model_control_mode:
+        raw["model_control_mode"] = args.model_control_mode
+    endpoints = {}
+    if args.host is not None:
+        endpoints["host"] = args.host
+    if args.port is not None:
+        endpoints["port"] = args.port
+    if endpoints:
+        raw["endpoints"] = endpoints
+    return raw
+
+
+def run(args: argparse.Namespace) -> int:
+    from kserve_trio.core.errors import BundleError, ConfigError
+    from kserve_trio.core.logging import configure_logging, get_logger
+
+    configure_logging(args.log_format or "auto", args.log_level)
+    log = get_logger("kserve_trio.worker")
+    from kserve_trio.worker.server import serve
+
+    try:
+        serve(args.node, args.worker, blocking=True, **overrides_from_args(args))
+    except (ConfigError, BundleError) as exc:
+        log.error("startup_failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["configure_parser", "overrides_from_args", "run"]

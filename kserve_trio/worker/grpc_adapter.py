@@ -1,0 +1,162 @@
+"""The thin grpclib adapter: the one place that touches grpclib's stream and status types.
+
+Handlers are mapped by hand (DESIGN section 2) so they see the raw stream: its deadline
+(``grpc-timeout``), its metadata, and the message length before the payload is buffered.
+``recv_request`` enforces ``grpc.max_recv_msg_bytes`` from the length prefix (grpclib has no cap
+of its own) and refuses compressed messages; ``send_reply`` sends pre-encoded bytes so the reply
+is serialized exactly once and checked against ``grpc.max_send_msg_bytes``. ``status_error``
+maps our exception family to ``GRPCError`` in one place.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpclib.const
+from grpclib.exceptions import GRPCError
+
+from kserve_trio.core.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    ServingError,
+    Unimplemented,
+)
+from kserve_trio.core.logging import get_logger
+
+log = get_logger("kserve_trio.worker.grpc")
+
+
+class EncodedMessage(bytes):
+    """Already-serialized protobuf bytes; grpclib's codec passes them through unchanged."""
+
+    def SerializeToString(self) -> bytes:
+        return self
+
+    @classmethod
+    def FromString(cls, data: bytes) -> EncodedMessage:
+        return cls(data)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Message caps for one server (``grpc.max_*_msg_bytes``)."""
+
+    max_recv_bytes: int
+    max_send_bytes: int
+
+
+@dataclass
+class CallContext:
+    """What a handler may know about its call besides the request message."""
+
+    stream: Any
+    deadline_ns: int  # absolute time.monotonic_ns() from grpc-timeout; 0 = none
+
+    @property
+    def metadata(self):
+        return self.stream.metadata
+
+
+async def recv_request(stream, message_type, max_bytes: int):
+    """Read one length-prefixed message, enforcing the cap before buffering the payload."""
+    h2_stream = stream._stream
+    meta = await h2_stream.recv_data(5)
+    if not meta:
+        raise InvalidArgument("empty request: no message was sent")
+    compressed, length = struct.unpack(">?I", meta)
+    if compressed:
+        raise Unimplemented("compression is not supported")
+    if length > max_bytes:
+        raise ResourceExhausted(f"received message larger than max ({length} vs. {max_bytes})")
+    data = await h2_stream.recv_data(length) if length else b""
+    if len(data) != length:
+        raise InvalidArgument(f"truncated request message ({len(data)} of {length} bytes)")
+    try:
+        return message_type.parse(data)
+    except Exception as exc:
+        raise InvalidArgument(f"malformed request message: {exc}") from exc
+
+
+async def send_reply(stream, message, max_bytes: int) -> None:
+    """Serialize once, check the send cap, and send."""
+    data = EncodedMessage(bytes(message))
+    if len(data) > max_bytes:
+        raise ResourceExhausted(f"response larger than max ({len(data)} vs. {max_bytes})")
+    await stream.send_message(data)
+
+
+def deadline_from_stream(stream) -> int:
+    """grpc-timeout as an absolute ``time.monotonic_ns()`` deadline (0 = none)."""
+    deadline = stream.deadline
+    if deadline is None:
+        return 0
+    remaining = deadline.time_remaining()
+    return time.monotonic_ns() + max(0, int(remaining * 1e9)) or 1
+
+
+def status_error(exc: BaseException, *, request_id: str = "", rpc: str = "") -> GRPCError:
+    """Map an exception to the GRPCError grpclib sends; unexpected ones become INTERNAL."""
+    if isinstance(exc, GRPCError):
+        return exc
+    if isinstance(exc, ServingError):
+        return GRPCError(grpclib.const.Status(int(exc.status)), exc.message)
+    if isinstance(exc, TimeoutError):
+        return GRPCError(grpclib.const.Status.DEADLINE_EXCEEDED, str(exc) or "deadline exceeded")
+    log.error(
+        "request_failed_unexpectedly", rpc=rpc, request_id=request_id, error=repr(exc), exc_info=exc
+    )
+    return GRPCError(grpclib.const.Status.INTERNAL, f"internal error: {exc!r}")
+
+
+Handler = Callable[[Any, CallContext], Awaitable[Any]]
+
+
+def unary(fn: Handler, request_type, limits: Limits, rpc: str) -> grpclib.const.Handler:
+    """Wrap ``fn(request, ctx) -> reply`` as a grpclib unary-unary handler."""
+
+    async def handle(stream) -> None:
+        try:
+            request = await recv_request(stream, request_type, limits.max_recv_bytes)
+            reply = await fn(request, CallContext(stream, deadline_from_stream(stream)))
+            await send_reply(stream, reply, limits.max_send_bytes)
+        except DeadlineExceeded as exc:
+            raise status_error(exc, rpc=rpc) from None
+        except (ServingError, TimeoutError) as exc:
+            raise status_error(exc, rpc=rpc) from None
+        except GRPCError:
+            raise
+        except Exception as exc:
+            raise status_error(exc, rpc=rpc) from exc
+
+    return grpclib.const.Handler(
+        handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, EncodedMessage
+    )
+
+
+def unimplemented(rpc: str, reason: str) -> grpclib.const.Handler:
+    """A handler answering UNIMPLEMENTED with a message naming the RPC."""
+
+    async def handle(stream) -> None:
+        raise GRPCError(grpclib.const.Status.UNIMPLEMENTED, f"{rpc} is not implemented: {reason}")
+
+    return grpclib.const.Handler(
+        handle, grpclib.const.Cardinality.UNARY_UNARY, EncodedMessage, EncodedMessage
+    )
+
+
+__all__ = [
+    "CallContext",
+    "EncodedMessage",
+    "Limits",
+    "deadline_from_stream",
+    "recv_request",
+    "send_reply",
+    "status_error",
+    "unary",
+    "unimplemented",
+]

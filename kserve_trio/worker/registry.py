@@ -1,0 +1,179 @@
+"""The model repository: finding bundles, running their ``model.py``, compiling them.
+
+A bundle is an immediate subdirectory of a model directory holding ``manifest.yaml``; its
+serving name is the directory's basename. ``model.py`` executes in a fresh module namespace with
+the registration functions injected (``kserve_trio.worker.hooks``). A bundle that fails to load
+is reported with its reason and skipped by ``load_repository``; the others serve.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import types
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kserve_trio.core.errors import BundleError
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.manifest import Manifest, validate_manifest
+from kserve_trio.worker.hooks import (
+    Hook,
+    Registration,
+    loading_bundle,
+    register_meta_model,
+    register_model,
+)
+
+log = get_logger("kserve_trio.worker.registry")
+
+
+@dataclass
+class ModelBundle:
+    """One loaded bundle: its manifest, compiled model (None for a meta) and hooks."""
+
+    name: str
+    bundle_dir: pathlib.Path
+    manifest: Manifest
+    model: object | None = None  # runtime.model.CompiledModel
+    preprocess: Hook | None = None
+    postprocess: Hook | None = None
+    run: Callable | None = None  # meta models
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_meta(self) -> bool:
+        return self.manifest.is_meta
+
+
+def scan_repository(
+    model_dirs: Sequence[str | pathlib.Path], include: Iterable[str] = ()
+) -> dict[str, pathlib.Path]:
+    """Map serving name -> bundle directory over every model directory.
+
+    Immediate subdirectories holding ``manifest.yaml`` only; ``include`` (non-empty) keeps only
+    those names. A name found in two model directories is a ``BundleError``; a missing model
+    directory is skipped (the caller validates configured directories at startup).
+    """
+    wanted = set(include)
+    found: dict[str, pathlib.Path] = {}
+    for root in model_dirs:
+        root = pathlib.Path(root)
+        if not root.is_dir():
+            continue
+        for child in sorted(root.iterdir()):
+            if not (child.is_dir() and (child / "manifest.yaml").is_file()):
+                continue
+            if wanted and child.name not in wanted:
+                continue
+            if child.name in found:
+                raise BundleError(
+                    f"duplicate model name '{child.name}': {found[child.name]} and {child}"
+                )
+            found[child.name] = child
+    for name in sorted(wanted - set(found)):
+        log.warning("model_not_found", model=name, reason="listed in models_include but absent")
+    return found
+
+
+def run_model_py(bundle_dir: pathlib.Path, name: str) -> Registration | None:
+    """Execute ``bundle_dir/model.py`` in its own module namespace; None when there is none."""
+    path = bundle_dir / "model.py"
+    if not path.is_file():
+        return None
+    module = types.ModuleType(f"kserve_trio_bundle_{name}")
+    module.__file__ = str(path)
+    module.register_model = register_model
+    module.register_meta_model = register_meta_model
+    source = path.read_text()
+    with loading_bundle(name) as reg:
+        try:
+            code = compile(source, str(path), "exec")
+            exec(code, module.__dict__)
+        except BundleError:
+            raise
+        except Exception as exc:
+            raise BundleError(f"bundle '{name}' ({bundle_dir}): model.py failed: {exc!r}") from exc
+    reg.module = module
+    return reg
+
+
+def _apply_registration(bundle: ModelBundle, reg: Registration | None) -> None:
+    where = f"bundle '{bundle.name}' ({bundle.bundle_dir})"
+    if bundle.is_meta:
+        if reg is None or reg.kind is None:
+            raise BundleError(f"{where}: model.py did not call register_meta_model")
+        if reg.kind != "meta":
+            raise BundleError(
+                f"{where}: a meta bundle must call register_meta_model, not register_model"
+            )
+        bundle.run = reg.run
+        return
+    if reg is None:
+        return
+    if reg.kind is None:
+        raise BundleError(f"{where}: model.py did not call register_model")
+    if reg.kind != "model":
+        raise BundleError(
+            f"{where}: a regular bundle must call register_model, not register_meta_model"
+        )
+    bundle.preprocess, bundle.postprocess = reg.preprocess, reg.postprocess
+
+
+def load_bundle(bundle_dir: str | pathlib.Path, backend, *, name: str | None = None) -> ModelBundle:
+    """Validate, run ``model.py`` and compile one bundle (compilation happens here, once)."""
+    bundle_dir = pathlib.Path(bundle_dir)
+    name = name or bundle_dir.name
+    manifest = validate_manifest(bundle_dir)
+    bundle = ModelBundle(name=name, bundle_dir=bundle_dir, manifest=manifest)
+    _apply_registration(bundle, run_model_py(bundle_dir, name))
+    if not bundle.is_meta:
+        from kserve_trio.runtime.model import load_compiled_model
+
+        bundle.model = load_compiled_model(bundle_dir, backend, name=name)
+    return bundle
+
+
+def load_repository(
+    model_dirs: Sequence[str | pathlib.Path], backend, *, include: Iterable[str] = ()
+) -> tuple[dict[str, ModelBundle], dict[str, str]]:
+    """Load every bundle; returns (loaded bundles by name, failures name -> reason)."""
+    bundles: dict[str, ModelBundle] = {}
+    failures: dict[str, str] = {}
+    for name, path in scan_repository(model_dirs, include).items():
+        try:
+            bundles[name] = load_bundle(path, backend, name=name)
+        except Exception as exc:  # a bad bundle never takes the others down
+            failures[name] = str(exc)
+            log.error("model_load_failed", model=name, path=str(path), reason=str(exc))
+    _check_meta_calls(bundles, failures)
+    return bundles, failures
+
+
+def _check_meta_calls(bundles: dict[str, ModelBundle], failures: dict[str, str]) -> None:
+    for name in [n for n, b in bundles.items() if b.is_meta]:
+        bundle = bundles[name]
+        for callee in bundle.manifest.meta_calls:
+            target = bundles.get(callee)
+            if target is not None and target.is_meta:
+                reason = f"bundle '{name}': meta model calls another meta model '{callee}'"
+                failures[name] = reason
+                log.error("model_load_failed", model=name, reason=reason)
+                del bundles[name]
+                break
+            if target is None:
+                log.info("meta_callee_missing", model=name, callee=callee)
+
+
+def hidden_submodels(bundles: dict[str, ModelBundle]) -> set[str]:
+    """Names declared in any meta's ``calls``: internal, hidden from RepositoryIndex."""
+    return {c for b in bundles.values() if b.is_meta for c in b.manifest.meta_calls}
+
+
+__all__ = [
+    "ModelBundle",
+    "hidden_submodels",
+    "load_bundle",
+    "load_repository",
+    "run_model_py",
+    "scan_repository",
+]

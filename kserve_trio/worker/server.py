@@ -1,0 +1,258 @@
+"""``serve`` / ``stop``: one worker process as one nursery tree (DESIGN section 2).
+
+``serve_async`` is the tree itself: it resolves the configuration, loads and compiles the model
+repository, starts the dispatch loop and the grpclib server inside one task group, and tears
+them down in order on cancellation. ``serve(..., blocking=False)`` runs that tree on a background
+thread with its own event loop and returns a ``RunningServer``; ``stop(server)`` cancels it and
+returns once everything is released.
+
+Shutdown order: stop accepting (new ModelInfer calls answer UNAVAILABLE), answer queued requests
+UNAVAILABLE "server is shutting down", let the running execution finish, wait up to
+``DRAIN_SECONDS`` for in-flight handlers (grpclib runs them outside our task group and has no
+drain of its own), then close the grpclib server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.from_thread
+
+from kserve_trio.core.config import ModelControlMode, ServerConfig, load_server_config
+from kserve_trio.core.logging import get_logger
+
+log = get_logger("kserve_trio.worker")
+
+DRAIN_SECONDS = 5.0
+
+
+@dataclass
+class RunningServer:
+    """Handle to a running worker: its resolved config, bound port and live components."""
+
+    config: ServerConfig
+    port: int
+    host: str
+    state: object  # service.WorkerState
+    scheduler: object
+    _stop: anyio.Event | None = None
+    _done: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _portal: object | None = None
+    _error: BaseException | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def bundles(self) -> dict:
+        return self.state.bundles
+
+
+def resolve_config(
+    node_path_or_config=None, worker: str | None = None, **overrides
+) -> ServerConfig:
+    """A ``ServerConfig`` from a node file path, an existing config, or defaults + env."""
+    if isinstance(node_path_or_config, ServerConfig):
+        return node_path_or_config
+    cfg, applied = load_server_config(node_path_or_config, worker, overrides=overrides or None)
+    for var, value in applied:
+        log.info("config_overridden_by_environment", variable=var, value=value)
+    return cfg
+
+
+def _make_backend(config: ServerConfig):
+    from kserve_trio.runtime.backend import JaxBackend
+
+    return JaxBackend.from_config(config.runtime, config.cache_dir)
+
+
+def _platform(backend) -> str:
+    return str(getattr(backend, "platform", "cpu"))
+
+
+@contextlib.asynccontextmanager
+async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[RunningServer]:
+    """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
+    import grpclib.config
+    import grpclib.server
+
+    from kserve_trio.worker.grpc_adapter import Limits
+    from kserve_trio.worker.registry import load_repository
+    from kserve_trio.worker.scheduler import Scheduler
+    from kserve_trio.worker.service import InferenceService, WorkerState
+
+    if config.model_control_mode is not ModelControlMode.STATIC:
+        log.warning(
+            "model_control_mode_unavailable",
+            requested=config.model_control_mode.value,
+            serving="static",
+            reason="dynamic and explicit modes arrive with later capabilities; serving static",
+        )
+    backend = backend if backend is not None else _make_backend(config)
+    started = time.monotonic()
+    bundles, failures = await anyio.to_thread.run_sync(
+        lambda: load_repository(config.model_dirs, backend, include=config.models_include)
+    )
+    scheduler = Scheduler(config.scheduler)
+    state = WorkerState(
+        scheduler=scheduler,
+        bundles=bundles,
+        platform=_platform(backend),
+        max_concurrent_requests=config.endpoints.max_concurrent_requests,
+        limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(scheduler.run)
+        for name, bundle in bundles.items():
+            if bundle.model is not None:
+                await scheduler.add_model(
+                    bundle.model, preprocess=bundle.preprocess, postprocess=bundle.postprocess
+                )
+                log.info("model_loaded", model=name, path=str(bundle.bundle_dir))
+        window = 64 << 20
+        grpc_config = grpclib.config.Configuration(
+            http2_connection_window_size=window, http2_stream_window_size=window
+        )
+        server = grpclib.server.Server([InferenceService(state)], config=grpc_config)
+        await server.start(config.endpoints.host, config.endpoints.port)
+        port = server._server.sockets[0].getsockname()[1]
+        running = RunningServer(
+            config=config, port=port, host=config.endpoints.host, state=state, scheduler=scheduler
+        )
+        log.info(
+            "server_up",
+            address=running.address,
+            models=sorted(bundles),
+            failed=sorted(failures),
+            startup_seconds=round(time.monotonic() - started, 3),
+        )
+        try:
+            yield running
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _shutdown(state, scheduler, server)
+                tg.cancel_scope.cancel()
+    with contextlib.suppress(Exception):
+        for bundle in bundles.values():
+            if bundle.model is not None:
+                bundle.model.close()
+    log.info("server_down", address=running.address)
+
+
+async def _shutdown(state, scheduler, server) -> None:
+    state.shutting_down = True
+    await scheduler.stop()
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while state.inflight > 0 and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    if state.inflight:
+        log.warning("shutdown_drain_timeout", inflight=state.inflight)
+    server.close()
+    await server.wait_closed()
+
+
+def _run_loop(coro_fn, *args):
+    return anyio.run(
+        coro_fn, *args, backend="asyncio", backend_options={"use_uvloop": _use_uvloop()}
+    )
+
+
+def _use_uvloop() -> bool:
+    if os.environ.get("KSERVE_TRIO_UVLOOP", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def serve(
+    node_path_or_config=None,
+    worker: str | None = None,
+    backend=None,
+    blocking: bool = True,
+    **overrides,
+) -> RunningServer | None:
+    """Serve a worker. Blocking: until SIGINT/SIGTERM. Non-blocking: returns a ``RunningServer``.
+
+    ``node_path_or_config`` is a node file path, a ``ServerConfig``, or None (defaults and the
+    ``INFERENCE_SERVER_*`` environment). ``overrides`` are raw config values in YAML shape (what
+    CLI flags set), applied last.
+    """
+    config = resolve_config(node_path_or_config, worker, **overrides)
+    if blocking:
+        _run_loop(_serve_until_signal, config, backend)
+        return None
+    return _start_in_thread(config, backend)
+
+
+def serve_worker(node_path, worker, backend=None, blocking: bool = True) -> RunningServer | None:
+    """``serve`` with the worker named positionally."""
+    return serve(node_path, worker, backend=backend, blocking=blocking)
+
+
+async def _serve_until_signal(config: ServerConfig, backend) -> None:
+    async with serve_async(config, backend=backend):
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("shutdown_signal", signal=signal.Signals(signum).name)
+                break
+
+
+def _start_in_thread(config: ServerConfig, backend) -> RunningServer:
+    ready = threading.Event()
+    box: dict = {}
+
+    async def main() -> None:
+        stop_event = anyio.Event()
+        box["token"] = anyio.lowlevel.current_token()
+        async with serve_async(config, backend=backend) as running:
+            running._stop = stop_event
+            box["server"] = running
+            ready.set()
+            await stop_event.wait()
+
+    def target() -> None:
+        try:
+            _run_loop(main)
+        except BaseException as exc:  # surfaced to the caller of serve()/stop()
+            box["error"] = exc
+        finally:
+            ready.set()
+            if "server" in box:
+                box["server"]._done.set()
+
+    thread = threading.Thread(target=target, name="kserve_trio-worker", daemon=True)
+    thread.start()
+    ready.wait()
+    if "server" not in box:
+        thread.join()
+        raise box.get("error") or RuntimeError("worker failed to start")
+    running: RunningServer = box["server"]
+    running._thread = thread
+    running._portal = box["token"]
+    return running
+
+
+def stop(server: RunningServer, timeout: float = 30.0) -> None:
+    """Shut down a server started with ``serve(..., blocking=False)``; returns when released."""
+    if server._thread is None or server._stop is None:
+        raise ValueError("stop() needs a RunningServer returned by serve(..., blocking=False)")
+    if server._thread.is_alive():
+        anyio.from_thread.run_sync(server._stop.set, token=server._portal)
+    server._thread.join(timeout)
+    if server._thread.is_alive():
+        raise TimeoutError(f"worker {server.address} did not stop within {timeout}s")
+
+
+__all__ = ["RunningServer", "resolve_config", "serve", "serve_async", "serve_worker", "stop"]

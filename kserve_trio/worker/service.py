@@ -1,0 +1,179 @@
+"""The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the scheduler.
+
+Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. Statuses follow
+DESIGN sections 4 and 6: unknown model NOT_FOUND; malformed or mismatching input
+INVALID_ARGUMENT; queue full or concurrency cap RESOURCE_EXHAUSTED; expired deadline
+DEADLINE_EXCEEDED; shutting down UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import kserve_trio
+from kserve_trio.core import codec
+from kserve_trio.core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.validation import validate_inputs
+from kserve_trio.proto import inference as pb
+from kserve_trio.worker.grpc_adapter import CallContext, Limits, unary, unimplemented
+from kserve_trio.worker.registry import ModelBundle, hidden_submodels
+
+log = get_logger("kserve_trio.worker.service")
+
+SERVER_NAME = "kserve_trio"
+_PREFIX = "/inference.GRPCInferenceService/"
+
+
+@dataclass
+class WorkerState:
+    """Everything the RPC handlers share: bundles, scheduler, limits and lifecycle flags."""
+
+    scheduler: object  # worker.scheduler.Scheduler
+    bundles: dict[str, ModelBundle]
+    platform: str = "cpu"
+    max_concurrent_requests: int = 64
+    limits: Limits = field(default_factory=lambda: Limits(512 << 20, 512 << 20))
+    shm_registry: object | None = None
+    extensions: list[str] = field(default_factory=list)
+    shutting_down: bool = False
+    inflight: int = 0  # ModelInfer handlers currently running
+    on_request: Callable[[str, str, float], None] | None = None  # (model, status, seconds)
+
+    def routable_names(self) -> list[str]:
+        hidden = hidden_submodels(self.bundles)
+        return sorted(n for n in self.bundles if n not in hidden)
+
+    def model_ready(self, name: str) -> bool:
+        bundle = self.bundles.get(name)
+        if bundle is None:
+            return False
+        if bundle.is_meta:
+            return True
+        return self.scheduler.has_model(name)
+
+    def server_ready(self) -> bool:
+        if self.shutting_down or not self.bundles:
+            return False
+        return all(self.model_ready(n) for n in self.bundles)
+
+    def bundle(self, name: str) -> ModelBundle:
+        if not name:
+            raise InvalidArgument("model_name is empty")
+        bundle = self.bundles.get(name)
+        if bundle is None:
+            raise NotFound(f"unknown model: {name}")
+        return bundle
+
+
+class InferenceService:
+    """grpclib servable for ``inference.GRPCInferenceService``."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    def __mapping__(self) -> dict:
+        lim = self.state.limits
+        rpcs = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest),
+            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
+            "ModelInfer": (self.model_infer, pb.ModelInferRequest),
+            "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
+        }
+        mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+        later = {
+            "ModelConfig": "arrives with the worker extensions capability",
+            "ModelStatistics": "arrives with the worker extensions capability",
+            "RepositoryModelLoad": "arrives with the memory and residency capability",
+            "RepositoryModelUnload": "arrives with the memory and residency capability",
+            "SystemSharedMemoryStatus": "arrives with the shared memory capability",
+            "SystemSharedMemoryRegister": "arrives with the shared memory capability",
+            "SystemSharedMemoryUnregister": "arrives with the shared memory capability",
+            "IsSameIPCNamespace": "arrives with the shared memory capability",
+            "ModelStreamInfer": "streaming inference is not supported",
+            "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
+            "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
+            "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
+            "TraceSetting": "trace settings are not supported",
+            "LogSettings": "log settings are not supported",
+        }
+        for rpc, reason in later.items():
+            mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason))
+        return mapping
+
+    async def server_live(self, request, ctx: CallContext):
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request, ctx: CallContext):
+        return pb.ServerReadyResponse(ready=self.state.server_ready())
+
+    async def model_ready(self, request, ctx: CallContext):
+        return pb.ModelReadyResponse(ready=self.state.model_ready(request.name))
+
+    async def server_metadata(self, request, ctx: CallContext):
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME,
+            version=kserve_trio.__version__,
+            extensions=list(self.state.extensions),
+        )
+
+    async def model_metadata(self, request, ctx: CallContext):
+        bundle = self.state.bundle(request.name)
+        return codec.encode_model_metadata(request.name, bundle.manifest, self.state.platform)
+
+    async def repository_index(self, request, ctx: CallContext):
+        pairs = [(n, self.state.model_ready(n)) for n in self.state.routable_names()]
+        if request.ready:
+            pairs = [(n, r) for n, r in pairs if r]
+        return codec.encode_repository_index(pairs)
+
+    async def model_infer(self, request, ctx: CallContext):
+        state = self.state
+        if state.shutting_down:
+            raise Unavailable("server is shutting down")
+        cap = state.max_concurrent_requests
+        if cap > 0 and state.inflight >= cap:
+            raise ResourceExhausted(f"server is at its concurrency cap ({cap} requests in flight)")
+        state.inflight += 1
+        try:
+            bundle = state.bundle(request.model_name)
+            decoded = codec.decode_infer_request(request, state.shm_registry)
+            try:
+                validate_inputs(bundle.name, bundle.manifest.wire_inputs, decoded.inputs)
+                _check_requested_outputs(bundle, decoded.requested_outputs)
+                deadline = codec.combine_deadlines(decoded.deadline_ns, ctx.deadline_ns)
+                state.scheduler.check_admissible(bundle.name, decoded.inputs)
+                outputs = await state.scheduler.infer(
+                    bundle.name, decoded.inputs, deadline_ns=deadline, request_id=decoded.id
+                )
+                return codec.encode_infer_response(
+                    request.model_name,
+                    decoded.id,
+                    outputs,
+                    decoded.requested_outputs,
+                    state.shm_registry,
+                )
+            finally:
+                decoded.release()
+        finally:
+            state.inflight -= 1
+
+
+def _check_requested_outputs(bundle: ModelBundle, requested) -> None:
+    """Refuse an unknown requested output before any device work is spent on the request."""
+    if not requested:
+        return
+    known = {spec.name for spec in bundle.manifest.wire_outputs}
+    for out in requested:
+        if out.name not in known:
+            raise InvalidArgument(
+                f"model '{bundle.name}' has no output '{out.name}' "
+                f"(outputs: {', '.join(sorted(known))})"
+            )
+
+
+__all__ = ["SERVER_NAME", "InferenceService", "WorkerState"]
