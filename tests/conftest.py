@@ -6,6 +6,10 @@
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 
@@ -30,3 +34,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 gpu = _has_gpu()
             if not gpu:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)"))
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory) -> pathlib.Path:
+    """The demo model repository written by ``python -m kserve_trio bundle demo``."""
+    repo = tmp_path_factory.mktemp("demo") / "models"
+    subprocess.run(
+        [sys.executable, "-m", "kserve_trio", "bundle", "demo", str(repo)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return repo
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Server-side tests run on asyncio (grpclib is asyncio-only)."""
+    return "asyncio"

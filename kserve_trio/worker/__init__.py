@@ -1,17 +1,20 @@
 """The worker: one process serving a model repository over KServe V2 gRPC on one device.
 
 Public surface: ``serve``, ``serve_worker``, ``stop``, ``RunningServer``, ``register_model``,
-``register_meta_model``. Importing this package does not import jax; compiling bundles does.
+``register_meta_model``, ``register_heartbeat``, ``register_serve_guard``. Importing this package does not import jax; compiling bundles does.
 """
 
 from __future__ import annotations
 
+from kserve_trio.worker.heartbeat import register_heartbeat, register_serve_guard
 from kserve_trio.worker.hooks import register_meta_model, register_model
 
 __all__ = [
     "RunningServer",
+    "register_heartbeat",
     "register_meta_model",
     "register_model",
+    "register_serve_guard",
     "serve",
     "serve_worker",
     "stop",

@@ -27,6 +27,7 @@ import anyio.from_thread
 
 from kserve_trio.core.config import ModelControlMode, ServerConfig, load_server_config
 from kserve_trio.core.logging import get_logger
+from kserve_trio.worker import heartbeat
 
 log = get_logger("kserve_trio.worker")
 
@@ -90,6 +91,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     from kserve_trio.worker.scheduler import Scheduler
     from kserve_trio.worker.service import InferenceService, WorkerState
 
+    heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
     if config.model_control_mode is not ModelControlMode.STATIC:
         log.warning(
             "model_control_mode_unavailable",
@@ -135,6 +137,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),
         )
+        heartbeat.fire("up", config)
         try:
             yield running
         finally:
@@ -146,6 +149,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
             if bundle.model is not None:
                 bundle.model.close()
     log.info("server_down", address=running.address)
+    heartbeat.fire("down", config)
 
 
 async def _shutdown(state, scheduler, server) -> None:

@@ -17,6 +17,7 @@ from kserve_trio.core.errors import InvalidArgument, NotFound, ResourceExhausted
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
+from kserve_trio.worker import heartbeat
 from kserve_trio.worker.grpc_adapter import CallContext, Limits, unary, unimplemented
 from kserve_trio.worker.registry import ModelBundle, hidden_submodels
 
@@ -140,27 +141,32 @@ class InferenceService:
             raise ResourceExhausted(f"server is at its concurrency cap ({cap} requests in flight)")
         state.inflight += 1
         try:
-            bundle = state.bundle(request.model_name)
-            decoded = codec.decode_infer_request(request, state.shm_registry)
-            try:
-                validate_inputs(bundle.name, bundle.manifest.wire_inputs, decoded.inputs)
-                _check_requested_outputs(bundle, decoded.requested_outputs)
-                deadline = codec.combine_deadlines(decoded.deadline_ns, ctx.deadline_ns)
-                state.scheduler.check_admissible(bundle.name, decoded.inputs)
-                outputs = await state.scheduler.infer(
-                    bundle.name, decoded.inputs, deadline_ns=deadline, request_id=decoded.id
-                )
-                return codec.encode_infer_response(
-                    request.model_name,
-                    decoded.id,
-                    outputs,
-                    decoded.requested_outputs,
-                    state.shm_registry,
-                )
-            finally:
-                decoded.release()
+            return await self._infer(request, ctx)
         finally:
             state.inflight -= 1
+            heartbeat.fire("request", request.model_name)
+
+    async def _infer(self, request, ctx: CallContext):
+        state = self.state
+        bundle = state.bundle(request.model_name)
+        decoded = codec.decode_infer_request(request, state.shm_registry)
+        try:
+            validate_inputs(bundle.name, bundle.manifest.wire_inputs, decoded.inputs)
+            _check_requested_outputs(bundle, decoded.requested_outputs)
+            deadline = codec.combine_deadlines(decoded.deadline_ns, ctx.deadline_ns)
+            state.scheduler.check_admissible(bundle.name, decoded.inputs)
+            outputs = await state.scheduler.infer(
+                bundle.name, decoded.inputs, deadline_ns=deadline, request_id=decoded.id
+            )
+            return codec.encode_infer_response(
+                request.model_name,
+                decoded.id,
+                outputs,
+                decoded.requested_outputs,
+                state.shm_registry,
+            )
+        finally:
+            decoded.release()
 
 
 def _check_requested_outputs(bundle: ModelBundle, requested) -> None:

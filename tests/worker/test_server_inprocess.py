@@ -1,0 +1,284 @@
+"""The worker served in-process (``serve(..., blocking=False)``) under tritonclient load.
+
+Covers the acceptance of the Worker core capability that needs to look inside the server:
+no cross-talk under 64 concurrent clients with batching, cancelled queued requests never
+executed, and every status the service maps, with the server still serving afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import anyio.from_thread
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from kserve_trio.worker.server import serve, stop
+from tests.e2e import reference as ref
+
+
+def start(repo, **overrides):
+    overrides.setdefault("endpoints", {})
+    overrides["endpoints"].setdefault("port", 0)
+    return serve(
+        None, blocking=False, model_dirs=[str(repo)], model_control_mode="static", **overrides
+    )
+
+
+@pytest.fixture(scope="module")
+def server(demo_repo):
+    running = start(demo_repo)
+    yield running
+    stop(running)
+
+
+def block_device(running, seconds: float) -> threading.Thread:
+    """Occupy the device thread for ``seconds`` so that new requests queue up."""
+
+    def target():
+        anyio.from_thread.run(
+            running.scheduler.run_on_device, time.sleep, seconds, token=running._portal
+        )
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    time.sleep(0.1)
+    return t
+
+
+def mlp_input(x, name="input_0", datatype="FP32"):
+    inp = grpcclient.InferInput(name, list(x.shape), datatype)
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def status_of(call) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as err:
+        call()
+    return err.value.status(), err.value.message()
+
+
+def assert_still_serving(url, demo_repo):
+    c = grpcclient.InferenceServerClient(url)
+    x = np.ones((2, 16), dtype=np.float32)
+    out = c.infer("mlp", [mlp_input(x)]).as_numpy("output")
+    np.testing.assert_allclose(out, ref.mlp(x, ref.weights(demo_repo, "mlp")), rtol=1e-5, atol=1e-5)
+
+
+def test_64_concurrent_clients_get_their_own_results_and_batches_form(server, demo_repo):
+    w = ref.weights(demo_repo, "mlp")
+    before = server.scheduler.scheduler_metrics()["mlp"]
+
+    async def main():
+        clients = [aioclient.InferenceServerClient(server.address) for _ in range(8)]
+        try:
+
+            async def one(i):
+                x = np.random.default_rng(i).standard_normal((1 + i % 3, 16), dtype=np.float32)
+                inp = aioclient.InferInput("input_0", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                outs = []
+                for _ in range(5):
+                    r = await clients[i % 8].infer("mlp", [inp])
+                    outs.append(r.as_numpy("output"))
+                return x, outs
+
+            return await asyncio.gather(*(one(i) for i in range(64)))
+        finally:
+            for c in clients:
+                await c.close()
+
+    results = asyncio.run(main())
+    for x, outs in results:
+        for out in outs:
+            np.testing.assert_allclose(out, ref.mlp(x, w), rtol=1e-5, atol=1e-5)
+    after = server.scheduler.scheduler_metrics()["mlp"]
+    served = after.requests_served - before.requests_served
+    dispatches = after.dispatch_count - before.dispatch_count
+    assert served == 64 * 5
+    assert dispatches < served, "coalescing never formed a batch of more than one request"
+    assert any(size > 1 for size in after.batch_size_hist), after.batch_size_hist
+
+
+def test_cancelled_queued_requests_are_never_executed(server):
+    before = server.scheduler.scheduler_metrics()["mlp"].requests_served
+    blocker = block_device(server, 2.0)
+
+    async def main():
+        client = aioclient.InferenceServerClient(server.address)
+        try:
+
+            async def one(i):
+                inp = aioclient.InferInput("input_0", [1, 16], "FP32")
+                inp.set_data_from_numpy(np.full((1, 16), i, dtype=np.float32))
+                try:
+                    await client.infer("mlp", [inp], client_timeout=0.5)
+                except InferenceServerException as exc:
+                    return exc.status()
+                return "OK"
+
+            return await asyncio.gather(*(one(i) for i in range(100)))
+        finally:
+            await client.close()
+
+    statuses = asyncio.run(main())
+    assert set(statuses) == {"StatusCode.DEADLINE_EXCEEDED"}
+    blocker.join()
+    time.sleep(0.3)
+    assert server.scheduler.scheduler_metrics()["mlp"].requests_served == before
+    assert server.scheduler.scheduler_metrics()["mlp"].queue_depth == 0
+
+
+def test_unknown_model_is_not_found(server, demo_repo):
+    c = grpcclient.InferenceServerClient(server.address)
+    code, msg = status_of(lambda: c.infer("nope", [mlp_input(np.ones((1, 16), np.float32))]))
+    assert code == "StatusCode.NOT_FOUND" and "unknown model: nope" in msg
+    code, msg = status_of(lambda: c.get_model_metadata("nope"))
+    assert code == "StatusCode.NOT_FOUND"
+    assert_still_serving(server.address, demo_repo)
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (
+            lambda: [mlp_input(np.ones((1, 16), np.float32), name="x")],
+            "input 'x' is not declared by model 'mlp'",
+        ),
+        (lambda: [mlp_input(np.ones((1, 16), np.float64), datatype="FP64")], "FP64"),
+        (lambda: [mlp_input(np.ones((16,), np.float32))], "rank"),
+        (lambda: [mlp_input(np.ones((1, 15), np.float32))], "dim 1 has extent 15, expected 16"),
+        (
+            lambda: [mlp_input(np.ones((65, 16), np.float32))],
+            "model 'mlp' accepts at most 64 rows per request (got 65)",
+        ),
+        (lambda: [], "requires input 'input_0'"),
+    ],
+)
+def test_bad_inputs_are_invalid_argument(server, demo_repo, make, needle):
+    c = grpcclient.InferenceServerClient(server.address)
+    code, msg = status_of(lambda: c.infer("mlp", make()))
+    assert code == "StatusCode.INVALID_ARGUMENT", msg
+    assert needle in msg
+    assert_still_serving(server.address, demo_repo)
+
+
+def raw_infer(url, request, timeout=10):
+    with grpc.insecure_channel(url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return stub.ModelInfer(request, timeout=timeout)
+
+
+def test_byte_length_mismatch_is_invalid_argument(server, demo_repo):
+    req = service_pb2.ModelInferRequest(model_name="mlp")
+    t = req.inputs.add(name="input_0", datatype="FP32", shape=[1, 16])
+    del t
+    req.raw_input_contents.append(b"\x00" * 60)
+    with pytest.raises(grpc.RpcError) as err:
+        raw_infer(server.address, req)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "64" in err.value.details() and "60" in err.value.details()
+    assert_still_serving(server.address, demo_repo)
+
+
+def test_compressed_request_is_unimplemented(server, demo_repo):
+    c = grpcclient.InferenceServerClient(server.address)
+    code, msg = status_of(
+        lambda: c.infer(
+            "mlp", [mlp_input(np.ones((1, 16), np.float32))], compression_algorithm="gzip"
+        )
+    )
+    assert code == "StatusCode.UNIMPLEMENTED"
+    assert "compression is not supported" in msg
+    assert_still_serving(server.address, demo_repo)
+
+
+def test_expired_deadline_is_deadline_exceeded(server, demo_repo):
+    blocker = block_device(server, 1.0)
+    c = grpcclient.InferenceServerClient(server.address)
+    # Triton's per-request `timeout` parameter (µs) expires while the request queues.
+    code, msg = status_of(
+        lambda: c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))], timeout=200_000)
+    )
+    assert code == "StatusCode.DEADLINE_EXCEEDED", msg
+    blocker.join()
+    assert_still_serving(server.address, demo_repo)
+
+
+def test_limits_queue_concurrency_and_message_size(demo_repo):
+    running = start(
+        demo_repo,
+        scheduler={"max_queue_depth": 2},
+        endpoints={"max_concurrent_requests": 4},
+        grpc={"max_recv_msg_bytes": 1 << 20},
+    )
+    try:
+        c = grpcclient.InferenceServerClient(running.address)
+        code, msg = status_of(
+            lambda: c.infer("mlp", [mlp_input(np.ones((1, 300_000), np.float32))])
+        )
+        assert code == "StatusCode.RESOURCE_EXHAUSTED" and "larger than max" in msg
+        blocker = block_device(running, 1.5)
+
+        async def burst(n):
+            client = aioclient.InferenceServerClient(running.address)
+            try:
+
+                async def one():
+                    inp = aioclient.InferInput("input_0", [1, 16], "FP32")
+                    inp.set_data_from_numpy(np.ones((1, 16), np.float32))
+                    try:
+                        await client.infer("mlp", [inp])
+                    except InferenceServerException as exc:
+                        return exc.status(), exc.message()
+                    return "OK", ""
+
+                return await asyncio.gather(*(one() for _ in range(n)))
+            finally:
+                await client.close()
+
+        results = asyncio.run(burst(8))
+        blocker.join()
+        codes = [r[0] for r in results]
+        assert codes.count("OK") == 2  # the queue holds two; the device ran them after the block
+        shed = [m for code, m in results if code == "StatusCode.RESOURCE_EXHAUSTED"]
+        assert len(shed) == 6
+        assert any("queue for model 'mlp' is full (2)" in m for m in shed)
+        assert any("concurrency cap" in m for m in shed)
+        assert_still_serving(running.address, demo_repo)
+    finally:
+        stop(running)
+
+
+def test_shutdown_answers_queued_requests_unavailable(demo_repo):
+    running = start(demo_repo)
+    blocker = block_device(running, 1.0)
+    results: list = []
+
+    def client_thread():
+        c = grpcclient.InferenceServerClient(running.address)
+        try:
+            c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))])
+            results.append("OK")
+        except InferenceServerException as exc:
+            results.append(exc.status())
+
+    threads = [threading.Thread(target=client_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    stop(running)
+    assert time.monotonic() - t0 < 6.0
+    for t in threads:
+        t.join(5)
+    blocker.join(5)
+    assert results and set(results) <= {"OK", "StatusCode.UNAVAILABLE"}
+    assert "StatusCode.UNAVAILABLE" in results
