@@ -1,0 +1,390 @@
+"""The scheduler's pure decision logic: batch plans, the disciplines, cost and wait statistics.
+
+Everything here is a plain function of plain values (DESIGN section 7): no clocks, no locks, no
+I/O, so every rule of spec sections 4.3-4.6 is pinned by a plain test. ``worker/scheduler.py`` is
+the async shell that feeds these functions the state of its queues and applies their answers.
+
+Conventions: times are seconds (float) for compute costs and EMAs, nanoseconds (int) for
+enqueue stamps and deadlines; a deadline of 0 means none. Shapes and batch axes are row-major
+(DESIGN section 3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+DEFAULT_COST_SECONDS = 0.01
+"""Cost assumed for a (variant, batch size) that has never been measured (spec 4.3)."""
+
+MIN_COST_SECONDS = 1e-9
+"""Floor for a measured cost, so a priority never divides by zero."""
+
+
+# --------------------------------------------------------------------------------------------
+# Fair discipline arithmetic (spec 4.3, with DESIGN decision 4)
+
+
+def decay_ema(ema: float, dt_seconds: float, halflife_seconds: float) -> float:
+    """Decay a recent-compute EMA by ``dt_seconds``: it halves every ``halflife_seconds``.
+
+    A negative ``dt`` (clock skew between stamps) decays nothing rather than growing the EMA.
+    """
+    if dt_seconds <= 0.0 or ema == 0.0:
+        return ema
+    return ema * math.exp(-dt_seconds * math.log(2.0) / halflife_seconds)
+
+
+def fair_priority(share: float, nema: float, cap: float, eff_cost: float) -> float:
+    """Priority of a model under the fair discipline; the highest wins.
+
+    ``share`` is the model's weight over the total weight, ``nema`` its recent compute over the
+    total recent compute, ``cap`` the recency penalty cap and ``eff_cost`` the (discounted)
+    estimated seconds of the dispatch it would make. A model that used less than its share
+    gets a positive priority, and a cheap dispatch ranks above an expensive one with the same
+    deficit: ``clamp(share - nema, -cap, +cap) / eff_cost``.
+    """
+    deficit = min(max(share - nema, -cap), cap)
+    return deficit / max(eff_cost, MIN_COST_SECONDS)
+
+
+def effective_cost(
+    estimate: float | None, *, coalescing_discount: float, coalesced_requests: int
+) -> float:
+    """Estimated cost of a dispatch as the fair discipline weighs it.
+
+    ``estimate`` is the learned cost of the plan's (variant, batch size), ``None`` when never
+    measured (then 0.01 s). DESIGN decision 4: the coalescing discount rewards only a plan that
+    actually coalesces more than one request (upstream discounted every candidate, which changes
+    nothing in the ranking).
+    """
+    cost = DEFAULT_COST_SECONDS if estimate is None else estimate
+    if coalesced_requests > 1:
+        cost *= 1.0 - coalescing_discount
+    return cost
+
+
+def update_cost(old: float | None, measured: float, alpha: float) -> float:
+    """Fold one measured execution time into a learned cost: ``alpha*t + (1-alpha)*old``.
+
+    The first measurement (``old is None``) seeds the estimate exactly.
+    """
+    measured = max(measured, MIN_COST_SECONDS)
+    if old is None:
+        return measured
+    return alpha * measured + (1.0 - alpha) * old
+
+
+# --------------------------------------------------------------------------------------------
+# Discipline selection (spec 4.3)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One schedulable model as the disciplines see it at one decision.
+
+    ``front_enqueued_ns`` stamps the oldest queued request; ``earliest_deadline_ns`` is the
+    smallest non-zero deadline among all its queued requests (0 = none queued has one);
+    ``ema`` is the recent compute already decayed to now; ``cost`` the effective cost of the
+    dispatch its plan would make.
+    """
+
+    name: str
+    front_enqueued_ns: int
+    weight: float = 1.0
+    ema: float = 0.0
+    cost: float = DEFAULT_COST_SECONDS
+    earliest_deadline_ns: int = 0
+
+
+def select_fair(
+    candidates: Sequence[Candidate], *, total_weight: float, total_ema: float, cap: float
+) -> Candidate:
+    """Pick the next model under the fair discipline.
+
+    Rules:
+    1. ``share = weight / total_weight`` (0 when the total is 0) and ``nema = ema / total_ema``
+       (0 when the total is 0); the totals cover every registered model, queued or not.
+    2. ``priority = fair_priority(share, nema, cap, cost)``; the highest priority wins.
+    3. Ties go to the older front request, then to the lexicographically smaller name.
+    """
+
+    def key(c: Candidate) -> tuple[float, int, str]:
+        share = c.weight / total_weight if total_weight > 0 else 0.0
+        nema = c.ema / total_ema if total_ema > 0 else 0.0
+        return (-fair_priority(share, nema, cap, c.cost), c.front_enqueued_ns, c.name)
+
+    return min(candidates, key=key)
+
+
+def select_fifo(candidates: Sequence[Candidate]) -> Candidate:
+    """Pick the model whose front request is the oldest; ties go to the smaller name."""
+    return min(candidates, key=lambda c: (c.front_enqueued_ns, c.name))
+
+
+def select_edf(candidates: Sequence[Candidate]) -> Candidate:
+    """Pick the model holding the most urgent deadline (earliest-deadline-first).
+
+    Rules:
+    1. A model's urgency is the smallest non-zero deadline among all its queued requests; a model
+       with no deadline queued is least urgent (+inf).
+    2. Ties (equal deadlines, or none) fall back to fifo: older front request, then smaller name.
+       So uniform deadlines make edf exactly fifo.
+    """
+
+    def key(c: Candidate) -> tuple[float, int, str]:
+        urgency = c.earliest_deadline_ns if c.earliest_deadline_ns > 0 else math.inf
+        return (urgency, c.front_enqueued_ns, c.name)
+
+    return min(candidates, key=key)
+
+
+def deadline_expired(deadline_ns: int, now_ns: int, margin_ns: int = 0) -> bool:
+    """Whether a request must be refused at dispatch admission (spec 4.6).
+
+    A request with a deadline (non-zero) is refused when ``now + margin >= deadline``: under edf
+    the margin is the plan's learned cost (laxity shedding: work that cannot finish in time is
+    not started), otherwise 0.
+    """
+    return deadline_ns != 0 and now_ns + margin_ns >= deadline_ns
+
+
+def laxity_margin_ns(cost_estimate: float | None) -> int:
+    """The edf admission margin for a plan: its learned cost (0.01 s if unmeasured) in ns."""
+    cost = DEFAULT_COST_SECONDS if cost_estimate is None else cost_estimate
+    return int(cost * 1e9)
+
+
+# --------------------------------------------------------------------------------------------
+# The coalescing plan (spec 4.4)
+
+
+class Plannable(Protocol):
+    """What the planner reads from a queued request."""
+
+    @property
+    def variant(self) -> int | None: ...
+
+    @property
+    def rows(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """One dispatch: take ``take`` requests from the queue front and run ``batch_key``.
+
+    ``rows`` is the number of real rows taken; ``batch_key`` is the compiled size executed (0 =
+    the unbatched module, which runs the front request at its own size). ``coalesced`` says
+    whether the inputs must be concatenated/padded (False: passed through untouched).
+    """
+
+    variant: int | None
+    batch_key: int
+    take: int
+    rows: int
+    coalesced: bool
+
+    @property
+    def padding(self) -> int:
+        """Zero rows appended to reach ``batch_key`` (0 for a pass-through plan)."""
+        return self.batch_key - self.rows if self.coalesced else 0
+
+
+def smallest_key_at_least(keys: Sequence[int], rows: int) -> int:
+    """The smallest compiled size >= ``rows``, else the largest (``keys`` sorted, non-empty)."""
+    for k in keys:
+        if k >= rows:
+            return k
+    return keys[-1]
+
+
+def plan_batch(
+    queue: Sequence[Plannable],
+    batch_keys: Callable[[int | None], Sequence[int]],
+    *,
+    batched: bool,
+    max_batch_size: int | None = None,
+) -> BatchPlan:
+    """Decide the next dispatch of one model from its queue (pure; the queue is not changed).
+
+    ``batch_keys(variant)`` gives the sorted compiled sizes of a variant (0 = unbatched module);
+    ``batched`` says whether every executable input and output has a batch axis;
+    ``max_batch_size`` caps the rows coalesced into one dispatch (None = uncapped).
+
+    Rules:
+    1. The variant is the front request's. The plan is not coalescable when the model is not
+       ``batched`` or the variant has the unbatched module (key 0): then it takes the front
+       request alone, with key 0 if present, else the smallest compiled size >= its rows, else
+       the largest.
+    2. Coalescable: the window is the leading run of requests sharing the front's variant.
+       ``cap = max_batch_size or inf``; ``R = min(sum of window rows, cap)``.
+    3. ``B`` = the largest compiled size <= ``min(R, maxB)`` if ``R >= minB``, else ``minB``
+       (partial fill, padded). If ``B`` < the front's rows, ``B`` = the smallest size >= the
+       front's rows, else ``maxB``.
+    4. Take requests from the window front while ``taken rows + rows <= min(B, cap)``. If nothing
+       fits, take the front alone (forward progress; a request is never split).
+    5. A lone request that already has exactly ``B`` rows is passed through uncoalesced.
+    """
+    if not queue:
+        raise ValueError("plan_batch needs a non-empty queue")
+    front = queue[0]
+    variant = front.variant
+    keys = batch_keys(variant)
+    if not keys:
+        raise ValueError(f"no compiled batch sizes for variant {variant}")
+    if not batched or keys[0] == 0:
+        key = 0 if keys[0] == 0 else smallest_key_at_least(keys, front.rows)
+        return BatchPlan(variant, key, 1, front.rows, coalesced=False)
+
+    min_b, max_b = keys[0], keys[-1]
+    cap = max_batch_size if max_batch_size is not None else math.inf
+    # Rule 2-3 only need R up to min(cap, maxB): stop summing there (queues can be long).
+    limit = min(cap, max_b)
+    total = 0
+    for req in queue:
+        if req.variant != variant:
+            break
+        total += req.rows
+        if total >= limit:
+            break
+    r = min(total, cap)
+    if r >= min_b:
+        bound = min(r, max_b)
+        b = min_b
+        for k in keys:
+            if k <= bound:
+                b = k
+    else:
+        b = min_b
+    if b < front.rows:
+        b = smallest_key_at_least(keys, front.rows)
+
+    fit = min(b, cap)
+    take = 0
+    acc = 0
+    for req in queue:
+        if req.variant != variant or acc + req.rows > fit:
+            break
+        acc += req.rows
+        take += 1
+    if take == 0:
+        take, acc = 1, front.rows
+    coalesced = not (take == 1 and acc == b)
+    return BatchPlan(variant, b, take, acc, coalesced=coalesced)
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor coalescing, padding and slicing (spec 4.5); run on the device thread
+
+
+def coalesce_inputs(
+    per_request: Sequence[Sequence[np.ndarray]],
+    batch_axes: Sequence[int | None],
+    batch_size: int,
+) -> list[np.ndarray]:
+    """Concatenate each executable input of several requests along its own batch axis.
+
+    ``per_request[i][j]`` is input ``j`` of request ``i`` (manifest order); ``batch_axes[j]`` its
+    row-major batch axis. The result has ``batch_size`` rows on that axis: real rows first, then
+    zero padding. One allocation per input; only the padding is zeroed. An input without a batch
+    axis (only possible for a non-coalesced plan) is taken from the first request.
+    """
+    out: list[np.ndarray] = []
+    for j, axis in enumerate(batch_axes):
+        parts = [req[j] for req in per_request]
+        if axis is None:
+            out.append(parts[0])
+            continue
+        first = parts[0]
+        total = sum(part.shape[axis] for part in parts)
+        if total > batch_size:
+            raise ValueError(f"coalesced {total} rows into a batch of {batch_size}")
+        shape = list(first.shape)
+        shape[axis] = batch_size
+        buf = np.empty(shape, dtype=first.dtype)
+        index: list[slice] = [slice(None)] * len(shape)
+        offset = 0
+        for part in parts:
+            n = part.shape[axis]
+            index[axis] = slice(offset, offset + n)
+            buf[tuple(index)] = part
+            offset += n
+        if offset < batch_size:
+            index[axis] = slice(offset, batch_size)
+            buf[tuple(index)] = 0
+        out.append(buf)
+    return out
+
+
+def slice_outputs(
+    outputs: Sequence[np.ndarray],
+    batch_axes: Sequence[int | None],
+    rows: Sequence[int],
+) -> list[list[np.ndarray]]:
+    """Split batched outputs back into per-request slices (views; padding rows dropped).
+
+    ``batch_axes[k]`` is output ``k``'s row-major batch axis; outputs beyond ``batch_axes`` or
+    without a batch axis are handed whole to every request. Returns ``result[i][k]`` = output
+    ``k`` for request ``i``.
+    """
+    result: list[list[np.ndarray]] = [[] for _ in rows]
+    for k, out in enumerate(outputs):
+        axis = batch_axes[k] if k < len(batch_axes) else None
+        if axis is None:
+            for per in result:
+                per.append(out)
+            continue
+        index: list[slice] = [slice(None)] * out.ndim
+        offset = 0
+        for i, n in enumerate(rows):
+            index[axis] = slice(offset, offset + n)
+            result[i].append(out[tuple(index)])
+            offset += n
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Wait statistics (spec 4.6)
+
+
+def nearest_rank(sorted_samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile: ``sorted[clamp(ceil(q*n), 1, n)]`` (1-based); 0 when empty."""
+    n = len(sorted_samples)
+    if n == 0:
+        return 0.0
+    rank = min(max(math.ceil(q * n), 1), n)
+    return float(sorted_samples[rank - 1])
+
+
+def wait_percentiles(samples: Sequence[float]) -> tuple[float, float]:
+    """(p50, p99) of queue-wait samples by nearest rank."""
+    ordered = sorted(samples)
+    return nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.99)
+
+
+__all__ = [
+    "DEFAULT_COST_SECONDS",
+    "MIN_COST_SECONDS",
+    "BatchPlan",
+    "Candidate",
+    "Plannable",
+    "coalesce_inputs",
+    "deadline_expired",
+    "decay_ema",
+    "effective_cost",
+    "fair_priority",
+    "laxity_margin_ns",
+    "nearest_rank",
+    "plan_batch",
+    "select_edf",
+    "select_fair",
+    "select_fifo",
+    "slice_outputs",
+    "smallest_key_at_least",
+    "update_cost",
+    "wait_percentiles",
+]

@@ -1,0 +1,323 @@
+"""The scheduler's pure rules: fair priority, EMAs, learned costs, batch plans, disciplines, waits."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from kserve_trio.worker.planner import (
+    DEFAULT_COST_SECONDS,
+    BatchPlan,
+    Candidate,
+    coalesce_inputs,
+    deadline_expired,
+    decay_ema,
+    effective_cost,
+    fair_priority,
+    laxity_margin_ns,
+    nearest_rank,
+    plan_batch,
+    select_edf,
+    select_fair,
+    select_fifo,
+    slice_outputs,
+    update_cost,
+    wait_percentiles,
+)
+
+# ----------------------------------------------------------------------------- fair priority
+
+
+def test_priority_clamps_the_deficit_to_the_recency_cap():
+    assert fair_priority(1 / 3, 0.7, 0.25, 1.0) == -0.25
+    assert fair_priority(1 / 3, 0.0, 0.25, 1.0) == 0.25
+    assert fair_priority(0.5, 0.4, 0.25, 2.0) == pytest.approx(0.05)
+
+
+def _worked_example(coalesced_requests: int) -> tuple[list[Candidate], list[float]]:
+    """Spec 4.3's example: equal weights, EMAs 0.7/0.2/0.1, cap 0.25, discount 0.1, costs 10/30/100."""
+    emas = {"A": 0.7, "B": 0.2, "C": 0.1}
+    costs = {"A": 10.0, "B": 30.0, "C": 100.0}
+    cands = [
+        Candidate(
+            name,
+            front_enqueued_ns=i,
+            weight=1.0,
+            ema=emas[name],
+            cost=effective_cost(
+                costs[name], coalescing_discount=0.1, coalesced_requests=coalesced_requests
+            ),
+        )
+        for i, name in enumerate("ABC")
+    ]
+    prios = [fair_priority(1 / 3, c.ema / 1.0, 0.25, c.cost) for c in cands]
+    return cands, prios
+
+
+def test_fair_worked_example_without_coalescing_gets_no_discount():
+    # DESIGN decision 4: the discount applies only to a plan coalescing > 1 request, so with
+    # single-request plans the costs stay 10/30/100 and the priorities are the undiscounted ones
+    # (upstream's -0.0278 / 0.00493 / 0.00259 divide every cost by 0.9).
+    cands, prios = _worked_example(coalesced_requests=1)
+    assert prios == pytest.approx([-0.025, 0.13333333 / 30, 0.23333333 / 100], rel=1e-6)
+    assert prios[0] == pytest.approx(-0.025)
+    assert prios[1] == pytest.approx(0.0044444, rel=1e-4)
+    assert prios[2] == pytest.approx(0.0023333, rel=1e-4)
+    assert select_fair(cands, total_weight=3.0, total_ema=1.0, cap=0.25).name == "B"
+
+
+def test_fair_worked_example_with_coalesced_plans_matches_the_discounted_numbers():
+    # When every plan coalesces (here 2 requests each) all costs are discounted by 10%, which
+    # reproduces the spec's numbers exactly.
+    cands, prios = _worked_example(coalesced_requests=2)
+    assert prios == pytest.approx([-0.0277778, 0.0049383, 0.0025926], rel=1e-4)
+    assert select_fair(cands, total_weight=3.0, total_ema=1.0, cap=0.25).name == "B"
+
+
+def test_discount_only_for_plans_that_coalesce_more_than_one_request():
+    assert effective_cost(10.0, coalescing_discount=0.1, coalesced_requests=1) == 10.0
+    assert effective_cost(10.0, coalescing_discount=0.1, coalesced_requests=2) == pytest.approx(9.0)
+    assert effective_cost(None, coalescing_discount=0.1, coalesced_requests=1) == 0.01
+    # The discount can flip a decision: C coalescing 3 requests beats an equal-deficit B alone.
+    b = Candidate("B", 1, cost=effective_cost(1.0, coalescing_discount=0.5, coalesced_requests=1))
+    c = Candidate("C", 2, cost=effective_cost(1.0, coalescing_discount=0.5, coalesced_requests=3))
+    assert select_fair([b, c], total_weight=2.0, total_ema=0.0, cap=0.25).name == "C"
+
+
+def test_fair_weights_shift_the_share():
+    heavy = Candidate("heavy", 5, weight=3.0, ema=0.5)
+    light = Candidate("light", 1, weight=1.0, ema=0.5)
+    # shares 0.75 / 0.25 against equal recent use 0.5 / 0.5: heavy is owed compute.
+    assert select_fair([heavy, light], total_weight=4.0, total_ema=1.0, cap=0.25).name == "heavy"
+
+
+def test_fair_ties_go_to_the_older_front_then_the_name():
+    a = Candidate("a", front_enqueued_ns=20)
+    b = Candidate("b", front_enqueued_ns=10)
+    assert select_fair([a, b], total_weight=2.0, total_ema=0.0, cap=0.25).name == "b"
+    a2 = Candidate("a", front_enqueued_ns=10)
+    assert select_fair([b, a2], total_weight=2.0, total_ema=0.0, cap=0.25).name == "a"
+
+
+def test_fair_zero_totals_mean_zero_share_and_zero_recent_use():
+    # total weight 0 -> share 0; total ema 0 -> nema 0: every priority is 0, ties by age.
+    a = Candidate("a", front_enqueued_ns=2, weight=0.0)
+    b = Candidate("b", front_enqueued_ns=1, weight=0.0)
+    assert select_fair([a, b], total_weight=0.0, total_ema=0.0, cap=0.25).name == "b"
+
+
+# ----------------------------------------------------------------------------- EMAs and costs
+
+
+def test_ema_halves_per_half_life():
+    assert decay_ema(1.0, 30.0, 30.0) == pytest.approx(0.5)
+    assert decay_ema(1.0, 60.0, 30.0) == pytest.approx(0.25)
+    assert decay_ema(8.0, 10.0, 10.0) == pytest.approx(4.0)
+    assert decay_ema(1.0, 0.0, 30.0) == 1.0
+    assert decay_ema(1.0, -5.0, 30.0) == 1.0  # clock skew never grows the EMA
+
+
+def test_cost_ema_seeds_exactly_then_converges():
+    cost = update_cost(None, 0.5, 0.2)
+    assert cost == 0.5
+    cost = update_cost(cost, 0.1, 0.2)
+    assert cost == pytest.approx(0.2 * 0.1 + 0.8 * 0.5)
+    for _ in range(100):
+        cost = update_cost(cost, 0.1, 0.2)
+    assert cost == pytest.approx(0.1, rel=1e-6)
+    assert update_cost(None, 0.0, 0.2) > 0.0  # floored, never a zero divisor
+
+
+# ----------------------------------------------------------------------------- plan_batch
+
+
+@dataclass
+class Q:
+    rows: int
+    variant: int | None = None
+
+
+def keys_of(*sizes: int):
+    return lambda variant: sizes
+
+
+def test_plan_rows_2_2_2_with_sizes_1_4_8_takes_two_at_b4():
+    plan = plan_batch([Q(2), Q(2), Q(2)], keys_of(1, 4, 8), batched=True)
+    assert (plan.batch_key, plan.take, plan.rows) == (4, 2, 4)
+    assert plan.coalesced and plan.padding == 0
+
+
+def test_plan_one_row_with_sizes_4_8_pads_to_4():
+    plan = plan_batch([Q(1)], keys_of(4, 8), batched=True)
+    assert (plan.batch_key, plan.take, plan.rows, plan.padding) == (4, 1, 1, 3)
+    assert plan.coalesced
+
+
+def test_plan_rows_6_1_with_sizes_1_4_8_takes_both_at_b8():
+    plan = plan_batch([Q(6), Q(1)], keys_of(1, 4, 8), batched=True)
+    assert (plan.batch_key, plan.take, plan.rows, plan.padding) == (8, 2, 7, 1)
+
+
+def test_plan_cap_4_with_four_2_row_requests_takes_two_at_b4():
+    plan = plan_batch([Q(2)] * 4, keys_of(1, 4, 8), batched=True, max_batch_size=4)
+    assert (plan.batch_key, plan.take, plan.rows) == (4, 2, 4)
+
+
+def test_plan_cap_2_with_sizes_4_8_takes_two_single_rows_padded_to_4():
+    plan = plan_batch([Q(1)] * 3, keys_of(4, 8), batched=True, max_batch_size=2)
+    assert (plan.batch_key, plan.take, plan.rows, plan.padding) == (4, 2, 2, 2)
+
+
+def test_plan_cap_2_with_rows_6_1_takes_only_the_6_at_b8():
+    plan = plan_batch([Q(6), Q(1)], keys_of(1, 4, 8), batched=True, max_batch_size=2)
+    assert (plan.batch_key, plan.take, plan.rows) == (8, 1, 6)
+
+
+def test_plan_non_coalescable_takes_one_per_dispatch():
+    queue = [Q(4), Q(4), Q(4)]
+    plan = plan_batch(queue, keys_of(4, 8), batched=False)
+    assert plan == BatchPlan(None, 4, 1, 4, coalesced=False)
+    # the unbatched module (key 0) runs any size, one request at a time
+    plan0 = plan_batch([Q(3), Q(5)], keys_of(0), batched=True)
+    assert plan0 == BatchPlan(None, 0, 1, 3, coalesced=False)
+    # non-coalescable without key 0: smallest size >= rows, else the largest
+    assert plan_batch([Q(5)], keys_of(4, 8), batched=False).batch_key == 8
+    assert plan_batch([Q(9)], keys_of(4, 8), batched=False).batch_key == 8
+
+
+def test_plan_groups_by_variant_a_a_b_then_b_alone():
+    queue = [Q(1, variant=0), Q(1, variant=0), Q(1, variant=1)]
+    plan = plan_batch(queue, keys_of(2), batched=True)
+    assert (plan.variant, plan.batch_key, plan.take) == (0, 2, 2)
+    assert plan.coalesced and plan.padding == 0
+    rest = plan_batch(queue[plan.take :], keys_of(2), batched=True)
+    assert (rest.variant, rest.batch_key, rest.take, rest.padding) == (1, 2, 1, 1)
+
+
+def test_plan_window_stops_at_the_first_other_variant():
+    # [A, B, A]: the window is only the leading A; the trailing A is not pulled forward.
+    queue = [Q(1, 0), Q(1, 1), Q(1, 0)]
+    plan = plan_batch(queue, keys_of(1, 4), batched=True)
+    assert (plan.variant, plan.take, plan.batch_key) == (0, 1, 1)
+
+
+def test_plan_lone_exact_fit_passes_through_uncoalesced():
+    plan = plan_batch([Q(4)], keys_of(1, 4, 8), batched=True)
+    assert plan == BatchPlan(None, 4, 1, 4, coalesced=False)
+
+
+def test_plan_front_larger_than_every_size_is_never_split():
+    plan = plan_batch([Q(12), Q(1)], keys_of(1, 4, 8), batched=True)
+    assert (plan.batch_key, plan.take, plan.rows) == (8, 1, 12)
+
+
+def test_plan_takes_a_long_queue_only_up_to_the_largest_size():
+    plan = plan_batch([Q(1)] * 1000, keys_of(1, 8, 32), batched=True)
+    assert (plan.batch_key, plan.take, plan.rows) == (32, 32, 32)
+
+
+def test_plan_rejects_an_empty_queue():
+    with pytest.raises(ValueError, match="non-empty queue"):
+        plan_batch([], keys_of(1), batched=True)
+
+
+# ----------------------------------------------------------------------------- fifo / edf
+
+
+def test_fifo_picks_the_oldest_front_ties_by_name():
+    cands = [Candidate("b", 5), Candidate("a", 7), Candidate("c", 3)]
+    assert select_fifo(cands).name == "c"
+    assert select_fifo([Candidate("b", 5), Candidate("a", 5)]).name == "a"
+    # weights are ignored
+    assert select_fifo([Candidate("x", 2, weight=100.0), Candidate("y", 1)]).name == "y"
+
+
+def test_edf_picks_the_soonest_deadline():
+    cands = [
+        Candidate("a", 1, earliest_deadline_ns=900),
+        Candidate("b", 2, earliest_deadline_ns=500),
+        Candidate("c", 3, earliest_deadline_ns=0),
+    ]
+    assert select_edf(cands).name == "b"
+
+
+def test_edf_without_deadlines_is_least_urgent():
+    cands = [
+        Candidate("a", 1, earliest_deadline_ns=0),
+        Candidate("b", 9, earliest_deadline_ns=10**18),
+    ]
+    assert select_edf(cands).name == "b"
+
+
+def test_edf_equal_deadlines_degrade_to_fifo():
+    cands = [
+        Candidate("a", 7, earliest_deadline_ns=100),
+        Candidate("b", 3, earliest_deadline_ns=100),
+    ]
+    assert select_edf(cands).name == "b"
+    assert select_edf([Candidate("b", 3), Candidate("a", 3)]).name == "a"
+
+
+def test_deadline_admission_and_edf_laxity():
+    assert not deadline_expired(0, 10**12)  # no deadline
+    assert deadline_expired(100, 100)  # now >= deadline
+    assert not deadline_expired(101, 100)
+    # laxity: a plan whose learned cost cannot finish before the deadline is shed
+    margin = laxity_margin_ns(0.005)
+    assert margin == 5_000_000
+    assert deadline_expired(1_000_000_000, 996_000_000, margin)
+    assert not deadline_expired(1_000_000_000, 994_000_000, margin)
+    assert laxity_margin_ns(None) == int(DEFAULT_COST_SECONDS * 1e9)
+
+
+# ----------------------------------------------------------------------------- coalescing
+
+
+def test_coalesce_concatenates_along_each_inputs_own_axis_and_zero_pads():
+    x1 = np.ones((1, 3), np.float32)  # batch axis 0
+    x2 = np.full((2, 3), 2, np.float32)
+    z1 = np.ones((5, 1), np.int32)  # batch axis 1
+    z2 = np.full((5, 2), 7, np.int32)
+    x, z = coalesce_inputs([[x1, z1], [x2, z2]], [0, 1], 4)
+    assert x.shape == (4, 3) and z.shape == (5, 4)
+    np.testing.assert_array_equal(x[:, 0], [1, 2, 2, 0])
+    np.testing.assert_array_equal(z[0], [1, 7, 7, 0])
+    assert x.dtype == np.float32 and z.dtype == np.int32
+
+
+def test_coalesce_refuses_more_rows_than_the_batch():
+    with pytest.raises(ValueError, match="coalesced 3 rows into a batch of 2"):
+        coalesce_inputs([[np.zeros((3, 1))]], [0], 2)
+
+
+def test_slice_outputs_drops_padding_and_passes_unbatched_outputs_whole():
+    y = np.arange(8).reshape(4, 2)  # batch axis 0, 3 real rows + 1 pad
+    t = np.arange(12).reshape(3, 4)  # batch axis 1
+    s = np.array(42)  # no batch axis
+    extra = np.zeros(2)  # beyond the manifest: whole
+    per = slice_outputs([y, t, s, extra], [0, 1, None], [1, 2])
+    np.testing.assert_array_equal(per[0][0], [[0, 1]])
+    np.testing.assert_array_equal(per[1][0], [[2, 3], [4, 5]])
+    np.testing.assert_array_equal(per[0][1], t[:, 0:1])
+    np.testing.assert_array_equal(per[1][1], t[:, 1:3])
+    assert per[0][2] is s and per[1][2] is s
+    assert per[1][3] is extra
+
+
+# ----------------------------------------------------------------------------- waits
+
+
+def test_nearest_rank_percentiles():
+    assert nearest_rank([], 0.5) == 0.0
+    assert wait_percentiles([]) == (0.0, 0.0)
+    assert wait_percentiles([3.0]) == (3.0, 3.0)
+    samples = [float(i) for i in range(1, 101)]  # 1..100
+    assert wait_percentiles(samples[::-1]) == (50.0, 99.0)
+    assert nearest_rank([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0  # ceil(0.5*4) = 2
+    assert nearest_rank([1.0, 2.0, 3.0], 0.5) == 2.0  # ceil(1.5) = 2
+    assert nearest_rank([1.0, 2.0, 3.0], 0.99) == 3.0
+    assert nearest_rank([5.0, 6.0], 0.0) == 5.0  # clamped to rank 1
+    assert math.isclose(nearest_rank([0.1] * 10, 0.99), 0.1)
