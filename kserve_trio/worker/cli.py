@@ -25,6 +25,9 @@ def configure_parser(parser: argparse.ArgumentParser):
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="gRPC port (default 8001; 0 = ephemeral)")
     parser.add_argument(
+        "--metrics-port", type=int, help="Prometheus /metrics, /healthz, /readyz port (0 = off)"
+    )
+    parser.add_argument(
         "--model-control-mode",
         choices=["static", "dynamic", "explicit"],
         help="model lifecycle mode",
@@ -52,6 +55,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         endpoints["host"] = args.host
     if args.port is not None:
         endpoints["port"] = args.port
+    if args.metrics_port is not None:
+        endpoints["metrics_port"] = args.metrics_port
     if endpoints:
         raw["endpoints"] = endpoints
     return raw

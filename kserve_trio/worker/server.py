@@ -15,6 +15,7 @@ drain of its own), then close the grpclib server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -43,6 +44,7 @@ class RunningServer:
     host: str
     state: object  # service.WorkerState
     scheduler: object
+    metrics_port: int = 0
     _stop: anyio.Event | None = None
     _done: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -87,6 +89,8 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     import grpclib.server
 
     from kserve_trio.worker.grpc_adapter import Limits
+    from kserve_trio.worker.http_endpoints import serve_http
+    from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
     from kserve_trio.worker.registry import load_repository
     from kserve_trio.worker.scheduler import Scheduler
     from kserve_trio.worker.service import InferenceService, WorkerState
@@ -99,27 +103,46 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
             serving="static",
             reason="dynamic and explicit modes arrive with later capabilities; serving static",
         )
-    backend = backend if backend is not None else _make_backend(config)
     started = time.monotonic()
-    bundles, failures = await anyio.to_thread.run_sync(
-        lambda: load_repository(config.model_dirs, backend, include=config.models_include)
-    )
+    backend = backend if backend is not None else _make_backend(config)
     scheduler = Scheduler(config.scheduler)
     state = WorkerState(
         scheduler=scheduler,
-        bundles=bundles,
+        bundles={},
+        config=config,
         platform=_platform(backend),
         max_concurrent_requests=config.endpoints.max_concurrent_requests,
         limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
     )
+    state.metrics = WorkerMetrics(
+        lambda: state,
+        worker=config.worker_name,
+        gpu=gpu_label(config.runtime.backend, config.runtime.device_ordinal),
+    )
     async with anyio.create_task_group() as tg:
+        metrics_port = 0
+        if config.endpoints.metrics_port:
+            metrics_port = await tg.start(
+                functools.partial(
+                    serve_http,
+                    config.endpoints.host,
+                    config.endpoints.metrics_port,
+                    exposition=state.metrics.exposition,
+                    ready=state.server_ready,
+                )
+            )
         await tg.start(scheduler.run)
+        bundles, failures = await anyio.to_thread.run_sync(
+            lambda: load_repository(config.model_dirs, backend, include=config.models_include)
+        )
         for name, bundle in bundles.items():
             if bundle.model is not None:
+                state.metrics.compilations.labels(model=name).inc()
                 await scheduler.add_model(
                     bundle.model, preprocess=bundle.preprocess, postprocess=bundle.postprocess
                 )
-                log.info("model_loaded", model=name, path=str(bundle.bundle_dir))
+            log.info("model_loaded", model=name, path=str(bundle.bundle_dir))
+        state.bundles = bundles
         window = 64 << 20
         grpc_config = grpclib.config.Configuration(
             http2_connection_window_size=window, http2_stream_window_size=window
@@ -128,11 +151,17 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         await server.start(config.endpoints.host, config.endpoints.port)
         port = server._server.sockets[0].getsockname()[1]
         running = RunningServer(
-            config=config, port=port, host=config.endpoints.host, state=state, scheduler=scheduler
+            config=config,
+            port=port,
+            host=config.endpoints.host,
+            state=state,
+            scheduler=scheduler,
+            metrics_port=metrics_port,
         )
         log.info(
             "server_up",
             address=running.address,
+            metrics_port=metrics_port or None,
             models=sorted(bundles),
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),

@@ -8,12 +8,20 @@ DEADLINE_EXCEEDED; shutting down UNAVAILABLE.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
+
+from anyio import get_cancelled_exc_class
 
 import kserve_trio
 from kserve_trio.core import codec
-from kserve_trio.core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from kserve_trio.core.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServingError,
+    Unavailable,
+)
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
@@ -40,7 +48,8 @@ class WorkerState:
     extensions: list[str] = field(default_factory=list)
     shutting_down: bool = False
     inflight: int = 0  # ModelInfer handlers currently running
-    on_request: Callable[[str, str, float], None] | None = None  # (model, status, seconds)
+    config: object | None = None  # core.config.ServerConfig
+    metrics: object | None = None  # worker.metrics.WorkerMetrics
 
     def routable_names(self) -> list[str]:
         hidden = hidden_submodels(self.bundles)
@@ -134,16 +143,39 @@ class InferenceService:
 
     async def model_infer(self, request, ctx: CallContext):
         state = self.state
-        if state.shutting_down:
-            raise Unavailable("server is shutting down")
-        cap = state.max_concurrent_requests
-        if cap > 0 and state.inflight >= cap:
-            raise ResourceExhausted(f"server is at its concurrency cap ({cap} requests in flight)")
-        state.inflight += 1
+        started = time.perf_counter()
+        status = "UNKNOWN"
         try:
-            return await self._infer(request, ctx)
+            if state.shutting_down:
+                raise Unavailable("server is shutting down")
+            cap = state.max_concurrent_requests
+            if cap > 0 and state.inflight >= cap:
+                if state.metrics is not None:
+                    state.metrics.shed.inc()
+                raise ResourceExhausted(
+                    f"server is at its concurrency cap ({cap} requests in flight)"
+                )
+            state.inflight += 1
+            try:
+                reply = await self._infer(request, ctx)
+            finally:
+                state.inflight -= 1
+            status = "OK"
+            return reply
+        except ServingError as exc:
+            status = exc.status.name
+            raise
+        except TimeoutError:
+            status = "DEADLINE_EXCEEDED"
+            raise
+        except BaseException as exc:
+            status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
+            raise
         finally:
-            state.inflight -= 1
+            if state.metrics is not None:
+                state.metrics.observe_request(
+                    request.model_name, status, time.perf_counter() - started
+                )
             heartbeat.fire("request", request.model_name)
 
     async def _infer(self, request, ctx: CallContext):

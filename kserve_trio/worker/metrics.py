@@ -1,0 +1,219 @@
+"""Prometheus metrics of one worker (spec 12.1), one ``CollectorRegistry`` per server instance.
+
+Hot-path series (``worker_requests_total``, ``worker_request_latency_seconds``, shedding) are
+updated as requests finish; everything else is pulled from the scheduler and the registry at
+scrape time by ``_ScrapeCollector``, so a model that is unloaded disappears from the exposition.
+``inject_labels`` adds the constant ``worker``/``gpu`` labels to every sample line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+LATENCY_BUCKETS = tuple(0.001 * 2**k for k in range(14))
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class WorkerMetrics:
+    """The metric objects and the registry of one worker."""
+
+    def __init__(self, state_fn: Callable[[], object], *, worker: str = "", gpu: str = "") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.worker = worker
+        self.gpu = gpu
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.requests = Counter(
+            "worker_requests_total",
+            "ModelInfer requests by model and gRPC status",
+            ["model", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "worker_request_latency_seconds",
+            "ModelInfer latency, receive to reply",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.shed = Counter(
+            "worker_requests_shed",
+            "Requests shed at the concurrency cap",
+            registry=self.registry,
+        )
+        self.compilations = Counter(
+            "worker_model_compilations",
+            "Bundle compilations by model",
+            ["model"],
+            registry=self.registry,
+        )
+        self.registry.register(_ScrapeCollector(state_fn))
+
+    def observe_request(self, model: str, status: str, seconds: float) -> None:
+        """Record one finished ModelInfer call."""
+        self.requests.labels(model=model, status=status).inc()
+        self.latency.labels(model=model).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition with the constant labels injected."""
+        labels = {k: v for k, v in (("worker", self.worker), ("gpu", self.gpu)) if v}
+        return inject_labels(generate_latest(self.registry).decode(), labels).encode()
+
+
+class _ScrapeCollector:
+    """Pulls scheduler and registry state at scrape time."""
+
+    def __init__(self, state_fn: Callable[[], object]) -> None:
+        self._state_fn = state_fn
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        state = self._state_fn()
+        if state is None:
+            return
+        sched = state.scheduler
+        metrics = sched.scheduler_metrics() if sched is not None else {}
+        per_model = {
+            "dispatch": CounterMetricFamily(
+                "worker_dispatch", "Device executions", labels=["model"]
+            ),
+            "compute": CounterMetricFamily(
+                "worker_compute_seconds", "Device compute time", labels=["model"]
+            ),
+            "served": CounterMetricFamily(
+                "worker_requests_served", "Requests served by the scheduler", labels=["model"]
+            ),
+            "rows": CounterMetricFamily(
+                "worker_rows_served", "Batch rows served", labels=["model"]
+            ),
+            "depth": GaugeMetricFamily("worker_queue_depth", "Queued requests", labels=["model"]),
+            "maxb": GaugeMetricFamily(
+                "worker_model_max_batch_size", "Effective max batch size", labels=["model"]
+            ),
+            "wait": GaugeMetricFamily(
+                "worker_queue_wait_seconds",
+                "Queue wait percentiles (recent requests)",
+                labels=["model", "quantile"],
+            ),
+            "resident": GaugeMetricFamily(
+                "worker_model_resident", "Weights resident on the device", labels=["model"]
+            ),
+            "pinned": GaugeMetricFamily("worker_model_pinned", "Weights pinned", labels=["model"]),
+            "wbytes": GaugeMetricFamily(
+                "worker_model_weight_bytes", "Weight footprint", labels=["model"]
+            ),
+        }
+        resident_models = 0
+        resident_bytes = 0
+        for name, m in sorted(metrics.items()):
+            per_model["dispatch"].add_metric([name], m.dispatch_count)
+            per_model["compute"].add_metric([name], m.total_compute)
+            per_model["served"].add_metric([name], m.requests_served)
+            per_model["rows"].add_metric([name], m.rows_served)
+            per_model["depth"].add_metric([name], m.queue_depth)
+            per_model["maxb"].add_metric([name], m.max_batch_size)
+            per_model["wait"].add_metric([name, "0.5"], m.wait_p50)
+            per_model["wait"].add_metric([name, "0.99"], m.wait_p99)
+            bundle = state.bundles.get(name)
+            model = getattr(bundle, "model", None)
+            resident = bool(model is not None and model.weights_resident())
+            nbytes = int(getattr(model, "weight_nbytes", 0) or 0)
+            per_model["resident"].add_metric([name], 1.0 if resident else 0.0)
+            per_model["pinned"].add_metric([name], 1.0 if resident else 0.0)
+            per_model["wbytes"].add_metric([name], nbytes)
+            resident_models += resident
+            resident_bytes += nbytes if resident else 0
+        yield from per_model.values()
+        yield _gauge("worker_models_loaded", "Models loaded", len(state.bundles))
+        yield _gauge(
+            "worker_models_resident", "Models with device-resident weights", resident_models
+        )
+        yield _gauge("worker_resident_weight_bytes", "Device-resident weight bytes", resident_bytes)
+        yield _gauge("worker_inflight_requests", "ModelInfer calls in flight", state.inflight)
+        yield _gauge(
+            "worker_max_concurrent_requests",
+            "Concurrency cap (0 = none)",
+            state.max_concurrent_requests,
+        )
+        info = GaugeMetricFamily(
+            "worker_info",
+            "Worker identity",
+            labels=["worker", "device_ordinal", "control_mode", "discipline", "residency_mode"],
+        )
+        cfg = state.config
+        if cfg is not None:
+            info.add_metric(
+                [
+                    cfg.worker_name or "",
+                    str(cfg.runtime.device_ordinal),
+                    cfg.model_control_mode.value,
+                    cfg.scheduler.discipline.value,
+                    cfg.residency_mode.value,
+                ],
+                1.0,
+            )
+        yield info
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc)
+    g.add_metric([], value)
+    return g
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?(\s.*)$")
+
+
+def inject_labels(text: str, labels: dict[str, str]) -> str:
+    """Add ``labels`` to every sample line (comments untouched; existing keys not duplicated)."""
+    if not labels:
+        return text
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if line.startswith("#") or not m:
+            out.append(line)
+            continue
+        name, _, inner, rest = m.groups()
+        present = (
+            {p.split("=", 1)[0].strip() for p in inner.split(",") if "=" in p} if inner else set()
+        )
+        extra = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items() if k not in present)
+        if not extra:
+            out.append(line)
+            continue
+        merged = f"{inner},{extra}" if inner else extra
+        out.append(f"{name}{{{merged}}}{rest}")
+    return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def gpu_label(backend: str, device_ordinal: int, env: dict | None = None) -> str:
+    """The ``gpu`` label: CUDA only; the visible-devices token at the ordinal, else the ordinal."""
+    if backend not in ("cuda", "gpu"):
+        return ""
+    env = os.environ if env is None else env
+    tokens = [t.strip() for t in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if t.strip()]
+    if len(tokens) == 1:
+        return tokens[0]
+    if len(tokens) > device_ordinal:
+        return tokens[device_ordinal]
+    return str(device_ordinal)
+
+
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "WorkerMetrics", "gpu_label", "inject_labels"]
