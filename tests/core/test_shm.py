@@ -1,0 +1,484 @@
+"""ShmRegistry: registration rules, leased zero-copy reads, writes, unregister/close semantics,
+churn safety and the IPC-namespace probe (spec 7.1)."""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import mmap
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import posix_ipc
+import pytest
+
+from kserve_trio.core.codec import ShmRegistryLike
+from kserve_trio.core.errors import (
+    InvalidArgument,
+    StatusCode,
+    Unavailable,
+    UnregisteredRegionError,
+)
+from kserve_trio.core.shm import RegionStatus, ShmRegistry, posix_name, same_ipc_namespace
+
+PAGE = mmap.ALLOCATIONGRANULARITY
+
+
+class ShmObject:
+    """A POSIX object created by the test (as a client would), with its own mapping."""
+
+    def __init__(self, size: int) -> None:
+        self.key = f"/kt-test-{os.getpid()}-{secrets.token_hex(6)}"
+        shm = posix_ipc.SharedMemory(self.key, flags=posix_ipc.O_CREX, mode=0o600, size=size)
+        self.mm = mmap.mmap(shm.fd, size)
+        shm.close_fd()
+        self.size = size
+        self.mm[:] = bytes(i % 251 for i in range(size))
+
+    @property
+    def bare(self) -> str:
+        return self.key.lstrip("/")
+
+    def mapped_by_us(self) -> int:
+        """How many of this process's mappings point at the object (test mapping excluded)."""
+        with open("/proc/self/maps") as f:
+            n = sum(1 for line in f if f"/dev/shm/{self.bare}" in line)
+        return n - (0 if self.mm.closed else 1)
+
+    def destroy(self) -> None:
+        self.mm.close()
+        try:
+            posix_ipc.unlink_shared_memory(self.key)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+@pytest.fixture
+def make_obj() -> Iterator:
+    made: list[ShmObject] = []
+
+    def make(size: int = 3 * PAGE) -> ShmObject:
+        obj = ShmObject(size)
+        made.append(obj)
+        return obj
+
+    yield make
+    for obj in made:
+        obj.destroy()
+
+
+@pytest.fixture
+def registry() -> Iterator[ShmRegistry]:
+    reg = ShmRegistry()
+    yield reg
+    reg.close()
+
+
+def expected(obj: ShmObject, start: int, n: int) -> bytes:
+    return bytes(i % 251 for i in range(start, start + n))
+
+
+# -- registration ------------------------------------------------------------------------------
+
+
+def test_satisfies_codec_protocol():
+    for method in ("read_view", "write"):
+        ours = inspect.signature(getattr(ShmRegistry, method))
+        theirs = inspect.signature(getattr(ShmRegistryLike, method))
+        assert list(ours.parameters) == list(theirs.parameters), method
+
+
+def test_register_read_status_unaligned_offset(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, PAGE + 5, 100)
+    assert registry.read("r", 0, 100) == expected(obj, PAGE + 5, 100)
+    assert registry.read("r", 10, 3) == expected(obj, PAGE + 15, 3)
+    assert registry.status() == {"r": RegionStatus("r", obj.key, PAGE + 5, 100)}
+    assert registry.status("r") == {"r": RegionStatus("r", obj.key, PAGE + 5, 100)}
+    assert registry.status("nope") == {}
+
+
+def test_key_without_leading_slash(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.bare, 0, 16)
+    assert registry.read("r", 0, 16) == expected(obj, 0, 16)
+    assert registry.status("r")["r"].key == obj.bare
+    assert posix_name("abc") == "/abc" and posix_name("/abc") == "/abc"
+
+
+def test_whole_object_region(registry, make_obj):
+    obj = make_obj(1000)
+    registry.register("r", obj.key, 0, 1000)
+    assert registry.read("r", 0, 1000) == expected(obj, 0, 1000)
+    registry.register("tail", obj.key, 999, 1)
+    assert registry.read("tail", 0, 1) == expected(obj, 999, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "offset", "size", "message"),
+    [
+        ("", "/k", 0, 8, "shared memory region name must not be empty"),
+        ("n", "", 0, 8, "region 'n' has an empty shared memory key"),
+        ("n", "/k", -1, 8, "region 'n' offset -1 is out of range [0, 2^63-1]"),
+        ("n", "/k", 2**63, 8, f"region 'n' offset {2**63} is out of range [0, 2^63-1]"),
+        ("n", "/k", 0, 0, "region 'n' byte_size 0 is out of range [1, 2^63-1]"),
+        ("n", "/k", 0, -4, "region 'n' byte_size -4 is out of range [1, 2^63-1]"),
+    ],
+)
+def test_register_argument_errors(registry, name, key, offset, size, message):
+    with pytest.raises(InvalidArgument) as err:
+        registry.register(name, key, offset, size)
+    assert err.value.message == message
+    assert err.value.status == StatusCode.INVALID_ARGUMENT
+    assert registry.status() == {}
+
+
+def test_register_missing_object(registry):
+    key = f"/kt-missing-{secrets.token_hex(6)}"
+    with pytest.raises(InvalidArgument) as err:
+        registry.register("n", key, 0, 8)
+    assert err.value.message == f"shared memory object '{key}' does not exist"
+
+
+@pytest.mark.parametrize(
+    ("offset", "size"), [(0, 1001), (1, 1000), (1000, 1), (999, 2), (2**62, 2**62)]
+)
+def test_register_window_outside_object(registry, make_obj, offset, size):
+    obj = make_obj(1000)
+    with pytest.raises(InvalidArgument) as err:
+        registry.register("n", obj.key, offset, size)
+    assert err.value.message == (
+        f"region 'n' offset+byte_size exceeds shared memory object '{obj.key}' size (1000)"
+    )
+    assert registry.status() == {}
+    assert obj.mapped_by_us() == 0
+
+
+def test_reregister_replaces_and_detaches_old(registry, make_obj):
+    a, b = make_obj(), make_obj()
+    b.mm[:4] = b"BBBB"
+    registry.register("r", a.key, 0, 64)
+    assert a.mapped_by_us() == 1
+    registry.register("r", b.key, 0, 64)
+    assert registry.read("r", 0, 4) == b"BBBB"
+    assert registry.status()["r"].key == b.key
+    assert a.mapped_by_us() == 0
+    assert b.mapped_by_us() == 1
+
+
+def test_reregister_keeps_old_mapping_for_outstanding_lease(registry, make_obj):
+    a, b = make_obj(), make_obj()
+    registry.register("r", a.key, 0, 64)
+    view, release = registry.read_view("r", 0, 4)
+    registry.register("r", b.key, 0, 64)
+    assert bytes(view) == expected(a, 0, 4)  # old window still readable through the lease
+    assert a.mapped_by_us() == 1
+    del view
+    release()
+    assert a.mapped_by_us() == 0
+
+
+# -- data path ---------------------------------------------------------------------------------
+
+
+def test_read_view_is_zero_copy(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 100, 64)
+    view, release = registry.read_view("r", 8, 16)
+    assert view.nbytes == 16 and view.readonly is False
+    obj.mm[108:112] = b"\x01\x02\x03\x04"  # written through another mapping
+    assert bytes(view[:4]) == b"\x01\x02\x03\x04"
+    arr = np.frombuffer(view, dtype=np.uint8)
+    obj.mm[112] = 0xAB
+    assert arr[4] == 0xAB
+    del arr, view
+    release()
+
+
+def test_write_lands_in_object(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, PAGE - 8, 64)
+    data = np.arange(4, dtype=np.float32)
+    registry.write("r", 4, data)
+    assert bytes(obj.mm[PAGE - 4 : PAGE + 12]) == data.tobytes()
+    registry.write("r", 0, b"abcd")
+    assert bytes(obj.mm[PAGE - 8 : PAGE - 4]) == b"abcd"
+    registry.write("r", 60, memoryview(b"wxyz"))
+    assert bytes(obj.mm[PAGE + 52 : PAGE + 56]) == b"wxyz"
+
+
+def test_write_non_contiguous_and_multidim(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    m = np.arange(12, dtype=np.int32).reshape(3, 4)
+    registry.write("r", 0, m[:, ::2])  # non-contiguous: written in C order
+    assert np.frombuffer(obj.mm, np.int32, 6).tolist() == [0, 2, 4, 6, 8, 10]
+    registry.write("r", 32, memoryview(np.ones((2, 2), np.float32)))
+    assert np.frombuffer(obj.mm, np.float32, 4, offset=32).tolist() == [1.0] * 4
+    registry.write("r", 48, np.array([True, False, True]))
+    assert bytes(obj.mm[48:51]) == b"\x01\x00\x01"
+
+
+def test_write_full_region_and_empty(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 8)
+    registry.write("r", 0, b"12345678")
+    registry.write("r", 8, b"")
+    assert bytes(obj.mm[:8]) == b"12345678"
+
+
+@pytest.mark.parametrize(("offset", "size"), [(0, 65), (64, 1), (60, 5), (-1, 1), (2**62, 2**62)])
+def test_read_out_of_bounds(registry, make_obj, offset, size):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    if offset < 0:
+        message = (
+            f"shared memory region 'r': offset {offset} and byte_size {size} must be non-negative"
+        )
+    else:
+        message = (
+            f"shared memory region 'r': offset {offset} + byte_size {size} "
+            "exceeds the region size (64)"
+        )
+    for call in (registry.read, registry.read_view):
+        with pytest.raises(InvalidArgument) as err:
+            call("r", offset, size)
+        assert err.value.message == message
+
+
+def test_failed_read_view_takes_no_lease(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    with pytest.raises(InvalidArgument):
+        registry.read_view("r", 60, 8)
+    registry.unregister("r")
+    assert obj.mapped_by_us() == 0
+
+
+@pytest.mark.parametrize(("offset", "n"), [(0, 65), (61, 4), (-1, 2)])
+def test_write_too_many_bytes(registry, make_obj, offset, n):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    with pytest.raises(InvalidArgument) as err:
+        registry.write("r", offset, b"x" * n)
+    assert err.value.message == (
+        f"shared memory region 'r': writing {n} bytes at offset {offset} "
+        "exceeds the region size (64)"
+    )
+    assert bytes(obj.mm[:64]) == expected(obj, 0, 64)
+
+
+@pytest.mark.parametrize("op", ["read", "read_view", "write"])
+def test_unknown_region_is_failed_precondition(registry, op):
+    call = {
+        "read": lambda: registry.read("ghost", 0, 1),
+        "read_view": lambda: registry.read_view("ghost", 0, 1),
+        "write": lambda: registry.write("ghost", 0, b"x"),
+    }[op]
+    with pytest.raises(UnregisteredRegionError) as err:
+        call()
+    assert err.value.message == "unregistered shared memory region: ghost"
+    assert err.value.status == StatusCode.FAILED_PRECONDITION
+
+
+# -- unregister, leases, close -----------------------------------------------------------------
+
+
+def test_unregister_is_idempotent_and_detaches(registry, make_obj):
+    obj = make_obj()
+    registry.unregister("never-registered")
+    registry.register("r", obj.key, 0, 64)
+    registry.unregister("r")
+    registry.unregister("r")
+    assert registry.status() == {}
+    assert obj.mapped_by_us() == 0
+    with pytest.raises(UnregisteredRegionError):
+        registry.read("r", 0, 1)
+    # detach only: the client's object still exists and can be registered again
+    registry.register("r", obj.key, 0, 64)
+    assert registry.read("r", 0, 2) == expected(obj, 0, 2)
+
+
+def test_unregister_all(registry, make_obj):
+    a, b = make_obj(), make_obj()
+    registry.register("a", a.key, 0, 8)
+    registry.register("b", b.key, 0, 8)
+    registry.register("b2", b.key, 8, 8)
+    registry.unregister("")
+    assert registry.status() == {}
+    assert a.mapped_by_us() == 0 and b.mapped_by_us() == 0
+    registry.unregister("")
+
+
+def test_lease_outlives_unregister(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    view, release = registry.read_view("r", 0, 8)
+    registry.unregister("r")
+    # the name is gone at once ...
+    assert registry.status() == {}
+    with pytest.raises(UnregisteredRegionError, match="unregistered shared memory region: r"):
+        registry.read_view("r", 0, 8)
+    # ... but the leased mapping stays valid and live
+    assert obj.mapped_by_us() == 1
+    obj.mm[0:2] = b"zz"
+    assert bytes(view[:2]) == b"zz"
+    del view
+    release()
+    assert obj.mapped_by_us() == 0
+    release()  # idempotent
+    assert obj.mapped_by_us() == 0
+
+
+def test_release_with_live_view_defers_unmap_to_view(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    view, release = registry.read_view("r", 0, 8)
+    arr = np.frombuffer(view, np.uint8)
+    registry.unregister("r")
+    release()  # a caller that releases too early must not crash or corrupt memory
+    assert arr[0] == 0
+    assert obj.mapped_by_us() == 1
+    del arr, view
+    gc.collect()
+    assert obj.mapped_by_us() == 0
+
+
+def test_several_leases_counted(registry, make_obj):
+    obj = make_obj()
+    registry.register("r", obj.key, 0, 64)
+    v1, r1 = registry.read_view("r", 0, 8)
+    v2, r2 = registry.read_view("r", 8, 8)
+    registry.unregister("r")
+    del v1, v2
+    r1()
+    r1()  # a repeated release must not drop the other lease
+    assert obj.mapped_by_us() == 1
+    r2()
+    assert obj.mapped_by_us() == 0
+
+
+def test_close_unmaps_everything(make_obj):
+    reg = ShmRegistry()
+    a, b = make_obj(), make_obj()
+    reg.register("a", a.key, 0, 64)
+    reg.register("b", b.key, PAGE, PAGE)
+    _view, release = reg.read_view("b", 0, 4)
+    del _view
+    assert a.mapped_by_us() == 1 and b.mapped_by_us() == 1
+    reg.close()
+    assert a.mapped_by_us() == 0 and b.mapped_by_us() == 0
+    assert reg.status() == {}
+    release()  # a lease released after close is harmless
+    with pytest.raises(Unavailable) as err:
+        reg.register("a", a.key, 0, 64)
+    assert err.value.message == "shared memory registry is closed (server is shutting down)"
+    assert a.mapped_by_us() == 0
+    # the client's objects were never unlinked
+    posix_ipc.SharedMemory(a.key).close_fd()
+    posix_ipc.SharedMemory(b.key).close_fd()
+
+
+def test_churn_never_crashes(make_obj):
+    """Readers and writers racing register/unregister see only success or
+    UnregisteredRegionError, and every successful read returns one of the objects' bytes."""
+    reg = ShmRegistry()
+    a, b = make_obj(PAGE), make_obj(PAGE)
+    a.mm[:] = b"\x0a" * PAGE
+    b.mm[:] = b"\x0b" * PAGE
+    reg.register("r", a.key, 0, PAGE)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    counts = {"ok": 0, "unregistered": 0}
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                view, release = reg.read_view("r", 0, 256)
+                try:
+                    data = bytes(view)
+                    assert data in (b"\x0a" * 256, b"\x0b" * 256), data[:8]
+                finally:
+                    del view
+                    release()
+                counts["ok"] += 1
+            except UnregisteredRegionError:
+                counts["unregistered"] += 1
+            except BaseException as exc:
+                failures.append(exc)
+                return
+
+    def writer() -> None:
+        while not stop.is_set():
+            try:
+                reg.write("r", PAGE - 8, b"\x0c" * 8)
+                reg.read("r", 0, 16)
+            except UnregisteredRegionError:
+                pass
+            except BaseException as exc:
+                failures.append(exc)
+                return
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    threads.append(threading.Thread(target=writer))
+    for t in threads:
+        t.start()
+    try:
+        for i in range(300):
+            if i % 3 == 0:
+                reg.unregister("r")
+            else:
+                reg.register("r", (a if i % 2 else b).key, 0, PAGE)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    reg.close()
+    assert failures == []
+    assert counts["ok"] > 0 and counts["unregistered"] > 0, counts
+    assert a.mapped_by_us() == 0 and b.mapped_by_us() == 0
+
+
+# -- IPC namespace probe and tritonclient interop ----------------------------------------------
+
+
+def test_same_ipc_namespace(registry, make_obj):
+    obj = make_obj()
+    assert same_ipc_namespace(obj.key) is True
+    assert same_ipc_namespace(obj.bare) is True
+    assert registry.same_ipc_namespace(obj.key) is True
+    assert same_ipc_namespace("") is False
+    assert same_ipc_namespace(f"/kt-missing-{secrets.token_hex(6)}") is False
+    assert same_ipc_namespace("/bad/name") is False
+    assert registry.status() == {}
+    assert obj.mapped_by_us() == 0
+
+
+def test_tritonclient_region_is_readable(registry):
+    import tritonclient.utils.shared_memory as shm_util
+
+    key = f"/kt-triton-{os.getpid()}-{secrets.token_hex(6)}"
+    data = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    handle = shm_util.create_shared_memory_region("tri", key, data.nbytes + 16)
+    try:
+        shm_util.set_shared_memory_region(handle, [data], offset=16)
+        assert same_ipc_namespace(key)
+        registry.register("tri", key, 16, data.nbytes)
+        view, release = registry.read_view("tri", 0, data.nbytes)
+        got = np.frombuffer(view, np.float32).reshape(2, 3, 4)
+        np.testing.assert_array_equal(got, data)
+        del got, view
+        release()
+        out = np.full(4, 7, np.int32)
+        registry.write("tri", 0, out)
+        back = shm_util.get_contents_as_numpy(handle, np.int32, [4], offset=16)
+        np.testing.assert_array_equal(back, out)
+        del back
+        registry.unregister("tri")
+    finally:
+        registry.close()
+        shm_util.destroy_shared_memory_region(handle)
+    assert not same_ipc_namespace(key)
