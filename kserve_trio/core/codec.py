@@ -677,21 +677,25 @@ def decode_infer_response(
 ) -> list[NamedTensor]:
     """The outputs of a ``ModelInferResponse`` as ``NamedTensor`` (response order).
 
-    When ``raw_output_contents`` is non-empty its entries go, in order, to the outputs without
-    shm parameters (their counts must match); otherwise each output is read from its typed
-    ``contents``. Raw data is viewed in place (``np.frombuffer``).
-    An output written to shared memory raises ``InvalidArgument`` unless ``skip_shm`` is true,
-    in which case it is left out (the caller reads it from its own memory).
+    Mirrors the request rule: raw entries go, in order, to the outputs with neither shm
+    parameters nor typed ``contents`` (their counts must match); the others are read from their
+    typed ``contents``. Raw data is viewed in place (``np.frombuffer``). An output written to
+    shared memory raises ``InvalidArgument`` unless ``skip_shm`` is true, in which case it is
+    left out (the caller reads it from its own memory).
     """
     model = msg.model_name
     raw = msg.raw_output_contents
-    inline = [o for o in msg.outputs if _string_param(o.parameters, SHM_REGION_PARAM) is None]
-    if raw and len(raw) != len(inline):
+    needs_raw = [
+        o
+        for o in msg.outputs
+        if o.contents is None and _string_param(o.parameters, SHM_REGION_PARAM) is None
+    ]
+    if raw and len(raw) != len(needs_raw):
         raise InvalidArgument(
             f"response from model '{model}' has {len(raw)} raw_output_contents entries but "
-            f"{len(inline)} inline output(s)"
+            f"{len(needs_raw)} output(s) take their data from raw_output_contents"
         )
-    raw_of = {id(o): buf for o, buf in zip(inline, raw, strict=False)}
+    raw_of = {id(o): buf for o, buf in zip(needs_raw, raw, strict=False)}
     result: list[NamedTensor] = []
     for out in msg.outputs:
         what = f"output '{out.name}' of model '{model}'"
@@ -705,18 +709,20 @@ def decode_infer_response(
             raise InvalidArgument(
                 f"{what} was written to shared memory region '{shm.region}'; read it from there"
             )
-        buf = raw_of.get(id(out))
-        if buf is not None:
+        if out.contents is not None:
+            data = _from_typed(what, out.contents, dtype, shape, count)
+        else:
+            buf = raw_of.get(id(out))
+            if buf is None:
+                raise InvalidArgument(
+                    f"{what} has no data: no raw_output_contents entry or contents"
+                )
             if len(buf) != nbytes:
                 raise InvalidArgument(
                     f"{what} has {len(buf)} bytes of raw data, expected {nbytes} "
                     f"(shape {_shape_str(shape)} x {dtype.wire})"
                 )
             data = _from_buffer(buf, dtype, shape)
-        elif out.contents is not None:
-            data = _from_typed(what, out.contents, dtype, shape, count)
-        else:
-            raise InvalidArgument(f"{what} has no data: no raw_output_contents entry or contents")
         result.append(NamedTensor(out.name, dtype, shape, data))
     return result
 

@@ -776,7 +776,8 @@ def test_decode_response_errors():
     with pytest.raises(InvalidArgument) as info:
         decode_infer_response(resp)
     assert str(info.value) == (
-        "response from model 'm' has 2 raw_output_contents entries but 1 inline output(s)"
+        "response from model 'm' has 2 raw_output_contents entries but 1 output(s) take their "
+        "data from raw_output_contents"
     )
     resp.raw_output_contents = [b"\0" * 7]
     with pytest.raises(InvalidArgument) as info:

@@ -1,0 +1,88 @@
+"""The committed generated code matches ``protos/``, and the layering holds: the lower layers
+import neither jax nor grpclib's server side (DESIGN section 1)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generated_proto_code_is_fresh():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_protos.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _has_modules(package: str) -> bool:
+    """Whether a package contains any module besides its ``__init__``."""
+    pkg = importlib.import_module(package)
+    return any(True for _ in pkgutil.iter_modules(pkg.__path__))
+
+
+# Each layer lists what it must never load. ``client`` joins once it has modules.
+LAYERS = {
+    "kserve_trio.core": ("jax", "jaxlib", "grpclib.server"),
+    "kserve_trio.proto": ("jax", "jaxlib", "grpclib.server"),
+}
+if _has_modules("kserve_trio.client"):
+    LAYERS["kserve_trio.client"] = ("jax", "jaxlib")
+
+_PROBE = """
+import importlib, json, pkgutil, sys
+package = importlib.import_module({package!r})
+names = [package.__name__]
+for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    importlib.import_module(info.name)
+    names.append(info.name)
+forbidden = {forbidden!r}
+loaded = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in forbidden))
+print(json.dumps({{"imported": names, "forbidden_loaded": loaded}}))
+"""
+
+
+@pytest.mark.parametrize(("package", "forbidden"), LAYERS.items(), ids=LAYERS.keys())
+def test_layer_imports_nothing_it_must_not(package, forbidden):
+    import json
+
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(package=package, forbidden=list(forbidden))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert package in report["imported"]
+    assert report["forbidden_loaded"] == [], (
+        f"importing {package} and its modules loaded {report['forbidden_loaded']}"
+    )
+
+
+def test_the_probe_detects_a_forbidden_import():
+    """The layering check can fail: grpclib.server is visible when something loads it."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import grpclib.server\n"
+            + _PROBE.format(package="kserve_trio.proto", forbidden=["grpclib.server"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"forbidden_loaded": ["grpclib.server"]' in result.stdout
