@@ -14,6 +14,7 @@ only decode path that allocates is typed ``contents`` (Python lists must become 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -474,7 +475,9 @@ def decode_infer_request(
                 )
             arrays[id(plan)] = _from_buffer(view, plan.dtype, plan.shape)
     except BaseException:
-        request.release()
+        # The decode error is what the caller must see; a failing release must not mask it.
+        with contextlib.suppress(Exception):
+            request.release()
         raise
     request.inputs = [NamedTensor(p.msg.name, p.dtype, p.shape, arrays[id(p)]) for p in plans]
     return request

@@ -672,9 +672,30 @@ def test_shm_param_errors():
     assert decode_error(with_params(shm_params("in", -4, 24)), reg) == (
         "input 'x' of model 'm' has a negative shared_memory_offset -4"
     )
+    assert decode_error(with_params(shm_params("in", 0, -1)), reg) == (
+        "input 'x' of model 'm' has a negative shared_memory_byte_size -1"
+    )
     assert decode_error(with_params(shm_params("in", 0, 24)), None) == (
         "input 'x' of model 'm' names shared memory region 'in' but this endpoint has no shared "
         "memory registry"
+    )
+    assert reg.active == 0
+
+
+def test_registry_view_of_the_wrong_size_is_rejected_and_released():
+    class ShortRegistry(FakeRegistry):
+        def read_view(self, region, offset, byte_size):
+            view, release = super().read_view(region, offset, byte_size)
+            return view[:-1], release
+
+    reg = ShortRegistry()
+    reg.add("in", 64)
+    msg = pb.ModelInferRequest(
+        model_name="m",
+        inputs=[input_tensor("x", "FP32", [2, 3], parameters=shm_params("in", 0, 24))],
+    )
+    assert decode_error(msg, reg) == (
+        "input 'x' of model 'm': shared memory region 'in' returned 23 bytes, expected 24"
     )
     assert reg.active == 0
 
