@@ -231,9 +231,13 @@ def validate_node(node: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
                 f"node worker '{name}' port {port} is out of range 0..65535", f"workers[{i}]"
             )
         if port and port in ports:
-            raise ConfigError(
-                f"node workers '{ports[port]}' and '{name}' both bind port {port}", f"workers[{i}]"
+            other = ports[port]
+            message = (
+                f"node worker '{name}' port {port} collides with '{other}'"
+                if other.endswith(" (metrics)")
+                else f"node workers '{other}' and '{name}' both bind port {port}"
             )
+            raise ConfigError(message, f"workers[{i}]")
         if port:
             ports[port] = name
         mport = _metrics_port(node, i)
