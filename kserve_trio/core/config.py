@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.logging import get_logger
 
 DEFAULT_GRPC_MSG_BYTES = 512 << 20
 """gRPC message cap in each direction (a decode/encode bound, not an allocation)."""
@@ -682,102 +683,88 @@ def _copy(value: Any) -> Any:
 def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
     """Range and consistency checks, the same for YAML-, code- and CLI-built configs.
 
-    Every comparison is written as ``not (valid range)`` so a NaN fails too. ``check_dirs``
-    also requires every model directory to exist (off for configs checked away from the host
-    that will serve them).
+    Each rule is "path, holds?, what it must be"; comparisons are written as the valid range so
+    a NaN fails too. ``check_dirs`` also requires every model directory to exist (off for
+    configs checked away from the host that will serve them).
     """
-
-    def need(ok: bool, path: str, message: str) -> None:
-        if not ok:
-            raise ConfigError(message, path)
-
-    need(len(cfg.model_dirs) > 0, "model_dirs", "at least one model directory is required")
-    if check_dirs:
-        for d in cfg.model_dirs:
-            need(os.path.isdir(d), "model_dirs", f"model directory does not exist: {d}")
-    need(
-        cfg.model_poll_seconds >= 0,
-        "model_poll_seconds",
-        f"must be >= 0 (got {cfg.model_poll_seconds})",
-    )
-    need(
-        cfg.model_control_mode is not ModelControlMode.DYNAMIC or cfg.model_poll_seconds > 0,
-        "model_poll_seconds",
-        "model_control_mode 'dynamic' requires model_poll_seconds > 0",
-    )
-
-    ep = cfg.endpoints
-    need(
-        0 <= ep.port <= 65535,
-        "endpoints.port",
-        f"must be in 0..65535 (0 = ephemeral; got {ep.port})",
-    )
-    need(
-        0 <= ep.metrics_port <= 65535,
-        "endpoints.metrics_port",
-        f"must be in 0..65535 (0 = disabled; got {ep.metrics_port})",
-    )
-    need(
-        ep.metrics_port == 0 or ep.metrics_port != ep.port,
-        "endpoints.metrics_port",
-        f"must differ from endpoints.port ({ep.port})",
-    )
-    need(
-        ep.max_concurrent_requests >= 0,
-        "endpoints.max_concurrent_requests",
-        f"must be >= 0 (0 = uncapped; got {ep.max_concurrent_requests})",
-    )
-    for name in ("max_recv_msg_bytes", "max_send_msg_bytes"):
-        value = getattr(cfg.grpc, name)
-        need(value > 0, f"grpc.{name}", f"must be positive (got {value})")
-
-    sc = cfg.scheduler
-    for name, ok, rule in (
-        ("ema_halflife_seconds", sc.ema_halflife_seconds > 0, "must be positive"),
-        ("recency_penalty_cap", 0 < sc.recency_penalty_cap <= 1, "must be in (0, 1]"),
-        ("coalescing_discount", 0 <= sc.coalescing_discount < 1, "must be in [0, 1)"),
-        ("cost_ema_alpha", 0 < sc.cost_ema_alpha <= 1, "must be in (0, 1]"),
-        ("max_queue_depth", sc.max_queue_depth > 0, "must be positive"),
-        ("dispatch_timeout_seconds", sc.dispatch_timeout_seconds >= 0, "must be >= 0 (0 = off)"),
-        ("compaction_interval", sc.compaction_interval >= 0, "must be >= 0 (0 = off)"),
-    ):
-        need(ok, f"scheduler.{name}", f"{rule} (got {getattr(sc, name)})")
-    for model, mc in sc.models.items():
-        path = f"scheduler.models.{model}"
-        need(mc.weight > 0, f"{path}.weight", f"must be positive (got {mc.weight})")
-        need(
-            mc.max_batch_size is None or mc.max_batch_size >= 1,
-            f"{path}.max_batch_size",
-            f"must be >= 1 (got {mc.max_batch_size})",
-        )
-
-    rt = cfg.runtime
-    for name, ok, rule in (
-        ("device_ordinal", rt.device_ordinal >= 0, "must be >= 0"),
-        ("mem_fraction", 0 < rt.mem_fraction <= 1, "must be in (0, 1]"),
+    ep, sc, rt = cfg.endpoints, cfg.scheduler, cfg.runtime
+    rules: list[tuple[str, bool, str]] = [
+        ("model_poll_seconds", cfg.model_poll_seconds >= 0, "must be >= 0"),
+        ("endpoints.port", 0 <= ep.port <= 65535, "must be in 0..65535 (0 = ephemeral)"),
+        ("endpoints.metrics_port", 0 <= ep.metrics_port <= 65535, "must be in 0..65535 (0 = off)"),
         (
-            "weight_cache_fraction",
+            "endpoints.max_concurrent_requests",
+            ep.max_concurrent_requests >= 0,
+            "must be >= 0 (0 = uncapped)",
+        ),
+        ("grpc.max_recv_msg_bytes", cfg.grpc.max_recv_msg_bytes > 0, "must be positive"),
+        ("grpc.max_send_msg_bytes", cfg.grpc.max_send_msg_bytes > 0, "must be positive"),
+        ("scheduler.ema_halflife_seconds", sc.ema_halflife_seconds > 0, "must be positive"),
+        ("scheduler.recency_penalty_cap", 0 < sc.recency_penalty_cap <= 1, "must be in (0, 1]"),
+        ("scheduler.coalescing_discount", 0 <= sc.coalescing_discount < 1, "must be in [0, 1)"),
+        ("scheduler.cost_ema_alpha", 0 < sc.cost_ema_alpha <= 1, "must be in (0, 1]"),
+        ("scheduler.max_queue_depth", sc.max_queue_depth > 0, "must be positive"),
+        (
+            "scheduler.dispatch_timeout_seconds",
+            sc.dispatch_timeout_seconds >= 0,
+            "must be >= 0 (0 = off)",
+        ),
+        ("scheduler.compaction_interval", sc.compaction_interval >= 0, "must be >= 0 (0 = off)"),
+        ("runtime.device_ordinal", rt.device_ordinal >= 0, "must be >= 0"),
+        ("runtime.mem_fraction", 0 < rt.mem_fraction <= 1, "must be in (0, 1]"),
+        (
+            "runtime.weight_cache_fraction",
             0 <= rt.weight_cache_fraction <= 1,
-            "must be in [0, 1] (0 disables the on-demand cache)",
+            "must be in [0, 1] (0 = cache off)",
         ),
         (
-            "weight_cache_wiggle_fraction",
+            "runtime.weight_cache_wiggle_fraction",
             0 <= rt.weight_cache_wiggle_fraction < 1,
             "must be in [0, 1)",
         ),
         (
-            "shared_host_weights_mode",
+            "runtime.shared_host_weights_mode",
             0 <= rt.shared_host_weights_mode <= 0o777,
-            "must be in 0o0..0o777",
+            "must be in 0..0o777",
         ),
-        ("cpu_device_memory_bytes", rt.cpu_device_memory_bytes >= 0, "must be >= 0 (0 = none)"),
-    ):
-        need(ok, f"runtime.{name}", f"{rule} (got {getattr(rt, name)})")
-    need(
-        not (rt.numerics is NumericsMode.TF32 and rt.backend == "cpu"),
-        "runtime.numerics",
-        "'tf32' requires a CUDA backend; the CPU backend cannot run TF32",
-    )
+        (
+            "runtime.cpu_device_memory_bytes",
+            rt.cpu_device_memory_bytes >= 0,
+            "must be >= 0 (0 = none)",
+        ),
+    ]
+    for path, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{rule} (got {_value_at(cfg, path)})", path)
+    for model, mc in sc.models.items():
+        path = f"scheduler.models.{model}"
+        if not mc.weight > 0:
+            raise ConfigError(f"must be positive (got {mc.weight})", f"{path}.weight")
+        if mc.max_batch_size is not None and mc.max_batch_size < 1:
+            raise ConfigError(f"must be >= 1 (got {mc.max_batch_size})", f"{path}.max_batch_size")
+
+    if not cfg.model_dirs:
+        raise ConfigError("at least one model directory is required", "model_dirs")
+    for d in cfg.model_dirs if check_dirs else ():
+        if not os.path.isdir(d):
+            raise ConfigError(f"model directory does not exist: {d}", "model_dirs")
+    if cfg.model_control_mode is ModelControlMode.DYNAMIC and not cfg.model_poll_seconds > 0:
+        raise ConfigError(
+            "model_control_mode 'dynamic' requires model_poll_seconds > 0", "model_poll_seconds"
+        )
+    if ep.metrics_port != 0 and ep.metrics_port == ep.port:
+        raise ConfigError(f"must differ from endpoints.port ({ep.port})", "endpoints.metrics_port")
+    if rt.numerics is NumericsMode.TF32 and rt.backend == "cpu":
+        raise ConfigError(
+            "'tf32' requires a CUDA backend; the CPU backend cannot run TF32", "runtime.numerics"
+        )
+
+
+def _value_at(cfg: ServerConfig, path: str) -> Any:
+    value: Any = cfg
+    for key in path.split("."):
+        value = getattr(value, key)
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -808,7 +795,7 @@ def load_server_config(
         raw: dict[str, Any] = _node.worker_raw_config(loaded, name)
     else:
         name = worker or env.get(WORKER_NAME_ENV, "")
-        chosen_by_env = worker is None and WORKER_NAME_ENV in env
+        chosen_by_env = worker is None and bool(env.get(WORKER_NAME_ENV))
         raw = {}
     raw, applied = apply_env_overrides(raw, env)
     if chosen_by_env:
@@ -867,3 +854,12 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         "grpc": block(cfg.grpc),
         "meta": block(cfg.meta),
     }
+
+
+def log_config(cfg: ServerConfig, applied: Iterable[tuple[str, str]], log: Any = None) -> None:
+    """Log the effective configuration, then the environment overrides that shaped it."""
+    log = log or get_logger(__name__)
+    log.info("config_effective", worker=cfg.worker_name, config=config_to_raw(cfg))
+    overrides = [f"{var}={value}" for var, value in applied]
+    if overrides:
+        log.info("config_overridden_by_environment", worker=cfg.worker_name, overrides=overrides)

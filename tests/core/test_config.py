@@ -32,6 +32,7 @@ from kserve_trio.core.config import (
     config_to_raw,
     deep_merge,
     load_server_config,
+    log_config,
     validate_config,
 )
 from kserve_trio.core.errors import ConfigError
@@ -780,6 +781,8 @@ def test_precedence_without_a_node_file(tmp_path):
         env=env, overrides={"endpoints": {"port": 9002}, "model_dirs": [str(tmp_path)]}
     )
     assert cfg.endpoints.port == 9002
+    cfg, applied = load_server_config(env={"KSERVE_TRIO_WORKER_NAME": ""}, check_dirs=False)
+    assert cfg.worker_name == "" and applied == []
     cfg, applied = load_server_config(env={"KSERVE_TRIO_WORKER_NAME": "solo"}, check_dirs=False)
     assert cfg.worker_name == "solo" and applied == [("KSERVE_TRIO_WORKER_NAME", "solo")]
     cfg, applied = load_server_config(
@@ -805,7 +808,7 @@ def test_worker_is_chosen_by_argument_then_env(tmp_path):
 def test_load_server_config_validates(tmp_path):
     with raises("model_dirs", f"model directory does not exist: {tmp_path / 'nope'}"):
         load_server_config(env={}, overrides={"model_dirs": [str(tmp_path / "nope")]})
-    with raises("endpoints.port", "must be in 0..65535 (0 = ephemeral; got 70000)"):
+    with raises("endpoints.port", "must be in 0..65535 (0 = ephemeral) (got 70000)"):
         load_server_config(env={"INFERENCE_SERVER_ENDPOINTS_PORT": "70000"}, check_dirs=False)
     with raises(
         "scheduler.modles",
@@ -840,12 +843,16 @@ VALIDATION_CASES = [
         "model_poll_seconds",
         "model_control_mode 'dynamic' requires model_poll_seconds > 0",
     ),
-    ({"endpoints.port": -1}, "endpoints.port", "must be in 0..65535 (0 = ephemeral; got -1)"),
-    ({"endpoints.port": 65536}, "endpoints.port", "must be in 0..65535 (0 = ephemeral; got 65536)"),
+    ({"endpoints.port": -1}, "endpoints.port", "must be in 0..65535 (0 = ephemeral) (got -1)"),
+    (
+        {"endpoints.port": 65536},
+        "endpoints.port",
+        "must be in 0..65535 (0 = ephemeral) (got 65536)",
+    ),
     (
         {"endpoints.metrics_port": 70000},
         "endpoints.metrics_port",
-        "must be in 0..65535 (0 = disabled; got 70000)",
+        "must be in 0..65535 (0 = off) (got 70000)",
     ),
     (
         {"endpoints.metrics_port": 8001},
@@ -855,7 +862,7 @@ VALIDATION_CASES = [
     (
         {"endpoints.max_concurrent_requests": -1},
         "endpoints.max_concurrent_requests",
-        "must be >= 0 (0 = uncapped; got -1)",
+        "must be >= 0 (0 = uncapped) (got -1)",
     ),
     ({"grpc.max_recv_msg_bytes": 0}, "grpc.max_recv_msg_bytes", "must be positive (got 0)"),
     ({"grpc.max_send_msg_bytes": -5}, "grpc.max_send_msg_bytes", "must be positive (got -5)"),
@@ -917,7 +924,7 @@ VALIDATION_CASES = [
     (
         {"runtime.weight_cache_fraction": 1.5},
         "runtime.weight_cache_fraction",
-        "must be in [0, 1] (0 disables the on-demand cache) (got 1.5)",
+        "must be in [0, 1] (0 = cache off) (got 1.5)",
     ),
     (
         {"runtime.weight_cache_wiggle_fraction": 1.0},
@@ -927,7 +934,7 @@ VALIDATION_CASES = [
     (
         {"runtime.shared_host_weights_mode": 0o1777},
         "runtime.shared_host_weights_mode",
-        "must be in 0o0..0o777 (got 1023)",
+        "must be in 0..0o777 (got 1023)",
     ),
     (
         {"runtime.cpu_device_memory_bytes": -1},
@@ -977,3 +984,29 @@ def test_model_dirs_must_exist_unless_told_not_to_check(tmp_path):
         validate_config(cfg)
     validate_config(cfg, check_dirs=False)
     validate_config(ServerConfig(model_dirs=(str(tmp_path),)))
+
+
+class _RecordingLog:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+
+def test_log_config_reports_the_effective_config_and_the_env_overrides():
+    cfg, applied = load_server_config(
+        env={"INFERENCE_SERVER_ENDPOINTS_PORT": "9005"}, worker="w", check_dirs=False
+    )
+    log = _RecordingLog()
+    log_config(cfg, applied, log)
+    assert log.events == [
+        ("config_effective", {"worker": "w", "config": config_to_raw(cfg)}),
+        (
+            "config_overridden_by_environment",
+            {"worker": "w", "overrides": ["INFERENCE_SERVER_ENDPOINTS_PORT=9005"]},
+        ),
+    ]
+    quiet = _RecordingLog()
+    log_config(ServerConfig(), [], quiet)
+    assert [event for event, _ in quiet.events] == ["config_effective"]
