@@ -74,7 +74,7 @@ def load_node_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"node config file not found: {p}")
     try:
         raw = YAML(typ="safe").load(p.read_text())
-    except YAMLError as exc:
+    except (YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"node config {p} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"node config root must be a mapping (file {p})")
@@ -83,7 +83,9 @@ def load_node_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def load_node(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and structurally validate a node file."""
-    return validate_node(load_node_raw(path))
+    node = load_node_raw(path)
+    validate_node(node)
+    return node
 
 
 def _workers(node: Mapping[str, Any]) -> list[MutableMapping[str, Any]]:

@@ -58,6 +58,15 @@ def test_load_node_raw_errors(tmp_path):
         config_error(load_node_raw, listy).message
         == f"node config root must be a mapping (file {listy})"
     )
+    dup = write(tmp_path, "model_repo: /a\nmodel_repo: /b\n", "dup.yaml")
+    assert config_error(load_node_raw, dup).message.startswith(
+        f"node config {dup} is not valid YAML: "
+    )
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"model_repo: /caf\xe9\n")
+    assert config_error(load_node_raw, latin).message.startswith(
+        f"node config {latin} is not valid YAML: "
+    )
     empty = write(tmp_path, "", "empty.yaml")
     assert (
         config_error(load_node_raw, empty).message
@@ -521,7 +530,7 @@ def test_env_overrides_win_over_the_node_and_are_reported():
 
 
 def test_node_server_config_does_not_validate():
-    node = validate_node(node_of(base_port=99999 - 0, workers=[{"name": "a", "port": 65535}]))
+    node = validate_node(node_of(workers=[{"name": "a", "port": 65535}]))
     cfg, _, _ = node_server_config(node, env={"INFERENCE_SERVER_ENDPOINTS_PORT": "99999"})
     assert cfg.endpoints.port == 99999
     with pytest.raises(ConfigError):
