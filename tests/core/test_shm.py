@@ -9,6 +9,7 @@ import mmap
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -427,11 +428,19 @@ def test_churn_never_crashes(make_obj):
     for t in threads:
         t.start()
     try:
-        for i in range(300):
+        # at least 150 churn steps, and until readers saw both outcomes (bounded)
+        give_up = time.monotonic() + 10
+        i = 0
+        while i < 150 or (
+            not (counts["ok"] and counts["unregistered"]) and time.monotonic() < give_up
+        ):
             if i % 3 == 0:
                 reg.unregister("r")
             else:
                 reg.register("r", (a if i % 2 else b).key, 0, PAGE)
+            if i % 10 == 0:
+                time.sleep(0.0005)  # hand the GIL to the readers
+            i += 1
     finally:
         stop.set()
         for t in threads:
