@@ -1,0 +1,38 @@
+"""Export: produce model bundles (the format authority for producers, spec section 11).
+
+Public surface:
+
+* ``IOSpec`` -- a tensor's row-major spec and its manifest encoding;
+* ``write_bundle`` -- the low-level writer (modules + specs + weights -> a bundle directory);
+* ``export_bundle("jax", fn, example_inputs, weights, *, dir, ...)`` -- trace a JAX function;
+* ``collect_provenance`` -- git and environment provenance for the manifest;
+* ``bundle_entry_arity``, ``bundle_arity_report``, ``assert_bundle_arity`` -- the arity audit.
+
+With ``kserve_trio.runtime`` this is the only package that imports jax (lazily, on use).
+"""
+
+from __future__ import annotations
+
+from kserve_trio.export.arity import (
+    ArityReport,
+    ModuleArity,
+    assert_bundle_arity,
+    bundle_arity_report,
+    bundle_entry_arity,
+)
+from kserve_trio.export.iospec import IOSpec
+from kserve_trio.export.jax_frontend import export_bundle
+from kserve_trio.export.provenance import collect_provenance
+from kserve_trio.export.writer import write_bundle
+
+__all__ = [
+    "ArityReport",
+    "IOSpec",
+    "ModuleArity",
+    "assert_bundle_arity",
+    "bundle_arity_report",
+    "bundle_entry_arity",
+    "collect_provenance",
+    "export_bundle",
+    "write_bundle",
+]

@@ -1,0 +1,47 @@
+"""Runtime: compiles StableHLO bundles with JAX/XLA and executes them on one device.
+
+This package and ``kserve_trio.export`` are the only importers of jax (DESIGN section 1); jax is
+imported lazily, when a backend is created or a module compiled, so importing this package is
+cheap. Public surface:
+
+* ``JaxBackend`` (``create(...)``, ``from_config(runtime_cfg, cache_dir)``) and the ``Backend``
+  protocol; ``Executable``; ``compile_count()``; ``transfer_to_device``/``free_weights``;
+  the pure planners ``plan_numerics`` and ``plan_jax_settings``;
+* ``load_compiled_model(bundle_dir, backend, *, name=None)`` -> ``CompiledModel``;
+* the weights-file helpers ``read_weights_index``, ``write_weights``, ``WeightsIndex``.
+"""
+
+from __future__ import annotations
+
+from kserve_trio.runtime.backend import (
+    Backend,
+    Executable,
+    JaxBackend,
+    JaxSettings,
+    NumericsPlan,
+    compile_count,
+    free_weights,
+    plan_jax_settings,
+    plan_numerics,
+    transfer_to_device,
+)
+from kserve_trio.runtime.model import CompiledModel, load_compiled_model
+from kserve_trio.runtime.weights import WeightsIndex, read_weights_index, write_weights
+
+__all__ = [
+    "Backend",
+    "CompiledModel",
+    "Executable",
+    "JaxBackend",
+    "JaxSettings",
+    "NumericsPlan",
+    "WeightsIndex",
+    "compile_count",
+    "free_weights",
+    "load_compiled_model",
+    "plan_jax_settings",
+    "plan_numerics",
+    "read_weights_index",
+    "transfer_to_device",
+    "write_weights",
+]

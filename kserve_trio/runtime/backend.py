@@ -1,0 +1,548 @@
+"""The device backend: compile StableHLO for one device, move weights there, execute, account.
+
+``JaxBackend`` is the one backend of the server (``cpu`` or ``cuda`` through jax/XLA). It owns:
+
+* the process-wide jax settings that must be in place before jax creates its backends (the
+  platform, ``mem_fraction``, ``preallocate``, GPU autotuning and its cache, and ``cache_dir`` as
+  jax's persistent compilation cache) -- planned by the pure ``plan_jax_settings`` and applied
+  once by ``JaxBackend.create``;
+* the numerics policy (``plan_numerics``): ``auto``, ``f32`` (every f32 matmul/convolution at
+  HIGHEST precision) and ``tf32`` (refuses to start on hardware without TF32, the CPU included);
+* compiling a module into an ``Executable`` (each call counts in ``compile_count()``), moving host
+  weight arrays to the device (``transfer_to_device``) and freeing them (``free_weights``),
+  executing, and reporting device memory (on CPU: the bytes of live jax arrays).
+
+Executables run through jax's AOT path (``jax.jit(...).lower(...).compile()``): its C++ dispatch
+takes host numpy inputs directly and reuses device-resident weights without a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.logging import get_logger
+from kserve_trio.runtime import _xla
+
+log = get_logger(__name__)
+
+NUMERICS_MODES: tuple[str, ...] = ("auto", "f32", "tf32")
+BACKENDS: tuple[str, ...] = ("cpu", "cuda")
+TF32_MIN_COMPUTE_CAPABILITY = 8.0
+
+_compile_lock = threading.Lock()
+_compile_count = 0
+
+
+def compile_count() -> int:
+    """How many modules this process has compiled (every ``JaxBackend.compile_*`` call).
+
+    Tests read it before and after loading a bundle to prove each module compiles exactly once.
+    """
+    return _compile_count
+
+
+def _count_compile() -> None:
+    global _compile_count
+    with _compile_lock:
+        _compile_count += 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure planning: numerics and process settings
+# ----------------------------------------------------------------------------------------------
+
+
+def numerics_token(value: object) -> str:
+    """``auto``/``f32``/``tf32`` from a string or an enum member (``core.config.NumericsMode``)."""
+    raw = getattr(value, "value", value)
+    token = str(raw).strip().lower() if raw is not None else ""
+    if token not in NUMERICS_MODES:
+        raise ConfigError(
+            f"unknown numerics mode {raw!r}; expected one of {', '.join(NUMERICS_MODES)}",
+            "runtime.numerics",
+        )
+    return token
+
+
+@dataclass(frozen=True)
+class NumericsPlan:
+    """How modules are rewritten before compiling, resolved once per backend.
+
+    ``force_f32``: every f32 dot/convolution at HIGHEST, TF32 dot algorithms rewritten to f32.
+    ``strip_tf32``: explicit TF32 dot algorithms removed (hardware without TF32, mode ``auto``).
+    """
+
+    mode: str
+    force_f32: bool
+    strip_tf32: bool
+
+
+def plan_numerics(mode: object, *, tf32_capable: bool, device: str = "device") -> NumericsPlan:
+    """Resolve ``runtime.numerics`` for one device. Rules:
+
+    1. ``f32``: rewrite to full f32 everywhere (same numbers on every GPU generation);
+    2. ``tf32``: compile like ``auto`` but refuse hardware without TF32 (``ConfigError``);
+    3. ``auto``: leave the module alone where TF32 exists, strip explicit TF32 algorithms where
+       it does not, so the same bundle compiles everywhere.
+    """
+    token = numerics_token(mode)
+    if token == "f32":
+        return NumericsPlan("f32", force_f32=True, strip_tf32=False)
+    if token == "tf32":
+        if not tf32_capable:
+            raise ConfigError(
+                f"'tf32' requires a GPU with TF32 (compute capability >= "
+                f"{TF32_MIN_COMPUTE_CAPABILITY:.1f}); {device} has none. Use 'auto' to accept "
+                "whatever precision the hardware has, or 'f32' for full f32 everywhere",
+                "runtime.numerics",
+            )
+        return NumericsPlan("tf32", force_f32=False, strip_tf32=False)
+    return NumericsPlan("auto", force_f32=False, strip_tf32=not tf32_capable)
+
+
+def backend_token(value: object) -> str:
+    """``cpu`` or ``cuda`` (``gpu`` is accepted for ``cuda``); anything else is a ConfigError."""
+    raw = getattr(value, "value", value)
+    token = str(raw).strip().lower()
+    if token == "gpu":
+        token = "cuda"
+    if token not in BACKENDS:
+        raise ConfigError(
+            f"unknown backend {raw!r}; expected one of {', '.join(BACKENDS)}", "runtime.backend"
+        )
+    return token
+
+
+@dataclass(frozen=True)
+class JaxSettings:
+    """Process-wide settings to apply before jax initialises its backends.
+
+    ``env`` is set in ``os.environ``; ``xla_flags`` are appended to ``XLA_FLAGS``; ``config`` is
+    passed to ``jax.config.update`` name by name.
+    """
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    xla_flags: tuple[str, ...] = ()
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def plan_jax_settings(
+    *,
+    backend: str,
+    mem_fraction: float = 0.9,
+    preallocate: bool = True,
+    autotune: bool = True,
+    autotune_cache: bool | None = None,
+    autotune_cache_dir: str = "",
+    cache_dir: str = "",
+) -> JaxSettings:
+    """The settings for one worker process. Rules:
+
+    1. ``cpu``: jax is limited to its CPU platform (a CUDA jaxlib never touches a GPU); the GPU
+       knobs do not apply (XLA's CPU build rejects unknown GPU flags, so none are emitted).
+    2. ``cuda``: ``mem_fraction`` and ``preallocate`` become jax's client allocator variables;
+       ``autotune=False`` compiles with ``--xla_gpu_autotune_level=0``.
+    3. Autotune cache: ``autotune_cache=False`` turns off the per-fusion cache jax derives from
+       the compilation cache; an ``autotune_cache_dir`` (with ``autotune_cache`` not False) is
+       passed to XLA directly and jax's derived one is turned off; otherwise jax's own default
+       applies (a cache inside ``cache_dir``, when there is one).
+    4. ``cache_dir`` non-empty: jax's persistent compilation cache in that directory, caching
+       every compiled module however quick (a restart recompiles nothing).
+    """
+    backend = backend_token(backend)
+    if not 0.0 < float(mem_fraction) <= 1.0:
+        raise ConfigError(f"must be in (0, 1], got {mem_fraction}", "runtime.mem_fraction")
+    env: dict[str, str] = {}
+    flags: list[str] = []
+    config: dict[str, Any] = {}
+    if backend == "cpu":
+        config["jax_platforms"] = "cpu"
+    else:
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{float(mem_fraction):g}"
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
+        if not autotune:
+            flags.append("--xla_gpu_autotune_level=0")
+        if autotune_cache is False:
+            config["jax_persistent_cache_enable_xla_caches"] = "none"
+        elif autotune_cache_dir:
+            config["jax_persistent_cache_enable_xla_caches"] = "none"
+            flags.append(f"--xla_gpu_per_fusion_autotune_cache_dir={autotune_cache_dir}")
+    if cache_dir:
+        config["jax_compilation_cache_dir"] = str(cache_dir)
+        config["jax_persistent_cache_min_compile_time_secs"] = 0.0
+        config["jax_persistent_cache_min_entry_size_bytes"] = -1
+    return JaxSettings(env, tuple(flags), config)
+
+
+def _apply_settings(settings: JaxSettings) -> None:
+    import jax
+
+    initialized = _xla.backends_initialized()
+    if initialized and (settings.env or settings.xla_flags):
+        log.warning(
+            "runtime_settings_late",
+            reason="jax backends already initialised; allocator and XLA flag settings may not apply",
+            env=sorted(settings.env),
+            xla_flags=list(settings.xla_flags),
+        )
+    for k, v in settings.env.items():
+        os.environ[k] = v
+    if settings.xla_flags:
+        current = os.environ.get("XLA_FLAGS", "").split()
+        names = {f.split("=")[0] for f in settings.xla_flags}
+        kept = [f for f in current if f.split("=")[0] not in names]
+        os.environ["XLA_FLAGS"] = " ".join([*kept, *settings.xla_flags])
+    for name, value in settings.config.items():
+        if name == "jax_platforms" and initialized:
+            continue  # cannot change once backends exist; the device lookup below still applies
+        jax.config.update(name, value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Executables and the backend interface
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Executable:
+    """A compiled module for one device.
+
+    ``call(*inputs, *weights)`` takes the module's arguments flat and returns its results as a
+    tuple of device arrays; inputs may be host numpy arrays, weights should be device arrays from
+    ``transfer_to_device``. ``source`` says which artifact it came from (``jaxexport`` or
+    ``mlir``).
+    """
+
+    name: str
+    call: Callable[..., tuple[Any, ...]]
+    arg_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    result_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    compile_seconds: float
+    source: str
+    numerics: _xla.NumericsRewrite = field(default_factory=_xla.NumericsRewrite)
+
+    @property
+    def n_args(self) -> int:
+        return len(self.arg_shapes)
+
+
+class Backend(Protocol):
+    """What the model loader needs from a device backend."""
+
+    platform: str
+
+    def compile_module(self, module: bytes, *, name: str) -> Executable: ...
+
+    def compile_exported(
+        self, blob: bytes, *, name: str, signature: _xla.EntrySignature | None = None
+    ) -> Executable | None: ...
+
+    def transfer_to_device(self, hosts: Sequence[np.ndarray]) -> list[Any]: ...
+
+    def free_weights(self, bufs: Sequence[Any]) -> None: ...
+
+    def execute(
+        self, exe: Executable, inputs: Sequence[np.ndarray], weights: Sequence[Any]
+    ) -> list[np.ndarray]: ...
+
+    def memory_stats(self) -> dict[str, int]: ...
+
+
+class JaxBackend:
+    """The jax/XLA backend for one device (``cpu`` or ``cuda``); build it with ``create``."""
+
+    def __init__(self, device: Any, platform: str, plan: NumericsPlan, memory_limit: int = 0):
+        self.device = device
+        self.platform = platform
+        self.numerics = plan
+        self._cpu_memory_limit = int(memory_limit)
+        import jax
+
+        self._sharding = jax.sharding.SingleDeviceSharding(device)
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        backend: str = "cpu",
+        *,
+        device_ordinal: int = 0,
+        mem_fraction: float = 0.9,
+        preallocate: bool = True,
+        autotune: bool = True,
+        autotune_cache: bool | None = None,
+        autotune_cache_dir: str = "",
+        cache_dir: str = "",
+        numerics: object = "auto",
+        allow_cpu_fallback: bool = True,
+        cpu_device_memory_bytes: int = 0,
+    ) -> JaxBackend:
+        """Apply the process settings, pick the device and resolve the numerics policy.
+
+        Settings that jax reads when it creates its backends take effect only if this runs
+        first in the process (a warning says so otherwise). ``cuda`` without a usable GPU falls
+        back to the CPU when ``allow_cpu_fallback`` (with a warning), else it is a
+        ``ConfigError``; so is a ``device_ordinal`` out of range, and ``numerics='tf32'`` on a
+        device without TF32. ``cpu_device_memory_bytes`` is the device-memory limit the CPU
+        backend reports (0 = none), so the weight cache can be exercised without a GPU.
+        """
+        requested = backend_token(backend)
+        numerics_token(numerics)
+        settings = plan_jax_settings(
+            backend=requested,
+            mem_fraction=mem_fraction,
+            preallocate=preallocate,
+            autotune=autotune,
+            autotune_cache=autotune_cache,
+            autotune_cache_dir=autotune_cache_dir,
+            cache_dir=cache_dir,
+        )
+        _apply_settings(settings)
+        import jax
+
+        platform = requested
+        devices: list[Any]
+        if requested == "cuda":
+            try:
+                devices = list(jax.devices("cuda"))
+            except RuntimeError as exc:
+                if not allow_cpu_fallback:
+                    raise ConfigError(
+                        f"'cuda' requested but no CUDA device is usable ({exc}); "
+                        "set runtime.allow_cpu_fallback to run on the CPU instead",
+                        "runtime.backend",
+                    ) from None
+                log.warning("cuda_unavailable_cpu_fallback", reason=str(exc))
+                platform = "cpu"
+                devices = list(jax.devices("cpu"))
+        else:
+            devices = list(jax.devices("cpu"))
+        if not 0 <= int(device_ordinal) < len(devices):
+            raise ConfigError(
+                f"device {device_ordinal} requested but {len(devices)} {platform} device(s) "
+                "are visible",
+                "runtime.device_ordinal",
+            )
+        device = devices[int(device_ordinal)]
+        capable = tf32_capable(device)
+        plan = plan_numerics(numerics, tf32_capable=capable, device=f"{platform} device {device}")
+        self = cls(device, platform, plan, cpu_device_memory_bytes if platform == "cpu" else 0)
+        log.info(
+            "backend_ready",
+            platform=platform,
+            device=str(device),
+            numerics=plan.mode,
+            tf32=capable,
+            cache_dir=cache_dir or None,
+        )
+        return self
+
+    @classmethod
+    def from_config(cls, runtime_cfg: Any, cache_dir: str = "") -> JaxBackend:
+        """``create`` from a ``RuntimeConfig`` (attribute names as in ``core.config``)."""
+        return cls.create(
+            runtime_cfg.backend,
+            device_ordinal=runtime_cfg.device_ordinal,
+            mem_fraction=runtime_cfg.mem_fraction,
+            preallocate=runtime_cfg.preallocate,
+            autotune=runtime_cfg.autotune,
+            autotune_cache=runtime_cfg.autotune_cache,
+            autotune_cache_dir=runtime_cfg.autotune_cache_dir,
+            cache_dir=cache_dir or "",
+            numerics=runtime_cfg.numerics,
+            allow_cpu_fallback=runtime_cfg.allow_cpu_fallback,
+            cpu_device_memory_bytes=getattr(runtime_cfg, "cpu_device_memory_bytes", 0),
+        )
+
+    # -- compiling ------------------------------------------------------------------------
+
+    def _rewrite(self, module: bytes) -> tuple[bytes, _xla.NumericsRewrite]:
+        plan = self.numerics
+        return _xla.rewrite_numerics(module, force_f32=plan.force_f32, strip_tf32=plan.strip_tf32)
+
+    def compile_module(self, module: bytes, *, name: str) -> Executable:
+        """Compile a bare StableHLO module (artifact bytes or text) whose ``main`` takes
+        ``(inputs..., weights...)``; raises ``_xla.ModuleFormatError`` for unusable modules."""
+        artifact = _xla.as_portable_artifact(module)
+        artifact, rewrite = self._rewrite(artifact)
+        sig = _xla.entry_signature(artifact)
+        exp = _xla.exported_from_module(artifact, sig, platform=self.platform, name=_fun_name(name))
+        return self._compile(exp, name=name, source="mlir", rewrite=rewrite)
+
+    def compile_exported(
+        self, blob: bytes, *, name: str, signature: _xla.EntrySignature | None = None
+    ) -> Executable | None:
+        """Compile a ``jax.export`` blob (a ``.jaxexport`` sidecar) through jax's public path.
+
+        Returns ``None`` -- before compiling anything -- when the blob was exported for other
+        platforms, uses features a bundle module must not (effects, symbolic shapes, several
+        devices), or its argument/result types differ from ``signature`` (the entry signature
+        of the ``.mlir`` it accompanies); the caller then compiles the portable ``.mlir``.
+        """
+        import dataclasses
+
+        from jax import export as jexp
+
+        exp = jexp.deserialize(bytearray(blob))
+        if (
+            self.platform not in exp.platforms
+            or exp.nr_devices != 1
+            or exp.ordered_effects
+            or exp.uses_global_constants
+            or len(exp.platforms) != 1
+        ):
+            return None
+        if signature is not None and not (
+            _xla.signature_matches(signature.args, exp.in_avals)
+            and _xla.signature_matches(signature.results, exp.out_avals)
+        ):
+            return None
+        new, rewrite = self._rewrite(exp.mlir_module_serialized)
+        if rewrite.changed:
+            exp = dataclasses.replace(exp, mlir_module_serialized=new)
+        return self._compile(exp, name=name, source="jaxexport", rewrite=rewrite)
+
+    def _compile(
+        self, exp: Any, *, name: str, source: str, rewrite: _xla.NumericsRewrite
+    ) -> Executable:
+        import jax
+
+        in_tree = exp.in_tree
+        call = exp.call
+
+        def flat_call(*flat: Any) -> tuple[Any, ...]:
+            args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
+            return tuple(jax.tree_util.tree_leaves(call(*args, **kwargs)))
+
+        flat_call.__name__ = _fun_name(name)
+        specs = [
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding) for a in exp.in_avals
+        ]
+        t0 = time.perf_counter()
+        compiled = jax.jit(flat_call, keep_unused=True).lower(*specs).compile()
+        seconds = time.perf_counter() - t0
+        _count_compile()
+        log.debug("module_compiled", module=name, source=source, seconds=round(seconds, 4))
+        return Executable(
+            name=name,
+            call=compiled,
+            arg_shapes=tuple((tuple(a.shape), np.dtype(a.dtype)) for a in exp.in_avals),
+            result_shapes=tuple((tuple(a.shape), np.dtype(a.dtype)) for a in exp.out_avals),
+            compile_seconds=seconds,
+            source=source,
+            numerics=rewrite,
+        )
+
+    # -- weights and execution --------------------------------------------------------------
+
+    def transfer_to_device(self, hosts: Sequence[np.ndarray]) -> list[Any]:
+        """Copy host arrays to the device, in order, as one batched transfer.
+
+        The device arrays never alias the host memory (the host copy may be a memory map of a
+        file that the watcher later replaces).
+        """
+        import jax
+
+        if not hosts:
+            return []
+        return list(jax.device_put(list(hosts), self.device, may_alias=False))
+
+    def free_weights(self, bufs: Sequence[Any]) -> None:
+        """Release every device buffer in ``bufs`` now (already-freed ones are skipped)."""
+        for b in bufs:
+            if not b.is_deleted():
+                b.delete()
+
+    def execute(
+        self, exe: Executable, inputs: Sequence[np.ndarray], weights: Sequence[Any]
+    ) -> list[np.ndarray]:
+        """Run ``exe(inputs..., weights...)`` and return the results as host numpy arrays."""
+        return [np.asarray(o) for o in exe.call(*inputs, *weights)]
+
+    # -- accounting -----------------------------------------------------------------------
+
+    @property
+    def tf32(self) -> bool:
+        return tf32_capable(self.device)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Device memory: ``bytes_in_use`` and ``bytes_limit`` at least (0 = unknown limit).
+
+        On a GPU these are the allocator's own figures (plus its other counters); the CPU
+        allocator reports nothing, so ``bytes_in_use`` is the size of this device's live jax
+        arrays and ``bytes_limit`` is ``cpu_device_memory_bytes``.
+        """
+        stats = self.device.memory_stats()
+        if stats:
+            out = {k: int(v) for k, v in stats.items() if isinstance(v, int | float)}
+            out.setdefault("bytes_in_use", 0)
+            out.setdefault("bytes_limit", 0)
+            return out
+        return {"bytes_in_use": self.memory_in_use(), "bytes_limit": self._cpu_memory_limit}
+
+    def memory_in_use(self) -> int:
+        """Bytes of device memory in use (see ``memory_stats``)."""
+        stats = self.device.memory_stats()
+        if stats and "bytes_in_use" in stats:
+            return int(stats["bytes_in_use"])
+        import jax
+
+        dev = self.device
+        return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted() and dev in a.devices())
+
+    def __repr__(self) -> str:
+        return f"JaxBackend({self.platform}, {self.device}, numerics={self.numerics.mode})"
+
+
+def tf32_capable(device: Any) -> bool:
+    """Whether ``device`` has TF32 tensor cores (an NVIDIA GPU of compute capability >= 8.0)."""
+    if getattr(device, "platform", "") not in ("gpu", "cuda"):
+        return False
+    cc = getattr(device, "compute_capability", None)
+    try:
+        return float(cc) >= TF32_MIN_COMPUTE_CAPABILITY
+    except (TypeError, ValueError):
+        return False
+
+
+def _fun_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return cleaned or "module"
+
+
+def transfer_to_device(backend: Backend, hosts: Sequence[np.ndarray]) -> list[Any]:
+    """Seed-style spelling of ``backend.transfer_to_device(hosts)``."""
+    return backend.transfer_to_device(hosts)
+
+
+def free_weights(backend: Backend, bufs: Sequence[Any]) -> None:
+    """Seed-style spelling of ``backend.free_weights(bufs)``."""
+    backend.free_weights(bufs)
+
+
+__all__ = [
+    "BACKENDS",
+    "NUMERICS_MODES",
+    "Backend",
+    "Executable",
+    "JaxBackend",
+    "JaxSettings",
+    "NumericsPlan",
+    "backend_token",
+    "compile_count",
+    "free_weights",
+    "numerics_token",
+    "plan_jax_settings",
+    "plan_numerics",
+    "tf32_capable",
+    "transfer_to_device",
+]
