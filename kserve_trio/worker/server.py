@@ -28,6 +28,7 @@ import anyio.from_thread
 
 from kserve_trio.core.config import ModelControlMode, ServerConfig, load_server_config
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.worker import heartbeat
 
 log = get_logger("kserve_trio.worker")
@@ -113,6 +114,8 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         platform=_platform(backend),
         max_concurrent_requests=config.endpoints.max_concurrent_requests,
         limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
+        shm_registry=ShmRegistry(),
+        extensions=["system_shared_memory"],
     )
     state.metrics = WorkerMetrics(
         lambda: state,
@@ -191,6 +194,7 @@ async def _shutdown(state, scheduler, server) -> None:
         log.warning("shutdown_drain_timeout", inflight=state.inflight)
     server.close()
     await server.wait_closed()
+    state.shm_registry.close()
 
 
 def _run_loop(coro_fn, *args):

@@ -23,6 +23,7 @@ from kserve_trio.core.errors import (
     Unavailable,
 )
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.shm import same_ipc_namespace
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
 from kserve_trio.worker import heartbeat
@@ -93,6 +94,13 @@ class InferenceService:
             "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
             "ModelInfer": (self.model_infer, pb.ModelInferRequest),
             "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
+            "SystemSharedMemoryStatus": (self.shm_status, pb.SystemSharedMemoryStatusRequest),
+            "SystemSharedMemoryRegister": (self.shm_register, pb.SystemSharedMemoryRegisterRequest),
+            "SystemSharedMemoryUnregister": (
+                self.shm_unregister,
+                pb.SystemSharedMemoryUnregisterRequest,
+            ),
+            "IsSameIPCNamespace": (self.is_same_ipc_namespace, pb.IsSameIpcNamespaceRequest),
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
         later = {
@@ -100,10 +108,6 @@ class InferenceService:
             "ModelStatistics": "arrives with the worker extensions capability",
             "RepositoryModelLoad": "arrives with the memory and residency capability",
             "RepositoryModelUnload": "arrives with the memory and residency capability",
-            "SystemSharedMemoryStatus": "arrives with the shared memory capability",
-            "SystemSharedMemoryRegister": "arrives with the shared memory capability",
-            "SystemSharedMemoryUnregister": "arrives with the shared memory capability",
-            "IsSameIPCNamespace": "arrives with the shared memory capability",
             "ModelStreamInfer": "streaming inference is not supported",
             "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
             "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
@@ -140,6 +144,35 @@ class InferenceService:
         if request.ready:
             pairs = [(n, r) for n, r in pairs if r]
         return codec.encode_repository_index(pairs)
+
+    async def shm_status(self, request, ctx: CallContext):
+        regions = self._shm().status(request.name)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                name: pb.SystemSharedMemoryStatusResponseRegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                )
+                for name, r in regions.items()
+            }
+        )
+
+    async def shm_register(self, request, ctx: CallContext):
+        self._shm().register(request.name, request.key, request.offset, request.byte_size)
+        log.debug("shm_registered", region=request.name, key=request.key, bytes=request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def shm_unregister(self, request, ctx: CallContext):
+        self._shm().unregister(request.name)
+        log.debug("shm_unregistered", region=request.name or "<all>")
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def is_same_ipc_namespace(self, request, ctx: CallContext):
+        return pb.IsSameIpcNamespaceResponse(same=same_ipc_namespace(request.name))
+
+    def _shm(self):
+        if self.state.shm_registry is None:
+            raise Unavailable("shared memory is not available on this server")
+        return self.state.shm_registry
 
     async def model_infer(self, request, ctx: CallContext):
         state = self.state
