@@ -42,12 +42,13 @@ from kserve_trio.core.errors import (
     Unavailable,
 )
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.manifest import DimKind, Manifest, TensorSpec, request_rows
+from kserve_trio.core.manifest import Manifest
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.worker.planner import (
     MIN_COST_SECONDS,
     BatchPlan,
     Candidate,
+    ModelLayout,
     coalesce_inputs,
     deadline_expired,
     decay_ema,
@@ -119,56 +120,33 @@ class _State(enum.Enum):
     ABANDONED = "abandoned"
 
 
+@dataclass(eq=False, slots=True)
 class _Request:
     """One queued inference request; ``done`` is its one-shot result channel."""
 
-    __slots__ = (
-        "arrays",
-        "deadline_ns",
-        "done",
-        "enqueued_ns",
-        "error",
-        "outputs",
-        "request_id",
-        "rows",
-        "state",
-        "variant",
-    )
-
-    def __init__(
-        self,
-        arrays: list[np.ndarray],
-        variant: int | None,
-        rows: int,
-        enqueued_ns: int,
-        deadline_ns: int,
-        request_id: str,
-    ) -> None:
-        self.arrays = arrays
-        self.variant = variant
-        self.rows = rows
-        self.enqueued_ns = enqueued_ns
-        self.deadline_ns = deadline_ns
-        self.request_id = request_id
-        self.state = _State.QUEUED
-        self.done = anyio.Event()
-        self.outputs: list[np.ndarray] | None = None
-        self.error: BaseException | None = None
+    arrays: list[np.ndarray]
+    variant: int | None
+    rows: int
+    enqueued_ns: int
+    deadline_ns: int
+    request_id: str
+    state: _State = _State.QUEUED
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outputs: list[np.ndarray] | None = None
+    error: BaseException | None = None
 
 
+@dataclass(eq=False, slots=True)
 class _Unit:
-    """A callable queued for the device thread (``run_on_device``)."""
+    """A callable queued for the device thread; ``model`` is set for a model's warmup."""
 
-    __slots__ = ("args", "done", "error", "fn", "model", "result", "state")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], model: Any = None) -> None:
-        self.fn = fn
-        self.args = args
-        self.model = model  # the _ModelState a warmup unit belongs to, else None
-        self.state = _State.QUEUED
-        self.done = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    model: _ModelState | None = None
+    state: _State = _State.QUEUED
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: Any = None
+    error: BaseException | None = None
 
 
 def _finish(item: _Request | _Unit, *, error: BaseException | None = None) -> None:
@@ -181,41 +159,6 @@ def _finish(item: _Request | _Unit, *, error: BaseException | None = None) -> No
     item.done.set()
 
 
-@dataclass(frozen=True, slots=True)
-class ModelLayout:
-    """The manifest facts the scheduler needs on every request, derived once per model.
-
-    ``batched`` (every executable input and output has a batch axis) is what makes a model
-    coalescable; ``inputs_batched`` says whether requests have rows at all.
-    """
-
-    inputs: tuple[TensorSpec, ...]
-    input_axes: tuple[int | None, ...]
-    output_names: tuple[str, ...]
-    output_axes: tuple[int | None, ...]
-    inputs_batched: bool
-    batched: bool
-
-    @classmethod
-    def from_manifest(cls, m: Manifest) -> ModelLayout:
-        in_axes = tuple(s.batch_axis for s in m.executable_inputs)
-        out_axes = tuple(s.batch_axis for s in m.executable_outputs)
-        inputs_batched = bool(in_axes) and all(a is not None for a in in_axes)
-        batched = inputs_batched and all(a is not None for a in out_axes)
-        return cls(
-            m.executable_inputs,
-            in_axes,
-            tuple(s.name for s in m.executable_outputs),
-            out_axes,
-            inputs_batched,
-            batched,
-        )
-
-    def output_name(self, k: int) -> str:
-        """Name of executable output ``k``; outputs beyond the manifest are ``output_{k}``."""
-        return self.output_names[k] if k < len(self.output_names) else f"output_{k}"
-
-
 @dataclass(eq=False)
 class _ModelState:
     """Everything the loop keeps per model: queue, policy, learned costs and counters."""
@@ -223,7 +166,6 @@ class _ModelState:
     name: str
     entry: ModelEntry
     layout: ModelLayout
-    keys: dict[int | None, tuple[int, ...]]
     weight: float
     max_batch_size: int | None
     preprocess: Hook | None
@@ -241,94 +183,6 @@ class _ModelState:
         default_factory=lambda: collections.deque(maxlen=WAIT_SAMPLES)
     )
     removed: bool = False
-
-    def effective_max_batch_size(self) -> int:
-        """Largest rows one dispatch coalesces: 0 for a model that never coalesces."""
-        if not self.layout.batched:
-            return 0
-        sizes = [ks[-1] for ks in self.keys.values() if ks and ks[0] != 0]
-        if not sizes:
-            return 0
-        biggest = max(sizes)
-        return min(biggest, self.max_batch_size) if self.max_batch_size else biggest
-
-    def check_rows(self, variant: int | None, rows: int) -> None:
-        """Refuse a request no compiled program of ``variant`` can serve (before it queues)."""
-        keys = self.keys[variant]
-        if keys[0] == 0:
-            return
-        if rows > keys[-1]:
-            raise InvalidArgument(
-                f"model '{self.name}' accepts at most {keys[-1]} rows per request (got {rows})"
-            )
-        if not self.layout.batched and rows not in keys:
-            raise InvalidArgument(
-                f"model '{self.name}' has no compiled program for batch size {rows} "
-                f"(have {list(keys)})"
-            )
-
-    def check_wire(self, inputs: Sequence[NamedTensor]) -> None:
-        """``check_admissible`` on client-facing inputs (rows; variant when wire = executable)."""
-        if not self.layout.inputs_batched:
-            return
-        manifest = self.entry.manifest
-        shapes = {t.name: t.shape for t in inputs}
-        rows = request_rows(manifest, shapes)
-        if manifest.client_inputs is None:
-            self.check_rows(manifest.variant_index(shapes), rows)
-            return
-        # A model.py may reshape the request: only the loosest bound holds before preprocess;
-        # prepare() checks the exact one on the executable inputs.
-        if any(ks[0] == 0 for ks in self.keys.values()):
-            return
-        most = max(ks[-1] for ks in self.keys.values())
-        if rows > most:
-            raise InvalidArgument(
-                f"model '{self.name}' accepts at most {most} rows per request (got {rows})"
-            )
-
-    def prepare(self, tensors: Sequence[NamedTensor]) -> tuple[list[np.ndarray], int | None, int]:
-        """Executable input arrays in manifest order, the request's variant and its rows."""
-        by_name = {t.name: t for t in tensors}
-        arrays: list[np.ndarray] = []
-        rows: int | None = None
-        first = ""
-        for spec, axis in zip(self.layout.inputs, self.layout.input_axes, strict=True):
-            t = by_name.get(spec.name)
-            if t is None:
-                raise InvalidArgument(
-                    f"model '{self.name}' is missing required input '{spec.name}'"
-                )
-            arr = t.data if tuple(t.data.shape) == tuple(t.shape) else t.data.reshape(t.shape)
-            if arr.dtype != spec.dtype.numpy:
-                raise InvalidArgument(
-                    f"input '{spec.name}' of model '{self.name}' has dtype "
-                    f"{t.dtype.token}, expected {spec.dtype.token}"
-                )
-            reason = spec.matches(arr.shape)
-            if reason is not None:
-                raise InvalidArgument(f"input '{spec.name}' of model '{self.name}' {reason}")
-            if axis is not None:
-                extent = int(arr.shape[axis])
-                if rows is None:
-                    rows, first = extent, spec.name
-                elif extent != rows:
-                    raise InvalidArgument(
-                        f"inputs of model '{self.name}' disagree on the batch extent "
-                        f"('{first}': {rows}, '{spec.name}': {extent})"
-                    )
-            arrays.append(arr)
-        variant = self.entry.manifest.variant_index(
-            {s.name: a.shape for s, a in zip(self.layout.inputs, arrays, strict=True)}
-        )
-        if variant not in self.keys:
-            raise InvalidArgument(
-                f"model '{self.name}' has no compiled program for variant {variant}"
-            )
-        rows = 1 if rows is None else rows
-        if self.layout.inputs_batched:
-            self.check_rows(variant, rows)
-        return arrays, variant, rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,39 +275,18 @@ def _execute_plan(
     return elapsed, slice_outputs(outputs, layout.output_axes, rows)
 
 
-def _zero_inputs(manifest: Manifest, variant: int | None, batch_key: int) -> list[np.ndarray]:
-    """Warmup inputs: zeros, batch axis = the key (1 for key 0), variable axes from the variant."""
-    sizes: dict[tuple[str, int], int] = {}
-    if variant is not None:
-        key = manifest.variant_keys[variant]
-        for va, size in zip(manifest.variable_axes, key, strict=True):
-            sizes[(va.input_name, va.axis)] = size
-    arrays = []
-    for spec in manifest.executable_inputs:
-        shape = []
-        for axis, d in enumerate(spec.dims):
-            if d.kind is DimKind.FIXED:
-                shape.append(d.size)
-            elif d.kind is DimKind.BATCH:
-                shape.append(batch_key or 1)
-            else:
-                shape.append(sizes.get((spec.name, axis), 1))
-        arrays.append(np.zeros(shape, dtype=spec.dtype.numpy))
-    return arrays
-
-
 def _warm_model(
     state: _ModelState, clock: Callable[[], int]
 ) -> tuple[dict[tuple[int | None, int], float], list[str]]:
     """Device-thread body of a warmup: run each compiled (variant, key) once on zeros."""
     costs: dict[tuple[int | None, int], float] = {}
     failures: list[str] = []
-    for variant, keys in state.keys.items():
+    for variant, keys in state.layout.keys.items():
         for key in keys:
             if state.removed:
                 return costs, failures
             try:
-                inputs = _zero_inputs(state.entry.manifest, variant, key)
+                inputs = state.layout.zero_inputs(variant, key)
                 t0 = clock()
                 state.entry.execute(variant, key, inputs)
                 costs[(variant, key)] = max((clock() - t0) / 1e9, MIN_COST_SECONDS)
@@ -584,16 +417,15 @@ class Scheduler:
         state = _ModelState(
             name=name,
             entry=entry,
-            layout=ModelLayout.from_manifest(entry.manifest),
-            keys={v: tuple(sorted(entry.batch_keys(v))) for v in entry.variants},
+            layout=ModelLayout.build(
+                name, entry.manifest, {v: entry.batch_keys(v) for v in entry.variants}
+            ),
             weight=overrides.weight if overrides is not None else 1.0,
             max_batch_size=overrides.max_batch_size if overrides is not None else None,
             preprocess=preprocess,
             postprocess=postprocess,
             ema_ns=self._clock(),
         )
-        if any(not ks for ks in state.keys.values()) or not state.keys:
-            raise InvalidArgument(f"model '{name}' has no compiled program")
         self._models[name] = state
         if not self._warmup:
             return
@@ -624,7 +456,9 @@ class Scheduler:
             _finish(state.queue.popleft(), error=NotFound(f"model '{name}' was unloaded"))
         if state in self._pending_warmups:
             self._pending_warmups.remove(state)
-        while self._inflight is state and self._inflight_done is not None:
+        while self._inflight is state:
+            if self._inflight_done is None:
+                self._inflight_done = anyio.Event()
             await self._inflight_done.wait()
 
     def has_model(self, name: str) -> bool:
@@ -670,7 +504,7 @@ class Scheduler:
                 wait_p50=p50,
                 wait_p99=p99,
                 batch_size_hist=dict(sorted(s.batch_hist.items())),
-                max_batch_size=s.effective_max_batch_size(),
+                max_batch_size=s.layout.max_batch_size(s.max_batch_size),
                 weight=s.weight,
             )
         return out
@@ -683,7 +517,7 @@ class Scheduler:
         NOT_FOUND ``unknown model: m``; INVALID_ARGUMENT ``model 'm' accepts at most N rows per
         request (got R)`` or an unknown shape variant. Inputs are the client-facing tensors.
         """
-        self._model(name).check_wire(inputs)
+        self._model(name).layout.check_wire(inputs)
 
     async def infer(
         self,
@@ -706,12 +540,12 @@ class Scheduler:
         state = self._model(name)
         if deadline_ns and self._clock() >= deadline_ns:
             raise DeadlineExceeded(name)
-        state.check_wire(inputs)
+        state.layout.check_wire(inputs)
         self._check_depth(state)
         prepared = inputs
         if state.preprocess is not None:
             prepared = await self._hook("preprocess", state, state.preprocess, inputs)
-        arrays, variant, rows = state.prepare(prepared)
+        arrays, variant, rows = state.layout.prepare(prepared)
         self._require_running()
         if self._models.get(name) is not state:
             raise NotFound(f"model '{name}' was unloaded")
@@ -842,12 +676,13 @@ class Scheduler:
     ) -> Any:
         assert self._device is not None
         self._inflight = state
-        self._inflight_done = anyio.Event()
         try:
             return await self._device.call(fn, *args)
         finally:
             self._inflight = None
-            self._inflight_done.set()
+            if self._inflight_done is not None:  # someone waits for this unit (remove_model)
+                self._inflight_done.set()
+                self._inflight_done = None
 
     async def _run_unit(self, unit: _Unit) -> None:
         unit.state = _State.RUNNING
@@ -861,7 +696,7 @@ class Scheduler:
         try:
             return plan_batch(
                 state.queue,
-                state.keys.__getitem__,
+                state.layout.keys.__getitem__,
                 batched=state.layout.batched,
                 max_batch_size=state.max_batch_size,
             )
@@ -1010,4 +845,4 @@ class Scheduler:
         state.waits.extend((started - r.enqueued_ns) / 1e9 for r in taken)
 
 
-__all__ = ["ModelEntry", "ModelLayout", "ModelMetrics", "Scheduler"]
+__all__ = ["ModelEntry", "ModelMetrics", "Scheduler"]

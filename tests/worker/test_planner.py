@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
 
+from kserve_trio.core.errors import InvalidArgument
+from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.worker.mock_backend import mock_manifest, tensor
 from kserve_trio.worker.planner import (
     DEFAULT_COST_SECONDS,
     BatchPlan,
     Candidate,
+    ModelLayout,
     coalesce_inputs,
     deadline_expired,
     decay_ema,
@@ -321,3 +325,132 @@ def test_nearest_rank_percentiles():
     assert nearest_rank([1.0, 2.0, 3.0], 0.99) == 3.0
     assert nearest_rank([5.0, 6.0], 0.0) == 5.0  # clamped to rank 1
     assert math.isclose(nearest_rank([0.1] * 10, 0.99), 0.1)
+
+
+# ----------------------------------------------------------------------------- ModelLayout
+
+
+def layout_of(manifest, keys) -> ModelLayout:
+    return ModelLayout.build(manifest.name, manifest, keys)
+
+
+def nt(name: str, shape: tuple[int, ...], dtype=np.float32) -> NamedTensor:
+    return NamedTensor.from_array(name, np.zeros(shape, dtype))
+
+
+PAIR = mock_manifest(
+    "pair",
+    [tensor("x", "f32", "cn", c=2), tensor("z", "i32", "nc", c=3)],  # wire (n,2) and (3,n)
+    [tensor("y", "f32", "cn", c=2)],
+    batch_sizes=(4, 8),
+)
+
+
+def test_layout_derives_axes_and_coalescability():
+    lay = layout_of(PAIR, {None: (8, 4)})
+    assert lay.keys == {None: (4, 8)}
+    assert lay.input_axes == (0, 1) and lay.output_axes == (0,)
+    assert lay.inputs_batched and lay.batched
+    assert lay.output_name(0) == "y" and lay.output_name(2) == "output_2"
+    assert lay.max_batch_size(None) == 8 and lay.max_batch_size(2) == 2
+    reduction = mock_manifest(
+        "sum", [tensor("x", "f32", "cn", c=2)], [tensor("s", "f32", "c", c=2)], batch_sizes=(4,)
+    )
+    red = layout_of(reduction, {None: (4,)})
+    assert red.inputs_batched and not red.batched and red.max_batch_size(None) == 0
+    plain = mock_manifest("plain", [tensor("x", "f32", "c", c=2)], [tensor("y", "f32", "c", c=2)])
+    assert layout_of(plain, {None: (0,)}).max_batch_size(None) == 0
+
+
+def test_layout_refuses_a_model_without_programs():
+    with pytest.raises(InvalidArgument, match="model 'pair' has no compiled program"):
+        layout_of(PAIR, {None: ()})
+    with pytest.raises(InvalidArgument, match="model 'pair' has no compiled program"):
+        layout_of(PAIR, {})
+
+
+def test_check_rows_rules():
+    lay = layout_of(PAIR, {None: (4, 8)})
+    lay.check_rows(None, 8)
+    lay.check_rows(None, 1)  # padded up to 4
+    with pytest.raises(InvalidArgument) as err:
+        lay.check_rows(None, 9)
+    assert err.value.message == "model 'pair' accepts at most 8 rows per request (got 9)"
+    unbatched_module = layout_of(PAIR, {None: (0,)})
+    unbatched_module.check_rows(None, 1000)  # key 0 runs any size
+
+
+def test_check_wire_uses_client_inputs_loosely_when_a_model_py_reshapes():
+    raw_client = mock_manifest(
+        "tok",
+        [tensor("ids", "i32", "sn", s=8)],
+        [tensor("y", "f32", "cn", c=2)],
+        batch_sizes=(2, 4),
+    )
+    # A manifest whose client input is declared separately (as with a model.py).
+    client = replace(raw_client, client_inputs=(raw_client.executable_inputs[0],))
+    lay = layout_of(client, {None: (2, 4)})
+    lay.check_wire([nt("ids", (4, 8), np.int32)])
+    with pytest.raises(InvalidArgument, match=r"accepts at most 4 rows per request \(got 5\)"):
+        lay.check_wire([nt("ids", (5, 8), np.int32)])
+
+
+def test_prepare_orders_inputs_and_reads_rows_and_variant():
+    lay = layout_of(PAIR, {None: (4, 8)})
+    z = nt("z", (3, 2), np.int32)
+    x = nt("x", (2, 2))
+    arrays, variant, rows = lay.prepare([z, x])  # any request order
+    assert arrays[0] is x.data and arrays[1] is z.data
+    assert (variant, rows) == (None, 2)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ([nt("x", (2, 2))], "model 'pair' is missing required input 'z'"),
+        (
+            [nt("x", (2, 2), np.float64), nt("z", (3, 2), np.int32)],
+            "input 'x' of model 'pair' has dtype f64, expected f32",
+        ),
+        (
+            [nt("x", (2, 5)), nt("z", (3, 2), np.int32)],
+            "input 'x' of model 'pair' dim 1 has extent 5, expected 2",
+        ),
+        (
+            [nt("x", (2, 2)), nt("z", (3, 1), np.int32)],
+            "inputs of model 'pair' disagree on the batch extent ('x': 2, 'z': 1)",
+        ),
+        (
+            [nt("x", (9, 2)), nt("z", (3, 9), np.int32)],
+            "model 'pair' accepts at most 8 rows per request (got 9)",
+        ),
+    ],
+)
+def test_prepare_refuses_bad_inputs(inputs, message):
+    lay = layout_of(PAIR, {None: (4, 8)})
+    with pytest.raises(InvalidArgument) as err:
+        lay.prepare(inputs)
+    assert err.value.message == message
+
+
+def test_zero_inputs_follow_the_key_and_the_variant():
+    var = mock_manifest(
+        "var",
+        [tensor("x", "f32", "sn", s=-1), tensor("m", "i32", "n")],
+        [tensor("y", "f32", "sn", s=-1)],
+        batch_sizes=(2,),
+        input_shapes=[{"s": 3}, {"s": 5}],
+    )
+    lay = layout_of(var, {0: (2,), 1: (2,)})
+    x, m = lay.zero_inputs(1, 2)
+    assert x.shape == (2, 5) and x.dtype == np.float32 and not x.any()
+    assert m.shape == (2,) and m.dtype == np.int32
+    assert lay.prepare([NamedTensor.from_array("x", x), NamedTensor.from_array("m", m)])[1:] == (
+        1,
+        2,
+    )
+    plain = mock_manifest("plain", [tensor("x", "f32", "c", c=4)], [tensor("y", "f32", "c", c=4)])
+    (p,) = layout_of(plain, {None: (0,)}).zero_inputs(None, 0)
+    assert p.shape == (4,)
+    batched = layout_of(PAIR, {None: (4, 8)})
+    assert [a.shape for a in batched.zero_inputs(None, 0)] == [(1, 2), (3, 1)]  # key 0 -> 1 row
