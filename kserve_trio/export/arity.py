@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +65,18 @@ def _tensor_count(path: Path) -> int:
     return len([k for k in header if k != "__metadata__"]) if isinstance(header, dict) else 0
 
 
+def _natural(name: str) -> list[object]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
 def _module_files(d: Path) -> list[str]:
-    return sorted(
+    """Every ``model*.mlir`` in ``d``, in natural order (``model.b8`` before ``model.b32``)."""
+    names = [
         e.name
         for e in os.scandir(d)
         if e.is_file() and e.name.startswith("model") and e.name.endswith(".mlir")
-    )
+    ]
+    return sorted(names, key=_natural)
 
 
 def bundle_arity_report(dir: str | os.PathLike[str]) -> ArityReport:
