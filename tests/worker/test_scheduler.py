@@ -201,7 +201,11 @@ async def test_variants_coalesce_separately_a_a_then_b():
         with pytest.raises(InvalidArgument) as err:
             await sched.infer("var", [NamedTensor.from_array("x", np.zeros((1, 4), np.float32))])
     assert [(c.variant, c.shapes) for c in model.calls] == [(0, ((2, 3),)), (1, ((2, 5),))]
-    assert [r[0].data.tolist() for r in results.values()] == [[[1.0] * 3], [[2.0] * 3], [[3.0] * 5]]
+    assert [results[i][0].data.tolist() for i in range(3)] == [
+        [[1.0] * 3],
+        [[2.0] * 3],
+        [[3.0] * 5],
+    ]
     assert (
         err.value.message
         == "no compiled program for input shape variant [4] (have [[3], [5]]) in model 'var'"
@@ -641,3 +645,35 @@ async def test_scheduler_metrics_counters():
     assert m.max_batch_size == 8 and m.queue_depth == 0 and m.weight == 1.0
     assert m.total_compute > 0 and 0 < m.recent_compute_ema <= m.total_compute
     assert 0 < m.wait_p50 <= m.wait_p99
+
+
+async def test_a_failing_warmup_only_warns():
+    model = scale_model("flaky", fail=RuntimeError("no device"))
+    async with serving(model, cfg=config(discipline=SchedulingDiscipline.FAIR)) as sched:
+        assert sched.has_model("flaky") and sched.cost_estimates("flaky") == {}
+        assert model.executions == 3  # each compiled size was tried once
+
+
+async def test_a_model_removed_during_preprocess_is_not_found():
+    entered, release = threading.Event(), threading.Event()
+
+    def pre(inputs):
+        entered.set()
+        release.wait()
+        return inputs
+
+    model = scale_model()
+    sched = Scheduler(config())
+    async with anyio.create_task_group() as tg:
+        await tg.start(sched.run)
+        await sched.add_model(model, preprocess=pre)
+        results: dict = {}
+        async with anyio.create_task_group() as inner:
+            inner.start_soon(collect, results, 0, sched.infer, "double", [xs(1)])
+            await anyio.to_thread.run_sync(entered.wait)
+            await sched.remove_model("double")
+            release.set()
+        await sched.stop()
+    assert isinstance(results[0], NotFound)
+    assert results[0].message == "model 'double' was unloaded"
+    assert model.executions == 0
