@@ -447,14 +447,19 @@ class JaxBackend:
     def transfer_to_device(self, hosts: Sequence[np.ndarray]) -> list[Any]:
         """Copy host arrays to the device, in order, as one batched transfer.
 
-        The device arrays never alias the host memory (the host copy may be a memory map of a
-        file that the watcher later replaces).
+        The device arrays never alias the host memory: the host copy may be a memory map of a
+        file that is later rewritten. (jax's CPU client adopts any 64-byte-aligned numpy buffer
+        as the device buffer, ``may_alias=False`` notwithstanding, so on the CPU the "transfer"
+        is an explicit copy that the device array then owns.)
         """
         import jax
 
         if not hosts:
             return []
-        return list(jax.device_put(list(hosts), self.device, may_alias=False))
+        src = list(hosts)
+        if self.platform == "cpu":
+            src = [np.array(h, copy=True, order="C") for h in src]
+        return list(jax.device_put(src, self.device, may_alias=False))
 
     def free_weights(self, bufs: Sequence[Any]) -> None:
         """Release every device buffer in ``bufs`` now (already-freed ones are skipped)."""
