@@ -690,7 +690,11 @@ class Scheduler:
             unit.result = await self._device_call(unit.model, unit.fn, *unit.args)
         except Exception as exc:
             unit.error = exc
-        _finish(unit)
+        except BaseException:  # still answer the waiter, then let it propagate
+            unit.error = Internal("a device unit was interrupted")
+            raise
+        finally:
+            _finish(unit)
 
     def _plan(self, state: _ModelState) -> BatchPlan | None:
         try:
@@ -795,6 +799,15 @@ class Scheduler:
             state.queue.popleft()
         for r in taken:
             r.state = _State.RUNNING
+        try:
+            await self._execute(state, plan, taken, now)
+        finally:  # whatever happened, no waiter is left hanging on a RUNNING request
+            for r in taken:
+                _finish(r, error=Internal(f"execution of model '{state.name}' was interrupted"))
+
+    async def _execute(
+        self, state: _ModelState, plan: BatchPlan, taken: list[_Request], now: int
+    ) -> None:
         try:
             elapsed_ns, slices = await self._device_call(
                 state,
