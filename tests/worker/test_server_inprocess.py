@@ -34,7 +34,7 @@ def start(repo, **overrides):
 
 @pytest.fixture(scope="module")
 def server(demo_repo):
-    running = start(demo_repo)
+    running = start(demo_repo, endpoints={"max_concurrent_requests": 256})
     yield running
     stop(running)
 
@@ -212,10 +212,49 @@ def test_expired_deadline_is_deadline_exceeded(server, demo_repo):
     assert_still_serving(server.address, demo_repo)
 
 
-def test_limits_queue_concurrency_and_message_size(demo_repo):
+def burst(address: str, n: int) -> list[tuple[str, str]]:
+    """Send ``n`` concurrent one-row mlp requests; returns (status, message) per request."""
+
+    async def main():
+        client = aioclient.InferenceServerClient(address)
+        try:
+
+            async def one():
+                inp = aioclient.InferInput("input_0", [1, 16], "FP32")
+                inp.set_data_from_numpy(np.ones((1, 16), np.float32))
+                try:
+                    await client.infer("mlp", [inp])
+                except InferenceServerException as exc:
+                    return exc.status(), exc.message()
+                return "OK", ""
+
+            return await asyncio.gather(*(one() for _ in range(n)))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def test_full_queue_is_resource_exhausted(demo_repo):
+    running = start(
+        demo_repo, scheduler={"max_queue_depth": 2}, endpoints={"max_concurrent_requests": 0}
+    )
+    try:
+        blocker = block_device(running, 1.5)
+        results = burst(running.address, 8)
+        blocker.join()
+        assert [r[0] for r in results].count("OK") == 2  # the queue held two; they ran later
+        shed = [m for code, m in results if code == "StatusCode.RESOURCE_EXHAUSTED"]
+        assert len(shed) == 6
+        assert all("queue for model 'mlp' is full (2); request rejected" in m for m in shed)
+        assert_still_serving(running.address, demo_repo)
+    finally:
+        stop(running)
+
+
+def test_concurrency_cap_and_message_size_are_resource_exhausted(demo_repo):
     running = start(
         demo_repo,
-        scheduler={"max_queue_depth": 2},
         endpoints={"max_concurrent_requests": 4},
         grpc={"max_recv_msg_bytes": 1 << 20},
     )
@@ -226,32 +265,12 @@ def test_limits_queue_concurrency_and_message_size(demo_repo):
         )
         assert code == "StatusCode.RESOURCE_EXHAUSTED" and "larger than max" in msg
         blocker = block_device(running, 1.5)
-
-        async def burst(n):
-            client = aioclient.InferenceServerClient(running.address)
-            try:
-
-                async def one():
-                    inp = aioclient.InferInput("input_0", [1, 16], "FP32")
-                    inp.set_data_from_numpy(np.ones((1, 16), np.float32))
-                    try:
-                        await client.infer("mlp", [inp])
-                    except InferenceServerException as exc:
-                        return exc.status(), exc.message()
-                    return "OK", ""
-
-                return await asyncio.gather(*(one() for _ in range(n)))
-            finally:
-                await client.close()
-
-        results = asyncio.run(burst(8))
+        results = burst(running.address, 8)
         blocker.join()
-        codes = [r[0] for r in results]
-        assert codes.count("OK") == 2  # the queue holds two; the device ran them after the block
+        assert [r[0] for r in results].count("OK") == 4
         shed = [m for code, m in results if code == "StatusCode.RESOURCE_EXHAUSTED"]
-        assert len(shed) == 6
-        assert any("queue for model 'mlp' is full (2)" in m for m in shed)
-        assert any("concurrency cap" in m for m in shed)
+        assert len(shed) == 4
+        assert all("concurrency cap (4" in m for m in shed)
         assert_still_serving(running.address, demo_repo)
     finally:
         stop(running)
