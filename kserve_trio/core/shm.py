@@ -20,6 +20,7 @@ resource tracker would unlink the client's object when this process exits (stack
 
 from __future__ import annotations
 
+import gc
 import mmap
 import threading
 from collections.abc import Callable
@@ -99,6 +100,15 @@ class _Region:
         mm, self.mm = self.mm, None
         if mm is None:
             return
+        try:
+            mm.close()
+            return
+        except BufferError:
+            pass
+        # No lease is outstanding, so every remaining view is garbage; some may sit in a
+        # reference cycle (seen with views handed to jax). Collect once and retry: unregister
+        # is a control-plane operation, so the cost stays off the request path.
+        gc.collect(1)
         try:
             mm.close()
         except BufferError:

@@ -228,6 +228,9 @@ class _DeviceThread:
                 anyio.from_thread.run_sync(job.event.set, token=self._token)
             except Exception:  # the event loop is gone: nobody is waiting any more
                 pass
+            # Drop this thread's references now: a job's arguments may be views of a
+            # shared-memory mapping that can only be unmapped once no view is alive.
+            job = None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the device thread; never abandoned once handed over."""

@@ -13,6 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from kserve_trio.worker.http_endpoints import route
 from kserve_trio.worker.metrics import LATENCY_BUCKETS, gpu_label, inject_labels
+from tests.e2e.conftest import free_port
 
 
 def test_inject_labels_adds_constant_labels_to_samples_only():
@@ -75,11 +76,11 @@ def test_metrics_endpoint_counts_requests_and_reports_readiness(demo_repo):
         blocking=False,
         model_dirs=[str(demo_repo)],
         model_control_mode="static",
-        endpoints={"port": 0, "metrics_port": 0},
+        endpoints={"port": 0, "metrics_port": free_port()},
     )
     try:
         port = running.metrics_port
-        assert port > 0
+        assert port == running.config.endpoints.metrics_port
         assert _get(port, "/healthz") == (200, "ok")
         assert _get(port, "/readyz") == (200, "ok")
         assert _get(port, "/other")[0] == 404
