@@ -239,7 +239,9 @@ class Backend(Protocol):
 
     platform: str
 
-    def compile_module(self, module: bytes, *, name: str) -> Executable: ...
+    def compile_module(
+        self, module: bytes, *, name: str, signature: _xla.EntrySignature | None = None
+    ) -> Executable: ...
 
     def compile_exported(
         self, blob: bytes, *, name: str, signature: _xla.EntrySignature | None = None
@@ -369,12 +371,18 @@ class JaxBackend:
         plan = self.numerics
         return _xla.rewrite_numerics(module, force_f32=plan.force_f32, strip_tf32=plan.strip_tf32)
 
-    def compile_module(self, module: bytes, *, name: str) -> Executable:
+    def compile_module(
+        self, module: bytes, *, name: str, signature: _xla.EntrySignature | None = None
+    ) -> Executable:
         """Compile a bare StableHLO module (artifact bytes or text) whose ``main`` takes
-        ``(inputs..., weights...)``; raises ``_xla.ModuleFormatError`` for unusable modules."""
-        artifact = _xla.as_portable_artifact(module)
+        ``(inputs..., weights...)``; raises ``_xla.ModuleFormatError`` for unusable modules.
+
+        ``signature`` is the module's entry signature when the caller has already read it (the
+        numerics rewrite never changes it), saving a parse.
+        """
+        artifact = bytes(module) if _xla.is_bytecode(module) else _xla.as_portable_artifact(module)
         artifact, rewrite = self._rewrite(artifact)
-        sig = _xla.entry_signature(artifact)
+        sig = signature or _xla.entry_signature(artifact)
         exp = _xla.exported_from_module(artifact, sig, platform=self.platform, name=_fun_name(name))
         return self._compile(exp, name=name, source="mlir", rewrite=rewrite)
 

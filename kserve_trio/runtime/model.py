@@ -297,7 +297,7 @@ def check_module_signature(
             sig.results[k],
             spec,
             batch_key,
-            sizes,
+            {},  # letters are tensor-scoped: an output's variable axis is free in every variant
             f"{where}: module '{module}' result {k} (output '{spec.name}')",
         )
 
@@ -370,7 +370,7 @@ def load_compiled_model(
             exe = _compile_sidecar(backend, sidecar, sig, where)
         if exe is None:
             try:
-                exe = backend.compile_module(data, name=f"{name}.{path.stem}")
+                exe = backend.compile_module(data, name=f"{name}.{path.stem}", signature=sig)
             except _xla.ModuleFormatError as exc:
                 raise BundleError(f"{where}: module '{path.name}': {exc}") from None
         executables[mkey] = exe

@@ -393,3 +393,52 @@ def test_bundles_load_in_a_fresh_process_with_and_without_sidecars(bundles, tmp_
             for n, ys in by_n.items():
                 for j, y in enumerate(ys):
                     _close(got[f"{tag}|{model}|{n}|{j}"], y)
+
+
+# ---------------------------------------------------------------------------- signature rules
+
+
+def _sig(args, results):
+    from kserve_trio.runtime._xla import EntrySignature, TensorType
+
+    def tt(shape):
+        return TensorType(tuple(shape), "f32", f"tensor<{'x'.join(map(str, shape))}xf32>")
+
+    return EntrySignature(tuple(tt(s) for s in args), tuple(tt(s) for s in results))
+
+
+def test_output_variable_axes_are_free_even_when_letters_coincide():
+    from kserve_trio.core.manifest import parse_manifest
+    from kserve_trio.runtime.model import check_module_signature
+    from kserve_trio.runtime.weights import WeightsIndex
+
+    m = parse_manifest(
+        {
+            "format_version": "2.0",
+            "executable_inputs": [{"name": "x", "dtype": "f32", "shape": "cn", "dims": {"c": -1}}],
+            "executable_outputs": [{"name": "y", "dtype": "f32", "shape": "cn", "dims": {"c": -1}}],
+            "batching": {"compiled_batch_sizes": [2]},
+            "input_shapes": [{"c": 3}],
+        },
+        "v",
+    )
+    none = WeightsIndex(path=None, entries=(), n_tensors=0, metadata={})  # type: ignore[arg-type]
+    kw = dict(
+        manifest=m, weights=none, module="model.v0.b2.mlir", variant=0, batch_key=2, where="w"
+    )
+    check_module_signature(_sig([(2, 3)], [(2, 7)]), **kw)  # output length differs: fine
+    with pytest.raises(
+        BundleError,
+        match=r"argument 0 \(input 'x'\) is tensor<2x5xf32> but the manifest declares f32\[2,3\]",
+    ):
+        check_module_signature(_sig([(2, 5)], [(2, 7)]), **kw)
+    with pytest.raises(
+        BundleError,
+        match=r"result 0 \(output 'y'\) is tensor<3x7xf32> but the manifest declares f32\[2,\?\]",
+    ):
+        check_module_signature(_sig([(2, 3)], [(3, 7)]), **kw)
+    with pytest.raises(
+        BundleError,
+        match=r"returns 2 result\(s\) but the manifest declares 1 executable output\(s\)",
+    ):
+        check_module_signature(_sig([(2, 3)], [(2, 7), (2,)]), **kw)
