@@ -65,7 +65,8 @@ class WorkerProcess:
         raise TimeoutError(f"worker not ready within {timeout}s:\n{self.logs()}")
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def terminate(self, timeout: float = 10.0) -> int:

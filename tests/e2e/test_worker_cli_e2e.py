@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -70,7 +71,7 @@ def test_every_demo_model_is_numerically_correct(demo_worker, demo_repo):
     x = np.array([1, 2, 3, 4], dtype=np.float32)
     r = infer(c, "scale4", "x", x)
     np.testing.assert_array_equal(r.as_numpy("y"), [2, 4, 6, 8])
-    x = rng.standard_normal((2, 16), dtype=np.float32)
+    x = rng.standard_normal((2, 16), dtype=np.float32).astype(ml_dtypes.bfloat16)
     r = infer(c, "mlp_bf16", "input_0", x, datatype="BF16")
     wb = {k: v.astype(np.float32) for k, v in ref.weights(demo_repo, "mlp_bf16").items()}
     np.testing.assert_allclose(
@@ -110,3 +111,55 @@ def test_aio_client_concurrent_inference(demo_worker, demo_repo):
             await client.close()
 
     asyncio.run(main())
+
+
+def test_sigterm_with_32_requests_in_flight_exits_cleanly(demo_repo):
+    from tests.e2e.conftest import WorkerProcess
+
+    worker = WorkerProcess(demo_repo)
+    worker.wait_ready()
+    outcomes: list[str] = []
+
+    async def load():
+        client = aioclient.InferenceServerClient(worker.url)
+        try:
+
+            async def one(i):
+                x = np.full((32, 3, 32, 32), i, dtype=np.float32)
+                inp = aioclient.InferInput("input_0", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                try:
+                    await client.infer("cnn", [inp])
+                    return "OK"
+                except InferenceServerException as exc:
+                    return exc.status()
+
+            tasks = [asyncio.create_task(one(i)) for i in range(32)]
+            await asyncio.sleep(0.3)
+            children = _children(worker.proc.pid)
+            t0 = asyncio.get_running_loop().time()
+            worker.proc.send_signal(__import__("signal").SIGTERM)
+            results = await asyncio.gather(*tasks)
+            code = await asyncio.to_thread(worker.proc.wait, 10)
+            return results, code, asyncio.get_running_loop().time() - t0, children
+        finally:
+            await client.close()
+
+    results, code, elapsed, children = asyncio.run(load())
+    outcomes.extend(results)
+    worker.terminate()
+    assert code == 0, worker.logs()[-3000:]
+    assert elapsed < 5.0
+    assert set(outcomes) <= {"OK", "StatusCode.UNAVAILABLE"}, set(outcomes)
+    assert children == []  # the worker never forks helpers
+    assert '"server_down"' in worker.logs()
+
+
+def _children(pid: int) -> list[int]:
+    import pathlib
+
+    out = []
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        kids = (task / "children").read_text().split()
+        out.extend(int(k) for k in kids)
+    return out

@@ -301,3 +301,15 @@ def test_shutdown_answers_queued_requests_unavailable(demo_repo):
     blocker.join(5)
     assert results and set(results) <= {"OK", "StatusCode.UNAVAILABLE"}
     assert "StatusCode.UNAVAILABLE" in results
+
+
+def test_stop_leaves_no_thread_behind(demo_repo):
+    before = {t.ident for t in threading.enumerate()}
+    running = start(demo_repo)
+    c = grpcclient.InferenceServerClient(running.address)
+    c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))])
+    c.close()
+    stop(running)
+    time.sleep(0.2)
+    leftover = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert leftover == [], leftover
