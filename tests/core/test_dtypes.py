@@ -55,7 +55,7 @@ def test_fp8_is_executable_only_and_has_no_wire_string(token, np_type):
 
 
 def test_unknown_token_is_rejected_with_the_valid_tokens_listed():
-    with pytest.raises(ValueError, match="unknown dtype token 'float32'.*f32"):
+    with pytest.raises(ValueError, match=r"unknown dtype token 'float32'.*f32"):
         dtype_from_token("float32")
 
 
