@@ -442,3 +442,20 @@ def test_output_variable_axes_are_free_even_when_letters_coincide():
         match=r"returns 2 result\(s\) but the manifest declares 1 executable output\(s\)",
     ):
         check_module_signature(_sig([(2, 3)], [(2, 7), (2,)]), **kw)
+
+
+@pytest.mark.gpu
+def test_demo_bundles_on_cuda_match_their_references(demo_bundles):
+    """Numerics f32 on the GPU gives the CPU's numbers; the weights live on the GPU."""
+    from kserve_trio.export import demo
+    from kserve_trio.runtime import JaxBackend
+
+    gpu = JaxBackend.create("cuda", numerics="f32", allow_cpu_fallback=False, preallocate=False)
+    m = load_compiled_model(demo_bundles / "mlp", gpu)
+    assert all(b.devices() == {gpu.device} for b in m._device_weights)
+    for n in m.batch_keys(None):
+        x = rand((n, 16), seed=n)
+        _close(m.execute(None, n, [x])[0], demo.mlp_reference(x), rtol=1e-5)
+    before = gpu.memory_stats()["bytes_in_use"]
+    m.free_weights()
+    assert gpu.memory_stats()["bytes_in_use"] <= before - m.weight_nbytes
