@@ -447,15 +447,23 @@ def test_output_variable_axes_are_free_even_when_letters_coincide():
 @pytest.mark.gpu
 def test_demo_bundles_on_cuda_match_their_references(demo_bundles):
     """Numerics f32 on the GPU gives the CPU's numbers; the weights live on the GPU."""
-    from kserve_trio.export import demo
-    from kserve_trio.runtime import JaxBackend
+    from .test_backend import run_fresh
 
-    gpu = JaxBackend.create("cuda", numerics="f32", allow_cpu_fallback=False, preallocate=False)
-    m = load_compiled_model(demo_bundles / "mlp", gpu)
-    assert all(b.devices() == {gpu.device} for b in m._device_weights)
-    for n in m.batch_keys(None):
-        x = rand((n, 16), seed=n)
-        _close(m.execute(None, n, [x])[0], demo.mlp_reference(x), rtol=1e-5)
-    before = gpu.memory_stats()["bytes_in_use"]
-    m.free_weights()
-    assert gpu.memory_stats()["bytes_in_use"] <= before - m.weight_nbytes
+    run_fresh(
+        f"""
+        import numpy as np
+        from kserve_trio.export import demo
+        from kserve_trio.runtime import JaxBackend, load_compiled_model
+        gpu = JaxBackend.create("cuda", numerics="f32", allow_cpu_fallback=False, preallocate=False)
+        m = load_compiled_model({str(demo_bundles / "mlp")!r}, gpu)
+        assert all(b.devices() == {{gpu.device}} for b in m._device_weights)
+        rng = np.random.default_rng(0)
+        for n in m.batch_keys(None):
+            x = rng.standard_normal((n, 16)).astype(np.float32)
+            np.testing.assert_allclose(m.execute(None, n, [x])[0], demo.mlp_reference(x),
+                                       rtol=1e-5, atol=1e-6)
+        before = gpu.memory_stats()["bytes_in_use"]
+        m.free_weights()
+        assert gpu.memory_stats()["bytes_in_use"] <= before - m.weight_nbytes
+        """
+    )
