@@ -15,6 +15,7 @@ discipline picks the next batch, like upstream's control commands (spec 4.2 step
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import math
 import queue
@@ -104,6 +105,9 @@ class ModelMetrics:
     batch_size_hist: dict[int, int]
     max_batch_size: int
     weight: float
+    queue_seconds_total: float = 0.0
+    request_compute_seconds_total: float = 0.0
+    batch_compute_seconds: dict[int, float] = field(default_factory=dict)
 
 
 class _Phase(enum.Enum):
@@ -134,6 +138,20 @@ class _Request:
     done: anyio.Event = field(default_factory=anyio.Event)
     outputs: list[np.ndarray] | None = None
     error: BaseException | None = None
+    queue_ns: int = 0
+    compute_ns: int = 0
+    batch_size: int = 0
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """What one request went through, filled by ``Scheduler.infer`` (for logs and statistics)."""
+
+    queue_ns: int = 0
+    compute_ns: int = 0
+    batch_size: int = 0
+    preprocess_ns: int = 0
+    postprocess_ns: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -147,6 +165,18 @@ class _Unit:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: BaseException | None = None
+
+
+def _same_io(a: _ModelState, b: _ModelState) -> bool:
+    """Whether requests prepared for ``a`` can run unchanged on ``b``."""
+    ma, mb = a.entry.manifest, b.entry.manifest
+    return (
+        ma.executable_inputs == mb.executable_inputs
+        and ma.executable_outputs == mb.executable_outputs
+        and ma.wire_inputs == mb.wire_inputs
+        and ma.wire_outputs == mb.wire_outputs
+        and a.layout.keys == b.layout.keys
+    )
 
 
 def _finish(item: _Request | _Unit, *, error: BaseException | None = None) -> None:
@@ -183,6 +213,10 @@ class _ModelState:
         default_factory=lambda: collections.deque(maxlen=WAIT_SAMPLES)
     )
     removed: bool = False
+    replaced_by: _ModelState | None = None
+    queue_ns_total: int = 0
+    request_compute_ns_total: int = 0
+    batch_compute_ns: collections.Counter[int] = field(default_factory=collections.Counter)
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,6 +498,76 @@ class Scheduler:
                 self._inflight_done = anyio.Event()
             await self._inflight_done.wait()
 
+    async def replace_model(
+        self, entry: ModelEntry, *, preprocess: Hook | None = None, postprocess: Hook | None = None
+    ) -> None:
+        """Swap in a new version of a loaded model (or add it): the only loop-side part of a
+        reload, so every other model keeps serving while the new version compiles elsewhere.
+
+        Rules:
+        1. An execution of the old version that is running finishes on the old version.
+        2. Requests queued on the old version move to the new one when the I/O spec (executable
+           and client tensors, compiled sizes per variant) is unchanged; otherwise they are
+           answered UNAVAILABLE ``model 'm' was reloaded; retry``.
+        3. The live fair weight carries over; learned costs start afresh (the new version is
+           warmed like a new model).
+        """
+        name = entry.name
+        old = self._models.get(name)
+        if old is None:
+            await self.add_model(entry, preprocess=preprocess, postprocess=postprocess)
+            return
+        if self._phase in (_Phase.STOPPING, _Phase.STOPPED):
+            raise Unavailable(SHUTTING_DOWN)
+        overrides = self._config.models.get(name)
+        new = _ModelState(
+            name=name,
+            entry=entry,
+            layout=ModelLayout.build(
+                name, entry.manifest, {v: entry.batch_keys(v) for v in entry.variants}
+            ),
+            weight=old.weight,
+            max_batch_size=overrides.max_batch_size if overrides is not None else None,
+            preprocess=preprocess,
+            postprocess=postprocess,
+            ema_ns=self._clock(),
+        )
+        if self._warmup and self._phase is _Phase.RUNNING:
+            await self._warm(new)
+        while self._inflight is old:
+            if self._inflight_done is None:
+                self._inflight_done = anyio.Event()
+            await self._inflight_done.wait()
+        old.removed = True
+        old.replaced_by = new
+        if _same_io(old, new):
+            new.queue, old.queue = old.queue, collections.deque()
+        else:
+            while old.queue:
+                _finish(
+                    old.queue.popleft(), error=Unavailable(f"model '{name}' was reloaded; retry")
+                )
+        self._models[name] = new
+        self._wake_loop()
+
+    def rename_model(self, old: str, new: str) -> None:
+        """Rekey a loaded model (a renamed bundle directory): no recompilation, queued requests
+        keep their place. The new name's configured policy applies when it has one."""
+        if new in self._models:
+            raise FailedPrecondition(f"cannot rename '{old}' to '{new}': '{new}' is loaded")
+        state = self._models.pop(old, None)
+        if state is None:
+            raise NotFound(f"unknown model: {old}")
+        state.name = new
+        with contextlib.suppress(AttributeError):
+            state.entry.name = new
+        state.layout = ModelLayout.build(new, state.entry.manifest, state.layout.keys)
+        overrides = self._config.models.get(new)
+        if overrides is not None:
+            state.weight = overrides.weight
+            state.max_batch_size = overrides.max_batch_size
+        self._models[new] = state
+
     def has_model(self, name: str) -> bool:
         return name in self._models
 
@@ -529,6 +633,7 @@ class Scheduler:
         *,
         deadline_ns: int = 0,
         request_id: str = "",
+        trace: RequestTrace | None = None,
     ) -> list[NamedTensor]:
         """Serve one request: preprocess -> queue -> (coalesced) execution -> postprocess.
 
@@ -547,11 +652,13 @@ class Scheduler:
         self._check_depth(state)
         prepared = inputs
         if state.preprocess is not None:
+            t0 = self._clock()
             prepared = await self._hook("preprocess", state, state.preprocess, inputs)
+            if trace is not None:
+                trace.preprocess_ns = self._clock() - t0
         arrays, variant, rows = state.layout.prepare(prepared)
         self._require_running()
-        if self._models.get(name) is not state:
-            raise NotFound(f"model '{name}' was unloaded")
+        state = self._current(name, state)
         self._check_depth(state)
         now = self._clock()
         if deadline_ns and now >= deadline_ns:
@@ -561,13 +668,40 @@ class Scheduler:
         self._wake_loop()
         await self._await_result(state, req)
         assert req.outputs is not None
+        if trace is not None:
+            trace.queue_ns, trace.compute_ns, trace.batch_size = (
+                req.queue_ns,
+                req.compute_ns,
+                req.batch_size,
+            )
         outputs = [
             NamedTensor.from_array(state.layout.output_name(k), arr)
             for k, arr in enumerate(req.outputs)
         ]
         if state.postprocess is not None:
+            t0 = self._clock()
             outputs = await self._hook("postprocess", state, state.postprocess, outputs)
+            if trace is not None:
+                trace.postprocess_ns = self._clock() - t0
         return outputs
+
+    def _current(self, name: str, state: _ModelState) -> _ModelState:
+        """The live state for a request prepared against ``state`` (which may have been swapped).
+
+        A reload with an unchanged I/O spec hands the request to the new version; any other
+        reload answers UNAVAILABLE (retry); an unload answers NOT_FOUND.
+        """
+        live = self._models.get(name)
+        if live is state:
+            return state
+        nxt = state.replaced_by
+        while nxt is not None and nxt is not live:
+            nxt = nxt.replaced_by
+        if live is not None and nxt is live:
+            if _same_io(state, live):
+                return live
+            raise Unavailable(f"model '{name}' was reloaded; retry")
+        raise NotFound(f"model '{name}' was unloaded")
 
     def _check_depth(self, state: _ModelState) -> None:
         depth = self._config.max_queue_depth
@@ -859,6 +993,13 @@ class Scheduler:
         state.total_compute += t
         state.batch_hist[plan.batch_key] += 1
         state.waits.extend((started - r.enqueued_ns) / 1e9 for r in taken)
+        state.batch_compute_ns[plan.batch_key] += max(elapsed_ns, 0)
+        for r in taken:
+            r.queue_ns = started - r.enqueued_ns
+            r.compute_ns = max(elapsed_ns, 0)
+            r.batch_size = plan.batch_key
+            state.queue_ns_total += r.queue_ns
+            state.request_compute_ns_total += r.compute_ns
 
 
-__all__ = ["ModelEntry", "ModelMetrics", "Scheduler"]
+__all__ = ["ModelEntry", "ModelMetrics", "RequestTrace", "Scheduler"]
