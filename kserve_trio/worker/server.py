@@ -97,12 +97,12 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     from kserve_trio.worker.service import InferenceService, WorkerState
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
-    if config.model_control_mode is not ModelControlMode.STATIC:
+    if config.model_control_mode is ModelControlMode.EXPLICIT:
         log.warning(
             "model_control_mode_unavailable",
-            requested=config.model_control_mode.value,
+            requested="explicit",
             serving="static",
-            reason="dynamic and explicit modes arrive with later capabilities; serving static",
+            reason="explicit residency control arrives with the memory capability",
         )
     started = time.monotonic()
     backend = backend if backend is not None else _make_backend(config)
@@ -146,6 +146,9 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
                 )
             log.info("model_loaded", model=name, path=str(bundle.bundle_dir))
         state.bundles = bundles
+        watcher_scope = anyio.CancelScope()
+        if config.model_control_mode is ModelControlMode.DYNAMIC:
+            await tg.start(_run_watcher, config, state, backend, watcher_scope)
         window = 64 << 20
         grpc_config = grpclib.config.Configuration(
             http2_connection_window_size=window, http2_stream_window_size=window
@@ -174,6 +177,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
             yield running
         finally:
             with anyio.CancelScope(shield=True):
+                watcher_scope.cancel()
                 await _shutdown(state, scheduler, server)
                 tg.cancel_scope.cancel()
     with contextlib.suppress(Exception):
@@ -182,6 +186,27 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
                 bundle.model.close()
     log.info("server_down", address=running.address)
     heartbeat.fire("down", config)
+
+
+async def _run_watcher(config, state, backend, scope, *, task_status=anyio.TASK_STATUS_IGNORED):
+    """The dynamic-mode watcher, seeded with what loaded at startup (failed bundles retry)."""
+    from kserve_trio.worker.lifecycle import Lifecycle
+    from kserve_trio.worker.watcher import ChangeDetector, scan, watch
+
+    snapshot = await anyio.to_thread.run_sync(
+        lambda: scan(config.model_dirs, config.models_include)
+    )
+    detector = ChangeDetector({n: s for n, s in snapshot.items() if n in state.bundles})
+    lifecycle = Lifecycle(state, backend)
+    with scope:
+        await watch(
+            config.model_dirs,
+            config.models_include,
+            config.model_poll_seconds,
+            lifecycle.apply,
+            detector,
+            task_status=task_status,
+        )
 
 
 async def _shutdown(state, scheduler, server) -> None:

@@ -16,6 +16,7 @@ from anyio import get_cancelled_exc_class
 import kserve_trio
 from kserve_trio.core import codec
 from kserve_trio.core.errors import (
+    DeadlineExceeded,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -28,7 +29,10 @@ from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
 from kserve_trio.worker import heartbeat
 from kserve_trio.worker.grpc_adapter import CallContext, Limits, unary, unimplemented
+from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle, hidden_submodels
+from kserve_trio.worker.scheduler import RequestTrace
+from kserve_trio.worker.triton_views import RequestStats, model_config, model_statistics
 
 log = get_logger("kserve_trio.worker.service")
 
@@ -50,7 +54,33 @@ class WorkerState:
     shutting_down: bool = False
     inflight: int = 0  # ModelInfer handlers currently running
     config: object | None = None  # core.config.ServerConfig
+    stats: dict[str, RequestStats] = field(default_factory=dict)
+    _scratch: object | None = None
     metrics: object | None = None  # worker.metrics.WorkerMetrics
+
+    def record(self, name: str, ok: bool, elapsed_ns: int, trace: RequestTrace) -> None:
+        """Fold one finished request into the model's Triton statistics."""
+        stats = self.stats.setdefault(name, RequestStats())
+        if ok:
+            stats.success.add(elapsed_ns)
+            stats.queue.add(trace.queue_ns)
+            stats.compute_input.add(trace.preprocess_ns)
+            stats.compute_infer.add(trace.compute_ns)
+            stats.compute_output.add(trace.postprocess_ns)
+            stats.last_inference_ms = int(time.time() * 1000)
+        else:
+            stats.fail.add(elapsed_ns)
+
+    def scratch_pool(self):
+        """The meta models' scratch ``BufferPool``, created on first use (None when disabled)."""
+        meta = getattr(self.config, "meta", None)
+        if meta is None or not meta.pool_enabled:
+            return None
+        if self._scratch is None:
+            from kserve_trio.core.buffer_pool import BufferPool
+
+            self._scratch = BufferPool(meta.fanout_bytes, meta.fanout_slots, name="meta_scratch")
+        return self._scratch
 
     def routable_names(self) -> list[str]:
         hidden = hidden_submodels(self.bundles)
@@ -94,6 +124,8 @@ class InferenceService:
             "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
             "ModelInfer": (self.model_infer, pb.ModelInferRequest),
             "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
+            "ModelConfig": (self.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest),
             "SystemSharedMemoryStatus": (self.shm_status, pb.SystemSharedMemoryStatusRequest),
             "SystemSharedMemoryRegister": (self.shm_register, pb.SystemSharedMemoryRegisterRequest),
             "SystemSharedMemoryUnregister": (
@@ -104,8 +136,6 @@ class InferenceService:
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
         later = {
-            "ModelConfig": "arrives with the worker extensions capability",
-            "ModelStatistics": "arrives with the worker extensions capability",
             "RepositoryModelLoad": "arrives with the memory and residency capability",
             "RepositoryModelUnload": "arrives with the memory and residency capability",
             "ModelStreamInfer": "streaming inference is not supported",
@@ -176,8 +206,9 @@ class InferenceService:
 
     async def model_infer(self, request, ctx: CallContext):
         state = self.state
-        started = time.perf_counter()
+        started = time.perf_counter_ns()
         status = "UNKNOWN"
+        trace = RequestTrace()
         try:
             if state.shutting_down:
                 raise Unavailable("server is shutting down")
@@ -190,7 +221,7 @@ class InferenceService:
                 )
             state.inflight += 1
             try:
-                reply = await self._infer(request, ctx)
+                reply = await self._infer(request, ctx, trace)
             finally:
                 state.inflight -= 1
             status = "OK"
@@ -205,13 +236,25 @@ class InferenceService:
             status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
             raise
         finally:
+            elapsed = time.perf_counter_ns() - started
+            name = request.model_name
             if state.metrics is not None:
-                state.metrics.observe_request(
-                    request.model_name, status, time.perf_counter() - started
-                )
-            heartbeat.fire("request", request.model_name)
+                state.metrics.observe_request(name, status, elapsed / 1e9)
+            if name in state.bundles:
+                state.record(name, status == "OK", elapsed, trace)
+            log.debug(
+                "request_done",
+                model=name,
+                request_id=request.id,
+                status=status,
+                batch_size=trace.batch_size,
+                queue_ms=round(trace.queue_ns / 1e6, 3),
+                compute_ms=round(trace.compute_ns / 1e6, 3),
+                duration_ms=round(elapsed / 1e6, 3),
+            )
+            heartbeat.fire("request", name)
 
-    async def _infer(self, request, ctx: CallContext):
+    async def _infer(self, request, ctx: CallContext, trace: RequestTrace):
         state = self.state
         bundle = state.bundle(request.model_name)
         decoded = codec.decode_infer_request(request, state.shm_registry)
@@ -219,10 +262,17 @@ class InferenceService:
             validate_inputs(bundle.name, bundle.manifest.wire_inputs, decoded.inputs)
             _check_requested_outputs(bundle, decoded.requested_outputs)
             deadline = codec.combine_deadlines(decoded.deadline_ns, ctx.deadline_ns)
-            state.scheduler.check_admissible(bundle.name, decoded.inputs)
-            outputs = await state.scheduler.infer(
-                bundle.name, decoded.inputs, deadline_ns=deadline, request_id=decoded.id
-            )
+            if bundle.is_meta:
+                outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
+            else:
+                state.scheduler.check_admissible(bundle.name, decoded.inputs)
+                outputs = await state.scheduler.infer(
+                    bundle.name,
+                    decoded.inputs,
+                    deadline_ns=deadline,
+                    request_id=decoded.id,
+                    trace=trace,
+                )
             return codec.encode_infer_response(
                 request.model_name,
                 decoded.id,
@@ -232,6 +282,97 @@ class InferenceService:
             )
         finally:
             decoded.release()
+
+    async def _run_meta(self, bundle: ModelBundle, inputs, deadline_ns: int, trace: RequestTrace):
+        """A meta's ``run`` as one scheduled unit on the device thread (DESIGN decision 11)."""
+        state = self.state
+        if deadline_ns and time.monotonic_ns() >= deadline_ns:
+            raise DeadlineExceeded(bundle.name)
+
+        def resolve(callee: str):
+            sub = state.bundles.get(callee)
+            if sub is None or sub.model is None:
+                raise NotFound(f"meta model '{bundle.name}' calls '{callee}', which is not loaded")
+            return sub.model, sub.preprocess, sub.postprocess
+
+        call = MetaCall(
+            bundle.name,
+            bundle.manifest.meta_calls,
+            resolve,
+            deadline_ns=deadline_ns,
+            pool=state.scratch_pool(),
+        )
+        queued = time.monotonic_ns()
+        started: list[int] = []
+
+        def unit():
+            started.append(time.monotonic_ns())
+            return run_meta(
+                bundle.name, bundle.run, list(inputs), call, bundle.manifest.wire_outputs
+            )
+
+        outputs = await state.scheduler.run_on_device(unit)
+        trace.queue_ns = (started[0] - queued) if started else 0
+        trace.compute_ns = int(call.subcall_seconds * 1e9)
+        trace.batch_size = 0
+        return outputs
+
+    # ---- Triton extensions: configuration and statistics -----------------------------
+
+    async def model_config(self, request, ctx: CallContext):
+        bundle = self.state.bundle(request.name)
+        sizes: list[int] = []
+        coalesces = False
+        if bundle.model is not None:
+            for variant in bundle.model.variants:
+                sizes.extend(bundle.model.batch_keys(variant))
+            coalesces = self.state.scheduler.has_model(bundle.name) and all(
+                s.batch_axis is not None
+                for s in (*bundle.manifest.executable_inputs, *bundle.manifest.executable_outputs)
+            )
+        return pb.ModelConfigResponse(
+            config=model_config(
+                request.name, bundle.manifest, sorted(set(sizes)), coalesces=coalesces
+            )
+        )
+
+    async def model_statistics(self, request, ctx: CallContext):
+        state = self.state
+        if request.name:
+            state.bundle(request.name)
+            names = [request.name]
+        else:
+            names = state.routable_names()
+        metrics = state.scheduler.scheduler_metrics()
+        out = []
+        for name in names:
+            stats = state.stats.setdefault(name, RequestStats())
+            m = metrics.get(name)
+            if m is not None:
+                batch = {
+                    size: (count, int(m.batch_compute_seconds.get(size, 0.0) * 1e9))
+                    for size, count in m.batch_size_hist.items()
+                }
+                out.append(
+                    model_statistics(
+                        name,
+                        stats,
+                        inference_count=m.rows_served,
+                        execution_count=m.dispatch_count,
+                        batch_compute=batch,
+                    )
+                )
+            else:
+                out.append(
+                    model_statistics(
+                        name,
+                        stats,
+                        inference_count=stats.success.count,
+                        execution_count=stats.success.count,
+                        batch_compute={},
+                    )
+                )
+        return pb.ModelStatisticsResponse(model_stats=out)
 
 
 def _check_requested_outputs(bundle: ModelBundle, requested) -> None:
