@@ -86,7 +86,6 @@ def _platform(backend) -> str:
 @contextlib.asynccontextmanager
 async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
-    import grpclib.config
     import grpclib.server
 
     from kserve_trio.worker.grpc_adapter import Limits
@@ -95,6 +94,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     from kserve_trio.worker.registry import load_repository
     from kserve_trio.worker.scheduler import Scheduler
     from kserve_trio.worker.service import InferenceService, WorkerState
+    from kserve_trio.worker.transport import server_config
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
     if config.model_control_mode is ModelControlMode.EXPLICIT:
@@ -149,11 +149,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         watcher_scope = anyio.CancelScope()
         if config.model_control_mode is ModelControlMode.DYNAMIC:
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
-        window = 64 << 20
-        grpc_config = grpclib.config.Configuration(
-            http2_connection_window_size=window, http2_stream_window_size=window
-        )
-        server = grpclib.server.Server([InferenceService(state)], config=grpc_config)
+        server = grpclib.server.Server([InferenceService(state)], config=server_config())
         await server.start(config.endpoints.host, config.endpoints.port)
         port = server._server.sockets[0].getsockname()[1]
         running = RunningServer(
