@@ -316,6 +316,11 @@ def _payload(arr: np.ndarray) -> bytes:
     return arr.tobytes()
 
 
+def _view(arr: np.ndarray) -> memoryview:
+    """A flat byte view of ``arr`` (copied once only if it is not C-contiguous)."""
+    return memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+
+
 def _checked_array(model_name: str, tensor: NamedTensor, kind: str = "output") -> np.ndarray:
     """The tensor's array after checking it is what the tensor claims (a mismatch is a bug)."""
     what = f"{kind} '{tensor.name}' of model '{model_name}'"
@@ -495,8 +500,12 @@ def encode_infer_response(
     registry: ShmRegistryLike | None = None,
     *,
     model_version: str = "",
+    zero_copy: bool = False,
 ) -> pb.ModelInferResponse:
     """Build the ``ModelInferResponse`` for ``outputs`` (model order).
+
+    ``zero_copy=True`` puts ``memoryview``s of the output arrays in ``raw_output_contents``
+    instead of ``bytes`` (for a transport that serializes them with ``core.wire``).
 
     Rules:
     1. ``requested`` empty or None: every output, in model order, inline.
@@ -545,7 +554,7 @@ def encode_infer_response(
             name=tensor.name, datatype=tensor.dtype.wire, shape=list(tensor.shape)
         )
         if shm is None:
-            response.raw_output_contents.append(_payload(arr))
+            response.raw_output_contents.append(_view(arr) if zero_copy else _payload(arr))
         else:
             assert registry is not None
             registry.write(shm.region, shm.offset, np.ascontiguousarray(arr))

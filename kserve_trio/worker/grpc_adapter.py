@@ -19,6 +19,7 @@ from typing import Any
 import grpclib.const
 from grpclib.exceptions import GRPCError
 
+from kserve_trio.core import wire
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -27,8 +28,13 @@ from kserve_trio.core.errors import (
     Unimplemented,
 )
 from kserve_trio.core.logging import get_logger
+from kserve_trio.proto import inference as pb
 
 log = get_logger("kserve_trio.worker.grpc")
+
+ZERO_COPY_BYTES = 64 << 10
+"""Requests at least this large are parsed with ``core.wire`` (payloads stay zero-copy views);
+below it betterproto2's own parser is as fast and the scan would only add overhead."""
 
 
 class EncodedMessage(bytes):
@@ -77,13 +83,32 @@ async def recv_request(stream, message_type, max_bytes: int):
     if len(data) != length:
         raise InvalidArgument(f"truncated request message ({len(data)} of {length} bytes)")
     try:
+        if message_type is pb.ModelInferRequest and length >= ZERO_COPY_BYTES:
+            return wire.parse_infer_request(data)
         return message_type.parse(data)
     except Exception as exc:
         raise InvalidArgument(f"malformed request message: {exc}") from exc
 
 
 async def send_reply(stream, message, max_bytes: int) -> None:
-    """Serialize once, check the send cap, and send."""
+    """Serialize once, check the send cap, and send.
+
+    A ``ModelInferResponse`` is assembled from ``core.wire`` pieces with the gRPC length prefix
+    in one join (its payload buffers are never serialized through betterproto2) and written to
+    the HTTP/2 stream directly.
+    """
+    if isinstance(message, pb.ModelInferResponse):
+        pieces = wire.infer_response_pieces(message)
+        length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+        if length > max_bytes:
+            raise ResourceExhausted(f"response larger than max ({length} vs. {max_bytes})")
+        data = b"".join([struct.pack(">?I", False, length), *pieces])
+        if not stream._send_initial_metadata_done:
+            await stream.send_initial_metadata()
+        await stream._stream.send_data(data)
+        stream._send_message_done = True
+        stream._messages_sent += 1
+        return
     data = EncodedMessage(bytes(message))
     if len(data) > max_bytes:
         raise ResourceExhausted(f"response larger than max ({len(data)} vs. {max_bytes})")

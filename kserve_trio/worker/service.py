@@ -279,6 +279,7 @@ class InferenceService:
                 outputs,
                 decoded.requested_outputs,
                 state.shm_registry,
+                zero_copy=True,
             )
         finally:
             decoded.release()

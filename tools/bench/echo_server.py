@@ -27,7 +27,11 @@ async def main(port: int) -> None:
         decoded = codec.decode_infer_request(request)
         try:
             return codec.encode_infer_response(
-                request.model_name, decoded.id, decoded.inputs, decoded.requested_outputs
+                request.model_name,
+                decoded.id,
+                decoded.inputs,
+                decoded.requested_outputs,
+                zero_copy=True,
             )
         finally:
             decoded.release()

@@ -1,0 +1,77 @@
+"""Wire-level fast paths: same messages as betterproto2, payloads as zero-copy views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2
+
+from kserve_trio.core.wire import encode_varint, infer_response_pieces, parse_infer_request
+from kserve_trio.proto import inference as pb
+
+
+def triton_request(raws: list[bytes]) -> bytes:
+    m = service_pb2.ModelInferRequest(model_name="m", model_version="1", id="req-7")
+    m.parameters["timeout"].int64_param = 500
+    for i, raw in enumerate(raws):
+        t = m.inputs.add(name=f"in{i}", datatype="UINT8", shape=[len(raw)])
+        t.parameters["p"].string_param = "v"
+        m.raw_input_contents.append(raw)
+    out = m.outputs.add(name="o")
+    out.parameters["shared_memory_region"].string_param = "r"
+    return m.SerializeToString()
+
+
+@given(st.lists(st.binary(max_size=300), max_size=4))
+def test_fast_parse_equals_betterproto2(raws):
+    data = triton_request(raws)
+    fast = parse_infer_request(data)
+    slow = pb.ModelInferRequest.parse(data)
+    assert [bytes(r) for r in fast.raw_input_contents] == slow.raw_input_contents
+    fast.raw_input_contents = slow.raw_input_contents
+    assert fast == slow
+
+
+def test_payloads_are_views_of_the_received_buffer():
+    payload = np.arange(1 << 18, dtype=np.float32).tobytes()
+    data = triton_request([payload])
+    msg = parse_infer_request(data)
+    view = msg.raw_input_contents[0]
+    assert isinstance(view, memoryview)
+    arr = np.frombuffer(view, np.float32)
+    assert np.shares_memory(arr, np.frombuffer(data, np.uint8))
+    assert arr[-1] == (1 << 18) - 1
+
+
+@pytest.mark.parametrize("data", [b"\x3a\x10abc", b"\x80", b"\x0b"])
+def test_truncated_or_unsupported_input_raises(data):
+    with pytest.raises(ValueError):
+        parse_infer_request(data)
+
+
+def test_response_pieces_concatenate_to_the_betterproto2_encoding():
+    out = np.arange(10, dtype=np.float32)
+    resp = pb.ModelInferResponse(
+        model_name="m",
+        id="x",
+        outputs=[pb.ModelInferResponseInferOutputTensor(name="o", datatype="FP32", shape=[10])],
+        raw_output_contents=[out.tobytes(), b""],
+    )
+    pieces = infer_response_pieces(resp)
+    assert b"".join(pieces) == bytes(resp)
+    parsed = service_pb2.ModelInferResponse.FromString(b"".join(pieces))
+    assert parsed.raw_output_contents[0] == out.tobytes()
+    view_resp = pb.ModelInferResponse(raw_output_contents=[memoryview(out.view(np.uint8))])
+    pieces = infer_response_pieces(view_resp)
+    assert any(
+        isinstance(p, memoryview) and np.shares_memory(np.frombuffer(p, np.uint8), out)
+        for p in pieces
+    )
+    assert resp.raw_output_contents[0] == out.tobytes()  # the message is left as it was
+
+
+def test_varint():
+    assert encode_varint(0) == b"\x00"
+    assert encode_varint(300) == b"\xac\x02"
