@@ -26,7 +26,10 @@ def test_generated_proto_code_is_fresh():
 
 def _has_modules(package: str) -> bool:
     """Whether a package contains any module besides its ``__init__``."""
-    pkg = importlib.import_module(package)
+    try:
+        pkg = importlib.import_module(package)
+    except ModuleNotFoundError:
+        return False
     return any(True for _ in pkgutil.iter_modules(pkg.__path__))
 
 
@@ -36,7 +39,10 @@ LAYERS = {
     "kserve_trio.proto": ("jax", "jaxlib", "grpclib.server"),
 }
 if _has_modules("kserve_trio.client"):
-    LAYERS["kserve_trio.client"] = ("jax", "jaxlib")
+    LAYERS["kserve_trio.client"] = ("jax", "jaxlib", "grpclib.server")
+for _layer in ("kserve_trio.gateway", "kserve_trio.node"):
+    if _has_modules(_layer):
+        LAYERS[_layer] = ("jax", "jaxlib")
 
 _PROBE = """
 import importlib, json, pkgutil, sys
