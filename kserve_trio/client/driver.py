@@ -333,12 +333,7 @@ async def _send_with_recovery(drive: _Drive, transport, request, deadline_at: fl
             raise
         log.info("shm_stale_registration", endpoint=model.endpoint.address, error=exc.message)
     remaining = (deadline_at - time.monotonic()) if deadline_at is not None else 10.0
-    try:
-        await state.reregister(ep, transport, seen, max(remaining, 0.001))
-    except RpcError as exc:
-        raise ShmUnrecoverableError(
-            f"re-registering shared memory with {model.endpoint.address} failed: {exc}"
-        ) from exc
+    await state.reregister(ep, transport, seen, max(remaining, 0.001))
     try:
         return await _send(model, transport, request, deadline_at)
     except RpcError as exc:

@@ -34,7 +34,7 @@ import anyio
 import anyio.from_thread
 import sniffio
 
-from kserve_trio.client.errors import RpcError, SharedMemoryUnavailable
+from kserve_trio.client.errors import RpcError, SharedMemoryUnavailable, ShmUnrecoverableError
 from kserve_trio.client.transport import Endpoint, Transport, TransportFactory, method_path
 from kserve_trio.core.buffer_pool import BufferPool
 from kserve_trio.core.errors import StatusCode
@@ -391,12 +391,28 @@ class ClientState:
     async def reregister(
         self, ep: _EndpointState, transport: Transport, seen_generation: int, timeout: float
     ) -> None:
-        """Re-register after a stale-registration error, once for all concurrent failures:
-        only when the generation is still the one the failing send saw."""
+        """Re-register after a stale-registration error, once for all concurrent failures.
+
+        Under the endpoint's lock: an endpoint latched meanwhile (a concurrent attempt failed)
+        raises ``ShmUnrecoverableError`` without another try; a generation that moved on since
+        the failing send means someone already re-registered (nothing to do); otherwise
+        register, and on failure latch and raise ``ShmUnrecoverableError``.
+        """
         async with self._async_lock(ep):
+            if ep.latched:
+                raise ShmUnrecoverableError(
+                    f"shared memory with {ep.endpoint.address} is latched inline after a "
+                    "failed re-registration"
+                )
             if ep.generation != seen_generation:
                 return
-            await self._register(ep, transport, self.shm_pool(), timeout)
+            try:
+                await self._register(ep, transport, self.shm_pool(), timeout)
+            except RpcError as exc:
+                self.latch(ep)
+                raise ShmUnrecoverableError(
+                    f"re-registering shared memory with {ep.endpoint.address} failed: {exc}"
+                ) from exc
 
     def latch(self, ep: _EndpointState) -> None:
         """Send ``ep``'s shared-memory traffic inline until the re-probe restores it."""
