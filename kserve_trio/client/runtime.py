@@ -127,8 +127,7 @@ def refuse_in_event_loop(what: str, alternative: str) -> None:
     library = in_event_loop()
     if library is not None:
         raise RuntimeError(
-            f"{what} blocks, and this thread is running a {library} event loop; "
-            f"use {alternative} instead"
+            f"{what} would block this thread's {library} event loop; use {alternative} instead"
         )
 
 
