@@ -259,12 +259,18 @@ class Backend(Protocol):
 
 
 class JaxBackend:
-    """The jax/XLA backend for one device (``cpu`` or ``cuda``); build it with ``create``."""
+    """The jax/XLA backend for one device (``cpu`` or ``cuda``); build it with ``create``.
+
+    ``load_weights_at_compile`` (default True) says whether ``load_compiled_model`` puts a
+    model's weights on the device once compiled; a worker with the on-demand weight cache
+    turns it off and lets the cache place them.
+    """
 
     def __init__(self, device: Any, platform: str, plan: NumericsPlan, memory_limit: int = 0):
         self.device = device
         self.platform = platform
         self.numerics = plan
+        self.load_weights_at_compile = True
         self._cpu_memory_limit = int(memory_limit)
         import jax
 

@@ -330,7 +330,9 @@ def load_compiled_model(
     """Load and compile a regular bundle (see the module docstring for the steps).
 
     ``name`` is the serving name (default: the directory's basename). ``resident=False`` leaves
-    the weights off the device (a weight cache loads them on demand). ``prefer_jaxexport=False``
+    the weights off the device (a weight cache loads them on demand); so does a backend whose
+    ``load_weights_at_compile`` is False (a worker with the on-demand weight cache sets it, so
+    that compiling a repository never puts every model's weights on the device at once). ``prefer_jaxexport=False``
     ignores ``.jaxexport`` sidecars. Errors: ``ManifestError``/``BundleError`` for a bundle that
     breaks a rule, each naming the bundle and the rule.
     """
@@ -376,7 +378,7 @@ def load_compiled_model(
         executables[mkey] = exe
 
     model = CompiledModel(name, manifest, d, backend, weights, executables)
-    if resident:
+    if resident and getattr(backend, "load_weights_at_compile", True):
         model.load_weights()
     log.info(
         "model_compiled",

@@ -549,7 +549,7 @@ class WeightCache:
         unknown model NOT_FOUND ``unknown model: m``; no cache or a self-managed worker
         FAILED_PRECONDITION.
         """
-        target = _target(target)
+        target = residency_target(target)
         with self._op:
             rec = self._record(name)
             if not self.enabled:
@@ -820,7 +820,10 @@ class WeightCache:
         return target
 
 
-def _target(value: ResidencyState | int) -> ResidencyState:
+def residency_target(value: ResidencyState | int) -> ResidencyState:
+    """A residency target from an enum member or its number; anything but UNPINNED,
+    PINNED_SYSTEM or PINNED_DEVICE (e.g. the proto's RESIDENCY_UNSPECIFIED) is
+    INVALID_ARGUMENT."""
     try:
         target = ResidencyState(int(value))
     except (ValueError, TypeError):
@@ -852,6 +855,7 @@ __all__ = [
     "WeightCacheStats",
     "least_resident",
     "plan_eviction",
+    "residency_target",
     "resolve_floor",
     "weight_budget",
     "weight_cache_stats",

@@ -126,12 +126,10 @@ class _ScrapeCollector:
             per_model["maxb"].add_metric([name], m.max_batch_size)
             per_model["wait"].add_metric([name, "0.5"], m.wait_p50)
             per_model["wait"].add_metric([name, "0.99"], m.wait_p99)
-            bundle = state.bundles.get(name)
-            model = getattr(bundle, "model", None)
-            resident = bool(model is not None and model.weights_resident())
-            nbytes = int(getattr(model, "weight_nbytes", 0) or 0)
+            resident = bool(m.resident)
+            nbytes = int(m.weight_nbytes)
             per_model["resident"].add_metric([name], 1.0 if resident else 0.0)
-            per_model["pinned"].add_metric([name], 1.0 if resident else 0.0)
+            per_model["pinned"].add_metric([name], 1.0 if m.pinned else 0.0)
             per_model["wbytes"].add_metric([name], nbytes)
             resident_models += resident
             resident_bytes += nbytes if resident else 0
@@ -141,6 +139,8 @@ class _ScrapeCollector:
             "worker_models_resident", "Models with device-resident weights", resident_models
         )
         yield _gauge("worker_resident_weight_bytes", "Device-resident weight bytes", resident_bytes)
+        yield from _cache_series(getattr(state, "cache", None))
+        yield from _device_series(getattr(state, "backend", None))
         yield _gauge("worker_inflight_requests", "ModelInfer calls in flight", state.inflight)
         yield _gauge(
             "worker_max_concurrent_requests",
@@ -165,6 +165,65 @@ class _ScrapeCollector:
                 1.0,
             )
         yield info
+
+
+def _cache_series(cache) -> list:
+    """The weight cache's series (spec 12.1), only when the cache is enabled."""
+    if cache is None or not cache.enabled:
+        return []
+    st = cache.stats()
+    loads = CounterMetricFamily("worker_weight_loads", "On-demand weight loads")
+    loads.add_metric([], st.loads)
+    evicts = CounterMetricFamily("worker_weight_evicts", "On-demand weight evictions")
+    evicts.add_metric([], st.evicts)
+    seconds = CounterMetricFamily("worker_weight_load_seconds", "Time spent in on-demand loads")
+    seconds.add_metric([], st.load_seconds)
+    return [
+        _gauge(
+            "worker_weight_cache_resident_bytes",
+            "On-demand weight bytes on the device",
+            st.resident_bytes,
+        ),
+        _gauge("worker_weight_cache_max_bytes", "On-demand weight budget", st.max_bytes),
+        _gauge("worker_weight_cache_pinned_bytes", "Device-pinned weight bytes", st.pinned_bytes),
+        _gauge(
+            "worker_weight_cache_max_scratch_bytes",
+            "Largest execution scratch measured by the startup probe",
+            st.max_scratch_bytes,
+        ),
+        _gauge("worker_weight_pool_bytes", "Pinned + on-demand weight pool", st.weight_pool_bytes),
+        loads,
+        evicts,
+        seconds,
+    ]
+
+
+_DEVICE_STATS = (
+    ("in_use", "bytes_in_use", "Device memory in use"),
+    ("limit", "bytes_limit", "Device memory pool limit"),
+    ("peak_in_use", "peak_bytes_in_use", "Peak device memory in use"),
+    ("pool", "pool_bytes", "Device memory held by the allocator's pool"),
+)
+
+
+def _device_series(backend) -> list:
+    """Device memory gauges, only when the backend reports an arena (``bytes_limit > 0``)."""
+    if backend is None or not hasattr(backend, "memory_stats"):
+        return []
+    try:
+        stats = backend.memory_stats()
+    except Exception:
+        return []
+    limit = int(stats.get("bytes_limit", 0) or 0)
+    if limit <= 0:
+        return []
+    out = []
+    for suffix, key, doc in _DEVICE_STATS:
+        if key in stats:
+            out.append(_gauge(f"worker_device_memory_{suffix}_bytes", doc, stats[key]))
+    free = max(limit - int(stats.get("bytes_in_use", 0)), 0)
+    out.append(_gauge("worker_device_memory_free_bytes", "Device memory pool free", free))
+    return out
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -10,6 +10,11 @@ needed; the device thread only sees the arrays and the model entry of the unit i
 A *unit* of device work is either a planned batch of one model or an arbitrary callable
 (``run_on_device``: meta models, control operations); callables are served before the
 discipline picks the next batch, like upstream's control commands (spec 4.2 step 3).
+
+With a ``WeightCache`` (``runtime/weight_cache.py``) every batch first *acquires* its model's
+weights on the device thread (spec 5.3; not part of the timed compute), and every residency
+change -- admission, reload, unload, ``set_residency``, ``compact``, the startup probe -- runs as
+a unit there too, so the device thread is the single residency mutator.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.runtime.weight_cache import NEEDS_CACHE, NotResidentError, ProbeResult
 from kserve_trio.worker.planner import (
     MIN_COST_SECONDS,
     BatchPlan,
@@ -65,7 +71,8 @@ from kserve_trio.worker.planner import (
 )
 
 if TYPE_CHECKING:
-    from kserve_trio.core.config import SchedulerConfig
+    from kserve_trio.core.config import ResidencyState, SchedulerConfig
+    from kserve_trio.runtime.weight_cache import WeightCache
 
 log = get_logger("kserve_trio.worker.scheduler")
 
@@ -92,7 +99,12 @@ class ModelEntry(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ModelMetrics:
-    """Observability snapshot of one model (spec 4.10); times in seconds."""
+    """Observability snapshot of one model (spec 4.10); times in seconds.
+
+    Residency: ``state`` is the floor (``unpinned``/``pinned_system``/``pinned_device``),
+    ``pinned`` whether it is device-pinned, ``resident`` whether the weights are on the device,
+    ``host_resident`` whether a host copy is materialised, ``weight_nbytes`` the footprint.
+    """
 
     dispatch_count: int
     requests_served: int
@@ -108,6 +120,11 @@ class ModelMetrics:
     queue_seconds_total: float = 0.0
     request_compute_seconds_total: float = 0.0
     batch_compute_seconds: dict[int, float] = field(default_factory=dict)
+    state: str = "unpinned"
+    pinned: bool = False
+    resident: bool = True
+    host_resident: bool = False
+    weight_nbytes: int = 0
 
 
 class _Phase(enum.Enum):
@@ -288,8 +305,27 @@ def _execute_plan(
     arrays: list[list[np.ndarray]],
     rows: list[int],
     clock: Callable[[], int],
+    cache: WeightCache | None = None,
 ) -> tuple[int, list[list[np.ndarray]]]:
-    """Device-thread body of one batch: coalesce, execute (timed), slice per request."""
+    """Device-thread body of one batch: acquire the weights (untimed), coalesce, execute
+    (timed), slice per request, then give the cache its auto-compaction turn."""
+    if cache is not None:
+        cache.acquire(entry)
+    try:
+        return _run_plan(entry, layout, plan, arrays, rows, clock)
+    finally:
+        if cache is not None:
+            cache.after_dispatch()
+
+
+def _run_plan(
+    entry: ModelEntry,
+    layout: ModelLayout,
+    plan: BatchPlan,
+    arrays: list[list[np.ndarray]],
+    rows: list[int],
+    clock: Callable[[], int],
+) -> tuple[int, list[list[np.ndarray]]]:
     inputs = (
         coalesce_inputs(arrays, layout.input_axes, plan.batch_key) if plan.coalesced else arrays[0]
     )
@@ -313,11 +349,21 @@ def _execute_plan(
 
 
 def _warm_model(
-    state: _ModelState, clock: Callable[[], int]
+    state: _ModelState, clock: Callable[[], int], cache: WeightCache | None = None
 ) -> tuple[dict[tuple[int | None, int], float], list[str]]:
-    """Device-thread body of a warmup: run each compiled (variant, key) once on zeros."""
+    """Device-thread body of a warmup: run each compiled (variant, key) once on zeros.
+
+    With a weight cache the model is acquired first; a model explicit mode may not load is
+    simply not warmed."""
     costs: dict[tuple[int | None, int], float] = {}
     failures: list[str] = []
+    if cache is not None:
+        try:
+            cache.acquire(state.entry)
+        except NotResidentError:
+            return costs, failures
+        except Exception as exc:
+            return costs, [f"acquire: {type(exc).__name__}: {exc}"]
     for variant, keys in state.layout.keys.items():
         for key in keys:
             if state.removed:
@@ -351,8 +397,10 @@ class Scheduler:
         warmup: bool = True,
         clock: Callable[[], int] = time.monotonic_ns,
         hook_threads: int = 16,
+        cache: WeightCache | None = None,
     ) -> None:
         self._config = config
+        self._cache = cache
         self._discipline = getattr(config.discipline, "value", config.discipline)
         self._warmup = warmup and self._discipline == "fair"
         self._clock = clock
@@ -437,13 +485,20 @@ class Scheduler:
     # ---------------------------------------------------------------- models
 
     async def add_model(
-        self, entry: ModelEntry, *, preprocess: Hook | None = None, postprocess: Hook | None = None
+        self,
+        entry: ModelEntry,
+        *,
+        preprocess: Hook | None = None,
+        postprocess: Hook | None = None,
+        warm: bool = True,
     ) -> None:
         """Admit a compiled model; under fair, warm each compiled (variant, size) once first.
 
         The warmup runs on the device thread as one unit and seeds the learned costs; its
         failures are logged, never raised. Added before ``run()``, the warmup runs when the
-        loop starts.
+        loop starts. ``warm=False`` skips it (the weight cache's startup probe seeds the costs
+        instead). With a weight cache the model is admitted there first, at the residency
+        floor its ``scheduler.models`` block sets (spec 5.2), as a device unit.
         """
         if self._phase in (_Phase.STOPPING, _Phase.STOPPED):
             raise Unavailable(SHUTTING_DOWN)
@@ -464,7 +519,15 @@ class Scheduler:
             ema_ns=self._clock(),
         )
         self._models[name] = state
-        if not self._warmup:
+        if self._cache is not None:
+            floor = overrides.residency if overrides is not None else None
+            try:
+                await self._cache_op(self._cache.admit, entry, floor)
+            except BaseException:
+                if self._models.get(name) is state:
+                    del self._models[name]
+                raise
+        if not self._warmup or not warm:
             return
         if self._phase is _Phase.NEW:
             self._pending_warmups.append(state)
@@ -472,11 +535,11 @@ class Scheduler:
             await self._warm(state)
 
     async def _warm(self, state: _ModelState) -> None:
+        args = (state, self._clock, self._cache)
         if self._looping:
-            unit = _Unit(_warm_model, (state, self._clock), model=state)
-            costs, failures = await self._submit(unit)
+            costs, failures = await self._submit(_Unit(_warm_model, args, model=state))
         else:  # from run(), before the loop serves anything
-            costs, failures = await self._device_call(state, _warm_model, state, self._clock)
+            costs, failures = await self._device_call(state, _warm_model, *args)
         for key, cost in costs.items():
             state.cost.setdefault(key, cost)
         for failure in failures:
@@ -497,6 +560,23 @@ class Scheduler:
             if self._inflight_done is None:
                 self._inflight_done = anyio.Event()
             await self._inflight_done.wait()
+        if self._cache is not None:  # device buffers freed, host copy released
+            await self._cache_op(self._cache.release, name, state.entry)
+
+    async def _cache_op(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a residency operation on the device thread (a unit while the loop serves; a
+        direct call before the loop started or once it stopped)."""
+        if self._phase is _Phase.RUNNING:
+            if self._looping:
+                try:
+                    return await self._submit(_Unit(fn, args))
+                except Unavailable:
+                    if self._phase is _Phase.RUNNING:
+                        raise
+                    return fn(*args)  # rejected by a stop: the loop no longer runs units
+            if self._device is not None:
+                return await self._device_call(None, fn, *args)
+        return fn(*args)
 
     async def replace_model(
         self, entry: ModelEntry, *, preprocess: Hook | None = None, postprocess: Hook | None = None
@@ -532,7 +612,7 @@ class Scheduler:
             postprocess=postprocess,
             ema_ns=self._clock(),
         )
-        if self._warmup and self._phase is _Phase.RUNNING:
+        if self._warmup and self._phase is _Phase.RUNNING and self._cache is None:
             await self._warm(new)
         while self._inflight is old:
             if self._inflight_done is None:
@@ -549,6 +629,12 @@ class Scheduler:
                 )
         self._models[name] = new
         self._wake_loop()
+        if self._cache is not None:
+            # Queued before any batch of the new version can run (units go first): the old
+            # version's tiers are released and the new one admitted at the old floor.
+            await self._cache_op(self._cache.replace, entry)
+            if self._warmup and self._phase is _Phase.RUNNING:
+                await self._warm(new)
 
     def rename_model(self, old: str, new: str) -> None:
         """Rekey a loaded model (a renamed bundle directory): no recompilation, queued requests
@@ -558,6 +644,12 @@ class Scheduler:
         state = self._models.pop(old, None)
         if state is None:
             raise NotFound(f"unknown model: {old}")
+        if self._cache is not None:
+            try:
+                self._cache.rename(old, new)
+            except BaseException:
+                self._models[old] = state
+                raise
         state.name = new
         with contextlib.suppress(AttributeError):
             state.entry.name = new
@@ -613,8 +705,80 @@ class Scheduler:
                 batch_size_hist=dict(sorted(s.batch_hist.items())),
                 max_batch_size=s.layout.max_batch_size(s.max_batch_size),
                 weight=s.weight,
+                **self._residency_fields(s),
             )
         return out
+
+    def _residency_fields(self, s: _ModelState) -> dict[str, Any]:
+        entry = s.entry
+        if self._cache is not None and self._cache.has(s.name):
+            r = self._cache.residency(s.name)
+            return {
+                "state": r.floor.name.lower(),
+                "pinned": r.floor.name == "PINNED_DEVICE",
+                "resident": r.device_resident,
+                "host_resident": r.host_resident,
+                "weight_nbytes": r.weight_nbytes,
+            }
+        resident = getattr(entry, "weights_resident", None)
+        return {
+            "resident": bool(resident()) if callable(resident) else True,
+            "weight_nbytes": int(getattr(entry, "weight_nbytes", 0) or 0),
+        }
+
+    # ---------------------------------------------------------------- residency
+
+    @property
+    def cache(self) -> WeightCache | None:
+        """The weight cache this scheduler acquires through (None: every model stays put)."""
+        return self._cache
+
+    async def set_residency(self, name: str, target: ResidencyState | int) -> ResidencyState:
+        """Move a model's residency floor (explicit mode), on the device thread."""
+        self._require_running()
+        if self._cache is None:
+            raise FailedPrecondition(NEEDS_CACHE)
+        return await self.run_on_device(self._cache.set_residency, name, target)
+
+    async def compact(self, reload_models: Sequence[str] = ()) -> int:
+        """Free the on-demand device weights, then reload ``reload_models`` (spec 5.6)."""
+        self._require_running()
+        if self._cache is None:
+            return 0
+        return await self.run_on_device(self._cache.compact, list(reload_models))
+
+    async def probe_weights(self) -> ProbeResult | None:
+        """The cache's startup isolation probe over every model's compiled programs (spec
+        5.4); the measured times seed the learned costs like a warmup. None without a cache."""
+        if self._cache is None or not self._cache.enabled:
+            return None
+        states = dict(self._models)
+
+        def programs(name: str) -> list[tuple[Any, list[np.ndarray], Callable[..., Any]]]:
+            state = states.get(name)
+            if state is None:
+                return []
+            entry = state.entry
+            return [
+                (
+                    (variant, key),
+                    state.layout.zero_inputs(variant, key),
+                    lambda inputs, v=variant, k=key: entry.execute(v, k, inputs),
+                )
+                for variant, keys in state.layout.keys.items()
+                for key in keys
+            ]
+
+        result: ProbeResult = await self._cache_op(self._cache.probe, programs)
+        for name, costs in result.costs.items():
+            state = self._models.get(name)
+            if state is not None:
+                for key, cost in costs.items():
+                    state.cost.setdefault(key, cost)
+        for name, failures in result.failures.items():
+            for failure in failures:
+                log.warning("probe_failed", model=name, detail=failure)
+        return result
 
     # ---------------------------------------------------------------- requests
 
@@ -646,6 +810,8 @@ class Scheduler:
         """
         self._require_running()
         state = self._model(name)
+        if self._cache is not None:
+            self._cache.check_servable(name)  # explicit mode: FAILED_PRECONDITION, not queued
         if deadline_ns and self._clock() >= deadline_ns:
             raise DeadlineExceeded(name)
         state.layout.check_wire(inputs)
@@ -955,6 +1121,7 @@ class Scheduler:
                 [r.arrays for r in taken],
                 [r.rows for r in taken],
                 self._clock,
+                self._cache,
             )
         except Exception as exc:
             if not isinstance(exc, ServingError):

@@ -6,10 +6,17 @@ them down in order on cancellation. ``serve(..., blocking=False)`` runs that tre
 thread with its own event loop and returns a ``RunningServer``; ``stop(server)`` cancels it and
 returns once everything is released.
 
+Memory: the worker builds its ``WeightCache`` from the backend's arena (spec 5). With the cache
+on, bundles compile without putting their weights on the device; each model is admitted at its
+residency floor (device-pinned ones first, so they sit at the base of the arena), then the
+isolation probe measures the scratch and resolves the on-demand budget before the server
+accepts requests. The ``ControlService`` is served on the same grpclib server.
+
 Shutdown order: stop accepting (new ModelInfer calls answer UNAVAILABLE), answer queued requests
 UNAVAILABLE "server is shutting down", let the running execution finish, wait up to
 ``DRAIN_SECONDS`` for in-flight handlers (grpclib runs them outside our task group and has no
-drain of its own), then close the grpclib server.
+drain of its own), close the grpclib server, then release every model's device and host
+weights (shared host regions are unlinked by their last holder).
 """
 
 from __future__ import annotations
@@ -26,7 +33,12 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.from_thread
 
-from kserve_trio.core.config import ModelControlMode, ServerConfig, load_server_config
+from kserve_trio.core.config import (
+    ModelControlMode,
+    ResidencyState,
+    ServerConfig,
+    load_server_config,
+)
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.worker import heartbeat
@@ -88,6 +100,8 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
     import grpclib.server
 
+    from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.grpc_adapter import Limits
     from kserve_trio.worker.http_endpoints import serve_http
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
@@ -97,16 +111,10 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     from kserve_trio.worker.transport import server_config
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
-    if config.model_control_mode is ModelControlMode.EXPLICIT:
-        log.warning(
-            "model_control_mode_unavailable",
-            requested="explicit",
-            serving="static",
-            reason="explicit residency control arrives with the memory capability",
-        )
     started = time.monotonic()
     backend = backend if backend is not None else _make_backend(config)
-    scheduler = Scheduler(config.scheduler)
+    cache = _make_cache(WeightCache, backend, config)
+    scheduler = Scheduler(config.scheduler, cache=cache)
     state = WorkerState(
         scheduler=scheduler,
         bundles={},
@@ -116,6 +124,8 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
         shm_registry=ShmRegistry(),
         extensions=["system_shared_memory"],
+        cache=cache,
+        backend=backend,
     )
     state.metrics = WorkerMetrics(
         lambda: state,
@@ -138,18 +148,25 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         bundles, failures = await anyio.to_thread.run_sync(
             lambda: load_repository(config.model_dirs, backend, include=config.models_include)
         )
-        for name, bundle in bundles.items():
+        for name, bundle in sorted(bundles.items(), key=lambda kv: _admission_order(config, kv[0])):
             if bundle.model is not None:
                 state.metrics.compilations.labels(model=name).inc()
                 await scheduler.add_model(
-                    bundle.model, preprocess=bundle.preprocess, postprocess=bundle.postprocess
+                    bundle.model,
+                    preprocess=bundle.preprocess,
+                    postprocess=bundle.postprocess,
+                    warm=not cache.enabled,
                 )
             log.info("model_loaded", model=name, path=str(bundle.bundle_dir))
+        if cache.enabled:
+            await scheduler.probe_weights()
         state.bundles = bundles
         watcher_scope = anyio.CancelScope()
         if config.model_control_mode is ModelControlMode.DYNAMIC:
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
-        server = grpclib.server.Server([InferenceService(state)], config=server_config())
+        server = grpclib.server.Server(
+            [InferenceService(state), ControlService(state)], config=server_config()
+        )
         await server.start(config.endpoints.host, config.endpoints.port)
         port = server._server.sockets[0].getsockname()[1]
         running = RunningServer(
@@ -176,12 +193,58 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
                 watcher_scope.cancel()
                 await _shutdown(state, scheduler, server)
                 tg.cancel_scope.cancel()
+    try:
+        cache.close()  # device buffers freed, host copies (and shared regions) released
+    except Exception as exc:
+        log.warning("weight_release_failed", error=repr(exc))
     with contextlib.suppress(Exception):
-        for bundle in bundles.values():
+        for bundle in state.bundles.values():
             if bundle.model is not None:
                 bundle.model.close()
     log.info("server_down", address=running.address)
     heartbeat.fire("down", config)
+
+
+def _make_cache(cache_cls, backend, config: ServerConfig):
+    """The worker's weight cache; warns about settings that cannot take effect."""
+    cache = cache_cls.from_config(backend, config)
+    rt = config.runtime
+    if cache.enabled:
+        backend.load_weights_at_compile = False  # the cache places every model's weights
+    log.info(
+        "weight_cache_configured",
+        enabled=cache.enabled,
+        arena_bytes=cache.arena,
+        residency_mode=config.residency_mode.value,
+        host_store="shared" if rt.shared_host_weights else "private",
+    )
+    if config.model_control_mode is ModelControlMode.EXPLICIT and not cache.enabled:
+        log.warning(
+            "explicit_mode_without_weight_cache",
+            detail="every model stays resident and RepositoryModelLoad/Unload and "
+            "SetModelResidency answer FAILED_PRECONDITION; give the device an arena "
+            "(on the CPU: runtime.cpu_device_memory_bytes > 0)",
+        )
+    if rt.shared_host_weights:
+        if not cache.enabled:
+            log.warning(
+                "shared_host_weights_unused",
+                detail="host weight copies exist only with the on-demand weight cache",
+            )
+        elif rt.shared_host_weights_mode == 0o666:
+            log.warning(
+                "shared_host_weights_world_writable",
+                mode="666",
+                detail='set runtime.shared_host_weights_mode to "660" on multi-user machines',
+            )
+    return cache
+
+
+def _admission_order(config: ServerConfig, name: str) -> tuple[int, str]:
+    """Device-pinned models first (loaded before any on-demand churn), then by name."""
+    sched = config.scheduler.models.get(name)
+    pinned = sched is not None and sched.residency is ResidencyState.PINNED_DEVICE
+    return (0 if pinned else 1, name)
 
 
 async def _run_watcher(config, state, backend, scope, *, task_status=anyio.TASK_STATUS_IGNORED):

@@ -3,7 +3,12 @@
 Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. Statuses follow
 DESIGN sections 4 and 6: unknown model NOT_FOUND; malformed or mismatching input
 INVALID_ARGUMENT; queue full or concurrency cap RESOURCE_EXHAUSTED; expired deadline
-DEADLINE_EXCEEDED; shutting down UNAVAILABLE.
+DEADLINE_EXCEEDED; shutting down UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
+
+Explicit mode (``model_control_mode: explicit``): a model is ready only while its weights are
+on the device; Triton's ``RepositoryModelLoad`` pins it there and ``RepositoryModelUnload``
+unpins it (``control_service.set_model_residency``), so ``tritonclient.load_model`` /
+``unload_model`` drive residency. In the other modes both answer FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from anyio import get_cancelled_exc_class
 
 import kserve_trio
 from kserve_trio.core import codec
+from kserve_trio.core.config import ModelControlMode, ResidencyMode, ResidencyState
 from kserve_trio.core.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -28,6 +35,7 @@ from kserve_trio.core.shm import same_ipc_namespace
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
 from kserve_trio.worker import heartbeat
+from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.grpc_adapter import CallContext, Limits, unary, unimplemented
 from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle, hidden_submodels
@@ -57,6 +65,8 @@ class WorkerState:
     stats: dict[str, RequestStats] = field(default_factory=dict)
     _scratch: object | None = None
     metrics: object | None = None  # worker.metrics.WorkerMetrics
+    cache: object | None = None  # runtime.weight_cache.WeightCache
+    backend: object | None = None  # runtime.backend.JaxBackend (device memory statistics)
 
     def record(self, name: str, ok: bool, elapsed_ns: int, trace: RequestTrace) -> None:
         """Fold one finished request into the model's Triton statistics."""
@@ -86,18 +96,43 @@ class WorkerState:
         hidden = hidden_submodels(self.bundles)
         return sorted(n for n in self.bundles if n not in hidden)
 
+    @property
+    def externally_managed(self) -> bool:
+        """Explicit mode: residency belongs to a control plane."""
+        cfg = self.config
+        return cfg is not None and cfg.residency_mode is ResidencyMode.EXTERNALLY_MANAGED
+
     def model_ready(self, name: str) -> bool:
+        """Compiled; in explicit mode also device-resident (a meta: all its declared
+        sub-models so)."""
         bundle = self.bundles.get(name)
         if bundle is None:
             return False
         if bundle.is_meta:
-            return True
-        return self.scheduler.has_model(name)
+            if not self.externally_managed:
+                return True
+            return all(self._regular_ready(c) for c in bundle.manifest.meta_calls)
+        return self._regular_ready(name)
+
+    def _regular_ready(self, name: str) -> bool:
+        bundle = self.bundles.get(name)
+        if bundle is None or bundle.model is None or not self.scheduler.has_model(name):
+            return False
+        if self.externally_managed and self.cache is not None:
+            return self.cache.is_servable(name)
+        return True
+
+    def model_compiled(self, name: str) -> bool:
+        bundle = self.bundles.get(name)
+        if bundle is None:
+            return False
+        return bundle.is_meta or self.scheduler.has_model(name)
 
     def server_ready(self) -> bool:
+        """At least one model, every regular model compiled (residency does not count)."""
         if self.shutting_down or not self.bundles:
             return False
-        return all(self.model_ready(n) for n in self.bundles)
+        return all(self.model_compiled(n) for n in self.bundles)
 
     def bundle(self, name: str) -> ModelBundle:
         if not name:
@@ -133,11 +168,14 @@ class InferenceService:
                 pb.SystemSharedMemoryUnregisterRequest,
             ),
             "IsSameIPCNamespace": (self.is_same_ipc_namespace, pb.IsSameIpcNamespaceRequest),
+            "RepositoryModelLoad": (self.repository_model_load, pb.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": (
+                self.repository_model_unload,
+                pb.RepositoryModelUnloadRequest,
+            ),
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
         later = {
-            "RepositoryModelLoad": "arrives with the memory and residency capability",
-            "RepositoryModelUnload": "arrives with the memory and residency capability",
             "ModelStreamInfer": "streaming inference is not supported",
             "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
             "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
@@ -198,6 +236,37 @@ class InferenceService:
 
     async def is_same_ipc_namespace(self, request, ctx: CallContext):
         return pb.IsSameIpcNamespaceResponse(same=same_ipc_namespace(request.name))
+
+    # ---- Triton's repository control: residency in explicit mode ------------------------
+
+    def _require_explicit(self, rpc: str) -> None:
+        cfg = self.state.config
+        mode = cfg.model_control_mode if cfg is not None else ModelControlMode.STATIC
+        if mode is not ModelControlMode.EXPLICIT:
+            raise FailedPrecondition(
+                f"{rpc} requires model_control_mode 'explicit' (this worker runs '{mode.value}')"
+            )
+
+    async def repository_model_load(self, request, ctx: CallContext):
+        """Explicit mode: pin the model's weights to the device (= SetModelResidency
+        PINNED_DEVICE); the model is served and ready once this returns."""
+        self._require_explicit("RepositoryModelLoad")
+        if request.parameters:
+            raise InvalidArgument(
+                "RepositoryModelLoad parameters are not supported "
+                f"({', '.join(sorted(request.parameters))}): models load from the repository"
+            )
+        await set_model_residency(self.state, request.model_name, ResidencyState.PINNED_DEVICE)
+        log.info("model_load_requested", model=request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(self, request, ctx: CallContext):
+        """Explicit mode: unpin (= SetModelResidency UNPINNED): device and host copies are
+        released; the model stays compiled but is not ready nor served until loaded again."""
+        self._require_explicit("RepositoryModelUnload")
+        await set_model_residency(self.state, request.model_name, ResidencyState.UNPINNED)
+        log.info("model_unload_requested", model=request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
     def _shm(self):
         if self.state.shm_registry is None:
@@ -294,7 +363,8 @@ class InferenceService:
             sub = state.bundles.get(callee)
             if sub is None or sub.model is None:
                 raise NotFound(f"meta model '{bundle.name}' calls '{callee}', which is not loaded")
-            return sub.model, sub.preprocess, sub.postprocess
+            model = sub.model if state.cache is None else _Acquiring(sub.model, state.cache)
+            return model, sub.preprocess, sub.postprocess
 
         call = MetaCall(
             bundle.name,
@@ -374,6 +444,24 @@ class InferenceService:
                     )
                 )
         return pb.ModelStatisticsResponse(model_stats=out)
+
+
+class _Acquiring:
+    """A sub-model as a meta's ``call`` sees it: each execution acquires its weights first
+    (on the device thread, where the meta runs), like a scheduled batch does."""
+
+    def __init__(self, model, cache) -> None:
+        self._model = model
+        self._cache = cache
+        self.name = model.name
+        self.manifest = model.manifest
+
+    def batch_keys(self, variant):
+        return self._model.batch_keys(variant)
+
+    def execute(self, variant, batch_key, inputs):
+        self._cache.acquire(self._model)
+        return self._model.execute(variant, batch_key, inputs)
 
 
 def _check_requested_outputs(bundle: ModelBundle, requested) -> None:

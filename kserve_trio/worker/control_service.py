@@ -1,0 +1,269 @@
+"""The worker's ``reactant_control.ControlService``: residency, live policy and compaction.
+
+Spec 3.3 with DESIGN's status decisions: ``ModelControlStatus`` reports the residency mode, the
+discipline, the on-demand budget and one row per *routable* model (a meta is one row folded
+from its sub-models, which are not listed); ``SetModelResidency`` moves a model's floor in
+explicit mode (a meta applies it to its declared sub-models); ``SetModelPolicy`` changes the
+live fair weight (a non-positive weight is INVALID_ARGUMENT, decision 8); ``CompactMemory``
+frees the on-demand device weights and reloads the listed models.
+
+Statuses: a bad target or weight INVALID_ARGUMENT; an unknown model NOT_FOUND ``unknown model:
+m``; no weight cache, a self-managed worker or a missing sub-model FAILED_PRECONDITION.
+``control_status`` and ``set_model_residency`` are shared with the Triton repository RPCs
+(``RepositoryModelLoad``/``Unload`` in explicit mode, ``worker/service.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kserve_trio.core.config import ResidencyMode, ResidencyState
+from kserve_trio.core.errors import FailedPrecondition, NotFound
+from kserve_trio.core.manifest import wire_batch_spec
+from kserve_trio.proto import reactant_control as pb
+from kserve_trio.runtime.weight_cache import (
+    NEEDS_CACHE,
+    SELF_MANAGED,
+    least_resident,
+    residency_target,
+)
+from kserve_trio.worker.grpc_adapter import CallContext, unary
+
+_PREFIX = "/reactant_control.ControlService/"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelControlRow:
+    """One routable model as the control plane sees it (``batch_axis`` 1-based, wire order)."""
+
+    name: str
+    residency: ResidencyState
+    device_resident: bool
+    host_resident: bool
+    weight_nbytes: int
+    weight: float
+    queue_depth: int
+    total_compute_seconds: float
+    requests_served: int
+    dispatch_count: int
+    max_batch_size: int
+    batch_input_name: str
+    batch_axis: int
+    rows_served: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStatus:
+    """``control_status``: the worker's residency mode, discipline, budget and models."""
+
+    residency_mode: str
+    discipline: str
+    weight_cache_max_bytes: int
+    models: tuple[ModelControlRow, ...]
+
+
+def _mode(state) -> ResidencyMode:
+    cfg = state.config
+    return cfg.residency_mode if cfg is not None else ResidencyMode.SELF_MANAGED
+
+
+def _discipline(state) -> str:
+    cfg = state.config
+    if cfg is None:
+        return "fair"
+    return str(getattr(cfg.scheduler.discipline, "value", cfg.scheduler.discipline)).lower()
+
+
+def _residency(state, name: str, model) -> tuple[ResidencyState, bool, bool, int]:
+    cache = state.cache
+    if cache is not None and cache.has(name):
+        r = cache.residency(name)
+        return r.floor, r.device_resident, r.host_resident, r.weight_nbytes
+    resident = bool(model is not None and model.weights_resident())
+    nbytes = int(getattr(model, "weight_nbytes", 0) or 0)
+    return ResidencyState.UNPINNED, resident, False, nbytes
+
+
+def control_status(state) -> ControlStatus:
+    """Assemble the control-plane snapshot from the scheduler, the cache and the bundles.
+
+    Rules for a meta's row: residency = the least-resident floor of its declared sub-models
+    (UNPINNED with none, or for one that is not loaded); ``weight_nbytes`` the sum of theirs;
+    ``device_resident``/``host_resident`` the AND over them (False with none); its own counters
+    (one dispatch per request, ``rows_served == requests_served``); no batch axis and
+    ``max_batch_size`` 0.
+    """
+    metrics = state.scheduler.scheduler_metrics()
+    rows: list[ModelControlRow] = []
+    for name in state.routable_names():
+        bundle = state.bundles[name]
+        if bundle.is_meta:
+            subs = []
+            for callee in bundle.manifest.meta_calls:
+                sub = state.bundles.get(callee)
+                if sub is None or sub.model is None:
+                    subs.append((ResidencyState.UNPINNED, False, False, 0))
+                else:
+                    subs.append(_residency(state, callee, sub.model))
+            stats = state.stats.get(name)
+            served = stats.success.count if stats is not None else 0
+            compute = stats.compute_infer.ns / 1e9 if stats is not None else 0.0
+            rows.append(
+                ModelControlRow(
+                    name=name,
+                    residency=least_resident(s[0] for s in subs),
+                    device_resident=bool(subs) and all(s[1] for s in subs),
+                    host_resident=bool(subs) and all(s[2] for s in subs),
+                    weight_nbytes=sum(s[3] for s in subs),
+                    weight=1.0,
+                    queue_depth=0,
+                    total_compute_seconds=compute,
+                    requests_served=served,
+                    dispatch_count=served,
+                    max_batch_size=0,
+                    batch_input_name="",
+                    batch_axis=0,
+                    rows_served=served,
+                )
+            )
+            continue
+        m = metrics.get(name)
+        if m is None:  # compiled but not admitted yet (a reload in flight)
+            continue
+        floor, device, host, nbytes = _residency(state, name, bundle.model)
+        spec = wire_batch_spec(bundle.manifest)
+        rows.append(
+            ModelControlRow(
+                name=name,
+                residency=floor,
+                device_resident=device,
+                host_resident=host,
+                weight_nbytes=nbytes,
+                weight=m.weight,
+                queue_depth=m.queue_depth,
+                total_compute_seconds=m.total_compute,
+                requests_served=m.requests_served,
+                dispatch_count=m.dispatch_count,
+                max_batch_size=m.max_batch_size,
+                batch_input_name=spec[0] if spec else "",
+                batch_axis=spec[1] + 1 if spec else 0,
+                rows_served=m.rows_served,
+            )
+        )
+    cache = state.cache
+    return ControlStatus(
+        residency_mode=_mode(state).value,
+        discipline=_discipline(state),
+        weight_cache_max_bytes=cache.max_bytes if cache is not None else 0,
+        models=tuple(rows),
+    )
+
+
+async def set_model_residency(state, name: str, target) -> ResidencyState:
+    """Move ``name`` (a regular model, or each declared sub-model of a meta) to ``target``.
+
+    Rules: the target must be UNPINNED/PINNED_SYSTEM/PINNED_DEVICE (INVALID_ARGUMENT); the model
+    must exist (NOT_FOUND); the worker must have the weight cache and be externally managed
+    (FAILED_PRECONDITION). For a meta, every declared sub-model must be loaded; when the target
+    is below PINNED_DEVICE, a sub-model also declared by another meta is left alone (that meta
+    still needs it). Returns the resulting floor (a meta's: the least resident of its subs).
+    Each move runs on the device thread.
+    """
+    target = residency_target(target)
+    bundle = state.bundles.get(name)
+    if bundle is None:
+        raise NotFound(f"unknown model: {name}")
+    cache = state.cache
+    if cache is None or not cache.enabled:
+        raise FailedPrecondition(NEEDS_CACHE)
+    if not cache.externally_managed:
+        raise FailedPrecondition(SELF_MANAGED)
+    if not bundle.is_meta:
+        return await state.scheduler.set_residency(name, target)
+    subs = list(dict.fromkeys(bundle.manifest.meta_calls))
+    for sub in subs:
+        if not state.scheduler.has_model(sub):
+            raise FailedPrecondition(f"meta model '{name}' calls '{sub}', which is not loaded")
+    shared = {
+        c
+        for other, b in state.bundles.items()
+        if b.is_meta and other != name
+        for c in b.manifest.meta_calls
+    }
+    for sub in subs:
+        if target is not ResidencyState.PINNED_DEVICE and sub in shared:
+            continue
+        await state.scheduler.set_residency(sub, target)
+    return least_resident(cache.residency(s).floor for s in subs)
+
+
+def _status_message(row: ModelControlRow) -> pb.ModelStatus:
+    return pb.ModelStatus(
+        name=row.name,
+        residency=pb.Residency(int(row.residency)),
+        device_resident=row.device_resident,
+        host_resident=row.host_resident,
+        weight_nbytes=row.weight_nbytes,
+        weight=row.weight,
+        queue_depth=row.queue_depth,
+        total_compute_seconds=row.total_compute_seconds,
+        requests_served=row.requests_served,
+        dispatch_count=row.dispatch_count,
+        max_batch_size=row.max_batch_size,
+        batch_input_name=row.batch_input_name,
+        batch_axis=row.batch_axis,
+        rows_served=row.rows_served,
+    )
+
+
+class ControlService:
+    """grpclib servable for ``reactant_control.ControlService`` over a ``WorkerState``."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+    def __mapping__(self) -> dict:
+        lim = self.state.limits
+        rpcs = {
+            "ModelControlStatus": (self.model_control_status, pb.ModelControlStatusRequest),
+            "SetModelResidency": (self.set_model_residency, pb.SetModelResidencyRequest),
+            "SetModelPolicy": (self.set_model_policy, pb.SetModelPolicyRequest),
+            "CompactMemory": (self.compact_memory, pb.CompactMemoryRequest),
+        }
+        return {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+
+    async def model_control_status(self, request, ctx: CallContext):
+        status = control_status(self.state)
+        return pb.ModelControlStatusResponse(
+            residency_mode=status.residency_mode,
+            discipline=status.discipline,
+            models=[_status_message(r) for r in status.models],
+            weight_cache_max_bytes=status.weight_cache_max_bytes,
+        )
+
+    async def set_model_residency(self, request, ctx: CallContext):
+        result = await set_model_residency(self.state, request.name, request.target)
+        return pb.SetModelResidencyResponse(residency=pb.Residency(int(result)))
+
+    async def set_model_policy(self, request, ctx: CallContext):
+        scheduler = self.state.scheduler
+        if not scheduler.has_model(request.name):
+            raise NotFound(f"unknown model: {request.name}")
+        if request.has_weight:
+            scheduler.set_policy(request.name, weight=request.weight)
+        return pb.SetModelPolicyResponse()
+
+    async def compact_memory(self, request, ctx: CallContext):
+        reloaded = await self.state.scheduler.compact(list(request.reload_models))
+        cache = self.state.cache
+        after = cache.stats().resident_bytes if cache is not None else 0
+        return pb.CompactMemoryResponse(reloaded_models=reloaded, resident_bytes_after=after)
+
+
+__all__ = [
+    "ControlService",
+    "ControlStatus",
+    "ModelControlRow",
+    "control_status",
+    "set_model_residency",
+]
