@@ -109,3 +109,48 @@ def test_metrics_endpoint_counts_requests_and_reports_readiness(demo_repo):
         assert any(name == "worker_info" for name, _ in after)
     finally:
         stop(running)
+
+
+def test_readyz_turns_ready_only_after_every_model_compiled(demo_repo, tmp_path):
+    import shutil
+    import threading
+    import time
+
+    from kserve_trio.worker.server import serve, stop
+
+    repo = tmp_path / "models"
+    repo.mkdir()
+    shutil.copytree(demo_repo / "mlp", repo / "mlp")
+    shutil.copytree(demo_repo / "mlp_softmax", repo / "slow")
+    code = (repo / "slow" / "model.py").read_text()
+    (repo / "slow" / "model.py").write_text("import time\ntime.sleep(2.0)\n" + code)
+    port = free_port()
+    seen: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def probe():
+        while not done.is_set():
+            try:
+                seen.append((_get(port, "/healthz")[0], _get(port, "/readyz")[0]))
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    running = serve(
+        None,
+        blocking=False,
+        model_dirs=[str(repo)],
+        model_control_mode="static",
+        endpoints={"port": 0, "metrics_port": port},
+    )
+    try:
+        time.sleep(0.3)
+    finally:
+        done.set()
+        t.join()
+        stop(running)
+    assert (200, 503) in seen, seen[:5]  # up but not ready while "slow" loads
+    first_ready = seen.index((200, 200))
+    assert all(r == 503 for _, r in seen[:first_ready])
