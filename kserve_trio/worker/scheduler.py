@@ -51,6 +51,7 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.runtime.weight_cache import NEEDS_CACHE, NotResidentError, ProbeResult
+from kserve_trio.worker.loop_bridge import notifier
 from kserve_trio.worker.planner import (
     MIN_COST_SECONDS,
     BatchPlan,
@@ -262,6 +263,7 @@ class _DeviceThread:
 
     def __init__(self, token: anyio.lowlevel.EventLoopToken) -> None:
         self._token = token
+        self._soon = notifier(token)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="kserve-trio-device", daemon=True)
         self._thread.start()
@@ -276,7 +278,7 @@ class _DeviceThread:
             except BaseException as exc:
                 job.error = exc
             try:
-                anyio.from_thread.run_sync(job.event.set, token=self._token)
+                self._soon(job.event.set)  # non-blocking: the thread moves on at once
             except Exception:  # the event loop is gone: nobody is waiting any more
                 pass
             # Drop this thread's references now: a job's arguments may be views of a
@@ -969,6 +971,9 @@ class Scheduler:
                 if picked is None:
                     self._wake = anyio.Event()
                     await self._wake.wait()
+                    # One loop turn before planning: requests whose handlers are already
+                    # runnable enqueue now and coalesce into this dispatch.
+                    await anyio.sleep(0)
                     continue
                 await self._dispatch(*picked)
         finally:
