@@ -7,6 +7,7 @@ With no arguments it serves ``./models`` on 127.0.0.1:8001. Precedence: defaults
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -40,6 +41,11 @@ def configure_parser(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--log-level", default="info", help="debug|info|warning|error (default info)"
     )
+    parser.add_argument(
+        "--no-uvloop",
+        action="store_true",
+        help="run on asyncio's own event loop instead of uvloop (env KSERVE_TRIO_UVLOOP=0)",
+    )
     return run
 
 
@@ -67,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from kserve_trio.core.logging import configure_logging, get_logger
 
     configure_logging(args.log_format or "auto", args.log_level)
+    if args.no_uvloop:
+        os.environ["KSERVE_TRIO_UVLOOP"] = "0"
     log = get_logger("kserve_trio.worker")
     from kserve_trio.worker.server import serve
 
