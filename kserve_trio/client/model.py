@@ -126,6 +126,7 @@ class KServeModel:
         self.transport_factory = transport_factory or default_transport_factory
         self._lock = threading.Lock()
         self._transports: list[tuple[object, Transport]] = []
+        self._last: tuple[object, Transport] | None = None  # the most recent loop's, fast path
 
     # -- identity ----------------------------------------------------------------------------
 
@@ -161,9 +162,13 @@ class KServeModel:
     def transport(self) -> Transport:
         """This handle's transport for the running event loop (made on first use)."""
         key = current_loop_key()
+        last = self._last
+        if last is not None and last[0] is key:
+            return last[1]
         with self._lock:
             for owner, transport in self._transports:
                 if owner is key:
+                    self._last = (owner, transport)
                     return transport
         transport = self.transport_factory(self.endpoint)
         with self._lock:
@@ -171,6 +176,7 @@ class KServeModel:
                 (o, t) for o, t in self._transports if not getattr(o, "is_closed", lambda: False)()
             ]
             self._transports.append((key, transport))
+            self._last = (key, transport)
         return transport
 
     async def aclose(self) -> None:
@@ -178,6 +184,7 @@ class KServeModel:
         key = current_loop_key()
         with self._lock:
             transports, self._transports = self._transports, []
+            self._last = None
         for owner, transport in transports:
             if owner is key:
                 await transport.aclose()
@@ -188,6 +195,7 @@ class KServeModel:
         """Close every connection, from any thread (each on its own loop, best effort)."""
         with self._lock:
             transports, self._transports = self._transports, []
+            self._last = None
         for _owner, transport in transports:
             transport.close()
 

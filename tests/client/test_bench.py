@@ -1,0 +1,263 @@
+"""The load generator: its pure pieces, the PNG chart, and short runs against a live worker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+import sys
+import zlib
+from collections import Counter
+
+import anyio
+import numpy as np
+import pytest
+
+from kserve_trio.client import PoolAcquireTimeout, RpcError
+from kserve_trio.client._plot import PALETTE, WHITE, Canvas, line_chart
+from kserve_trio.client.bench import (
+    BenchConfig,
+    Window,
+    _drive_level,
+    parse_concurrency,
+    percentiles,
+    report,
+    run_bench,
+    status_name,
+    synth_inputs,
+    table,
+)
+from kserve_trio.client.spec import ModelIOSpec, TensorMeta
+from kserve_trio.core.errors import StatusCode
+from kserve_trio.worker.server import serve, stop
+
+
+def decode_png(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, RGB rows without filter bytes) of an 8-bit RGB, filter-0 PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        if kind == b"IHDR":
+            size = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color, *_ = size
+    assert (depth, color) == (8, 2)
+    raw = zlib.decompress(idat)
+    stride = 3 * width + 1
+    assert len(raw) == stride * height
+    assert all(raw[y * stride] == 0 for y in range(height))
+    return width, height, b"".join(raw[y * stride + 1 : (y + 1) * stride] for y in range(height))
+
+
+# --------------------------------------------------------------------------------------------
+# Pure pieces
+
+
+def test_parse_concurrency():
+    assert parse_concurrency("1,8,32") == (1, 8, 32)
+    assert parse_concurrency("4") == (4,)
+    for bad in ("", "0", "1,x", "-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_concurrency(bad)
+
+
+def test_percentiles_in_milliseconds():
+    p = percentiles([0.001 * i for i in range(1, 101)])
+    assert p["p50"] == pytest.approx(50.5)
+    assert p["p90"] == pytest.approx(90.1)
+    assert p["p99"] == pytest.approx(99.01)
+    assert p["max"] == pytest.approx(100.0) and p["mean"] == pytest.approx(50.5)
+    assert percentiles([]) == {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0, "max": 0.0}
+
+
+def test_status_names():
+    assert status_name(RpcError(StatusCode.RESOURCE_EXHAUSTED, "x")) == "RESOURCE_EXHAUSTED"
+    assert status_name(PoolAcquireTimeout(1, 5)) == "POOL_ACQUIRE_TIMEOUT"
+    assert status_name(KeyError("k")) == "KeyError"
+
+    class TritonLike(Exception):
+        def status(self):
+            return "StatusCode.UNAVAILABLE"
+
+    assert status_name(TritonLike()) == "UNAVAILABLE"
+
+
+def test_window_summary_and_report():
+    w = Window(4, latencies=[0.002] * 90, errors=Counter({"UNAVAILABLE": 10}), seconds=2.0)
+    w.cpu_seconds = 0.05
+    s = w.summary(batch=8)
+    assert (s["requests"], s["ok"], s["items"]) == (100, 90, 720)
+    assert (s["requests_per_s"], s["items_per_s"]) == (45.0, 360.0)
+    assert s["errors"] == {"UNAVAILABLE": 10}
+    assert s["cpu_per_request_us"] == 500.0
+    assert s["latency_ms"]["p50"] == 2.0
+    cfg = BenchConfig("h:1", "m", (4,), duration=2.0, batch=8)
+    rep = report(cfg, [w])
+    assert rep["mode"] == "closed loop" and rep["levels"] == [s]
+    assert report(BenchConfig("h:1", "m", rate=50), [])["mode"] == "fixed rate 50/s"
+    text = table(rep)
+    assert text.splitlines()[0] == "m via kserve_trio (inline, batch 8, closed loop)"
+    assert "UNAVAILABLE=10" in text.splitlines()[2]
+
+
+def test_synthetic_inputs_follow_the_spec():
+    spec = ModelIOSpec(
+        [TensorMeta("a", "FP32", (-1, 3, -1)), TensorMeta("b", "INT32", (2,))], [], "m"
+    )
+    arrays = synth_inputs(spec, 5)
+    assert arrays["a"].shape == (5, 3, 1) and arrays["a"].dtype == np.float32
+    assert arrays["b"].shape == (2,) and not arrays["b"].any()
+
+
+@pytest.mark.anyio
+async def test_a_level_counts_ok_errors_and_late_starts():
+    calls = 0
+
+    async def call():
+        nonlocal calls
+        calls += 1
+        n = calls
+        await anyio.sleep(0.001)
+        if n % 4 == 0:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, "shed")
+
+    cfg = BenchConfig("h:1", "m", duration=0.3, warmup=0.0, progress=False)
+    w = await _drive_level(cfg, 2, call)
+    assert w.errors["RESOURCE_EXHAUSTED"] == calls // 4
+    assert len(w.latencies) == calls - calls // 4
+    assert 0.29 < w.seconds < 0.6
+
+    calls = 0
+    rated = BenchConfig("h:1", "m", duration=0.5, warmup=0.0, rate=40, progress=False)
+    w = await _drive_level(rated, 1, call)
+    assert 18 <= calls <= 21  # 40/s for 0.5 s
+    assert w.late == 0
+
+
+def test_canvas_png_round_trip_and_drawing():
+    c = Canvas(20, 10)
+    c.line(0, 0, 19, 9, (1, 2, 3))
+    c.text(2, 2, "a", scale=1)
+    width, height, rgb = decode_png(c.png())
+    assert (width, height) == (20, 10)
+    assert rgb[0:3] == b"\x01\x02\x03"  # line start
+    assert rgb[-3:] == b"\x01\x02\x03"  # line end
+    assert c.get(3, 2) == (0, 0, 0)  # the top bar of "A"
+
+
+def test_line_chart_draws_every_series():
+    chart = line_chart(
+        {"p50": [(1, 1.0), (8, 2.0)], "p90": [(1, 2.0), (8, 4.0)], "p99": [(1, 3.0), (8, 9.0)]},
+        x_label="concurrency",
+        y_label="latency ms",
+    )
+    _, _, rgb = decode_png(chart.png())
+    pixels = {rgb[i : i + 3] for i in range(0, len(rgb), 3)}
+    assert bytes(WHITE) in pixels
+    for color in PALETTE[:3]:
+        assert bytes(color) in pixels
+
+
+# --------------------------------------------------------------------------------------------
+# Against a live worker
+
+
+@pytest.fixture(scope="module")
+def server(demo_repo):
+    running = serve(
+        None,
+        blocking=False,
+        model_dirs=[str(demo_repo)],
+        model_control_mode="static",
+        endpoints={"port": 0},
+    )
+    yield running
+    stop(running)
+
+
+def test_bench_command_writes_report_progress_and_plot(server, tmp_path):
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kserve_trio",
+            "bench",
+            "--url",
+            server.address,
+            "--model",
+            "mlp",
+            "--concurrency",
+            "1,2",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.1",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[c=1 inline kserve_trio]" in result.stderr
+    assert "[c=2 inline kserve_trio]" in result.stderr
+    assert result.stdout.splitlines()[0] == "mlp via kserve_trio (inline, batch 1, closed loop)"
+    rep = json.loads(out_json.read_text())
+    assert [lv["concurrency"] for lv in rep["levels"]] == [1, 2]
+    for lv in rep["levels"]:
+        assert lv["ok"] > 10 and lv["errors"] == {}
+        assert lv["items_per_s"] == lv["requests_per_s"]
+        assert 0 < lv["latency_ms"]["p50"] <= lv["latency_ms"]["p90"] <= lv["latency_ms"]["p99"]
+        assert lv["cpu_per_request_us"] > 0
+    width, height, _ = decode_png(out_png.read_bytes())
+    assert (width, height) == (720, 440)
+
+
+def test_bench_over_shared_memory_with_a_batch_and_a_fixed_rate(server):
+    cfg = BenchConfig(
+        server.address,
+        "cnn",
+        (2,),
+        duration=0.5,
+        warmup=0.1,
+        rate=40,
+        transport="shm",
+        batch=4,
+        progress=False,
+    )
+    rep = run_bench(cfg)
+    (lv,) = rep["levels"]
+    assert lv["errors"] == {}
+    assert 15 <= lv["ok"] <= 21
+    assert lv["items"] == 4 * lv["ok"]
+
+
+def test_bench_with_tritonclient_and_its_refusals(server):
+    rep = run_bench(
+        BenchConfig(
+            server.address,
+            "mlp",
+            (1,),
+            duration=0.3,
+            warmup=0.1,
+            client="tritonclient",
+            progress=False,
+        )
+    )
+    assert rep["levels"][0]["ok"] > 5 and rep["levels"][0]["errors"] == {}
+    with pytest.raises(ValueError, match="--client tritonclient supports --transport inline only"):
+        run_bench(BenchConfig(server.address, "mlp", client="tritonclient", transport="shm"))
+    with pytest.raises(RpcError) as info:
+        run_bench(BenchConfig(server.address, "nope", (1,), duration=0.1, progress=False))
+    assert info.value.status is StatusCode.NOT_FOUND
