@@ -132,7 +132,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         worker=config.worker_name,
         gpu=gpu_label(config.runtime.backend, config.runtime.device_ordinal),
     )
-    async with anyio.create_task_group() as tg:
+    async with _weights_released(cache, state), anyio.create_task_group() as tg:
         metrics_port = 0
         if config.endpoints.metrics_port:
             metrics_port = await tg.start(
@@ -193,16 +193,25 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
                 watcher_scope.cancel()
                 await _shutdown(state, scheduler, server)
                 tg.cancel_scope.cancel()
-    try:
-        cache.close()  # device buffers freed, host copies (and shared regions) released
-    except Exception as exc:
-        log.warning("weight_release_failed", error=repr(exc))
-    with contextlib.suppress(Exception):
-        for bundle in state.bundles.values():
-            if bundle.model is not None:
-                bundle.model.close()
     log.info("server_down", address=running.address)
     heartbeat.fire("down", config)
+
+
+@contextlib.asynccontextmanager
+async def _weights_released(cache, state) -> AsyncIterator[None]:
+    """Once the tree has stopped (or failed to start): free every model's device buffers and
+    release the host copies, so shared regions are unlinked by their last holder."""
+    try:
+        yield
+    finally:
+        try:
+            cache.close()
+        except Exception as exc:
+            log.warning("weight_release_failed", error=repr(exc))
+        with contextlib.suppress(Exception):
+            for bundle in state.bundles.values():
+                if bundle.model is not None:
+                    bundle.model.close()
 
 
 def _make_cache(cache_cls, backend, config: ServerConfig):
