@@ -231,6 +231,38 @@ def test_set_model_policy(ondemand):
     assert rows(addr)["mlp"].weight == 2.5
 
 
+def test_a_device_pinned_model_stays_put_and_shrinks_the_on_demand_budget(demo_repo):
+    running = serve(
+        None,
+        blocking=False,
+        model_dirs=[str(demo_repo)],
+        models_include=["mlp", "cnn"],
+        model_control_mode="static",
+        endpoints={"port": 0},
+        runtime={"cpu_device_memory_bytes": ARENA, "weight_cache_fraction": 0.0008},
+        scheduler={"models": {"mlp": {"residency": "device"}}},
+    )
+    try:
+        cache = running.scheduler.cache
+        st = cache.stats()
+        assert st.pinned_bytes == 6432 and st.max_bytes == 8000 - 6432
+        assert running.bundles["mlp"].model.weights_resident()
+        c = grpcclient.InferenceServerClient(running.address)
+        for i in range(3):
+            infer(c, "mlp", mlp_x(1, seed=i))
+            infer(c, "cnn", cnn_x(1, seed=i))
+        st = cache.stats()
+        assert (st.loads, st.evicts, st.lru) == (1, 0, ("cnn",))
+        assert running.bundles["mlp"].model.weights_resident()
+        row = rows(running.address)["mlp"]
+        assert row.residency == pb.Residency.PINNED_DEVICE and not row.host_resident
+        metrics = running.state.metrics.exposition().decode()
+        assert 'worker_model_pinned{model="mlp"} 1.0' in metrics
+        assert "worker_weight_cache_pinned_bytes 6432.0" in metrics
+    finally:
+        stop(running)
+
+
 # -- explicit mode, driven by tritonclient ------------------------------------------------------
 
 FRONT_MANIFEST = """\
