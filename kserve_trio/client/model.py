@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from kserve_trio.client._wire import EncodedInferRequest
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
@@ -327,12 +328,14 @@ async def send_infer(
                 method="ModelInfer",
             )
 
+    wire = EncodedInferRequest(request)
+
     async def attempt(budget: float | None) -> pb.ModelInferResponse:
         request.parameters.pop(TIMEOUT_NS_PARAM, None)
         if budget is not None:
             request.parameters.update(deadline_params(int(budget * 1e9)))
         return await transport.unary(
-            method_path("ModelInfer"), request, pb.ModelInferResponse, timeout=budget
+            method_path("ModelInfer"), wire, pb.ModelInferResponse, timeout=budget
         )
 
     return await call_with_retry(attempt, policy, deadline)

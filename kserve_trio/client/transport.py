@@ -120,7 +120,8 @@ R = TypeVar("R")
 class Transport(Protocol):
     """One connection (or connection pool) to an endpoint, bound to one event loop.
 
-    ``unary`` sends ``request`` (a betterproto2 message) to ``method`` (a full path, see
+    ``unary`` sends ``request`` (a betterproto2 message, or any object whose ``bytes()`` is the
+    serialized message) to ``method`` (a full path, see
     ``method_path``) and returns the parsed ``reply_type`` message. Every failure is an
     ``RpcError``: the server's status, or UNAVAILABLE (connect failed, connection lost),
     DEADLINE_EXCEEDED (``timeout`` seconds passed; ``None`` = no limit) or RESOURCE_EXHAUSTED (a

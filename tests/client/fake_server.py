@@ -131,6 +131,9 @@ class FakeServer:
         return reply
 
 
+_REQUEST_TYPES = {"IsSameIPCNamespace": "IsSameIpcNamespaceRequest"}
+
+
 class FakeTransport:
     """A ``Transport`` to a ``FakeServer``: messages go through bytes both ways."""
 
@@ -143,7 +146,8 @@ class FakeTransport:
         rpc = method.rsplit("/", 1)[-1]
         if timeout is not None and timeout <= 0:
             raise RpcError(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded", method=rpc)
-        parsed = type(request).FromString(bytes(request))
+        request_type = getattr(pb, _REQUEST_TYPES.get(rpc, rpc + "Request"))
+        parsed = request_type.FromString(bytes(request))
         try:
             with anyio.fail_after(timeout):
                 reply = await self.server.handle(rpc, parsed, timeout)
