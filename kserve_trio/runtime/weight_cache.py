@@ -480,7 +480,9 @@ class WeightCache:
         """
         with self._op:
             rec = self._records.get(entry.name)
-            if rec is None or rec.entry is not entry:
+            if rec is None or rec.entry is not entry:  # renamed just now, or replaced
+                rec = next((r for r in self._records.values() if r.entry is entry), None)
+            if rec is None:
                 if entry.weights_resident():
                     return
                 raise Unavailable(f"model '{entry.name}' was reloaded; retry")

@@ -413,6 +413,11 @@ def test_release_frees_and_forgets_and_rename_keeps_the_lru_position(tmp_path):
     cache.acquire(m["b"])
     cache.rename("a", "a2")
     assert cache.stats().lru == ("a2", "b")
+    m["a"].free_weights()  # the entry still carries its old name: found by identity
+    cache.acquire(m["a"])
+    assert m["a"].weights_resident() and cache.stats().lru == ("b", "a2")
+    cache.acquire(m["a"])
+    cache.acquire(m["b"])
     assert cache.has("a2") and not cache.has("a")
     assert cache.store.holds("b")
     cache.rename("b", "b2")
