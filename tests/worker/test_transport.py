@@ -51,5 +51,14 @@ def test_large_frames_are_negotiated_with_a_real_client(demo_repo):
         inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         assert c.infer("cnn", [inp]).as_numpy("output").shape == (32, 10)
+        # A fresh connection whose first request exceeds 16 KiB: C-core may send a large DATA
+        # frame before it acknowledges our SETTINGS; the server must accept it.
+        for rows in range(2, 22):
+            fresh = grpcclient.InferenceServerClient(running.address)
+            x = np.ones((rows, 3, 32, 32), np.float32)
+            inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            assert fresh.infer("cnn", [inp]).as_numpy("output").shape == (rows, 10)
+            fresh.close()
     finally:
         stop(running)
