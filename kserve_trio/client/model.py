@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from kserve_trio.client._wire import EncodedInferRequest
+from kserve_trio.client._wire import EncodedInferRequest, InferResponseReader
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
@@ -335,7 +335,7 @@ async def send_infer(
         if budget is not None:
             request.parameters.update(deadline_params(int(budget * 1e9)))
         return await transport.unary(
-            method_path("ModelInfer"), wire, pb.ModelInferResponse, timeout=budget
+            method_path("ModelInfer"), wire, InferResponseReader, timeout=budget
         )
 
     return await call_with_retry(attempt, policy, deadline)

@@ -8,7 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from kserve_trio.client._wire import EncodedInferRequest, encode_infer_request, varint
+from kserve_trio.client._wire import (
+    EncodedInferRequest,
+    decode_infer_response,
+    encode_infer_request,
+    varint,
+)
 from kserve_trio.proto import inference as pb
 
 names = st.text(min_size=0, max_size=8)
@@ -112,3 +117,62 @@ def test_oneof_defaults_are_still_written(value):
     msg = pb.ModelInferRequest(parameters={"k": pb.InferParameter(**{key: value})})
     back = service_pb2.ModelInferRequest.FromString(encode_infer_request(msg))
     assert back.parameters["k"].WhichOneof("parameter_choice") == key
+
+
+out_tensors = st.builds(
+    lambda n, d, s, p: pb.ModelInferResponseInferOutputTensor(
+        name=n, datatype=d, shape=s, parameters=p
+    ),
+    names,
+    st.sampled_from(["", "FP32", "INT8"]),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+    params,
+)
+responses = st.builds(
+    lambda m, v, i, p, outs, raw: pb.ModelInferResponse(
+        model_name=m, model_version=v, id=i, parameters=p, outputs=outs, raw_output_contents=raw
+    ),
+    names,
+    names,
+    names,
+    params,
+    st.lists(out_tensors, max_size=3),
+    st.lists(st.binary(max_size=300), max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(responses)
+def test_fast_response_decoding_equals_betterproto(msg):
+    data = bytes(msg)
+    assert decode_infer_response(data) == pb.ModelInferResponse.FromString(data) == msg
+
+
+@settings(max_examples=100, deadline=None)
+@given(responses)
+def test_fast_response_decoding_of_protobuf_bytes(msg):
+    data = service_pb2.ModelInferResponse.FromString(bytes(msg)).SerializeToString()
+    assert decode_infer_response(data) == pb.ModelInferResponse.FromString(data)
+
+
+def test_unpacked_shapes_are_read_too():
+    # field 5 (output) holding field 3 as two unpacked varints: shape [2, 3]
+    tensor = b"\x0a\x01y" + b"\x18\x02\x18\x03"
+    data = b"\x2a" + bytes([len(tensor)]) + tensor
+    assert list(decode_infer_response(data).outputs[0].shape) == [2, 3]
+
+
+def test_decoding_falls_back_for_contents_and_unknown_fields():
+    typed = pb.ModelInferResponse(
+        outputs=[
+            pb.ModelInferResponseInferOutputTensor(
+                name="y",
+                datatype="INT32",
+                shape=[1],
+                contents=pb.InferTensorContents(int_contents=[7]),
+            )
+        ]
+    )
+    assert decode_infer_response(bytes(typed)) == typed
+    unknown = bytes(pb.ModelInferResponse(model_name="m")) + b"\x78\x01"  # field 15, varint
+    assert decode_infer_response(unknown).model_name == "m"
