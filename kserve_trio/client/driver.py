@@ -131,7 +131,8 @@ def build_chunk_request(
     """The ``ModelInferRequest`` of one chunk (no deadline parameter; the sender adds it).
 
     1. A ``scratch`` descriptor must come from ``pool``: with ``shm`` it is sent by reference
-       (``pool.region_name``, its absolute offset, its bytes), else its bytes are copied inline.
+       (``pool.region_name``, its absolute offset, its bytes), else inline: its
+       ``raw_input_contents`` entry is a memoryview of the slot, copied only when serialized.
     2. An ``InferInput`` over a view of ``pool`` is sent like a descriptor; any other array is
        sent inline.
     3. Requested outputs: with ``out_bufs`` (shm), each declared output by reference into its
@@ -155,8 +156,8 @@ def build_chunk_request(
             )
             if shm:
                 msg.parameters = _shm_params(pool.region_name, d.offset, d.nbytes)
-            else:
-                request.raw_input_contents.append(bytes(pool.view(d.offset, d.nbytes)))
+            else:  # a view of the slot, valid while the chunk holds it (the whole send)
+                request.raw_input_contents.append(pool.view(d.offset, d.nbytes))
         else:
             assert isinstance(d, InferInput)
             msg = pb.ModelInferRequestInferInputTensor(

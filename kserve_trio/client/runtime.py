@@ -182,6 +182,8 @@ class _LoopThread:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel every task on the loop (the re-prober included) and end the thread."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("the kserve_trio client loop cannot stop itself")
         portal = self._portal
         if portal is not None and self._thread.is_alive():
             with contextlib.suppress(Exception):
@@ -465,9 +467,19 @@ class ClientState:
 
     # -- shutdown ----------------------------------------------------------------------------
 
+    def refuse_on_loop_thread(self) -> None:
+        """Shutting down from the client loop's own thread would wait on itself."""
+        loop = self._loop
+        if loop is not None and threading.current_thread() is loop.thread:
+            raise RuntimeError(
+                "kserve_shutdown() cannot run on the client loop itself (e.g. from inside an "
+                "IO method driven by infer_sync); call it after the driver returns"
+            )
+
     def shutdown(self) -> None:
         """Unregister the shm pool from every server it was registered with, stop the loop
         (cancelling the re-probe), unlink the POSIX object, forget pools and routes."""
+        self.refuse_on_loop_thread()
         with self.lock:
             registered = [ep for ep in self.endpoints.values() if ep.registered]
             shm_pool = self._shm_pool
@@ -481,8 +493,6 @@ class ClientState:
             if registered and shm_pool is not None:
                 if loop is None or not loop.thread.is_alive():
                     loop = _LoopThread()
-                if threading.current_thread() is loop.thread:
-                    raise RuntimeError("kserve_shutdown() cannot run on the client loop itself")
                 loop.call(_unregister_all, registered, shm_pool.region_name)
         finally:
             if loop is not None:
@@ -549,7 +559,10 @@ def kserve_shutdown() -> None:
     next call through the client starts afresh. Runs at interpreter exit too."""
     global _state
     with _state_lock:
-        state, _state = _state, None
+        state = _state
+        if state is not None:
+            state.refuse_on_loop_thread()
+        _state = None
     if state is not None:
         state.shutdown()
 

@@ -145,3 +145,29 @@ def test_async_model_methods(server):
     spec, status = anyio.run(main)
     assert spec.name == "scale" and [t.name for t in spec.outputs] == ["y"]
     assert status == {}
+
+
+def test_kserve_shutdown_from_inside_a_sync_drive_is_refused(server):
+    from kserve_trio.client import kserve_shutdown
+
+    errors = []
+
+    class Shutter(ScaleIO):
+        def decode_chunk(self, items, response):
+            try:
+                kserve_shutdown()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+            super().decode_chunk(items, response)
+
+    io = Shutter(4)
+    model = model_for(server)
+    infer_sync(model, io)
+    state = get_state()
+    infer_sync(model, ScaleIO(4))
+    assert get_state() is state  # the refused shutdown left the state in place
+    assert errors == [
+        "kserve_shutdown() cannot run on the client loop itself (e.g. from inside an IO method "
+        "driven by infer_sync); call it after the driver returns"
+    ]
+    np.testing.assert_array_equal(io.y, io.x * 2)
