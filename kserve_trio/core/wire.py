@@ -1,29 +1,54 @@
-"""Protobuf wire-level fast paths for the two messages that carry tensor payloads.
+"""Direct protobuf coding of the two messages on the serving hot path.
 
-betterproto2 copies every ``bytes`` field twice on parse and serializes through ``BytesIO``
-(notes/stack_probe.md section 1). For ``ModelInferRequest.raw_input_contents`` (field 7) and
-``ModelInferResponse.raw_output_contents`` (field 6) those copies are the payload itself, so:
+betterproto2 parses and serializes field by field through generic machinery (tens of
+microseconds for a small ``ModelInferRequest`` here) and copies every ``bytes`` field twice on
+parse (notes/stack_probe.md section 1). For ``ModelInferRequest`` in and ``ModelInferResponse``
+out this module reads and writes the wire format directly, for exactly the fields KServe V2 uses:
 
-- ``parse_infer_request(data)`` scans the top-level fields, keeps every raw-contents entry as a
-  ``memoryview`` slice of ``data`` (no copy) and lets betterproto2 parse the small remainder.
-- ``infer_response_pieces(msg)`` serializes the response without its raw contents through
-  betterproto2 and returns the pieces (header bytes, then each entry's tag+length and the
-  payload buffer itself), for a transport that writes them without concatenating first.
+- ``parse_infer_request(data)`` returns an ``InferRequestView`` with the attributes of
+  ``pb.ModelInferRequest`` the codec reads; every ``raw_input_contents`` entry is a
+  ``memoryview`` slice of ``data`` (zero copy); parameters are real ``pb.InferParameter``s;
+  typed ``contents`` are handed to betterproto2 (rare, small). Unknown fields are skipped, as
+  protobuf requires.
+- ``infer_response_pieces(msg)`` serializes a ``pb.ModelInferResponse`` into pieces whose
+  concatenation is its protobuf encoding, with each payload as the buffer itself.
 
-Pure functions over bytes; no I/O.
+Equivalence with betterproto2 and Google protobuf is pinned by tests/core/test_wire.py.
 """
 
 from __future__ import annotations
 
+import struct
+
+import betterproto2
+
 from kserve_trio.proto import inference as pb
 
-_REQ_RAW_FIELD = 7
-_RESP_RAW_FIELD = 6
+_SMALL = [bytes([i]) for i in range(128)]
+_MASK64 = (1 << 64) - 1
+_DOUBLE = struct.Struct("<d")
 
 
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
+def encode_varint(n: int) -> bytes:
+    """Unsigned varint; negative values as their 64-bit two's complement (protobuf int64)."""
+    if 0 <= n < 128:
+        return _SMALL[n]
+    n &= _MASK64
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
     while True:
         if pos >= len(buf):
             raise ValueError("truncated varint")
@@ -37,79 +62,252 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def encode_varint(value: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative int."""
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+def _signed(n: int) -> int:
+    return n - (1 << 64) if n >= 1 << 63 else n
 
 
-def _skip(buf: memoryview, pos: int, wire_type: int) -> int:
-    if wire_type == 0:
-        return _varint(buf, pos)[1]
-    if wire_type == 1:
-        return pos + 8
-    if wire_type == 2:
-        n, pos = _varint(buf, pos)
-        return pos + n
-    if wire_type == 5:
-        return pos + 4
-    raise ValueError(f"unsupported wire type {wire_type}")
-
-
-def parse_infer_request(data: bytes | bytearray | memoryview) -> pb.ModelInferRequest:
-    """Parse a ``ModelInferRequest``; ``raw_input_contents`` entries are zero-copy memoryviews.
-
-    The views alias ``data``, which stays alive as long as any of them does.
-    """
-    buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-    raws: list[memoryview] = []
-    rest: list[memoryview] = []
-    pos = 0
-    end = len(buf)
+def _fields(buf, start: int, end: int):
+    """Yield (field number, wire type, value) where value is an int or a (start, end) span."""
+    pos = start
     while pos < end:
-        start = pos
         key, pos = _varint(buf, pos)
-        field, wire_type = key >> 3, key & 7
-        if field == _REQ_RAW_FIELD and wire_type == 2:
+        field, wt = key >> 3, key & 7
+        if wt == 2:
             n, pos = _varint(buf, pos)
             if pos + n > end:
-                raise ValueError("truncated raw_input_contents entry")
-            raws.append(buf[pos : pos + n])
+                raise ValueError(f"truncated field {field}")
+            yield field, wt, (pos, pos + n)
             pos += n
-            continue
-        pos = _skip(buf, pos, wire_type)
-        if pos > end:
-            raise ValueError(f"truncated field {field}")
-        rest.append(buf[start:pos])
-    msg = pb.ModelInferRequest.parse(b"".join(rest)) if rest else pb.ModelInferRequest()
-    msg.raw_input_contents = raws  # bytes-like views; the codec only reads them via frombuffer
-    return msg
+        elif wt == 0:
+            value, pos = _varint(buf, pos)
+            yield field, wt, value
+        elif wt == 1:
+            if pos + 8 > end:
+                raise ValueError(f"truncated field {field}")
+            yield field, wt, (pos, pos + 8)
+            pos += 8
+        elif wt == 5:
+            if pos + 4 > end:
+                raise ValueError(f"truncated field {field}")
+            yield field, wt, (pos, pos + 4)
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wt}")
+
+
+def _text(buf, span: tuple[int, int]) -> str:
+    return bytes(buf[span[0] : span[1]]).decode("utf-8")
+
+
+def _parameter(buf, span: tuple[int, int]) -> pb.InferParameter:
+    param = pb.InferParameter()
+    for field, wt, value in _fields(buf, *span):
+        if field == 1 and wt == 0:
+            param = pb.InferParameter(bool_param=bool(value))
+        elif field == 2 and wt == 0:
+            param = pb.InferParameter(int64_param=_signed(value))
+        elif field == 3 and wt == 2:
+            param = pb.InferParameter(string_param=_text(buf, value))
+        elif field == 4 and wt == 1:
+            param = pb.InferParameter(double_param=_DOUBLE.unpack(buf[value[0] : value[1]])[0])
+        elif field == 5 and wt == 0:
+            param = pb.InferParameter(uint64_param=value)
+    return param
+
+
+def _map_entry(buf, span: tuple[int, int], into: dict) -> None:
+    key = ""
+    value = pb.InferParameter()
+    for field, wt, v in _fields(buf, *span):
+        if field == 1 and wt == 2:
+            key = _text(buf, v)
+        elif field == 2 and wt == 2:
+            value = _parameter(buf, v)
+    into[key] = value
+
+
+def _shape(buf, wt: int, value, into: list[int]) -> None:
+    if wt == 0:  # unpacked element
+        into.append(_signed(value))
+        return
+    pos, end = value
+    while pos < end:
+        v, pos = _varint(buf, pos)
+        into.append(_signed(v))
+
+
+class InferTensorView:
+    """An input tensor of an ``InferRequestView`` (the fields of InferInputTensor)."""
+
+    __slots__ = ("contents", "datatype", "name", "parameters", "shape")
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.datatype = ""
+        self.shape: list[int] = []
+        self.parameters: dict[str, pb.InferParameter] = {}
+        self.contents: pb.InferTensorContents | None = None
+
+
+class RequestedOutputView:
+    """A requested output of an ``InferRequestView``."""
+
+    __slots__ = ("name", "parameters")
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.parameters: dict[str, pb.InferParameter] = {}
+
+
+class InferRequestView:
+    """A parsed ``ModelInferRequest``: the attributes of ``pb.ModelInferRequest``, payloads as
+    zero-copy ``memoryview`` slices of the received buffer."""
+
+    __slots__ = (
+        "id",
+        "inputs",
+        "model_name",
+        "model_version",
+        "outputs",
+        "parameters",
+        "raw_input_contents",
+    )
+
+    def __init__(self) -> None:
+        self.model_name = ""
+        self.model_version = ""
+        self.id = ""
+        self.parameters: dict[str, pb.InferParameter] = {}
+        self.inputs: list[InferTensorView] = []
+        self.outputs: list[RequestedOutputView] = []
+        self.raw_input_contents: list[memoryview] = []
+
+
+def _input(buf, span: tuple[int, int]) -> InferTensorView:
+    t = InferTensorView()
+    for field, wt, v in _fields(buf, *span):
+        if field == 1 and wt == 2:
+            t.name = _text(buf, v)
+        elif field == 2 and wt == 2:
+            t.datatype = _text(buf, v)
+        elif field == 3:
+            _shape(buf, wt, v, t.shape)
+        elif field == 4 and wt == 2:
+            _map_entry(buf, v, t.parameters)
+        elif field == 5 and wt == 2:
+            t.contents = pb.InferTensorContents.parse(bytes(buf[v[0] : v[1]]))
+    return t
+
+
+def _output(buf, span: tuple[int, int]) -> RequestedOutputView:
+    o = RequestedOutputView()
+    for field, wt, v in _fields(buf, *span):
+        if field == 1 and wt == 2:
+            o.name = _text(buf, v)
+        elif field == 2 and wt == 2:
+            _map_entry(buf, v, o.parameters)
+    return o
+
+
+def parse_infer_request(data: bytes | bytearray | memoryview) -> InferRequestView:
+    """Parse a ``ModelInferRequest`` (raises ``ValueError`` on malformed input)."""
+    buf = memoryview(data).cast("B")
+    req = InferRequestView()
+    try:
+        for field, wt, v in _fields(buf, 0, len(buf)):
+            if wt != 2:
+                continue
+            if field == 7:
+                req.raw_input_contents.append(buf[v[0] : v[1]])
+            elif field == 5:
+                req.inputs.append(_input(buf, v))
+            elif field == 1:
+                req.model_name = _text(buf, v)
+            elif field == 3:
+                req.id = _text(buf, v)
+            elif field == 4:
+                _map_entry(buf, v, req.parameters)
+            elif field == 6:
+                req.outputs.append(_output(buf, v))
+            elif field == 2:
+                req.model_version = _text(buf, v)
+    except IndexError:
+        raise ValueError("truncated message") from None
+    return req
+
+
+# ---------------------------------------------------------------------------- response encode
+
+
+def _len_field(num: int, data: bytes) -> bytes:
+    return encode_varint(num << 3 | 2) + encode_varint(len(data)) + data
+
+
+def _param_bytes(param: pb.InferParameter) -> bytes:
+    kind, value = betterproto2.which_one_of(param, "parameter_choice")
+    if kind == "bool_param":
+        return b"\x08" + encode_varint(int(value))
+    if kind == "int64_param":
+        return b"\x10" + encode_varint(value)
+    if kind == "string_param":
+        return _len_field(3, value.encode())
+    if kind == "double_param":
+        return b"\x21" + _DOUBLE.pack(value)
+    if kind == "uint64_param":
+        return b"\x28" + encode_varint(value)
+    return b""
+
+
+def _params_bytes(num: int, params) -> bytes:
+    out = []
+    for key, param in params.items():
+        entry = _len_field(1, key.encode()) + _len_field(2, _param_bytes(param))
+        out.append(_len_field(num, entry))
+    return b"".join(out)
+
+
+def _output_tensor(t: pb.ModelInferResponseInferOutputTensor) -> bytes:
+    parts = []
+    if t.name:
+        parts.append(_len_field(1, t.name.encode()))
+    if t.datatype:
+        parts.append(_len_field(2, t.datatype.encode()))
+    if t.shape:
+        parts.append(_len_field(3, b"".join(encode_varint(d) for d in t.shape)))
+    if t.parameters:
+        parts.append(_params_bytes(4, t.parameters))
+    if t.contents is not None:
+        parts.append(_len_field(5, bytes(t.contents)))
+    return b"".join(parts)
 
 
 def infer_response_pieces(msg: pb.ModelInferResponse) -> list[bytes | memoryview]:
-    """``msg`` serialized as pieces whose concatenation is its protobuf encoding.
-
-    The payload entries of ``raw_output_contents`` are returned as the buffers themselves.
-    """
-    raws = msg.raw_output_contents
-    msg.raw_output_contents = []
-    try:
-        pieces: list[bytes | memoryview] = [bytes(msg)]
-    finally:
-        msg.raw_output_contents = raws
-    tag = encode_varint((_RESP_RAW_FIELD << 3) | 2)
-    for raw in raws:
-        view = memoryview(raw).cast("B")
-        pieces.append(tag + encode_varint(view.nbytes))
+    """``msg`` serialized as pieces whose concatenation is its protobuf encoding; each
+    ``raw_output_contents`` payload is the buffer itself (never copied here)."""
+    head = []
+    if msg.model_name:
+        head.append(_len_field(1, msg.model_name.encode()))
+    if msg.model_version:
+        head.append(_len_field(2, msg.model_version.encode()))
+    if msg.id:
+        head.append(_len_field(3, msg.id.encode()))
+    if msg.parameters:
+        head.append(_params_bytes(4, msg.parameters))
+    for out in msg.outputs:
+        head.append(_len_field(5, _output_tensor(out)))
+    pieces: list[bytes | memoryview] = [b"".join(head)]
+    for raw in msg.raw_output_contents:
+        view = raw if isinstance(raw, bytes) else memoryview(raw).cast("B")
+        pieces.append(b"\x32" + encode_varint(len(view)))
         pieces.append(view)
     return pieces
 
 
-__all__ = ["encode_varint", "infer_response_pieces", "parse_infer_request"]
+__all__ = [
+    "InferRequestView",
+    "InferTensorView",
+    "RequestedOutputView",
+    "encode_varint",
+    "infer_response_pieces",
+    "parse_infer_request",
+]

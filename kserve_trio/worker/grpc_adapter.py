@@ -32,10 +32,6 @@ from kserve_trio.proto import inference as pb
 
 log = get_logger("kserve_trio.worker.grpc")
 
-ZERO_COPY_BYTES = 64 << 10
-"""Requests at least this large are parsed with ``core.wire`` (payloads stay zero-copy views);
-below it betterproto2's own parser is as fast and the scan would only add overhead."""
-
 
 class EncodedMessage(bytes):
     """Already-serialized protobuf bytes; grpclib's codec passes them through unchanged."""
@@ -83,7 +79,7 @@ async def recv_request(stream, message_type, max_bytes: int):
     if len(data) != length:
         raise InvalidArgument(f"truncated request message ({len(data)} of {length} bytes)")
     try:
-        if message_type is pb.ModelInferRequest and length >= ZERO_COPY_BYTES:
+        if message_type is pb.ModelInferRequest:
             return wire.parse_infer_request(data)
         return message_type.parse(data)
     except Exception as exc:

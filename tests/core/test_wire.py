@@ -24,14 +24,50 @@ def triton_request(raws: list[bytes]) -> bytes:
     return m.SerializeToString()
 
 
-@given(st.lists(st.binary(max_size=300), max_size=4))
-def test_fast_parse_equals_betterproto2(raws):
-    data = triton_request(raws)
-    fast = parse_infer_request(data)
-    slow = pb.ModelInferRequest.parse(data)
-    assert [bytes(r) for r in fast.raw_input_contents] == slow.raw_input_contents
-    fast.raw_input_contents = slow.raw_input_contents
-    assert fast == slow
+def as_message(view) -> pb.ModelInferRequest:
+    """Rebuild a betterproto2 message from the view, field by field."""
+    return pb.ModelInferRequest(
+        model_name=view.model_name,
+        model_version=view.model_version,
+        id=view.id,
+        parameters=dict(view.parameters),
+        inputs=[
+            pb.ModelInferRequestInferInputTensor(
+                name=t.name,
+                datatype=t.datatype,
+                shape=list(t.shape),
+                parameters=dict(t.parameters),
+                contents=t.contents,
+            )
+            for t in view.inputs
+        ],
+        outputs=[
+            pb.ModelInferRequestInferRequestedOutputTensor(
+                name=o.name, parameters=dict(o.parameters)
+            )
+            for o in view.outputs
+        ],
+        raw_input_contents=[bytes(r) for r in view.raw_input_contents],
+    )
+
+
+@given(
+    st.lists(st.binary(max_size=300), max_size=4),
+    st.lists(st.integers(-(2**40), 2**40), max_size=4),
+    st.text(max_size=8),
+    st.floats(allow_nan=False),
+)
+def test_fast_parse_equals_betterproto2(raws, shape, text, number):
+    m = service_pb2.ModelInferRequest.FromString(triton_request(raws))
+    t = m.inputs.add(name="typed", datatype="FP32", shape=shape)
+    t.contents.fp32_contents.extend([1.0, 2.5])
+    m.parameters["b"].bool_param = True
+    m.parameters["s"].string_param = text
+    m.parameters["d"].double_param = number
+    m.parameters["u"].uint64_param = 2**63 + 5
+    m.parameters["neg"].int64_param = -7
+    data = m.SerializeToString()
+    assert as_message(parse_infer_request(data)) == pb.ModelInferRequest.parse(data)
 
 
 def test_payloads_are_views_of_the_received_buffer():
