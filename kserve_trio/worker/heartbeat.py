@@ -61,6 +61,8 @@ def unregister_serve_guard(f: Callable) -> None:
 
 def fire(event: str, detail) -> None:
     """Call every heartbeat callback; exceptions are logged, never raised."""
+    if not _heartbeats:  # the common case, checked without the lock (a racy read is harmless)
+        return
     with _lock:
         callbacks = list(_heartbeats)
     for f in callbacks:

@@ -58,11 +58,20 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.registry.register(_ScrapeCollector(state_fn))
+        self._request_children: dict[tuple[str, str], object] = {}
+        self._latency_children: dict[str, object] = {}
 
     def observe_request(self, model: str, status: str, seconds: float) -> None:
-        """Record one finished ModelInfer call."""
-        self.requests.labels(model=model, status=status).inc()
-        self.latency.labels(model=model).observe(seconds)
+        """Record one finished ModelInfer call (label children cached: this is the hot path)."""
+        key = (model, status)
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(model=model, status=status)
+        counter.inc()
+        hist = self._latency_children.get(model)
+        if hist is None:
+            hist = self._latency_children[model] = self.latency.labels(model=model)
+        hist.observe(seconds)
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition with the constant labels injected."""
