@@ -18,7 +18,7 @@ from kserve_trio.client._wire import EncodedInferRequest, InferResponseReader
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
-from kserve_trio.client.runtime import current_loop_key, get_state
+from kserve_trio.client.runtime import _loop_closed, current_loop_key, get_state
 from kserve_trio.client.transport import (
     ENV_MAX_RECV,
     ENV_MAX_SEND,
@@ -173,9 +173,7 @@ class KServeModel:
                     return transport
         transport = self.transport_factory(self.endpoint)
         with self._lock:
-            self._transports = [
-                (o, t) for o, t in self._transports if not getattr(o, "is_closed", lambda: False)()
-            ]
+            self._transports = [(o, t) for o, t in self._transports if not _loop_closed(o)]
             self._transports.append((key, transport))
             self._last = (key, transport)
         return transport

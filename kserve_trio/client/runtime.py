@@ -108,6 +108,11 @@ def current_loop_key() -> object:
     raise RuntimeError(f"unsupported async library {library!r}")
 
 
+def _loop_closed(key: object) -> bool:
+    is_closed = getattr(key, "is_closed", None)
+    return bool(is_closed()) if callable(is_closed) else False
+
+
 def in_event_loop() -> str | None:
     """The async library running in this thread, or ``None`` on a plain thread."""
     try:
@@ -316,6 +321,8 @@ class ClientState:
             for owner, lock in ep.locks:
                 if owner is key:
                     return lock
+            # locks of event loops that have ended go (asyncio loops say so; trio tokens don't)
+            ep.locks = [(o, lk) for o, lk in ep.locks if not _loop_closed(o)]
             lock = anyio.Lock()
             ep.locks.append((key, lock))
             return lock
