@@ -11,6 +11,11 @@ import subprocess
 import sys
 
 import pytest
+import structlog
+
+# Tests capture info and debug events (structlog.testing.capture_logs keeps the configured
+# level filter), so the suite logs every level; the library's own default is warnings only.
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(0))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

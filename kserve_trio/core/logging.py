@@ -59,6 +59,17 @@ def configure_logging(fmt: LogFormat = "auto", level: str | int = "info", stream
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=stream, force=True)
 
 
+def _quiet_default() -> None:
+    """A library imported by a program that never configured structlog must not print its
+    debug and info events: until someone configures structlog (``configure_logging`` or the
+    program's own ``structlog.configure``), only warnings and errors are shown."""
+    if not structlog.is_configured():
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+_quiet_default()
+
+
 def get_logger(name: str | None = None, **context):
     """A structlog logger with optional bound context (``get_logger(__name__, model="mlp")``)."""
     log = structlog.get_logger(name) if name else structlog.get_logger()

@@ -17,6 +17,7 @@ def debug_logging():
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(10))
     yield
     structlog.reset_defaults()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(0))
 
 
 def test_request_logs_carry_model_id_batch_timings_and_status(demo_repo, debug_logging):
