@@ -30,7 +30,7 @@ from kserve_trio.core.errors import (
     ServingError,
     Unavailable,
 )
-from kserve_trio.core.logging import get_logger
+from kserve_trio.core.logging import debug_enabled, get_logger
 from kserve_trio.core.shm import same_ipc_namespace
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
@@ -311,17 +311,22 @@ class InferenceService:
                 state.metrics.observe_request(name, status, elapsed / 1e9)
             if name in state.bundles:
                 state.record(name, status == "OK", elapsed, trace)
-            log.debug(
-                "request_done",
-                model=name,
-                request_id=request.id,
-                status=status,
-                batch_size=trace.batch_size,
-                queue_ms=round(trace.queue_ns / 1e6, 3),
-                compute_ms=round(trace.compute_ns / 1e6, 3),
-                duration_ms=round(elapsed / 1e6, 3),
-            )
+            if debug_enabled():
+                self._log_request(name, request.id, status, trace, elapsed)
             heartbeat.fire("request", name)
+
+    @staticmethod
+    def _log_request(name: str, request_id: str, status: str, trace, elapsed: int) -> None:
+        log.debug(
+            "request_done",
+            model=name,
+            request_id=request_id,
+            status=status,
+            batch_size=trace.batch_size,
+            queue_ms=round(trace.queue_ns / 1e6, 3),
+            compute_ms=round(trace.compute_ns / 1e6, 3),
+            duration_ms=round(elapsed / 1e6, 3),
+        )
 
     async def _infer(self, request, ctx: CallContext, trace: RequestTrace):
         state = self.state
