@@ -1,0 +1,260 @@
+"""A scriptable grpclib gRPC server on its own thread and asyncio loop, for transport tests.
+
+Serves ``/test.Echo/<Method>`` with raw-bytes messages (no codec), with grpclib's default HTTP/2
+settings (4 MiB windows, 16 KiB frames) so flow control is exercised both ways:
+
+- ``Echo``: the request bytes back. Request metadata steers it: ``x-sleep`` (seconds, before
+  replying), ``x-reply-bytes`` (reply with that many bytes instead), ``x-status`` with
+  ``x-message`` or UTF-8 ``x-message-bin`` (fail with that status and message).
+- ``Metadata``: a JSON object of the request's metadata and remaining deadline.
+- ``Empty``: an empty reply message.
+
+``cancelled`` counts handlers interrupted by a client reset; ``calls`` counts handled calls.
+Runs on any anyio backend's test because it lives on its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import grpclib.const
+import grpclib.server
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError
+
+
+class Raw(bytes):
+    """Message bytes that grpclib's proto codec passes through unchanged."""
+
+    def SerializeToString(self) -> bytes:
+        return self
+
+    @classmethod
+    def FromString(cls, data: bytes) -> Raw:
+        return cls(data)
+
+
+class EchoService:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled = 0
+        self.lock = threading.Lock()
+
+    async def _echo(self, stream) -> None:
+        request = await stream.recv_message()
+        meta = dict(stream.metadata or {})
+        with self.lock:
+            self.calls += 1
+        try:
+            if "x-sleep" in meta:
+                await asyncio.sleep(float(meta["x-sleep"]))
+        except asyncio.CancelledError:
+            with self.lock:
+                self.cancelled += 1
+            raise
+        if "x-status" in meta:
+            message = meta.get("x-message", "")
+            if "x-message-bin" in meta:
+                message = meta["x-message-bin"].decode("utf-8")
+            raise GRPCError(Status(int(meta["x-status"])), message)
+        if "x-reply-bytes" in meta:
+            n = int(meta["x-reply-bytes"])
+            await stream.send_message(Raw(bytes(range(256)) * (n // 256) + bytes(n % 256)))
+            return
+        await stream.send_message(Raw(request))
+
+    async def _metadata(self, stream) -> None:
+        await stream.recv_message()
+        meta: dict[str, Any] = {}
+        for key, value in (stream.metadata or {}).items():
+            meta[key] = value.decode("latin-1") if isinstance(value, bytes) else value
+        left = None if stream.deadline is None else stream.deadline.time_remaining()
+        await stream.send_message(Raw(json.dumps({"metadata": meta, "deadline": left}).encode()))
+
+    async def _empty(self, stream) -> None:
+        await stream.recv_message()
+        await stream.send_message(Raw(b""))
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        def handler(fn):
+            return grpclib.const.Handler(fn, Cardinality.UNARY_UNARY, Raw, Raw)
+
+        return {
+            "/test.Echo/Echo": handler(self._echo),
+            "/test.Echo/Metadata": handler(self._metadata),
+            "/test.Echo/Empty": handler(self._empty),
+        }
+
+
+class EchoServer:
+    """``EchoServer(ssl_context=None).start()`` → ``.port``; ``.stop()``."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None, port: int = 0) -> None:
+        self.ssl_context = ssl_context
+        self.service = EchoService()
+        self.port = port
+        self._cm = None
+        self._portal = None
+        self._server: grpclib.server.Server | None = None
+
+    def start(self) -> EchoServer:
+        self._cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
+        self._portal = self._cm.__enter__()
+        self._portal.call(self._start)
+        return self
+
+    async def _start(self) -> None:
+        self._server = grpclib.server.Server([self.service])
+        await self._server.start("127.0.0.1", self.port, ssl=self.ssl_context)
+        self.port = self._server._server.sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    def stop(self) -> None:
+        """Stop serving and end the loop (the loop's close drops open connections)."""
+        if self._portal is not None:
+            self._portal.call(self._stop)
+            self._cm.__exit__(None, None, None)
+            self._portal = None
+
+    def __enter__(self) -> EchoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# A scripted raw HTTP/2 server, for replies grpclib never sends
+
+
+class ScriptedH2Server:
+    """A plain-socket HTTP/2 server on threads whose replies come from ``script``.
+
+    ``script(conn_index, request_index, stream_id, body) -> action``, where the action is one
+    of: ``("reply", headers, data, trailers)`` (``data`` raw DATA bytes, ``trailers`` ``None``
+    for none), ``("reset", error_code)``, ``("goaway", last_stream_id)`` (GOAWAY, then the
+    connection is closed). ``settings`` are sent as the server's initial SETTINGS.
+    ``connections`` and ``requests`` count what arrived; ``max_open`` is the largest number
+    of streams open at once on one connection.
+    """
+
+    def __init__(self, script, settings: dict[int, int] | None = None) -> None:
+        import socket
+
+        self.script = script
+        self.settings = settings or {}
+        self.connections = 0
+        self.requests = 0
+        self.max_open = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._accept_loop, daemon=True)
+        self._accept.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                index = self.connections
+                self.connections += 1
+            t = threading.Thread(target=self._serve, args=(sock, index), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, sock, conn_index: int) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+        import h2.settings
+
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        conn.local_settings = h2.settings.Settings(client=False, initial_values=self.settings)
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        bodies: dict[int, bytearray] = {}
+        try:
+            while True:
+                data = sock.recv(1 << 16)
+                if not data:
+                    return
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        bodies[event.stream_id] = bytearray()
+                        with self._lock:
+                            self.max_open = max(self.max_open, len(bodies))
+                    elif isinstance(event, h2.events.DataReceived):
+                        bodies[event.stream_id] += event.data
+                        conn.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
+                    elif isinstance(event, h2.events.StreamEnded):
+                        body = bytes(bodies.pop(event.stream_id))
+                        with self._lock:
+                            request_index = self.requests
+                            self.requests += 1
+                        action = self.script(conn_index, request_index, event.stream_id, body)
+                        if action[0] == "goaway":
+                            conn.close_connection(last_stream_id=action[1])
+                            sock.sendall(conn.data_to_send())
+                            return
+                        if action[0] == "reset":
+                            conn.reset_stream(event.stream_id, action[1])
+                        else:
+                            _, headers, payload, trailers = action
+                            conn.send_headers(
+                                event.stream_id, headers, end_stream=not payload and not trailers
+                            )
+                            if payload:
+                                conn.send_data(event.stream_id, payload, end_stream=not trailers)
+                            if trailers:
+                                conn.send_headers(event.stream_id, trailers, end_stream=True)
+                    elif isinstance(event, h2.events.StreamReset):
+                        bodies.pop(event.stream_id, None)
+                out = conn.data_to_send()
+                if out:
+                    sock.sendall(out)
+        except OSError:
+            return
+        finally:
+            sock.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self._listener.close()
+
+    def __enter__(self) -> ScriptedH2Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+GRPC_OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+
+def grpc_frame(message: bytes, *, compressed: bool = False) -> bytes:
+    """A length-prefixed gRPC message."""
+    return bytes([1 if compressed else 0]) + len(message).to_bytes(4, "big") + message
+
+
+def ok_reply(message: bytes):
+    """The action of a normal unary reply carrying ``message``."""
+    return ("reply", GRPC_OK_HEADERS, grpc_frame(message), [(b"grpc-status", b"0")])

@@ -1,0 +1,581 @@
+"""The h2 transport: its pure pieces, then real calls on asyncio and trio against a grpclib
+server (default 4 MiB windows, so large messages wait for WINDOW_UPDATE both ways) and a scripted
+raw HTTP/2 server (replies grpclib never sends: HTTP errors, compressed messages, GOAWAY,
+REFUSED_STREAM, a one-stream limit)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import anyio
+import h2.errors
+import h2.settings
+import pytest
+
+from kserve_trio.client.errors import RpcError
+from kserve_trio.client.h2_transport import (
+    H2Transport,
+    _Call,
+    decode_grpc_message,
+    grpc_timeout,
+    metadata_headers,
+    status_from_http,
+    status_from_reset,
+)
+from kserve_trio.client.transport import Endpoint
+from kserve_trio.core.errors import StatusCode
+from tests.client.echo_server import (
+    GRPC_OK_HEADERS,
+    EchoServer,
+    Raw,
+    ScriptedH2Server,
+    grpc_frame,
+    ok_reply,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ECHO = "/test.Echo/Echo"
+
+
+# --------------------------------------------------------------------------------------------
+# Pure pieces
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"),
+    [
+        (1e-10, b"1n"),
+        (0.05, b"50000000n"),
+        (0.5, b"500000u"),
+        (3.0, b"3000000u"),
+        (1000.0, b"1000000m"),
+        (100_000.0, b"100000S"),
+        (1e9, b"16666667M"),
+        (1e11, b"27777778H"),
+        (1e13, b"99999999H"),
+    ],
+)
+def test_grpc_timeout_uses_the_finest_unit_that_fits_eight_digits(seconds, header):
+    assert grpc_timeout(seconds) == header
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_grpc_timeout_refuses_a_non_positive_value(bad):
+    with pytest.raises(ValueError, match="a grpc-timeout must be positive"):
+        grpc_timeout(bad)
+
+
+def test_grpc_message_is_percent_decoded_utf8():
+    assert decode_grpc_message(b"100%25 sure") == "100% sure"
+    assert decode_grpc_message(b"caf%C3%A9%0Aline") == "café\nline"
+    assert decode_grpc_message(b"bad %FF byte") == "bad \ufffd byte"
+
+
+@pytest.mark.parametrize(
+    ("http", "status"),
+    [
+        (400, StatusCode.INTERNAL),
+        (401, StatusCode.UNAUTHENTICATED),
+        (403, StatusCode.PERMISSION_DENIED),
+        (404, StatusCode.UNIMPLEMENTED),
+        (429, StatusCode.UNAVAILABLE),
+        (502, StatusCode.UNAVAILABLE),
+        (503, StatusCode.UNAVAILABLE),
+        (504, StatusCode.UNAVAILABLE),
+        (500, StatusCode.UNKNOWN),
+    ],
+)
+def test_http_status_mapping(http, status):
+    assert status_from_http(http) is status
+
+
+def test_reset_code_mapping():
+    codes = h2.errors.ErrorCodes
+    assert status_from_reset(codes.CANCEL) is StatusCode.CANCELLED
+    assert status_from_reset(codes.REFUSED_STREAM) is StatusCode.UNAVAILABLE
+    assert status_from_reset(codes.ENHANCE_YOUR_CALM) is StatusCode.RESOURCE_EXHAUSTED
+    assert status_from_reset(codes.INADEQUATE_SECURITY) is StatusCode.PERMISSION_DENIED
+    assert status_from_reset(codes.INTERNAL_ERROR) is StatusCode.INTERNAL
+
+
+def test_metadata_headers_lowercase_keys_and_base64_binary_values():
+    headers = metadata_headers({"X-Tag": "abc", "trace-bin": b"\x00\xff\x10"})
+    assert headers == [(b"x-tag", b"abc"), (b"trace-bin", base64.b64encode(b"\x00\xff\x10"))]
+
+
+@pytest.mark.parametrize("key", [":path", "grpc-timeout", "content-type", "te", "a b", "ключ", ""])
+def test_metadata_headers_refuse_reserved_or_invalid_keys(key):
+    with pytest.raises(ValueError, match="invalid or reserved metadata key"):
+        metadata_headers({key: "v"})
+
+
+@pytest.mark.parametrize("value", ["café", "line\nbreak", b"bytes"])
+def test_metadata_headers_refuse_non_ascii_text_values(value):
+    with pytest.raises(ValueError, match="needs a printable ASCII string value"):
+        metadata_headers({"x-k": value})
+
+
+def _finished(*events, cap=1 << 20) -> _Call:
+    call = _Call("Echo", cap)
+    for kind, value in events:
+        if kind == "headers":
+            call.headers(value)
+        elif kind == "data":
+            assert call.data(value)
+        elif kind == "reset":
+            call.reset_code = value
+    call.done = True
+    return call
+
+
+def _raises(call: _Call) -> RpcError:
+    with pytest.raises(RpcError) as info:
+        call.message("h:1")
+    return info.value
+
+
+def test_call_assembles_a_message_split_over_frames():
+    body = bytes(range(200))
+    frame = grpc_frame(body)
+    call = _finished(
+        ("headers", GRPC_OK_HEADERS),
+        ("data", frame[:3]),
+        ("data", frame[3:50]),
+        ("data", frame[50:]),
+        ("headers", [(b"grpc-status", b"0")]),
+    )
+    assert call.message("h:1") == body
+    single = _finished(
+        ("headers", GRPC_OK_HEADERS), ("data", frame), ("headers", [(b"grpc-status", b"0")])
+    )
+    assert single.message("h:1") == body
+
+
+def test_call_with_a_trailers_only_error_raises_the_server_status():
+    call = _finished(
+        (
+            "headers",
+            [
+                *GRPC_OK_HEADERS,
+                (b"grpc-status", b"5"),
+                (b"grpc-message", b"model %27m%27 not found"),
+            ],
+        )
+    )
+    err = _raises(call)
+    assert err.status is StatusCode.NOT_FOUND
+    assert err.message == "model 'm' not found"
+    assert err.method == "Echo"
+
+
+def test_call_without_grpc_status_maps_the_http_status():
+    err = _raises(_finished(("headers", [(b":status", b"503")])))
+    assert (err.status, err.message) == (StatusCode.UNAVAILABLE, "HTTP status 503 from h:1")
+    err = _raises(_finished(("headers", GRPC_OK_HEADERS)))
+    assert (err.status, err.message) == (
+        StatusCode.UNKNOWN,
+        "the reply from h:1 has no grpc-status",
+    )
+
+
+def test_call_reset_by_the_server():
+    err = _raises(_finished(("reset", h2.errors.ErrorCodes.INTERNAL_ERROR)))
+    assert (err.status, err.message) == (
+        StatusCode.INTERNAL,
+        "stream reset by h:1 (INTERNAL_ERROR)",
+    )
+
+
+def test_call_with_an_unknown_status_number_is_unknown():
+    err = _raises(_finished(("headers", [*GRPC_OK_HEADERS, (b"grpc-status", b"99")])))
+    assert err.status is StatusCode.UNKNOWN
+
+
+def test_call_ok_without_a_message_is_internal():
+    err = _raises(_finished(("headers", [*GRPC_OK_HEADERS, (b"grpc-status", b"0")])))
+    assert (err.status, err.message) == (StatusCode.INTERNAL, "the server sent no reply message")
+
+
+def test_call_truncated_message_is_unavailable():
+    call = _finished(
+        ("headers", GRPC_OK_HEADERS),
+        ("data", grpc_frame(b"abcdef")[:8]),
+        ("headers", [(b"grpc-status", b"0")]),
+    )
+    err = _raises(call)
+    assert (err.status, err.message) == (StatusCode.UNAVAILABLE, "truncated reply (3 of 6 bytes)")
+
+
+def test_call_refuses_a_reply_over_the_cap_from_its_length_prefix():
+    call = _Call("Echo", 10)
+    assert call.data(grpc_frame(b"x" * 11)[:5]) is False  # refused before the payload arrives
+    err = _raises(call)
+    assert (err.status, err.message) == (
+        StatusCode.RESOURCE_EXHAUSTED,
+        "received message larger than max (11 vs. 10)",
+    )
+    assert err.retryable is False
+
+
+def test_call_refuses_compressed_and_second_messages():
+    call = _Call("Echo", 100)
+    assert call.data(grpc_frame(b"abc", compressed=True)) is False
+    err = _raises(call)
+    assert (err.status, err.message) == (
+        StatusCode.UNIMPLEMENTED,
+        "compressed replies are not supported",
+    )
+    call = _Call("Echo", 100)
+    assert call.data(grpc_frame(b"abc") + grpc_frame(b"d")) is False
+    err = _raises(call)
+    assert err.status is StatusCode.INTERNAL
+    assert err.message == "the server sent more than one reply message for a unary call"
+
+
+# --------------------------------------------------------------------------------------------
+# Against a grpclib server
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def echo():
+    with EchoServer() as server:
+        yield server
+
+
+def transport(port: int, **caps) -> H2Transport:
+    return H2Transport(Endpoint("127.0.0.1", port, **caps))
+
+
+@pytest.mark.anyio
+async def test_unary_round_trips_small_and_empty_messages(echo):
+    async with transport(echo.port) as t:
+        assert await t.unary(ECHO, b"hello", Raw, timeout=5) == b"hello"
+        assert await t.unary(ECHO, b"", Raw, timeout=5) == b""
+        assert await t.unary("/test.Echo/Empty", b"x", Raw) == b""
+
+
+@pytest.mark.anyio
+async def test_metadata_and_deadline_reach_the_server(echo):
+    async with transport(echo.port) as t:
+        reply = await t.unary(
+            "/test.Echo/Metadata", b"", Raw, timeout=2.5, metadata={"X-Request-Tag": "abc"}
+        )
+        seen = json.loads(reply)
+        assert seen["metadata"]["x-request-tag"] == "abc"
+        assert 2.0 < seen["deadline"] <= 2.5
+        reply = await t.unary("/test.Echo/Metadata", b"", Raw)
+        assert json.loads(reply)["deadline"] is None
+
+
+@pytest.mark.anyio
+async def test_server_status_and_percent_encoded_message_come_back(echo):
+    text = "model 'é' says 100% no"
+    async with transport(echo.port) as t:
+        with pytest.raises(RpcError) as info:
+            await t.unary(
+                ECHO,
+                b"x",
+                Raw,
+                metadata={"x-status": "9", "x-message-bin": text.encode()},
+            )
+    assert info.value.status is StatusCode.FAILED_PRECONDITION
+    assert info.value.message == text
+    assert str(info.value) == f"FAILED_PRECONDITION (Echo): {text}"
+
+
+@pytest.mark.anyio
+async def test_deadline_exceeded_resets_the_stream_and_keeps_the_connection(echo):
+    before = echo.service.cancelled
+    async with transport(echo.port) as t:
+        started = time.monotonic()
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x", Raw, timeout=0.2, metadata={"x-sleep": "5"})
+        assert time.monotonic() - started < 2
+        assert info.value.status is StatusCode.DEADLINE_EXCEEDED
+        assert info.value.message == (
+            f"deadline of 0.200s exceeded calling Echo on 127.0.0.1:{echo.port}"
+        )
+        conn = t._conn
+        assert await t.unary(ECHO, b"after", Raw, timeout=5) == b"after"
+        assert t._conn is conn
+    with anyio.fail_after(5):
+        while echo.service.cancelled == before:  # the server saw RST_STREAM and cancelled
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_a_non_positive_timeout_fails_before_sending(echo):
+    calls = echo.service.calls
+    async with transport(echo.port) as t:
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x", Raw, timeout=0)
+    assert info.value.status is StatusCode.DEADLINE_EXCEEDED
+    assert info.value.message == f"deadline exceeded before Echo was sent to 127.0.0.1:{echo.port}"
+    assert echo.service.calls == calls
+
+
+@pytest.mark.anyio
+async def test_outer_cancellation_resets_the_stream(echo):
+    before = echo.service.cancelled
+    async with transport(echo.port) as t:
+        with anyio.move_on_after(0.2) as scope:
+            await t.unary(ECHO, b"x", Raw, metadata={"x-sleep": "5"})
+        assert scope.cancelled_caught
+        assert await t.unary(ECHO, b"next", Raw, timeout=5) == b"next"
+    with anyio.fail_after(5):
+        while echo.service.cancelled == before:
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_large_messages_cross_small_server_windows_both_ways(echo):
+    big = os.urandom(20 << 20)  # 5x grpclib's 4 MiB window
+    async with transport(echo.port) as t:
+        assert await t.unary(ECHO, big, Raw, timeout=60) == big
+        reply = await t.unary(ECHO, b"", Raw, timeout=60, metadata={"x-reply-bytes": str(9 << 20)})
+        assert len(reply) == 9 << 20
+        assert reply[:256] == bytes(range(256))
+
+
+@pytest.mark.anyio
+async def test_concurrent_calls_share_one_connection(echo):
+    results: dict[int, bytes] = {}
+    async with transport(echo.port) as t:
+
+        async def one(i: int) -> None:
+            payload = bytes([i]) * (1 + i * 997)
+            results[i] = await t.unary(ECHO, payload, Raw, timeout=30)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(64):
+                tg.start_soon(one, i)
+        conn = t._conn
+    assert all(results[i] == bytes([i]) * (1 + i * 997) for i in range(64))
+    assert conn is not None and not conn.calls
+
+
+@pytest.mark.anyio
+async def test_send_cap_refuses_before_sending(echo):
+    calls = echo.service.calls
+    async with transport(echo.port, max_send_message_length=100) as t:
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x" * 101, Raw)
+    assert info.value.status is StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.message == "sent message larger than max (101 vs. 100)"
+    assert info.value.retryable is False
+    assert echo.service.calls == calls
+
+
+@pytest.mark.anyio
+async def test_receive_cap_refuses_the_reply_and_keeps_the_connection(echo):
+    async with transport(echo.port, max_receive_message_length=1000) as t:
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"", Raw, metadata={"x-reply-bytes": str(5 << 20)})
+        assert info.value.status is StatusCode.RESOURCE_EXHAUSTED
+        assert info.value.message == f"received message larger than max ({5 << 20} vs. 1000)"
+        assert await t.unary(ECHO, b"ok", Raw, timeout=5) == b"ok"
+
+
+@pytest.mark.anyio
+async def test_unparsable_reply_is_internal(echo):
+    class Strict:
+        @classmethod
+        def FromString(cls, data):
+            raise ValueError("not a message")
+
+    async with transport(echo.port) as t:
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x", Strict)
+    assert (info.value.status, info.value.message) == (
+        StatusCode.INTERNAL,
+        "cannot parse the Echo reply: not a message",
+    )
+
+
+@pytest.mark.anyio
+async def test_nothing_listening_is_unavailable():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with transport(port) as t:
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x", Raw, timeout=5)
+    assert info.value.status is StatusCode.UNAVAILABLE
+    assert info.value.message.startswith(f"cannot reach 127.0.0.1:{port}: ")
+
+
+@pytest.mark.anyio
+async def test_close_from_another_thread_fails_the_call_in_flight(echo):
+    async with transport(echo.port) as t:
+        assert await t.unary(ECHO, b"warm", Raw) == b"warm"
+        timer = threading.Timer(0.2, t.close)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x", Raw, timeout=10, metadata={"x-sleep": "5"})
+        timer.join()
+        assert time.monotonic() - started < 5
+        assert info.value.status is StatusCode.UNAVAILABLE
+        assert await t.unary(ECHO, b"reconnected", Raw, timeout=5) == b"reconnected"
+
+
+# --------------------------------------------------------------------------------------------
+# A server process that dies and comes back
+
+
+def _spawn(port: int = 0) -> tuple[subprocess.Popen, int]:
+    code = (
+        "import sys, time\n"
+        "from tests.client.echo_server import EchoServer\n"
+        f"s = EchoServer(port={port}).start()\n"
+        "print(s.port, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    line = proc.stdout.readline()
+    assert line.strip(), "the echo server process did not start"
+    return proc, int(line)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(10)
+
+
+@pytest.mark.anyio
+async def test_a_restarted_server_is_reached_again_without_an_error():
+    proc, port = _spawn()
+    try:
+        async with transport(port) as t:
+            assert await t.unary(ECHO, b"one", Raw, timeout=5) == b"one"
+            _kill(proc)
+            with pytest.raises(RpcError) as info:
+                await t.unary(ECHO, b"two", Raw, timeout=5)
+            assert info.value.status is StatusCode.UNAVAILABLE
+            assert info.value.message.startswith(f"cannot reach 127.0.0.1:{port}")
+            proc, _ = _spawn(port)
+            assert await t.unary(ECHO, b"three", Raw, timeout=5) == b"three"
+            _kill(proc)
+            proc, _ = _spawn(port)
+            # the idle connection's EOF is noticed before the next call uses it
+            assert await t.unary(ECHO, b"four", Raw, timeout=5) == b"four"
+    finally:
+        _kill(proc)
+
+
+@pytest.mark.anyio
+async def test_a_server_dying_mid_call_is_unavailable():
+    proc, port = _spawn()
+    try:
+        async with transport(port) as t:
+            assert await t.unary(ECHO, b"warm", Raw, timeout=5) == b"warm"
+            threading.Timer(0.3, proc.kill).start()
+            with pytest.raises(RpcError) as info:
+                await t.unary(ECHO, b"x", Raw, timeout=10, metadata={"x-sleep": "5"})
+            assert info.value.status is StatusCode.UNAVAILABLE
+            assert info.value.message in (
+                f"connection to 127.0.0.1:{port} was closed by the server",
+                f"connection to 127.0.0.1:{port} lost: [Errno 104] Connection reset by peer",
+            )
+    finally:
+        _kill(proc)
+
+
+# --------------------------------------------------------------------------------------------
+# Against the scripted raw HTTP/2 server
+
+
+@pytest.mark.anyio
+async def test_http_error_without_grpc_status_is_mapped():
+    reply = ("reply", [(b":status", b"503")], b"", None)
+    with ScriptedH2Server(lambda *a: reply) as server:
+        async with transport(server.port) as t:
+            with pytest.raises(RpcError) as info:
+                await t.unary(ECHO, b"x", Raw, timeout=5)
+    assert info.value.status is StatusCode.UNAVAILABLE
+    assert info.value.message == f"HTTP status 503 from 127.0.0.1:{server.port}"
+
+
+@pytest.mark.anyio
+async def test_compressed_reply_is_unimplemented():
+    reply = ("reply", GRPC_OK_HEADERS, grpc_frame(b"z", compressed=True), [(b"grpc-status", b"0")])
+    with ScriptedH2Server(lambda *a: reply) as server:
+        async with transport(server.port) as t:
+            with pytest.raises(RpcError) as info:
+                await t.unary(ECHO, b"x", Raw, timeout=5)
+            assert (info.value.status, info.value.message) == (
+                StatusCode.UNIMPLEMENTED,
+                "compressed replies are not supported",
+            )
+
+
+@pytest.mark.anyio
+async def test_goaway_before_processing_is_retried_on_a_fresh_connection():
+    def script(conn_index, request_index, stream_id, body):
+        return ("goaway", 0) if conn_index == 0 else ok_reply(body[5:])
+
+    with ScriptedH2Server(script) as server:
+        async with transport(server.port) as t:
+            assert await t.unary(ECHO, b"payload", Raw, timeout=5) == b"payload"
+    assert server.connections == 2
+
+
+@pytest.mark.anyio
+async def test_refused_stream_is_retried_once_then_reported():
+    def refuse_first(conn_index, request_index, stream_id, body):
+        if request_index == 0:
+            return ("reset", h2.errors.ErrorCodes.REFUSED_STREAM)
+        return ok_reply(body[5:])
+
+    with ScriptedH2Server(refuse_first) as server:
+        async with transport(server.port) as t:
+            assert await t.unary(ECHO, b"again", Raw, timeout=5) == b"again"
+    assert server.requests == 2
+
+    def always(*args):
+        return ("reset", h2.errors.ErrorCodes.REFUSED_STREAM)
+
+    with ScriptedH2Server(always) as server:
+        async with transport(server.port) as t:
+            with pytest.raises(RpcError) as info:
+                await t.unary(ECHO, b"x", Raw, timeout=5)
+    assert info.value.status is StatusCode.UNAVAILABLE
+    assert info.value.message == f"stream reset by 127.0.0.1:{server.port} (REFUSED_STREAM)"
+    assert server.requests == 2
+
+
+@pytest.mark.anyio
+async def test_the_peers_stream_limit_is_respected():
+    def slow(c, r, s, body):
+        time.sleep(0.02)
+        return ok_reply(body[5:])
+
+    settings = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    with ScriptedH2Server(slow, settings) as server:
+        async with transport(server.port) as t:
+            await t.unary(ECHO, b"warm", Raw, timeout=5)  # the server's SETTINGS arrive
+            results = []
+
+            async def one(i):
+                results.append(await t.unary(ECHO, str(i).encode(), Raw, timeout=10))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(one, i)
+    assert sorted(results) == [str(i).encode() for i in range(6)]
+    assert server.max_open == 1
