@@ -204,14 +204,34 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """TLS on the gRPC endpoint (``endpoints.tls``): PEM files of the server's certificate chain
+    and private key (both or neither; neither = plaintext), and optionally a CA bundle that
+    client certificates must chain to (mutual TLS: a client without one is refused)."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+    @property
+    def mutual(self) -> bool:
+        return bool(self.client_ca_file)
+
+
+@dataclass(frozen=True)
 class EndpointsConfig:
     """Listen addresses; port 0 binds an ephemeral port, ``metrics_port`` 0 disables metrics,
-    ``max_concurrent_requests`` 0 means uncapped."""
+    ``max_concurrent_requests`` 0 means uncapped; ``tls`` secures the gRPC port."""
 
     host: str = "127.0.0.1"
     port: int = 8001
     metrics_port: int = 0
     max_concurrent_requests: int = 64
+    tls: TlsConfig = TlsConfig()
 
 
 @dataclass(frozen=True)
@@ -292,7 +312,10 @@ SCHEMA: dict[str, Any] = {
         **{f.name: None for f in dataclasses.fields(SchedulerConfig) if f.name != "models"},
         "models": {_ANY: _MODEL_KEYS},
     },
-    "endpoints": {f.name: None for f in dataclasses.fields(EndpointsConfig)},
+    "endpoints": {
+        **{f.name: None for f in dataclasses.fields(EndpointsConfig) if f.name != "tls"},
+        "tls": {f.name: None for f in dataclasses.fields(TlsConfig)},
+    },
     "grpc": {f.name: None for f in dataclasses.fields(GrpcConfig)},
     "meta": {f.name: None for f in dataclasses.fields(MetaConfig)},
 }
@@ -505,7 +528,12 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
         "scheduler",
         {"discipline": enum_reader(SchedulingDiscipline), "models": _models},
     )
-    endpoints = _read_block(EndpointsConfig, _block(raw, "endpoints"), "endpoints", {})
+    endpoints = _read_block(
+        EndpointsConfig,
+        _block(raw, "endpoints"),
+        "endpoints",
+        {"tls": lambda v, p: _read_block(TlsConfig, v or {}, p, {})},
+    )
     grpc = _read_block(GrpcConfig, _block(raw, "grpc"), "grpc", {})
     meta = _read_block(MetaConfig, _block(raw, "meta"), "meta", {})
     return ServerConfig(
@@ -558,6 +586,9 @@ ENDPOINTS_HOST                         endpoints.host                      str
 ENDPOINTS_PORT                         endpoints.port                      int
 ENDPOINTS_METRICS_PORT                 endpoints.metrics_port              int
 ENDPOINTS_MAX_CONCURRENT_REQUESTS      endpoints.max_concurrent_requests   int
+ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str
+ENDPOINTS_TLS_KEY_FILE                 endpoints.tls.key_file              str
+ENDPOINTS_TLS_CLIENT_CA_FILE           endpoints.tls.client_ca_file        str
 GRPC_MAX_RECV_MSG_BYTES                grpc.max_recv_msg_bytes             int
 GRPC_MAX_SEND_MSG_BYTES                grpc.max_send_msg_bytes             int
 KSERVE_TRIO_FANOUT_BYTES               meta.fanout_bytes                   int
@@ -754,10 +785,29 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
         )
     if ep.metrics_port != 0 and ep.metrics_port == ep.port:
         raise ConfigError(f"must differ from endpoints.port ({ep.port})", "endpoints.metrics_port")
+    _validate_tls(ep.tls, check_files=check_dirs)
     if rt.numerics is NumericsMode.TF32 and rt.backend == "cpu":
         raise ConfigError(
             "'tf32' requires a CUDA backend; the CPU backend cannot run TF32", "runtime.numerics"
         )
+
+
+def _validate_tls(tls: TlsConfig, *, check_files: bool) -> None:
+    """``endpoints.tls``: cert and key both or neither; a client CA needs them (mutual TLS is
+    TLS plus client certificates); with ``check_files`` every named file must exist."""
+    if bool(tls.cert_file) != bool(tls.key_file):
+        missing = "key_file" if tls.cert_file else "cert_file"
+        present = "cert_file" if tls.cert_file else "key_file"
+        raise ConfigError(f"must be set together with {present}", f"endpoints.tls.{missing}")
+    if tls.client_ca_file and not tls.cert_file:
+        raise ConfigError(
+            "requires cert_file and key_file (mutual TLS is TLS plus client certificates)",
+            "endpoints.tls.client_ca_file",
+        )
+    for name in ("cert_file", "key_file", "client_ca_file") if check_files else ():
+        path = getattr(tls, name)
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"file does not exist: {path}", f"endpoints.tls.{name}")
 
 
 def _value_at(cfg: ServerConfig, path: str) -> Any:
@@ -842,6 +892,8 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         }
         for name, mc in cfg.scheduler.models.items()
     }
+    endpoints = block(cfg.endpoints)
+    endpoints["tls"] = block(cfg.endpoints.tls)
     return {
         "model_dirs": list(cfg.model_dirs),
         "cache_dir": cfg.cache_dir,
@@ -850,7 +902,7 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         "model_poll_seconds": cfg.model_poll_seconds,
         "runtime": runtime,
         "scheduler": scheduler,
-        "endpoints": block(cfg.endpoints),
+        "endpoints": endpoints,
         "grpc": block(cfg.grpc),
         "meta": block(cfg.meta),
     }

@@ -27,6 +27,7 @@ from kserve_trio.core.config import (
     SchedulerConfig,
     SchedulingDiscipline,
     ServerConfig,
+    TlsConfig,
     apply_env_overrides,
     build_config,
     config_to_raw,
@@ -393,7 +394,12 @@ def test_shared_host_weights_mode_must_be_quoted():
             "scheduler.models.m.wieght",
             "unknown key; did you mean 'weight'?",
         ),
-        ({"endpoints": {"tls": {"cert": "x"}}}, "endpoints.tls", None),
+        (
+            {"endpoints": {"tls": {"cert": "x"}}},
+            "endpoints.tls.cert",
+            "unknown key; did you mean 'cert_file'?",
+        ),
+        ({"endpoints": {"ssl": {}}}, "endpoints.ssl", None),
         ({"logging": {"level": "info"}}, "logging", None),
         ({"runtime": {"meta_concurrency": 2}}, "runtime.meta_concurrency", None),
     ],
@@ -599,6 +605,24 @@ ENV_CASES = [
         "5",
         lambda c: c.endpoints.max_concurrent_requests,
         5,
+    ),
+    (
+        "INFERENCE_SERVER_ENDPOINTS_TLS_CERT_FILE",
+        "/tls/cert.pem",
+        lambda c: c.endpoints.tls.cert_file,
+        "/tls/cert.pem",
+    ),
+    (
+        "INFERENCE_SERVER_ENDPOINTS_TLS_KEY_FILE",
+        "/tls/key.pem",
+        lambda c: c.endpoints.tls.key_file,
+        "/tls/key.pem",
+    ),
+    (
+        "INFERENCE_SERVER_ENDPOINTS_TLS_CLIENT_CA_FILE",
+        "/tls/ca.pem",
+        lambda c: c.endpoints.tls.client_ca_file,
+        "/tls/ca.pem",
     ),
     ("INFERENCE_SERVER_GRPC_MAX_RECV_MSG_BYTES", "4096", lambda c: c.grpc.max_recv_msg_bytes, 4096),
     ("INFERENCE_SERVER_GRPC_MAX_SEND_MSG_BYTES", "8192", lambda c: c.grpc.max_send_msg_bytes, 8192),
@@ -1010,3 +1034,126 @@ def test_log_config_reports_the_effective_config_and_the_env_overrides():
     quiet = _RecordingLog()
     log_config(ServerConfig(), [], quiet)
     assert [event for event, _ in quiet.events] == ["config_effective"]
+
+
+# --- endpoints.tls ----------------------------------------------------------------------------
+
+
+def _tls_files(tmp_path: Path) -> dict[str, str]:
+    files = {}
+    for name in ("cert_file", "key_file", "client_ca_file"):
+        path = tmp_path / f"{name}.pem"
+        path.write_text("-----BEGIN CERTIFICATE-----\n")
+        files[name] = str(path)
+    return files
+
+
+def test_tls_is_off_by_default():
+    tls = ServerConfig().endpoints.tls
+    assert tls == TlsConfig("", "", "")
+    assert not tls.enabled and not tls.mutual
+
+
+def test_tls_block_is_read_from_yaml(tmp_path):
+    files = _tls_files(tmp_path)
+    cfg = build_config(
+        yaml_raw(
+            f"""
+            endpoints:
+              port: 0
+              tls:
+                cert_file: {files["cert_file"]}
+                key_file: {files["key_file"]}
+                client_ca_file: {files["client_ca_file"]}
+            """
+        )
+    )
+    assert cfg.endpoints.tls == TlsConfig(
+        files["cert_file"], files["key_file"], files["client_ca_file"]
+    )
+    assert cfg.endpoints.tls.enabled and cfg.endpoints.tls.mutual
+    validate_config(dataclasses.replace(cfg, model_dirs=(str(tmp_path),)))
+    assert build_config(yaml_raw("endpoints:\n  tls:\n")).endpoints.tls == TlsConfig()
+
+
+def test_tls_values_are_type_checked():
+    with raises(
+        "endpoints.tls.cert_file", "config 'endpoints.tls.cert_file' must be a string (got 5)"
+    ):
+        build_config({"endpoints": {"tls": {"cert_file": 5}}})
+    with raises("endpoints.tls", "config 'endpoints.tls' must be a mapping"):
+        build_config({"endpoints": {"tls": "on"}})
+
+
+@pytest.mark.parametrize(
+    ("var", "field"),
+    [
+        ("INFERENCE_SERVER_ENDPOINTS_TLS_CERT_FILE", "cert_file"),
+        ("INFERENCE_SERVER_ENDPOINTS_TLS_KEY_FILE", "key_file"),
+        ("INFERENCE_SERVER_ENDPOINTS_TLS_CLIENT_CA_FILE", "client_ca_file"),
+    ],
+)
+def test_tls_env_overrides_set_their_field(var, field):
+    assert ENV_OVERRIDES[var] == f"endpoints.tls.{field}"
+    raw, applied = apply_env_overrides({"endpoints": {"port": 1}}, {var: "/etc/x.pem"})
+    assert applied == [(var, "/etc/x.pem")]
+    assert getattr(build_config(raw).endpoints.tls, field) == "/etc/x.pem"
+    assert build_config(raw).endpoints.port == 1
+
+
+def test_tls_env_overrides_load_end_to_end(tmp_path):
+    files = _tls_files(tmp_path)
+    env = {
+        "INFERENCE_SERVER_ENDPOINTS_TLS_CERT_FILE": files["cert_file"],
+        "INFERENCE_SERVER_ENDPOINTS_TLS_KEY_FILE": files["key_file"],
+    }
+    cfg, applied = load_server_config(env=env, overrides={"model_dirs": [str(tmp_path)]})
+    assert cfg.endpoints.tls == TlsConfig(files["cert_file"], files["key_file"], "")
+    assert sorted(applied) == sorted(env.items())
+
+
+@pytest.mark.parametrize(
+    ("tls", "path", "message"),
+    [
+        (
+            {"cert_file": "c"},
+            "endpoints.tls.key_file",
+            "must be set together with cert_file",
+        ),
+        (
+            {"key_file": "k"},
+            "endpoints.tls.cert_file",
+            "must be set together with key_file",
+        ),
+        (
+            {"client_ca_file": "ca"},
+            "endpoints.tls.client_ca_file",
+            "requires cert_file and key_file (mutual TLS is TLS plus client certificates)",
+        ),
+    ],
+)
+def test_tls_validation_rules(tls, path, message):
+    cfg = _with(**{"endpoints.tls": TlsConfig(**tls)})
+    with raises(path, message):
+        validate_config(cfg, check_dirs=False)
+
+
+@pytest.mark.parametrize("missing", ["cert_file", "key_file", "client_ca_file"])
+def test_tls_files_must_exist(tmp_path, missing):
+    files = _tls_files(tmp_path)
+    files[missing] = str(tmp_path / "absent.pem")
+    cfg = _with(**{"endpoints.tls": TlsConfig(**files), "model_dirs": (str(tmp_path),)})
+    with raises(f"endpoints.tls.{missing}", f"file does not exist: {tmp_path / 'absent.pem'}"):
+        validate_config(cfg)
+    validate_config(cfg, check_dirs=False)  # checked away from the serving host: not looked up
+
+
+def test_tls_round_trips_through_config_to_raw(tmp_path):
+    cfg = _with(**{"endpoints.tls": TlsConfig("/c.pem", "/k.pem", "/ca.pem")})
+    raw = config_to_raw(cfg)
+    assert raw["endpoints"]["tls"] == {
+        "cert_file": "/c.pem",
+        "key_file": "/k.pem",
+        "client_ca_file": "/ca.pem",
+    }
+    assert build_config(raw) == cfg
