@@ -108,9 +108,11 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     from kserve_trio.worker.registry import load_repository
     from kserve_trio.worker.scheduler import Scheduler
     from kserve_trio.worker.service import InferenceService, WorkerState
+    from kserve_trio.worker.tls import server_ssl_context
     from kserve_trio.worker.transport import server_config
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
+    ssl_context = server_ssl_context(config.endpoints.tls)  # a bad PEM fails before loading
     started = time.monotonic()
     backend = backend if backend is not None else _make_backend(config)
     cache = _make_cache(WeightCache, backend, config)
@@ -167,7 +169,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         server = grpclib.server.Server(
             [InferenceService(state), ControlService(state)], config=server_config()
         )
-        await server.start(config.endpoints.host, config.endpoints.port)
+        await server.start(config.endpoints.host, config.endpoints.port, ssl=ssl_context)
         port = server._server.sockets[0].getsockname()[1]
         running = RunningServer(
             config=config,
@@ -181,6 +183,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
             "server_up",
             address=running.address,
             metrics_port=metrics_port or None,
+            tls="mutual" if config.endpoints.tls.mutual else config.endpoints.tls.enabled,
             models=sorted(bundles),
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),
