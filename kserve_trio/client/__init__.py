@@ -12,7 +12,10 @@ batch axis first, ``-1`` for batch and variable axes; nothing is ever reversed.
 - ``RetryPolicy``, ``BufferPool``, ``PoolAcquireTimeout``, ``kserve_init``, ``kserve_shutdown``.
 - Errors: ``RpcError`` (carries ``status``), ``SharedMemoryUnavailable``,
   ``ShmUnrecoverableError``, ``IOValidationError``.
-- ``Transport``, ``Endpoint``: the interface a transport implements (grpclib on asyncio here).
+- ``Transport``, ``Endpoint``: the interface a transport implements; ``H2Transport`` (anyio
+  streams + h2: asyncio and trio) implements it, as does the grpclib transport (asyncio).
+- ``client_ssl_context``: the TLS context of a ``grpcs://`` endpoint (CA bundle, client
+  certificate).
 
 This package never imports jax.
 """
@@ -26,6 +29,7 @@ from kserve_trio.client.errors import (
     SharedMemoryUnavailable,
     ShmUnrecoverableError,
 )
+from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.io import (
     CheckedArray,
     InferenceIO,
@@ -46,6 +50,7 @@ from kserve_trio.client.spec import (
     model_io_spec,
     validate_io,
 )
+from kserve_trio.client.tls import client_ssl_context
 from kserve_trio.client.transport import Endpoint, Transport
 from kserve_trio.core.buffer_pool import BufferPool, PoolSlot, ScratchBuffer
 from kserve_trio.core.errors import PoolAcquireTimeout
@@ -54,6 +59,7 @@ __all__ = [
     "BufferPool",
     "CheckedArray",
     "Endpoint",
+    "H2Transport",
     "IOValidationError",
     "InferInput",
     "InferOutput",
@@ -70,6 +76,7 @@ __all__ = [
     "ShmUnrecoverableError",
     "TensorMeta",
     "Transport",
+    "client_ssl_context",
     "infer_async",
     "infer_sync",
     "kserve_init",

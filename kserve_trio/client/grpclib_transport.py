@@ -102,7 +102,7 @@ class GrpclibTransport:
             self._channel = grpclib.client.Channel(
                 self.endpoint.host,
                 self.endpoint.port,
-                ssl=True if self.endpoint.secure else None,
+                ssl=self.endpoint.ssl_context or (True if self.endpoint.secure else None),
                 config=config,
             )
             self._loop = loop

@@ -698,7 +698,7 @@ class H2Transport:
 
     def __init__(self, endpoint: Endpoint, *, ssl_context: ssl.SSLContext | None = None) -> None:
         self.endpoint = endpoint
-        context = ssl_context or getattr(endpoint, "ssl_context", None)
+        context = ssl_context or endpoint.ssl_context
         if context is None and endpoint.secure:
             context = client_ssl_context()
         self._ssl = context

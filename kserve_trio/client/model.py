@@ -9,6 +9,7 @@ context managers. ``await model.infer(inputs)`` is the async one-shot call.
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
 from kserve_trio.client.runtime import _loop_closed, current_loop_key, get_state
+from kserve_trio.client.tls import PemSource, client_ssl_context
 from kserve_trio.client.transport import (
     ENV_MAX_RECV,
     ENV_MAX_SEND,
@@ -65,7 +67,11 @@ class KServeModel:
     - ``max_send_message_length`` / ``max_receive_message_length``: caps on one gRPC message;
       default ``KSERVE_TRIO_CLIENT_GRPC_MAX_SEND_MSG_BYTES`` / ``..._RECV_...`` or 512 MiB.
     - ``transport_factory``: builds the ``Transport`` for the running event loop (default:
-      grpclib on asyncio).
+      the h2 transport on trio, ``transport.asyncio_transport_name()`` on asyncio).
+    - TLS (any of these implies ``secure=True``): ``root_certificates`` (the CA bundle the
+      server's certificate must chain to; default: the system's), ``certificate_chain`` and
+      ``private_key`` (a client certificate, for mutual TLS), each PEM bytes or a file path;
+      or a ready ``ssl_context`` instead of the three.
     """
 
     def __init__(
@@ -82,6 +88,10 @@ class KServeModel:
         max_send_message_length: int | None = None,
         max_receive_message_length: int | None = None,
         transport_factory: TransportFactory | None = None,
+        root_certificates: PemSource | None = None,
+        certificate_chain: PemSource | None = None,
+        private_key: PemSource | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if isinstance(port_or_model, int) and not isinstance(port_or_model, bool):
             if not isinstance(target, str) or not target.strip():
@@ -112,12 +122,25 @@ class KServeModel:
         retry = RetryPolicy() if retry is None else retry
         if not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        pem = (root_certificates, certificate_chain, private_key)
+        if ssl_context is not None and any(p is not None for p in pem):
+            raise ValueError(
+                "pass either ssl_context or root_certificates/certificate_chain/private_key, "
+                "not both"
+            )
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(f"ssl_context must be an ssl.SSLContext, got {ssl_context!r}")
+        secure = bool(secure or url_secure or ssl_context is not None)
+        secure = secure or any(p is not None for p in pem)
+        if secure and ssl_context is None:
+            ssl_context = client_ssl_context(*pem)
         self.endpoint = Endpoint(
             host,
             port,
-            bool(secure or url_secure),
+            secure,
             resolve_message_cap(max_send_message_length, ENV_MAX_SEND),
             resolve_message_cap(max_receive_message_length, ENV_MAX_RECV),
+            ssl_context,
         )
         self.model_name = name
         self.max_batch_size = max_batch_size

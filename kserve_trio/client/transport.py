@@ -4,16 +4,18 @@ This module owns the pure pieces of reaching an endpoint: parsing a target (``ho
 ``grpc://host:port``, ``("host", 8001)``) into an ``Endpoint``, the message-size caps and their
 environment variables, the RPC method paths, and the ``Transport`` protocol: one unary call,
 ``await transport.unary(method, request, reply_type, timeout=..., metadata=...)``, that returns
-the reply message or raises ``RpcError``. The grpclib transport (asyncio) lives in
-``grpclib_transport``; a trio transport plugs in behind the same protocol.
+the reply message or raises ``RpcError``. Two transports implement it: ``h2_transport`` (anyio
+streams + h2, asyncio and trio) and ``grpclib_transport`` (asyncio only);
+``default_transport_factory`` picks one for the running event loop.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 DEFAULT_MAX_MESSAGE_BYTES = 512 << 20
@@ -21,6 +23,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 512 << 20
 
 ENV_MAX_SEND = "KSERVE_TRIO_CLIENT_GRPC_MAX_SEND_MSG_BYTES"
 ENV_MAX_RECV = "KSERVE_TRIO_CLIENT_GRPC_MAX_RECV_MSG_BYTES"
+ENV_TRANSPORT = "KSERVE_TRIO_CLIENT_TRANSPORT"
+"""``h2`` or ``grpclib``: the transport ``default_transport_factory`` uses on asyncio."""
+ASYNCIO_TRANSPORT = "grpclib"
+"""The asyncio default, the one that measured faster (docs/benchmarks.md, "Trio transport")."""
 
 SERVICE = "/inference.GRPCInferenceService/"
 
@@ -95,13 +101,15 @@ def resolve_message_cap(
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One server address and the per-connection options a transport needs."""
+    """One server address and the per-connection options a transport needs; ``ssl_context``
+    is how a secure endpoint is reached (``None``: the system's CAs, no client certificate)."""
 
     host: str
     port: int
     secure: bool = False
     max_send_message_length: int = DEFAULT_MAX_MESSAGE_BYTES
     max_receive_message_length: int = DEFAULT_MAX_MESSAGE_BYTES
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -152,32 +160,48 @@ class Transport(Protocol):
 TransportFactory = Callable[[Endpoint], Transport]
 
 
-def default_transport_factory(endpoint: Endpoint) -> Transport:
-    """The transport for the running async library: grpclib on asyncio.
+def asyncio_transport_name(environ: Mapping[str, str] | None = None) -> str:
+    """``ASYNCIO_TRANSPORT`` unless ``KSERVE_TRIO_CLIENT_TRANSPORT`` says ``h2``/``grpclib``."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_TRANSPORT, "").strip().lower()
+    if not raw:
+        return ASYNCIO_TRANSPORT
+    if raw not in ("h2", "grpclib"):
+        raise ValueError(f"{ENV_TRANSPORT}={raw!r}: expected 'h2' or 'grpclib'")
+    return raw
 
-    trio has no transport yet (it arrives with the next capability); asking for one says so.
-    """
+
+def default_transport_factory(endpoint: Endpoint) -> Transport:
+    """The transport for the running async library: the h2 transport on trio; on asyncio
+    ``asyncio_transport_name()`` (grpclib or h2)."""
     import sniffio
 
     library = sniffio.current_async_library()
-    if library == "asyncio":
+    if library == "asyncio" and asyncio_transport_name() == "grpclib":
         from kserve_trio.client.grpclib_transport import GrpclibTransport
 
         return GrpclibTransport(endpoint)
+    if library in ("asyncio", "trio"):
+        from kserve_trio.client.h2_transport import H2Transport
+
+        return H2Transport(endpoint)
     raise RuntimeError(
-        f"no kserve_trio client transport for {library} yet: the grpclib transport runs on "
-        "asyncio only (pass transport_factory= to KServeModel to supply one)"
+        f"no kserve_trio client transport for {library}: asyncio and trio are supported "
+        "(pass transport_factory= to KServeModel to supply one)"
     )
 
 
 __all__ = [
+    "ASYNCIO_TRANSPORT",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "ENV_MAX_RECV",
     "ENV_MAX_SEND",
+    "ENV_TRANSPORT",
     "SERVICE",
     "Endpoint",
     "Transport",
     "TransportFactory",
+    "asyncio_transport_name",
     "default_transport_factory",
     "method_path",
     "parse_url",

@@ -10,6 +10,7 @@ EXPECTED = {
     "BufferPool",
     "CheckedArray",
     "Endpoint",
+    "H2Transport",
     "IOValidationError",
     "InferInput",
     "InferOutput",
@@ -26,6 +27,7 @@ EXPECTED = {
     "ShmUnrecoverableError",
     "TensorMeta",
     "Transport",
+    "client_ssl_context",
     "infer_async",
     "infer_sync",
     "kserve_init",
@@ -59,12 +61,18 @@ def test_kserve_model_signature_is_pinned():
         "max_send_message_length",
         "max_receive_message_length",
         "transport_factory",
+        "root_certificates",
+        "certificate_chain",
+        "private_key",
+        "ssl_context",
     ]
     defaults = {n: p.default for n, p in params.items()}
     assert defaults["secure"] is False
     assert defaults["max_batch_size"] == 1
     assert defaults["deadline"] == 10.0
     assert defaults["shared_memory"] == "auto"
+    tls = ("root_certificates", "certificate_chain", "private_key", "ssl_context")
+    assert all(defaults[n] is None for n in tls)
     kw_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert kw_only[0] == "secure"
 
