@@ -220,8 +220,11 @@ def test_another_process_attaches_and_sees_the_bytes(model):
     digest = weights_digest(model, SPECS, content=3)
     store.materialize(model, digest, SPECS, Filler())
     code = f"""
+import sys
 import numpy as np
+from kserve_trio.core.logging import configure_logging
 from kserve_trio.core.weight_store import SharedWeightStore
+configure_logging("json", "info", stream=sys.stdout)
 specs = [(np.float32, (4, 3)), (np.float32, (3,)), (np.int8, (5,))]
 calls = []
 s = SharedWeightStore()
