@@ -13,3 +13,10 @@ def fresh_client_state():
     kserve_shutdown()
     yield
     kserve_shutdown()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    """Every async client test runs on both anyio backends (overrides the session-wide
+    asyncio of tests/conftest.py; an in-process worker keeps its own asyncio loop thread)."""
+    return request.param

@@ -136,13 +136,13 @@ def test_one_shot_retries_a_shed_request(server):
     assert server.budgets[0] > server.budgets[1] > server.budgets[2]
 
 
-def test_async_model_methods(server):
+def test_async_model_methods(server, anyio_backend):
     async def main():
         async with model_for(server) as m:
             spec = await m.io_spec()
             return spec, await m.shm_status()
 
-    spec, status = anyio.run(main)
+    spec, status = anyio.run(main, backend=anyio_backend)
     assert spec.name == "scale" and [t.name for t in spec.outputs] == ["y"]
     assert status == {}
 

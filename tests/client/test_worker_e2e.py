@@ -40,8 +40,8 @@ from kserve_trio.client import (
     scratch,
     validate_io,
 )
-from kserve_trio.client.grpclib_transport import GrpclibTransport
 from kserve_trio.client.runtime import get_state
+from kserve_trio.client.transport import default_transport_factory
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
@@ -131,7 +131,7 @@ def block_device(running, seconds: float) -> threading.Thread:
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_one_shot_sync_and_async_give_the_model_results(server, demo_repo, model):
+def test_one_shot_sync_and_async_give_the_model_results(server, demo_repo, model, anyio_backend):
     x = data(model, 5)
     want = expected(demo_repo, model, x)
     tol = MODELS[model][3]
@@ -143,7 +143,7 @@ def test_one_shot_sync_and_async_give_the_model_results(server, demo_repo, model
         async with KServeModel(f"grpc://{server.address}", model) as m:
             return await m.infer([InferInput("input_0", x)], outputs=["output"], id="req-1")
 
-    response = anyio.run(one_shot)
+    response = anyio.run(one_shot, backend=anyio_backend)
     assert response.id == "req-1" and response.model_name == model
     np.testing.assert_allclose(InferOutput("output", response), want, rtol=tol, atol=tol)
 
@@ -166,7 +166,7 @@ STREAMS = [
 @pytest.mark.parametrize(("model", "n", "batch"), STREAMS, ids=[s[0] for s in STREAMS])
 @pytest.mark.parametrize("shared_memory", ["off", "on"])
 def test_streaming_async_gives_every_item_the_model_result(
-    server, demo_repo, model, n, batch, shared_memory
+    server, demo_repo, model, n, batch, shared_memory, anyio_backend
 ):
     x = data(model, n, seed=1)
     want = expected(demo_repo, model, x)
@@ -184,7 +184,7 @@ def test_streaming_async_gives_every_item_the_model_result(
                 regions = await m.shm_status()
                 assert get_state().shm_pool().region_name in regions
 
-    anyio.run(main)
+    anyio.run(main, backend=anyio_backend)
     for io in ios:
         np.testing.assert_allclose(io.y, want, rtol=tol, atol=tol)
         assert sum(len(r) for r in io.chunks) == n
@@ -240,20 +240,31 @@ def test_unknown_model_fails_with_the_server_status(server):
 # Faults
 
 
-class CountingTransport(GrpclibTransport):
-    """Counts the status of every failed call."""
+class CountingTransport:
+    """The default transport of the running event loop, counting the status of every failed
+    call."""
 
     failures: list[StatusCode] = []
 
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        self._inner = default_transport_factory(endpoint)
+
     async def unary(self, *args, **kwargs):
         try:
-            return await super().unary(*args, **kwargs)
+            return await self._inner.unary(*args, **kwargs)
         except RpcError as exc:
             CountingTransport.failures.append(exc.status)
             raise
 
+    async def aclose(self):
+        await self._inner.aclose()
 
-def test_shedding_under_a_concurrency_cap_is_retried_to_success(demo_repo):
+    def close(self):
+        self._inner.close()
+
+
+def test_shedding_under_a_concurrency_cap_is_retried_to_success(demo_repo, anyio_backend):
     running = start(demo_repo, max_concurrent_requests=1)
     try:
         CountingTransport.failures = []
@@ -270,7 +281,7 @@ def test_shedding_under_a_concurrency_cap_is_retried_to_success(demo_repo):
         )
         blocker = block_device(running, 0.3)  # the first request holds the only admission
         infer_sync(model, ArrayIO(data("mlp", 8), (8,)))  # warm the route before the burst
-        anyio.run(infer_async, model, io)
+        anyio.run(infer_async, model, io, backend=anyio_backend)
         blocker.join()
         np.testing.assert_allclose(io.y, expected(demo_repo, "mlp", x), rtol=1e-5, atol=1e-5)
         assert StatusCode.RESOURCE_EXHAUSTED in CountingTransport.failures
@@ -297,7 +308,9 @@ def test_deadline_exhaustion_is_reported_as_such(server):
         blocker.join()
 
 
-def test_pool_exhaustion_raises_pool_acquire_timeout_and_leaks_no_slot(server, demo_repo):
+def test_pool_exhaustion_raises_pool_acquire_timeout_and_leaks_no_slot(
+    server, demo_repo, anyio_backend
+):
     kserve_init(pool_bytes=1 << 16, n_slots=1)
     model = KServeModel(server.address, "mlp", deadline=0.3, shared_memory="off", max_batch_size=8)
     pool = get_state().inline_pool()
@@ -313,7 +326,7 @@ def test_pool_exhaustion_raises_pool_acquire_timeout_and_leaks_no_slot(server, d
     assert pool.free_slots() == 1
     x = data("mlp", 64)
     io = ArrayIO(x, (8,))
-    anyio.run(infer_async, model, io)
+    anyio.run(infer_async, model, io, backend=anyio_backend)
     np.testing.assert_allclose(io.y, expected(demo_repo, "mlp", x), rtol=1e-5, atol=1e-5)
     assert pool.free_slots() == 1
 
@@ -336,16 +349,16 @@ def shm_objects() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("shm-kserve_trio_client-")}
 
 
-def test_kserve_shutdown_unregisters_and_unlinks_every_region(server):
+def test_kserve_shutdown_unregisters_and_unlinks_every_region(server, anyio_backend):
     before = shm_objects()
     model = KServeModel(server.address, "mlp", max_batch_size=8, shared_memory="on")
     infer_sync(model, ArrayIO(data("mlp", 16), (8,), declare=True))
     region = get_state().shm_pool().region_name
     assert region in shm_objects()
-    status = anyio.run(KServeModel(server.address, "mlp").shm_status)
+    status = anyio.run(KServeModel(server.address, "mlp").shm_status, backend=anyio_backend)
     assert region in status
     kserve_shutdown()
-    assert anyio.run(KServeModel(server.address, "mlp").shm_status) == {}
+    assert anyio.run(KServeModel(server.address, "mlp").shm_status, backend=anyio_backend) == {}
     assert shm_objects() == before - {region}
 
 
@@ -382,7 +395,9 @@ def test_interpreter_exit_unregisters_and_unlinks(server):
 
 
 @pytest.mark.slow
-def test_worker_restarted_mid_stream_re_registers_and_the_stream_completes(demo_repo):
+def test_worker_restarted_mid_stream_re_registers_and_the_stream_completes(
+    demo_repo, anyio_backend
+):
     first = start(demo_repo)
     port = first.port
     x = data("mlp", 10_000, seed=5)
@@ -412,7 +427,7 @@ def test_worker_restarted_mid_stream_re_registers_and_the_stream_completes(demo_
             await infer_async(model, io)
 
     try:
-        anyio.run(main)
+        anyio.run(main, backend=anyio_backend)
         np.testing.assert_allclose(io.y, expected(demo_repo, "mlp", x), rtol=1e-5, atol=1e-5)
         ep = get_state().endpoints[(first.host, port)]
         assert ep.registrations == 2  # the initial one and one after the restart
