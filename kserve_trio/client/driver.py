@@ -190,7 +190,9 @@ def rehydrate(
     like an inline one: ``raw_output_contents`` aligned with the raw-carried outputs.
 
     The byte count is the output's ``shared_memory_byte_size`` (fallback: wire shape x
-    itemsize) and must fit the buffer reserved for it.
+    itemsize) and must fit the buffer reserved for it. Stock Triton writes a requested output
+    to the region but answers with an empty inline entry and no shm parameters: an output we
+    reserved a buffer for whose inline entry is empty is read from that buffer too.
     """
     by_name = {b.name: b for b in out_bufs}
     raw = iter(response.raw_output_contents)
@@ -200,6 +202,10 @@ def rehydrate(
         if region is None:
             if out.contents is None:
                 entry = next(raw, None)
+                buf = by_name.get(out.name)
+                if buf is not None and not entry:
+                    merged.append(_reserved_bytes(response, out, pool, buf))
+                    continue
                 if entry is None:
                     raise RpcError(
                         StatusCode.INTERNAL,
@@ -217,20 +223,30 @@ def rehydrate(
                 "request did not reserve for it",
                 method="ModelInfer",
             )
-        nbytes = int64_param(out.parameters, SHM_BYTE_SIZE_PARAM)
-        if nbytes is None:
-            nbytes = math.prod(out.shape) * dtype_from_wire(out.datatype).itemsize
-        if not 0 <= nbytes <= buf.nbytes:
-            raise RpcError(
-                StatusCode.INTERNAL,
-                f"output '{out.name}' reports {nbytes} bytes in shared memory but "
-                f"{buf.nbytes} were reserved",
-                method="ModelInfer",
-            )
-        merged.append(bytes(pool.view(buf.offset, nbytes)))
+        merged.append(_reserved_bytes(response, out, pool, buf))
         out.parameters = {k: v for k, v in out.parameters.items() if k not in _SHM_PARAMS}
     response.raw_output_contents = merged
     return response
+
+
+def _reserved_bytes(
+    response: pb.ModelInferResponse,
+    out: pb.ModelInferResponseInferOutputTensor,
+    pool: BufferPool,
+    buf: ScratchBuffer,
+) -> bytes:
+    """A copy of what the server wrote to ``out``'s reserved buffer (see ``rehydrate``)."""
+    nbytes = int64_param(out.parameters, SHM_BYTE_SIZE_PARAM)
+    if nbytes is None:
+        nbytes = math.prod(out.shape) * dtype_from_wire(out.datatype).itemsize
+    if not 0 <= nbytes <= buf.nbytes:
+        raise RpcError(
+            StatusCode.INTERNAL,
+            f"output '{out.name}' of model '{response.model_name}' reports {nbytes} bytes in "
+            f"shared memory but {buf.nbytes} were reserved",
+            method="ModelInfer",
+        )
+    return bytes(pool.view(buf.offset, nbytes))
 
 
 # --------------------------------------------------------------------------------------------

@@ -207,7 +207,8 @@ def test_rehydrate_falls_back_to_the_wire_shape_and_checks_sizes(shm_pool):
         },
     )
     with pytest.raises(
-        RpcError, match="output 'y' reports 16 bytes in shared memory but 8 were reserved"
+        RpcError,
+        match="output 'y' of model 'm' reports 16 bytes in shared memory but 8 were reserved",
     ):
         rehydrate(pb.ModelInferResponse(model_name="m", outputs=[big]), shm_pool, [ybuf])
     other = pb.ModelInferResponseInferOutputTensor(
@@ -218,3 +219,32 @@ def test_rehydrate_falls_back_to_the_wire_shape_and_checks_sizes(shm_pool):
     )
     with pytest.raises(RpcError, match="output 'q' came back in shared memory region 'elsewhere'"):
         rehydrate(pb.ModelInferResponse(model_name="m", outputs=[other]), shm_pool, [ybuf])
+
+
+def test_rehydrate_reads_a_reserved_output_answered_with_an_empty_inline_entry(shm_pool):
+    """Stock Triton writes the output to the region we named but answers with an empty inline
+    entry and no shm parameters; a non-empty entry is the server answering inline instead."""
+    slot, _x, _m = carve(shm_pool)
+    (ybuf,) = scratch(slot, [("y", (2,), np.float32)])
+    pool_view(ybuf)[...] = [1.5, 2.5]
+
+    def triton_like(entries):
+        outs = [
+            pb.ModelInferResponseInferOutputTensor(name="y", datatype="FP32", shape=[2]),
+            pb.ModelInferResponseInferOutputTensor(name="a", datatype="INT8", shape=[1]),
+        ]
+        return pb.ModelInferResponse(model_name="m", outputs=outs, raw_output_contents=entries)
+
+    response = rehydrate(triton_like([b"", b"\x07"]), shm_pool, [ybuf])
+    np.testing.assert_array_equal(InferOutput("y", response), [1.5, 2.5])
+    np.testing.assert_array_equal(InferOutput("a", response), [7])
+    inline = np.array([9.0, 8.0], np.float32).tobytes()
+    response = rehydrate(triton_like([inline, b"\x07"]), shm_pool, [ybuf])
+    np.testing.assert_array_equal(InferOutput("y", response), [9.0, 8.0])
+    too_big = triton_like([b"", b"\x07"])
+    too_big.outputs[0].shape = [4]
+    with pytest.raises(
+        RpcError,
+        match="output 'y' of model 'm' reports 16 bytes in shared memory but 8 were reserved",
+    ):
+        rehydrate(too_big, shm_pool, [ybuf])
