@@ -14,48 +14,19 @@ from __future__ import annotations
 
 import struct
 
-import betterproto2
-
+from kserve_trio.core.wire import encode_varint, len_field, param_bytes, signed
 from kserve_trio.proto import inference as pb
 
-_SMALL = [bytes([i]) for i in range(128)]
-_MASK64 = (1 << 64) - 1
-
-
-def varint(n: int) -> bytes:
-    """An unsigned varint; negative values are written as their 64-bit two's complement."""
-    if 0 <= n < 128:
-        return _SMALL[n]
-    n &= _MASK64
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _len_field(num: int, data: bytes) -> bytes:
-    return varint(num << 3 | 2) + varint(len(data)) + data
+# Varints, length-delimited fields and parameters are written exactly as the server writes them.
+varint = encode_varint
+_len_field = len_field
 
 
 def _str_field(num: int, s: str) -> bytes:
     return _len_field(num, s.encode()) if s else b""
 
 
-def _parameter(param: pb.InferParameter) -> bytes:
-    kind, value = betterproto2.which_one_of(param, "parameter_choice")
-    if kind == "bool_param":
-        return b"\x08" + varint(int(value))
-    if kind == "int64_param":
-        return b"\x10" + varint(value)
-    if kind == "string_param":
-        return _len_field(3, value.encode())
-    if kind == "double_param":
-        return b"\x21" + struct.pack("<d", value)
-    if kind == "uint64_param":
-        return b"\x28" + varint(value)
-    return b""
+_parameter = param_bytes
 
 
 def _parameters(num: int, params: dict[str, pb.InferParameter]) -> list[bytes]:
@@ -123,8 +94,7 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
             raise _Fallback
 
 
-def _signed(n: int) -> int:
-    return n - (1 << 64) if n >= 1 << 63 else n
+_signed = signed
 
 
 def _fields(data: bytes, start: int, end: int):

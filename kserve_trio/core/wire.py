@@ -62,7 +62,8 @@ def _varint(buf, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def _signed(n: int) -> int:
+def signed(n: int) -> int:
+    """A varint read back as protobuf int64 (two's complement)."""
     return n - (1 << 64) if n >= 1 << 63 else n
 
 
@@ -105,7 +106,7 @@ def _parameter(buf, span: tuple[int, int]) -> pb.InferParameter:
         if field == 1 and wt == 0:
             param = pb.InferParameter(bool_param=bool(value))
         elif field == 2 and wt == 0:
-            param = pb.InferParameter(int64_param=_signed(value))
+            param = pb.InferParameter(int64_param=signed(value))
         elif field == 3 and wt == 2:
             param = pb.InferParameter(string_param=_text(buf, value))
         elif field == 4 and wt == 1:
@@ -128,12 +129,12 @@ def _map_entry(buf, span: tuple[int, int], into: dict) -> None:
 
 def _shape(buf, wt: int, value, into: list[int]) -> None:
     if wt == 0:  # unpacked element
-        into.append(_signed(value))
+        into.append(signed(value))
         return
     pos, end = value
     while pos < end:
         v, pos = _varint(buf, pos)
-        into.append(_signed(v))
+        into.append(signed(v))
 
 
 class InferTensorView:
@@ -239,18 +240,20 @@ def parse_infer_request(data: bytes | bytearray | memoryview) -> InferRequestVie
 # ---------------------------------------------------------------------------- response encode
 
 
-def _len_field(num: int, data: bytes) -> bytes:
+def len_field(num: int, data: bytes) -> bytes:
+    """A length-delimited field: tag, length, bytes."""
     return encode_varint(num << 3 | 2) + encode_varint(len(data)) + data
 
 
-def _param_bytes(param: pb.InferParameter) -> bytes:
+def param_bytes(param: pb.InferParameter) -> bytes:
+    """The encoding of an ``InferParameter`` (its oneof member is always written)."""
     kind, value = betterproto2.which_one_of(param, "parameter_choice")
     if kind == "bool_param":
         return b"\x08" + encode_varint(int(value))
     if kind == "int64_param":
         return b"\x10" + encode_varint(value)
     if kind == "string_param":
-        return _len_field(3, value.encode())
+        return len_field(3, value.encode())
     if kind == "double_param":
         return b"\x21" + _DOUBLE.pack(value)
     if kind == "uint64_param":
@@ -261,23 +264,23 @@ def _param_bytes(param: pb.InferParameter) -> bytes:
 def _params_bytes(num: int, params) -> bytes:
     out = []
     for key, param in params.items():
-        entry = _len_field(1, key.encode()) + _len_field(2, _param_bytes(param))
-        out.append(_len_field(num, entry))
+        entry = len_field(1, key.encode()) + len_field(2, param_bytes(param))
+        out.append(len_field(num, entry))
     return b"".join(out)
 
 
 def _output_tensor(t: pb.ModelInferResponseInferOutputTensor) -> bytes:
     parts = []
     if t.name:
-        parts.append(_len_field(1, t.name.encode()))
+        parts.append(len_field(1, t.name.encode()))
     if t.datatype:
-        parts.append(_len_field(2, t.datatype.encode()))
+        parts.append(len_field(2, t.datatype.encode()))
     if t.shape:
-        parts.append(_len_field(3, b"".join(encode_varint(d) for d in t.shape)))
+        parts.append(len_field(3, b"".join(encode_varint(d) for d in t.shape)))
     if t.parameters:
         parts.append(_params_bytes(4, t.parameters))
     if t.contents is not None:
-        parts.append(_len_field(5, bytes(t.contents)))
+        parts.append(len_field(5, bytes(t.contents)))
     return b"".join(parts)
 
 
@@ -286,15 +289,15 @@ def infer_response_pieces(msg: pb.ModelInferResponse) -> list[bytes | memoryview
     ``raw_output_contents`` payload is the buffer itself (never copied here)."""
     head = []
     if msg.model_name:
-        head.append(_len_field(1, msg.model_name.encode()))
+        head.append(len_field(1, msg.model_name.encode()))
     if msg.model_version:
-        head.append(_len_field(2, msg.model_version.encode()))
+        head.append(len_field(2, msg.model_version.encode()))
     if msg.id:
-        head.append(_len_field(3, msg.id.encode()))
+        head.append(len_field(3, msg.id.encode()))
     if msg.parameters:
         head.append(_params_bytes(4, msg.parameters))
     for out in msg.outputs:
-        head.append(_len_field(5, _output_tensor(out)))
+        head.append(len_field(5, _output_tensor(out)))
     pieces: list[bytes | memoryview] = [b"".join(head)]
     for raw in msg.raw_output_contents:
         view = raw if isinstance(raw, bytes) else memoryview(raw).cast("B")
@@ -309,5 +312,8 @@ __all__ = [
     "RequestedOutputView",
     "encode_varint",
     "infer_response_pieces",
+    "len_field",
+    "param_bytes",
     "parse_infer_request",
+    "signed",
 ]
