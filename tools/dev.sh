@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: `tools/dev.sh serve` sets up the environment, writes the
 # demo model repository (./models) if absent and serves it on 127.0.0.1:8001;
-# `tools/dev.sh test` sets up the environment and runs the whole test suite, slow tests included.
+# `tools/dev.sh test` sets up the environments (.venv, and .venv-triton for the stock-Triton
+# peer) and runs the whole test suite, slow tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -20,6 +21,20 @@ setup() {
   fi
 }
 
+# The stock-Triton peer of the interoperability test (tests/e2e/test_triton_peer.py) runs from
+# its own environment: nvidia-pytriton pins tritonclient ~= 2.50, which must not reach .venv.
+TRITON_REQ="nvidia-pytriton==0.7.0"
+setup_triton() {
+  if [ ! -x .venv-triton/bin/python ]; then
+    "$PY" -m venv .venv-triton
+  fi
+  stamp=.venv-triton/.kserve_trio-installed
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$TRITON_REQ" ]; then
+    .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check "$TRITON_REQ"
+    echo "$TRITON_REQ" > "$stamp"
+  fi
+}
+
 cmd=${1:-help}
 shift || true
 case "$cmd" in
@@ -30,6 +45,7 @@ case "$cmd" in
     ;;
   test)
     setup
+    setup_triton
     exec .venv/bin/python -m pytest --run-slow "$@"
     ;;
   *)
