@@ -23,8 +23,6 @@ import collections
 import contextlib
 import enum
 import math
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,13 +48,12 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.runtime.weight_cache import NEEDS_CACHE, NotResidentError, ProbeResult
+from kserve_trio.runtime.weight_cache import NEEDS_CACHE, ProbeResult
+from kserve_trio.worker.device import DeviceThread, execute_plan, warm_model
 from kserve_trio.worker.planner import (
-    MIN_COST_SECONDS,
     BatchPlan,
     Candidate,
     ModelLayout,
-    coalesce_inputs,
     deadline_expired,
     decay_ema,
     effective_cost,
@@ -65,7 +62,6 @@ from kserve_trio.worker.planner import (
     select_edf,
     select_fair,
     select_fifo,
-    slice_outputs,
     update_cost,
     wait_percentiles,
 )
@@ -237,152 +233,6 @@ class _ModelState:
 
 
 # --------------------------------------------------------------------------------------------
-# The device thread
-
-
-class _Job:
-    __slots__ = ("args", "error", "event", "fn", "result")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.fn = fn
-        self.args = args
-        self.event = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-
-class _DeviceThread:
-    """The one thread that runs device work, fed through a queue.
-
-    A dedicated thread rather than ``to_thread.run_sync(limiter=CapacityLimiter(1))``: measured
-    here (uvloop, 10k sequential no-op calls) the round trip costs about 50-100 us against
-    75-300 us through anyio's worker pool, whose limiter, cancel-scope and context bookkeeping
-    is paid per call. It also gives meta models and control operations one stable thread.
-    """
-
-    def __init__(self, token: anyio.lowlevel.EventLoopToken) -> None:
-        self._token = token
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._main, name="kserve-trio-device", daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                job.result = job.fn(*job.args)
-            except BaseException as exc:
-                job.error = exc
-            try:
-                # Blocking until the loop has run the callback measured faster at c=1 than a
-                # fire-and-forget call_soon_threadsafe (A/B, in-process service path: 317-430
-                # vs 328-548 us per request): the device thread then does not compete with the
-                # loop for the GIL while the result is picked up.
-                anyio.from_thread.run_sync(job.event.set, token=self._token)
-            except Exception:  # the event loop is gone: nobody is waiting any more
-                pass
-            # Drop this thread's references now: a job's arguments may be views of a
-            # shared-memory mapping that can only be unmapped once no view is alive.
-            job = None
-
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the device thread; never abandoned once handed over."""
-        job = _Job(fn, args)
-        self._jobs.put(job)
-        with anyio.CancelScope(shield=True):
-            await job.event.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result
-
-    async def close(self) -> None:
-        self._jobs.put(None)
-        await anyio.to_thread.run_sync(self._thread.join)
-
-
-def _execute_plan(
-    entry: ModelEntry,
-    layout: ModelLayout,
-    plan: BatchPlan,
-    arrays: list[list[np.ndarray]],
-    rows: list[int],
-    clock: Callable[[], int],
-    cache: WeightCache | None = None,
-) -> tuple[int, list[list[np.ndarray]]]:
-    """Device-thread body of one batch: acquire the weights (untimed), coalesce, execute
-    (timed), slice per request, then give the cache its auto-compaction turn."""
-    if cache is not None:
-        cache.acquire(entry)
-    try:
-        return _run_plan(entry, layout, plan, arrays, rows, clock)
-    finally:
-        if cache is not None:
-            cache.after_dispatch()
-
-
-def _run_plan(
-    entry: ModelEntry,
-    layout: ModelLayout,
-    plan: BatchPlan,
-    arrays: list[list[np.ndarray]],
-    rows: list[int],
-    clock: Callable[[], int],
-) -> tuple[int, list[list[np.ndarray]]]:
-    inputs = (
-        coalesce_inputs(arrays, layout.input_axes, plan.batch_key) if plan.coalesced else arrays[0]
-    )
-    t0 = clock()
-    outputs = entry.execute(plan.variant, plan.batch_key, inputs)
-    elapsed = clock() - t0
-    if len(outputs) < len(layout.output_names):
-        raise Internal(
-            f"model '{entry.name}' returned {len(outputs)} outputs, "
-            f"expected {len(layout.output_names)}"
-        )
-    if not plan.coalesced:
-        return elapsed, [list(outputs)]
-    for k, axis in enumerate(layout.output_axes):
-        if axis is not None and outputs[k].shape[axis] != plan.batch_key:
-            raise Internal(
-                f"model '{entry.name}' returned output '{layout.output_names[k]}' with "
-                f"{outputs[k].shape[axis]} rows at dim {axis} for a batch of {plan.batch_key}"
-            )
-    return elapsed, slice_outputs(outputs, layout.output_axes, rows)
-
-
-def _warm_model(
-    state: _ModelState, clock: Callable[[], int], cache: WeightCache | None = None
-) -> tuple[dict[tuple[int | None, int], float], list[str]]:
-    """Device-thread body of a warmup: run each compiled (variant, key) once on zeros.
-
-    With a weight cache the model is acquired first; a model explicit mode may not load is
-    simply not warmed."""
-    costs: dict[tuple[int | None, int], float] = {}
-    failures: list[str] = []
-    if cache is not None:
-        try:
-            cache.acquire(state.entry)
-        except NotResidentError:
-            return costs, failures
-        except Exception as exc:
-            return costs, [f"acquire: {type(exc).__name__}: {exc}"]
-    for variant, keys in state.layout.keys.items():
-        for key in keys:
-            if state.removed:
-                return costs, failures
-            try:
-                inputs = state.layout.zero_inputs(variant, key)
-                t0 = clock()
-                state.entry.execute(variant, key, inputs)
-                costs[(variant, key)] = max((clock() - t0) / 1e9, MIN_COST_SECONDS)
-            except Exception as exc:
-                failures.append(f"variant {variant} batch {key}: {type(exc).__name__}: {exc}")
-    return costs, failures
-
-
-# --------------------------------------------------------------------------------------------
 # The scheduler
 
 
@@ -417,7 +267,7 @@ class Scheduler:
         self._pending_warmups: list[_ModelState] = []
         self._wake: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
-        self._device: _DeviceThread | None = None
+        self._device: DeviceThread | None = None
         self._inflight: _ModelState | None = None
         self._inflight_done: anyio.Event | None = None
         self._looping = False
@@ -435,7 +285,7 @@ class Scheduler:
             raise RuntimeError("Scheduler.run() can only be started once")
         self._stopped = self._stopped or anyio.Event()
         self._wake = anyio.Event()
-        self._device = _DeviceThread(anyio.lowlevel.current_token())
+        self._device = DeviceThread(anyio.lowlevel.current_token())
         self._phase = _Phase.RUNNING
         try:
             for state in self._pending_warmups:
@@ -541,9 +391,9 @@ class Scheduler:
     async def _warm(self, state: _ModelState) -> None:
         args = (state, self._clock, self._cache)
         if self._looping:
-            costs, failures = await self._submit(_Unit(_warm_model, args, model=state))
+            costs, failures = await self._submit(_Unit(warm_model, args, model=state))
         else:  # from run(), before the loop serves anything
-            costs, failures = await self._device_call(state, _warm_model, *args)
+            costs, failures = await self._device_call(state, warm_model, *args)
         for key, cost in costs.items():
             state.cost.setdefault(key, cost)
         for failure in failures:
@@ -1121,7 +971,7 @@ class Scheduler:
         try:
             elapsed_ns, slices = await self._device_call(
                 state,
-                _execute_plan,
+                execute_plan,
                 state.entry,
                 state.layout,
                 plan,
