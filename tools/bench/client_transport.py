@@ -1,0 +1,277 @@
+"""Client transports compared: the h2 transport (asyncio, uvloop, trio) against grpclib.
+
+A worker serving the demo repository runs in its own process; each measurement is a fresh
+client process running a closed loop of ``KServeModel.infer`` calls (``mlp``, one FP32 [1, 16]
+input, inline) at a given concurrency on one event loop, with one transport. It reports
+requests/s, p50 / p99 latency and the client process's CPU time (user + system, all threads)
+per request over the measurement window. Configurations are interleaved round by round and the
+medians of the rounds are printed as a Markdown table (and as JSON with ``--json``).
+
+Usage:
+    python tools/bench/client_transport.py [--repo DIR] [--rounds 3] [--duration 5]
+        [--concurrency 1,16] [--server-cpu 0 --client-cpu 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = (
+    ("grpclib", "asyncio"),
+    ("h2", "asyncio"),
+    ("grpclib", "uvloop"),
+    ("h2", "uvloop"),
+    ("h2", "trio"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The client process
+
+
+def _child(args: argparse.Namespace) -> None:
+    import anyio
+    import numpy as np
+
+    from kserve_trio.client import InferInput, KServeModel
+
+    if args.transport == "h2":
+        from kserve_trio.client.h2_transport import H2Transport as factory
+    else:
+        from kserve_trio.client.grpclib_transport import GrpclibTransport as factory
+
+    x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
+    inputs = [InferInput("input_0", x)]
+
+    async def main() -> dict:
+        latencies: list[float] = []
+        counting = False
+        stop_at = 0.0
+        async with KServeModel(
+            args.url, "mlp", shared_memory="off", transport_factory=factory
+        ) as model:
+
+            async def worker() -> None:
+                while True:
+                    t0 = time.perf_counter()
+                    await model.infer(inputs)
+                    t1 = time.perf_counter()
+                    if t1 >= stop_at and counting:
+                        return
+                    if counting:
+                        latencies.append(t1 - t0)
+
+            await model.infer(inputs)  # connected
+            stop_at = time.perf_counter() + args.warmup + args.duration + 3600
+            async with anyio.create_task_group() as tg:
+                for _ in range(args.concurrency):
+                    tg.start_soon(worker)
+                await anyio.sleep(args.warmup)
+                counting = True
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
+                t_start = time.perf_counter()
+                stop_at = t_start + args.duration
+                await anyio.sleep(args.duration)
+                elapsed = time.perf_counter() - t_start
+                ru1 = resource.getrusage(resource.RUSAGE_SELF)
+                n = len(latencies)
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        latencies.sort()
+        return {
+            "transport": args.transport,
+            "loop": args.backend,
+            "concurrency": args.concurrency,
+            "requests": n,
+            "rps": n / elapsed,
+            "p50_ms": 1e3 * latencies[n // 2] if n else float("nan"),
+            "p99_ms": 1e3 * latencies[min(n - 1, int(n * 0.99))] if n else float("nan"),
+            "cpu_us_per_req": 1e6 * cpu / n if n else float("nan"),
+        }
+
+    if args.backend == "trio":
+        result = anyio.run(main, backend="trio")
+    else:
+        result = anyio.run(
+            main, backend="asyncio", backend_options={"use_uvloop": args.backend == "uvloop"}
+        )
+    print(json.dumps(result), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The orchestrator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pin(cpu: int | None) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if cpu is not None else []
+
+
+def _wait_ready(url: str, timeout: float = 120.0) -> None:
+    import anyio
+
+    from kserve_trio.client import KServeModel
+
+    async def ready() -> bool:
+        try:
+            async with KServeModel(url, "mlp", deadline=2.0) as m:
+                return await m.model_ready()
+        except Exception:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if anyio.run(ready):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the worker at {url} was not ready within {timeout:.0f}s")
+
+
+def _run(args: argparse.Namespace) -> list[dict]:
+    tmp = tempfile.mkdtemp(prefix="client-transport-bench-")
+    repo = pathlib.Path(args.repo) if args.repo else pathlib.Path(tmp) / "models"
+    if not repo.exists():
+        subprocess.run(
+            [sys.executable, "-m", "kserve_trio", "bundle", "demo", str(repo)], check=True
+        )
+    port = _free_port()
+    url = f"127.0.0.1:{port}"
+    worker = subprocess.Popen(
+        [
+            *_pin(args.server_cpu),
+            sys.executable,
+            "-m",
+            "kserve_trio",
+            "worker",
+            "--model-repo",
+            str(repo),
+            "--port",
+            str(port),
+            "--model-control-mode",
+            "static",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    results: list[dict] = []
+    try:
+        _wait_ready(url)
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        for rnd in range(args.rounds):
+            for c in concurrencies:
+                for transport, backend in CONFIGS:
+                    out = subprocess.run(
+                        [
+                            *_pin(args.client_cpu),
+                            sys.executable,
+                            __file__,
+                            "--child",
+                            "--url",
+                            url,
+                            "--transport",
+                            transport,
+                            "--backend",
+                            backend,
+                            "--concurrency",
+                            str(c),
+                            "--warmup",
+                            str(args.warmup),
+                            "--duration",
+                            str(args.duration),
+                        ],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                    row = json.loads(out.strip().splitlines()[-1])
+                    row["round"] = rnd
+                    results.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    return results
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Medians over rounds, with the (min, max) range, per (concurrency, transport, loop)."""
+    keys = sorted({(r["concurrency"], r["transport"], r["loop"]) for r in results})
+    order = {cfg: i for i, cfg in enumerate(CONFIGS)}
+    keys.sort(key=lambda k: (k[0], order.get((k[1], k[2]), 99)))
+    rows = []
+    for c, transport, loop in keys:
+        runs = [
+            r
+            for r in results
+            if (r["concurrency"], r["transport"], r["loop"]) == (c, transport, loop)
+        ]
+        row = {"concurrency": c, "transport": transport, "loop": loop, "rounds": len(runs)}
+        for field in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req"):
+            values = [r[field] for r in runs]
+            row[field] = statistics.median(values)
+            row[field + "_range"] = (min(values), max(values))
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| c | transport | loop | req/s | p50 (ms) | p99 (ms) | client CPU/req (µs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lo, hi = r["cpu_us_per_req_range"]
+        rlo, rhi = r["rps_range"]
+        lines.append(
+            f"| {r['concurrency']} | {r['transport']} | {r['loop']} | "
+            f"{r['rps']:.0f} [{rlo:.0f}-{rhi:.0f}] | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['cpu_us_per_req']:.0f} [{lo:.0f}-{hi:.0f}] |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--url")
+    p.add_argument("--transport", choices=("h2", "grpclib"))
+    p.add_argument("--backend", choices=("asyncio", "uvloop", "trio"))
+    p.add_argument("--repo", help="demo model repository (default: written to a temp dir)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--server-cpu", type=int)
+    p.add_argument("--client-cpu", type=int)
+    p.add_argument("--json", help="write every run and the summary here")
+    args = p.parse_args()
+    if args.child:
+        args.concurrency = int(args.concurrency)
+        _child(args)
+        return
+    results = _run(args)
+    rows = summarize(results)
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": results, "summary": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    main()
