@@ -38,12 +38,10 @@ RST_STREAM REFUSED_STREAM) is retried once on a fresh connection.
 
 from __future__ import annotations
 
-import base64
-import math
+import os
 import select
 import socket
 import ssl
-import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -57,6 +55,15 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from kserve_trio.client._h2_call import (
+    _Call,
+    _error_name,
+    decode_grpc_message,
+    grpc_timeout,
+    metadata_headers,
+    status_from_http,
+    status_from_reset,
+)
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
 from kserve_trio.client.transport import Endpoint
@@ -79,237 +86,12 @@ USER_AGENT = b"kserve_trio-h2/1"
 
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
-_TIMEOUT_UNITS = ((1e9, b"n"), (1e6, b"u"), (1e3, b"m"), (1.0, b"S"), (1 / 60, b"M"))
-_RESERVED_METADATA = frozenset({"content-type", "te", "host", "user-agent", "connection"})
 _CONNECTION_ERRORS = (
     anyio.BrokenResourceError,
     anyio.ClosedResourceError,
     anyio.EndOfStream,
     OSError,  # ssl.SSLError included
 )
-
-
-# --------------------------------------------------------------------------------------------
-# Pure pieces: header values, status mapping, the reply of one stream
-
-
-def grpc_timeout(seconds: float) -> bytes:
-    """The ``grpc-timeout`` header value for ``seconds``: the finest unit whose value fits the
-    8 digits gRPC allows, rounded up (the server never gets less time than the client)."""
-    if not seconds > 0:
-        raise ValueError(f"a grpc-timeout must be positive, got {seconds!r}")
-    for factor, unit in _TIMEOUT_UNITS:
-        value = math.ceil(seconds * factor)
-        if value < 100_000_000:
-            return str(value).encode("ascii") + unit
-    return str(min(math.ceil(seconds / 3600), 99_999_999)).encode("ascii") + b"H"
-
-
-def decode_grpc_message(value: bytes) -> str:
-    """A ``grpc-message`` header value: percent-decoded UTF-8 (bad bytes replaced)."""
-    return urllib.parse.unquote_to_bytes(value).decode("utf-8", "replace")
-
-
-def status_from_http(code: int) -> StatusCode:
-    """gRPC's mapping of an HTTP status to a status code, for replies without ``grpc-status``."""
-    if code == 400:
-        return StatusCode.INTERNAL
-    if code == 401:
-        return StatusCode.UNAUTHENTICATED
-    if code == 403:
-        return StatusCode.PERMISSION_DENIED
-    if code == 404:
-        return StatusCode.UNIMPLEMENTED
-    if code in (429, 502, 503, 504):
-        return StatusCode.UNAVAILABLE
-    return StatusCode.UNKNOWN
-
-
-def status_from_reset(error_code: int) -> StatusCode:
-    """The status of a call whose stream the server reset (gRPC's HTTP/2 error mapping)."""
-    if error_code == h2.errors.ErrorCodes.CANCEL:
-        return StatusCode.CANCELLED
-    if error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM:
-        return StatusCode.RESOURCE_EXHAUSTED
-    if error_code == h2.errors.ErrorCodes.INADEQUATE_SECURITY:
-        return StatusCode.PERMISSION_DENIED
-    if error_code == _REFUSED:
-        return StatusCode.UNAVAILABLE
-    return StatusCode.INTERNAL
-
-
-def _error_name(error_code: int) -> str:
-    try:
-        return h2.errors.ErrorCodes(error_code).name
-    except ValueError:
-        return str(error_code)
-
-
-def metadata_headers(metadata: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
-    """Caller metadata as header pairs: keys lowercased; ``-bin`` keys carry bytes (sent
-    base64); other values must be printable ASCII. Reserved names raise ``ValueError``."""
-    out = []
-    for key, value in metadata.items():
-        name = str(key).lower()
-        if (
-            not name
-            or name.startswith((":", "grpc-"))
-            or name in _RESERVED_METADATA
-            or not all(c.isalnum() or c in "-_." for c in name)
-            or not name.isascii()
-        ):
-            raise ValueError(f"invalid or reserved metadata key {key!r}")
-        if name.endswith("-bin"):
-            raw = value.encode() if isinstance(value, str) else bytes(value)
-            encoded = base64.b64encode(raw).rstrip(b"=")
-        else:
-            if not isinstance(value, str) or not all(" " <= c <= "~" for c in value):
-                raise ValueError(f"metadata {key!r} needs a printable ASCII string value")
-            encoded = value.encode("ascii")
-        out.append((name.encode("ascii"), encoded))
-    return out
-
-
-class _Call:
-    """One unary call: what was received on its stream, and how it ended.
-
-    ``headers`` / ``data`` / ``ended`` / ``reset`` feed it the stream's events; ``message``
-    returns the reply message or raises the call's ``RpcError``. Pure: no I/O.
-    """
-
-    __slots__ = (
-        "cap",
-        "chunks",
-        "done",
-        "error",
-        "event",
-        "http_status",
-        "length",
-        "message_text",
-        "nbytes",
-        "refused",
-        "reset_code",
-        "rpc",
-        "status",
-        "stream_id",
-    )
-
-    def __init__(self, rpc: str, cap: int) -> None:
-        self.rpc = rpc
-        self.cap = cap
-        self.stream_id = 0
-        self.chunks: list[bytes] = []
-        self.nbytes = 0
-        self.length = -1
-        self.http_status = 0
-        self.status: int | None = None
-        self.message_text = ""
-        self.reset_code: int | None = None
-        self.error: RpcError | None = None
-        self.refused = False  # the server provably did not process it: safe to retry
-        self.done = False
-        self.event: anyio.Event | None = None
-
-    def headers(self, headers: list[tuple[bytes, bytes]]) -> None:
-        for name, value in headers:
-            if name == b"grpc-status":
-                try:
-                    self.status = int(value)
-                except ValueError:
-                    self.status = StatusCode.UNKNOWN
-            elif name == b"grpc-message":
-                self.message_text = decode_grpc_message(value)
-            elif name == b":status":
-                try:
-                    self.http_status = int(value)
-                except ValueError:
-                    self.http_status = -1
-
-    def data(self, data: bytes) -> bool:
-        """Buffer a DATA payload; False once the reply is refused (over the cap, compressed,
-        a second message), with ``error`` set: the caller then resets the stream."""
-        if not data:
-            return True
-        self.chunks.append(data)
-        self.nbytes += len(data)
-        if self.length < 0 and self.nbytes >= 5:
-            first = self.chunks[0]
-            head = first[:5] if len(first) >= 5 else b"".join(self.chunks)[:5]
-            self.length = int.from_bytes(head[1:5], "big")
-            if head[0]:
-                self.error = RpcError(
-                    StatusCode.UNIMPLEMENTED,
-                    "compressed replies are not supported",
-                    method=self.rpc,
-                )
-                return False
-            if self.length > self.cap:
-                self.error = RpcError(
-                    StatusCode.RESOURCE_EXHAUSTED,
-                    f"received message larger than max ({self.length} vs. {self.cap})",
-                    method=self.rpc,
-                    retryable=False,
-                )
-                return False
-        if self.length >= 0 and self.nbytes > 5 + self.length:
-            self.error = RpcError(
-                StatusCode.INTERNAL,
-                "the server sent more than one reply message for a unary call",
-                method=self.rpc,
-            )
-            return False
-        return True
-
-    def fail(self, error: RpcError, *, refused: bool = False) -> None:
-        if not self.done:
-            self.error = error
-            self.refused = refused
-            self.done = True
-
-    def message(self, address: str) -> bytes:
-        """The reply message, or the call's error (see the module docstring for the mapping)."""
-        rpc = self.rpc
-        if self.error is not None:
-            raise self.error
-        status = self.status
-        if self.reset_code is not None and status is None:
-            raise RpcError(
-                status_from_reset(self.reset_code),
-                f"stream reset by {address} ({_error_name(self.reset_code)})",
-                method=rpc,
-            )
-        if status is None:
-            if self.http_status not in (0, 200):
-                code = self.http_status
-                raise RpcError(
-                    status_from_http(code), f"HTTP status {code} from {address}", method=rpc
-                )
-            raise RpcError(
-                StatusCode.UNKNOWN, f"the reply from {address} has no grpc-status", method=rpc
-            )
-        if status != 0:
-            try:
-                code = StatusCode(status)
-            except ValueError:
-                code = StatusCode.UNKNOWN
-            raise RpcError(code, self.message_text, method=rpc)
-        chunks = self.chunks
-        if not chunks:
-            raise RpcError(StatusCode.INTERNAL, "the server sent no reply message", method=rpc)
-        if self.length < 0 or self.nbytes < 5 + self.length:
-            have = max(self.nbytes - 5, 0)
-            raise RpcError(
-                StatusCode.UNAVAILABLE,
-                f"truncated reply ({have} of {max(self.length, 0)} bytes)",
-                method=rpc,
-            )
-        first = chunks[0]
-        if len(chunks) == 1:
-            return first[5:]
-        if len(first) >= 5:
-            chunks[0] = first[5:]
-            return b"".join(chunks)
-        return b"".join(chunks)[5:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,11 +169,20 @@ class _Connection:
         if self.dead is None:
             self.dead = f"connection to {self.address} was closed by the client"
         sock = self.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if sock is None:
+            return
+        try:
+            # Through a duplicate descriptor: the event loop's own socket object may not
+            # offer shutdown() (uvloop's does not); shutdown acts on the connection itself.
+            dup = socket.socket(fileno=os.dup(sock.fileno()))
+        except (OSError, ValueError):
+            return
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            dup.close()
 
     def peek_idle(self) -> bool:
         """On an idle connection: whether the server sent something meanwhile (GOAWAY, EOF,
@@ -625,6 +416,8 @@ class _Connection:
             self.calls.pop(sid, None)
             for waiting in self.parked:
                 _wake(waiting)
+            if self.draining and not self.calls and self.dead is None:
+                await self.aclose()  # GOAWAY'd and now idle: the transport has moved on
 
     async def _send_large(self, call: _Call, payload: bytes) -> bool:
         """The message in DATA frames within the peer's windows and frame size; False when
@@ -758,28 +551,26 @@ class H2Transport:
             raise RpcError(
                 StatusCode.UNAVAILABLE, f"cannot reach {address}: {_describe(exc)}", method=rpc
             ) from None
-        if self._ssl is not None:
-            try:
-                stream = await anyio.streams.tls.TLSStream.wrap(
-                    stream, hostname=host, ssl_context=self._ssl, standard_compatible=False
-                )
-            except _CONNECTION_ERRORS as exc:
-                await anyio.aclose_forcefully(stream)
-                raise RpcError(
-                    StatusCode.UNAVAILABLE, handshake_error_message(address, exc), method=rpc
-                ) from None
-            alpn = stream.extra(anyio.streams.tls.TLSAttribute.alpn_protocol, None)
-            if alpn not in (None, "h2"):
-                await anyio.aclose_forcefully(stream)
-                raise RpcError(
-                    StatusCode.UNAVAILABLE,
-                    f"{address} negotiated {alpn!r} instead of HTTP/2 (ALPN h2)",
-                    method=rpc,
-                )
-        conn = _Connection(stream, address)
         try:
+            if self._ssl is not None:
+                try:
+                    stream = await anyio.streams.tls.TLSStream.wrap(
+                        stream, hostname=host, ssl_context=self._ssl, standard_compatible=False
+                    )
+                except _CONNECTION_ERRORS as exc:
+                    raise RpcError(
+                        StatusCode.UNAVAILABLE, handshake_error_message(address, exc), method=rpc
+                    ) from None
+                alpn = stream.extra(anyio.streams.tls.TLSAttribute.alpn_protocol, None)
+                if alpn not in (None, "h2"):
+                    raise RpcError(
+                        StatusCode.UNAVAILABLE,
+                        f"{address} negotiated {alpn!r} instead of HTTP/2 (ALPN h2)",
+                        method=rpc,
+                    )
+            conn = _Connection(stream, address)
             await conn.start()
-        except BaseException:
+        except BaseException:  # cancellation included: the socket is not left to the GC
             await anyio.aclose_forcefully(stream)
             raise
         return conn

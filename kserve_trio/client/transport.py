@@ -25,7 +25,7 @@ ENV_MAX_SEND = "KSERVE_TRIO_CLIENT_GRPC_MAX_SEND_MSG_BYTES"
 ENV_MAX_RECV = "KSERVE_TRIO_CLIENT_GRPC_MAX_RECV_MSG_BYTES"
 ENV_TRANSPORT = "KSERVE_TRIO_CLIENT_TRANSPORT"
 """``h2`` or ``grpclib``: the transport ``default_transport_factory`` uses on asyncio."""
-ASYNCIO_TRANSPORT = "grpclib"
+ASYNCIO_TRANSPORT = "h2"
 """The asyncio default, the one that measured faster (docs/benchmarks.md, "Trio transport")."""
 
 SERVICE = "/inference.GRPCInferenceService/"

@@ -579,3 +579,92 @@ async def test_the_peers_stream_limit_is_respected():
                     tg.start_soon(one, i)
     assert sorted(results) == [str(i).encode() for i in range(6)]
     assert server.max_open == 1
+
+
+# --------------------------------------------------------------------------------------------
+# One vocabulary: the h2 and grpclib transports fail alike
+
+
+def test_both_transports_report_failures_with_the_same_status_and_message(echo):
+    import socket
+
+    from kserve_trio.client.grpclib_transport import GrpclibTransport
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+
+    class Strict:
+        @classmethod
+        def FromString(cls, data):
+            raise ValueError("not a message")
+
+    async def outcomes(cls) -> list[tuple[StatusCode, str]]:
+        seen = []
+
+        async def record(port, call, **caps):
+            t = cls(Endpoint("127.0.0.1", port, **caps))
+            try:
+                await call(t)
+                seen.append(None)
+            except RpcError as exc:
+                seen.append((exc.status, exc.message, exc.method))
+            finally:
+                await t.aclose()
+
+        meta = {"x-status": "5", "x-message": "model 'm' 100% missing"}
+        await record(echo.port, lambda t: t.unary(ECHO, b"x", Raw, metadata=meta))
+        slow = {"x-sleep": "3"}
+        await record(echo.port, lambda t: t.unary(ECHO, b"x", Raw, timeout=0.2, metadata=slow))
+        await record(echo.port, lambda t: t.unary(ECHO, b"x", Raw, timeout=0))
+        await record(echo.port, lambda t: t.unary(ECHO, b"x" * 11, Raw), max_send_message_length=10)
+        big = {"x-reply-bytes": "4096"}
+        await record(
+            echo.port,
+            lambda t: t.unary(ECHO, b"", Raw, metadata=big),
+            max_receive_message_length=100,
+        )
+        await record(echo.port, lambda t: t.unary(ECHO, b"x", Strict))
+        await record(echo.port, lambda t: t.unary(ECHO, b"ok", Raw))
+        return seen
+
+    h2_seen = anyio.run(outcomes, H2Transport, backend="asyncio")
+    grpclib_seen = anyio.run(outcomes, GrpclibTransport, backend="asyncio")
+    assert h2_seen == grpclib_seen
+    assert [s[0] for s in h2_seen[:-1]] == [
+        StatusCode.NOT_FOUND,
+        StatusCode.DEADLINE_EXCEEDED,
+        StatusCode.DEADLINE_EXCEEDED,
+        StatusCode.RESOURCE_EXHAUSTED,
+        StatusCode.RESOURCE_EXHAUSTED,
+        StatusCode.INTERNAL,
+    ]
+    assert h2_seen[-1] is None
+
+    async def unreachable(cls):
+        t = cls(Endpoint("127.0.0.1", closed_port))
+        with pytest.raises(RpcError) as info:
+            await t.unary(ECHO, b"x", Raw, timeout=5)
+        await t.aclose()
+        return info.value.status, info.value.message.split(":")[0]
+
+    assert anyio.run(unreachable, H2Transport) == anyio.run(unreachable, GrpclibTransport)
+
+
+def test_close_from_another_thread_on_uvloop(echo):
+    """uvloop's transport socket has no shutdown(): ``close`` still ends the connection."""
+
+    async def main():
+        async with transport(echo.port) as t:
+            assert await t.unary(ECHO, b"warm", Raw) == b"warm"
+            timer = threading.Timer(0.2, t.close)
+            timer.start()
+            with pytest.raises(RpcError) as info:
+                await t.unary(ECHO, b"x", Raw, timeout=10, metadata={"x-sleep": "5"})
+            timer.join()
+            assert info.value.status is StatusCode.UNAVAILABLE
+            assert await t.unary(ECHO, b"again", Raw, timeout=5) == b"again"
+
+    started = time.monotonic()
+    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+    assert time.monotonic() - started < 5

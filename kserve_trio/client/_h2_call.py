@@ -1,0 +1,255 @@
+"""The pure half of the h2 transport: gRPC-over-HTTP/2 header values and one call's reply.
+
+No I/O: ``grpc_timeout`` / ``metadata_headers`` build request header values,
+``decode_grpc_message`` / ``status_from_http`` / ``status_from_reset`` read the server's side,
+and ``_Call`` accumulates what arrives on one stream (headers, DATA, trailers, a reset) and
+turns it into the reply message or the call's ``RpcError`` (``_Call.message``). The wording of
+every error matches the grpclib transport's, so callers see one vocabulary whichever transport
+ran the call. ``h2_transport`` drives it.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import h2.errors
+
+from kserve_trio.client.errors import RpcError
+from kserve_trio.core.errors import StatusCode
+
+_REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
+_TIMEOUT_UNITS = ((1e9, b"n"), (1e6, b"u"), (1e3, b"m"), (1.0, b"S"), (1 / 60, b"M"))
+_RESERVED_METADATA = frozenset({"content-type", "te", "host", "user-agent", "connection"})
+
+
+def grpc_timeout(seconds: float) -> bytes:
+    """The ``grpc-timeout`` header value for ``seconds``: the finest unit whose value fits the
+    8 digits gRPC allows, rounded up (the server never gets less time than the client)."""
+    if not seconds > 0:
+        raise ValueError(f"a grpc-timeout must be positive, got {seconds!r}")
+    for factor, unit in _TIMEOUT_UNITS:
+        value = math.ceil(seconds * factor)
+        if value < 100_000_000:
+            return str(value).encode("ascii") + unit
+    return str(min(math.ceil(seconds / 3600), 99_999_999)).encode("ascii") + b"H"
+
+
+def decode_grpc_message(value: bytes) -> str:
+    """A ``grpc-message`` header value: percent-decoded UTF-8 (bad bytes replaced)."""
+    return urllib.parse.unquote_to_bytes(value).decode("utf-8", "replace")
+
+
+def status_from_http(code: int) -> StatusCode:
+    """gRPC's mapping of an HTTP status to a status code, for replies without ``grpc-status``."""
+    if code == 400:
+        return StatusCode.INTERNAL
+    if code == 401:
+        return StatusCode.UNAUTHENTICATED
+    if code == 403:
+        return StatusCode.PERMISSION_DENIED
+    if code == 404:
+        return StatusCode.UNIMPLEMENTED
+    if code in (429, 502, 503, 504):
+        return StatusCode.UNAVAILABLE
+    return StatusCode.UNKNOWN
+
+
+def status_from_reset(error_code: int) -> StatusCode:
+    """The status of a call whose stream the server reset (gRPC's HTTP/2 error mapping)."""
+    if error_code == h2.errors.ErrorCodes.CANCEL:
+        return StatusCode.CANCELLED
+    if error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM:
+        return StatusCode.RESOURCE_EXHAUSTED
+    if error_code == h2.errors.ErrorCodes.INADEQUATE_SECURITY:
+        return StatusCode.PERMISSION_DENIED
+    if error_code == _REFUSED:
+        return StatusCode.UNAVAILABLE
+    return StatusCode.INTERNAL
+
+
+def _error_name(error_code: int) -> str:
+    try:
+        return h2.errors.ErrorCodes(error_code).name
+    except ValueError:
+        return str(error_code)
+
+
+def metadata_headers(metadata: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """Caller metadata as header pairs: keys lowercased; ``-bin`` keys carry bytes (sent
+    base64); other values must be printable ASCII. Reserved names raise ``ValueError``."""
+    out = []
+    for key, value in metadata.items():
+        name = str(key).lower()
+        if (
+            not name
+            or name.startswith((":", "grpc-"))
+            or name in _RESERVED_METADATA
+            or not all(c.isalnum() or c in "-_." for c in name)
+            or not name.isascii()
+        ):
+            raise ValueError(f"invalid or reserved metadata key {key!r}")
+        if name.endswith("-bin"):
+            raw = value.encode() if isinstance(value, str) else bytes(value)
+            encoded = base64.b64encode(raw).rstrip(b"=")
+        else:
+            if not isinstance(value, str) or not all(" " <= c <= "~" for c in value):
+                raise ValueError(f"metadata {key!r} needs a printable ASCII string value")
+            encoded = value.encode("ascii")
+        out.append((name.encode("ascii"), encoded))
+    return out
+
+
+class _Call:
+    """One unary call: what was received on its stream, and how it ended.
+
+    ``headers`` / ``data`` / ``ended`` / ``reset`` feed it the stream's events; ``message``
+    returns the reply message or raises the call's ``RpcError``. Pure: no I/O.
+    """
+
+    __slots__ = (
+        "cap",
+        "chunks",
+        "done",
+        "error",
+        "event",
+        "http_status",
+        "length",
+        "message_text",
+        "nbytes",
+        "refused",
+        "reset_code",
+        "rpc",
+        "status",
+        "stream_id",
+    )
+
+    def __init__(self, rpc: str, cap: int) -> None:
+        self.rpc = rpc
+        self.cap = cap
+        self.stream_id = 0
+        self.chunks: list[bytes] = []
+        self.nbytes = 0
+        self.length = -1
+        self.http_status = 0
+        self.status: int | None = None
+        self.message_text = ""
+        self.reset_code: int | None = None
+        self.error: RpcError | None = None
+        self.refused = False  # the server provably did not process it: safe to retry
+        self.done = False
+        self.event: anyio.Event | None = None
+
+    def headers(self, headers: list[tuple[bytes, bytes]]) -> None:
+        for name, value in headers:
+            if name == b"grpc-status":
+                try:
+                    self.status = int(value)
+                except ValueError:
+                    self.status = StatusCode.UNKNOWN
+            elif name == b"grpc-message":
+                self.message_text = decode_grpc_message(value)
+            elif name == b":status":
+                try:
+                    self.http_status = int(value)
+                except ValueError:
+                    self.http_status = -1
+
+    def data(self, data: bytes) -> bool:
+        """Buffer a DATA payload; False once the reply is refused (over the cap, compressed,
+        a second message), with ``error`` set: the caller then resets the stream."""
+        if not data:
+            return True
+        self.chunks.append(data)
+        self.nbytes += len(data)
+        if self.length < 0 and self.nbytes >= 5:
+            first = self.chunks[0]
+            head = first[:5] if len(first) >= 5 else b"".join(self.chunks)[:5]
+            self.length = int.from_bytes(head[1:5], "big")
+            if head[0]:
+                self.error = RpcError(
+                    StatusCode.UNIMPLEMENTED,
+                    "compressed replies are not supported",
+                    method=self.rpc,
+                )
+                return False
+            if self.length > self.cap:
+                self.error = RpcError(
+                    StatusCode.RESOURCE_EXHAUSTED,
+                    f"received message larger than max ({self.length} vs. {self.cap})",
+                    method=self.rpc,
+                    retryable=False,
+                )
+                return False
+        if self.length >= 0 and self.nbytes > 5 + self.length:
+            self.error = RpcError(
+                StatusCode.INTERNAL,
+                "the server sent more than one reply message for a unary call",
+                method=self.rpc,
+            )
+            return False
+        return True
+
+    def fail(self, error: RpcError, *, refused: bool = False) -> None:
+        if not self.done:
+            self.error = error
+            self.refused = refused
+            self.done = True
+
+    def message(self, address: str) -> bytes:
+        """The reply message, or the call's error (see the module docstring for the mapping)."""
+        rpc = self.rpc
+        if self.error is not None:
+            raise self.error
+        status = self.status
+        if self.reset_code is not None and status is None:
+            raise RpcError(
+                status_from_reset(self.reset_code),
+                f"stream reset by {address} ({_error_name(self.reset_code)})",
+                method=rpc,
+            )
+        if status is None:
+            if self.http_status not in (0, 200):
+                code = self.http_status
+                raise RpcError(
+                    status_from_http(code), f"HTTP status {code} from {address}", method=rpc
+                )
+            raise RpcError(
+                StatusCode.UNKNOWN, f"the reply from {address} has no grpc-status", method=rpc
+            )
+        if status != 0:
+            try:
+                code = StatusCode(status)
+            except ValueError:
+                code = StatusCode.UNKNOWN
+            raise RpcError(code, self.message_text, method=rpc)
+        chunks = self.chunks
+        if not chunks:
+            raise RpcError(StatusCode.INTERNAL, "the server sent no reply message", method=rpc)
+        if self.length < 0 or self.nbytes < 5 + self.length:
+            have = max(self.nbytes - 5, 0)
+            raise RpcError(
+                StatusCode.UNAVAILABLE,
+                f"truncated reply ({have} of {max(self.length, 0)} bytes)",
+                method=rpc,
+            )
+        first = chunks[0]
+        if len(chunks) == 1:
+            return first[5:]
+        if len(first) >= 5:
+            chunks[0] = first[5:]
+            return b"".join(chunks)
+        return b"".join(chunks)[5:]
+
+
+__all__ = [
+    "decode_grpc_message",
+    "grpc_timeout",
+    "metadata_headers",
+    "status_from_http",
+    "status_from_reset",
+]
