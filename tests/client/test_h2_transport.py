@@ -668,3 +668,36 @@ def test_close_from_another_thread_on_uvloop(echo):
     started = time.monotonic()
     anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
     assert time.monotonic() - started < 5
+
+
+# --------------------------------------------------------------------------------------------
+# Transport selection
+
+
+@pytest.mark.anyio
+async def test_default_transport_is_h2_on_both_loops(anyio_backend, monkeypatch):
+    from kserve_trio.client.transport import ENV_TRANSPORT, default_transport_factory
+
+    monkeypatch.delenv(ENV_TRANSPORT, raising=False)
+    assert isinstance(default_transport_factory(Endpoint("h", 1)), H2Transport)
+
+
+def test_asyncio_transport_can_be_chosen_by_environment(monkeypatch):
+    from kserve_trio.client.grpclib_transport import GrpclibTransport
+    from kserve_trio.client.transport import (
+        ENV_TRANSPORT,
+        asyncio_transport_name,
+        default_transport_factory,
+    )
+
+    assert asyncio_transport_name({}) == "h2"
+    assert asyncio_transport_name({ENV_TRANSPORT: " GRPCLIB "}) == "grpclib"
+    with pytest.raises(ValueError, match=f"^{ENV_TRANSPORT}='quic': expected 'h2' or 'grpclib'$"):
+        asyncio_transport_name({ENV_TRANSPORT: "quic"})
+
+    async def made(backend_env):
+        return type(default_transport_factory(Endpoint("h", 1)))
+
+    monkeypatch.setenv(ENV_TRANSPORT, "grpclib")
+    assert anyio.run(made, None, backend="asyncio") is GrpclibTransport
+    assert anyio.run(made, None, backend="trio") is H2Transport  # grpclib cannot run on trio
