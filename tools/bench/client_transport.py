@@ -10,6 +10,7 @@ medians of the rounds are printed as a Markdown table (and as JSON with ``--json
 Usage:
     python tools/bench/client_transport.py [--repo DIR] [--rounds 3] [--duration 5]
         [--concurrency 1,16] [--server-cpu 0 --client-cpu 1] [--json out.json]
+        [--configs grpclib/asyncio,h2/asyncio,grpclib/uvloop,h2/uvloop,h2/trio]
 """
 
 from __future__ import annotations
@@ -172,9 +173,10 @@ def _run(args: argparse.Namespace) -> list[dict]:
     try:
         _wait_ready(url)
         concurrencies = [int(c) for c in args.concurrency.split(",")]
+        configs = [tuple(c.split("/")) for c in args.configs.split(",")]
         for rnd in range(args.rounds):
             for c in concurrencies:
-                for transport, backend in CONFIGS:
+                for transport, backend in configs:
                     out = subprocess.run(
                         [
                             *_pin(args.client_cpu),
@@ -259,6 +261,11 @@ def main() -> None:
     p.add_argument("--server-cpu", type=int)
     p.add_argument("--client-cpu", type=int)
     p.add_argument("--json", help="write every run and the summary here")
+    p.add_argument(
+        "--configs",
+        default=",".join(f"{t}/{b}" for t, b in CONFIGS),
+        help="transport/loop pairs to run (default: all five)",
+    )
     args = p.parse_args()
     if args.child:
         args.concurrency = int(args.concurrency)
