@@ -38,6 +38,7 @@ from kserve_trio.core.config import (
     ResidencyState,
     ServerConfig,
     load_server_config,
+    log_config,
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry
@@ -80,8 +81,7 @@ def resolve_config(
     if isinstance(node_path_or_config, ServerConfig):
         return node_path_or_config
     cfg, applied = load_server_config(node_path_or_config, worker, overrides=overrides or None)
-    for var, value in applied:
-        log.info("config_overridden_by_environment", variable=var, value=value)
+    log_config(cfg, applied, log)  # the effective configuration, then the env overrides
     return cfg
 
 
