@@ -41,37 +41,40 @@ class DType(enum.Enum):
     F8_E5M2 = _DTypeInfo("f8_e5m2", np.dtype(ml_dtypes.float8_e5m2), None, None)
     F8_E4M3 = _DTypeInfo("f8_e4m3", np.dtype(ml_dtypes.float8_e4m3fn), None, None)
 
+    # Properties read ``_value_`` (a plain attribute) rather than ``value`` (an enum descriptor):
+    # these are consulted per tensor on the request path.
+
     @property
     def token(self) -> str:
         """Manifest token, e.g. ``"f32"``."""
-        return self.value.token
+        return self._value_.token
 
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype (``ml_dtypes`` extension types for bf16/fp8)."""
-        return self.value.numpy
+        return self._value_.numpy
 
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return self.value.numpy.itemsize
+        return self._value_.numpy.itemsize
 
     @property
     def has_wire(self) -> bool:
         """Whether the type may appear on a client-facing tensor."""
-        return self.value.wire is not None
+        return self._value_.wire is not None
 
     @property
     def wire(self) -> str:
         """KServe V2 wire datatype string; raises ``ValueError`` for fp8."""
-        if self.value.wire is None:
+        if self._value_.wire is None:
             raise ValueError(f"dtype '{self.token}' has no KServe wire datatype mapping")
-        return self.value.wire
+        return self._value_.wire
 
     @property
     def contents_field(self) -> str | None:
         """Name of the typed ``InferTensorContents`` field for this type, if any."""
-        return self.value.contents_field
+        return self._value_.contents_field
 
     def __repr__(self) -> str:
         return f"DType.{self.name}"

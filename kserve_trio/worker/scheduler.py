@@ -668,7 +668,10 @@ class Scheduler:
             self._cache.check_servable(name)  # explicit mode: FAILED_PRECONDITION, not queued
         if deadline_ns and self._clock() >= deadline_ns:
             raise DeadlineExceeded(name)
-        state.layout.check_wire(inputs)
+        if state.preprocess is not None:
+            # Refuse before a hook runs; without one, ``prepare`` below checks the exact
+            # admission (rows, variant) on the same tensors, still before anything is queued.
+            state.layout.check_wire(inputs)
         self._check_depth(state)
         prepared = inputs
         if state.preprocess is not None:
@@ -823,9 +826,6 @@ class Scheduler:
                 if picked is None:
                     self._wake = anyio.Event()
                     await self._wake.wait()
-                    # One loop turn before planning: requests whose handlers are already
-                    # runnable enqueue now and coalesce into this dispatch.
-                    await anyio.sleep(0)
                     continue
                 await self._dispatch(*picked)
         finally:

@@ -339,7 +339,6 @@ class InferenceService:
             if bundle.is_meta:
                 outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
             else:
-                state.scheduler.check_admissible(bundle.name, decoded.inputs)
                 outputs = await state.scheduler.infer(
                     bundle.name,
                     decoded.inputs,
