@@ -29,12 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
-import betterproto2
 import numpy as np
 
 from kserve_trio.core.buffer_pool import PoolSlot, ScratchBuffer, scratch
 from kserve_trio.core.buffer_pool import pool_view as _core_pool_view
-from kserve_trio.core.codec import SHM_REGION_PARAM
+from kserve_trio.core.codec import SHM_REGION_PARAM, int64_param, string_param
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
@@ -254,24 +253,6 @@ class InferInput:
 
 Descriptor = ScratchBuffer | InferInput
 """What ``encode_chunk`` returns (one, or a list): ``scratch`` descriptors or ``InferInput``."""
-
-
-def string_param(params: dict[str, pb.InferParameter], key: str) -> str | None:
-    """The ``string_param`` value of ``params[key]``; absent or another variant -> None."""
-    param = params.get(key)
-    if param is None:
-        return None
-    kind, value = betterproto2.which_one_of(param, "parameter_choice")
-    return value if kind == "string_param" else None
-
-
-def int64_param(params: dict[str, pb.InferParameter], key: str) -> int | None:
-    """The ``int64_param`` value of ``params[key]``; absent or another variant -> None."""
-    param = params.get(key)
-    if param is None:
-        return None
-    kind, value = betterproto2.which_one_of(param, "parameter_choice")
-    return value if kind == "int64_param" else None
 
 
 def _output_names(response: pb.ModelInferResponse) -> str:

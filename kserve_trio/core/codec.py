@@ -144,7 +144,7 @@ def _saturating_deadline(now_ns: int, budget_ns: int) -> int:
     return min(now_ns + budget_ns, INT64_MAX)
 
 
-def _int64_param(params: Mapping[str, pb.InferParameter], key: str) -> int | None:
+def int64_param(params: Mapping[str, pb.InferParameter], key: str) -> int | None:
     """The ``int64_param`` value of ``params[key]``; absent or another oneof variant -> None."""
     param = params.get(key)
     if param is None:
@@ -153,7 +153,8 @@ def _int64_param(params: Mapping[str, pb.InferParameter], key: str) -> int | Non
     return value if kind == "int64_param" else None
 
 
-def _string_param(params: Mapping[str, pb.InferParameter], key: str) -> str | None:
+def string_param(params: Mapping[str, pb.InferParameter], key: str) -> str | None:
+    """The ``string_param`` value of ``params[key]``; absent or another oneof variant -> None."""
     param = params.get(key)
     if param is None:
         return None
@@ -180,10 +181,10 @@ def deadline_from_parameters(
     """
     now = time.monotonic_ns() if now_ns is None else now_ns
     found = []
-    budget = _int64_param(params, TIMEOUT_NS_PARAM)
+    budget = int64_param(params, TIMEOUT_NS_PARAM)
     if budget is not None and budget > 0:
         found.append(_saturating_deadline(now, budget))
-    micros = _int64_param(params, TRITON_TIMEOUT_PARAM)
+    micros = int64_param(params, TRITON_TIMEOUT_PARAM)
     if micros is not None and micros > 0:
         found.append(_saturating_deadline(now, micros * 1000))
     return combine_deadlines(*found)
@@ -229,12 +230,12 @@ def _wire_dtype(what: str, datatype: str) -> DType:
 
 def _shm_ref(what: str, params: Mapping[str, pb.InferParameter]) -> ShmRef | None:
     """The three shm parameters of a tensor (wrong oneof variants count as absent)."""
-    region = _string_param(params, SHM_REGION_PARAM)
+    region = string_param(params, SHM_REGION_PARAM)
     if region is None:
         return None
-    offset = _int64_param(params, SHM_OFFSET_PARAM)
+    offset = int64_param(params, SHM_OFFSET_PARAM)
     offset = 0 if offset is None else offset
-    byte_size = _int64_param(params, SHM_BYTE_SIZE_PARAM)
+    byte_size = int64_param(params, SHM_BYTE_SIZE_PARAM)
     if byte_size is None:
         raise InvalidArgument(
             f"{what} names shared memory region '{region}' but has no {SHM_BYTE_SIZE_PARAM}"
@@ -700,7 +701,7 @@ def decode_infer_response(
     needs_raw = [
         o
         for o in msg.outputs
-        if o.contents is None and _string_param(o.parameters, SHM_REGION_PARAM) is None
+        if o.contents is None and string_param(o.parameters, SHM_REGION_PARAM) is None
     ]
     if raw and len(raw) != len(needs_raw):
         raise InvalidArgument(
@@ -761,4 +762,6 @@ __all__ = [
     "encode_infer_response",
     "encode_model_metadata",
     "encode_repository_index",
+    "int64_param",
+    "string_param",
 ]
