@@ -8,14 +8,18 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
+say() { echo "dev.sh: $*" >&2; }
+
 setup() {
   if [ ! -x .venv/bin/python ]; then
+    say "creating the virtual environment .venv ($("$PY" --version))"
     "$PY" -m venv .venv
   fi
   # Reinstall only when the project metadata changed since the last setup.
   stamp=.venv/.kserve_trio-installed
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "installing kserve_trio and its dependencies into .venv (first run: a few minutes)"
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
     echo "$want" > "$stamp"
   fi
@@ -26,10 +30,12 @@ setup() {
 TRITON_REQ="nvidia-pytriton==0.7.0"
 setup_triton() {
   if [ ! -x .venv-triton/bin/python ]; then
+    say "creating .venv-triton for the stock Triton peer of the interoperability test"
     "$PY" -m venv .venv-triton
   fi
   stamp=.venv-triton/.kserve_trio-installed
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$TRITON_REQ" ]; then
+    say "installing $TRITON_REQ into .venv-triton (first run: about a minute)"
     .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check "$TRITON_REQ"
     echo "$TRITON_REQ" > "$stamp"
   fi
@@ -40,12 +46,17 @@ shift || true
 case "$cmd" in
   serve)
     setup
-    [ -d models ] || .venv/bin/python -m kserve_trio bundle demo models
+    if [ ! -d models ]; then
+      say "writing the demo models (mlp, cnn, scale4, mlp_bf16, mlp_softmax) to ./models"
+      .venv/bin/python -m kserve_trio bundle demo models
+    fi
+    say "serving ./models on 127.0.0.1:8001 (Ctrl-C stops)"
     exec .venv/bin/python -m kserve_trio worker --model-repo models "$@"
     ;;
   test)
     setup
     setup_triton
+    say "running the test suite (slow tests included)"
     exec .venv/bin/python -m pytest --run-slow "$@"
     ;;
   *)

@@ -1,4 +1,4 @@
-"""The streaming drivers: ``infer_async`` and ``infer_sync`` over an ``InferenceIO`` (spec 8.2).
+"""The streaming drivers: ``infer_async`` and ``infer_sync`` over an ``InferenceIO``.
 
 A driver cuts ``range(len(io))`` into chunks of at most ``chunk`` items and, per chunk:
 

@@ -6,7 +6,7 @@ status and message when it answered, or the status the client assigns to a failu
 budget ran out, ``RESOURCE_EXHAUSTED`` when a message is over the size cap). It subclasses the
 core ``ServingError`` so one ``except`` covers both sides of the wire.
 
-The shared-memory transport adds two failures of its own (spec 7.3): ``SharedMemoryUnavailable``
+The shared-memory transport adds two failures of its own: ``SharedMemoryUnavailable``
 (``shared_memory="on"`` against a server in another IPC namespace: a hard error, no fall-back)
 and ``ShmUnrecoverableError`` (re-registering a stale region failed, or the region went stale
 again: the endpoint is latched to inline transport). ``IOValidationError`` is what
@@ -18,7 +18,7 @@ from __future__ import annotations
 from kserve_trio.core.errors import ServingError, StatusCode
 
 STALE_REGION_PREFIX = "unregistered shared memory region"
-"""The one message prefix that means "re-register your region" (DESIGN decision 14)."""
+"""The one message prefix that means "re-register your region"."""
 
 
 class RpcError(ServingError):
@@ -52,7 +52,7 @@ def is_stale_registration(exc: BaseException) -> bool:
     """Whether ``exc`` says the server lost our shared-memory registration.
 
     Only a FAILED_PRECONDITION whose message starts with ``unregistered shared memory region`` is
-    that signal (DESIGN decision 14); every other FAILED_PRECONDITION (``model 'm' is not
+    that signal; every other FAILED_PRECONDITION (``model 'm' is not
     resident``) means what it says and fails fast.
     """
     return (

@@ -1,4 +1,4 @@
-"""``KServeModel``: a handle to one model on a KServe V2 gRPC endpoint (spec 8.1).
+"""``KServeModel``: a handle to one model on a KServe V2 gRPC endpoint.
 
 The handle is configuration plus connections: the endpoint (``host:port``, TLS or not, message
 caps), the model name, the chunking and deadline options of the drivers, the shared-memory mode

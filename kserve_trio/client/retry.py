@@ -1,4 +1,4 @@
-"""``RetryPolicy`` and the retry loop for shed requests (spec 8.3, seed ``RetryPolicy``).
+"""``RetryPolicy`` and the retry loop for shed requests.
 
 A server at its concurrency cap answers RESOURCE_EXHAUSTED; a gateway with no reachable replica
 answers UNAVAILABLE. Both are worth another attempt a little later, as long as the request's

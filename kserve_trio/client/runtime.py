@@ -1,4 +1,4 @@
-"""Process-wide client state: staging pools, shared-memory routes, the blocking loop (spec 7.3).
+"""Process-wide client state: staging pools, shared-memory routes, the blocking loop.
 
 One ``ClientState`` per process owns:
 
@@ -330,7 +330,7 @@ class ClientState:
     async def route(
         self, ep: _EndpointState, mode: str, transport: Transport, timeout: float
     ) -> Route:
-        """The route for ``mode`` to ``ep``, decided once (spec 7.3) and cached.
+        """The route for ``mode`` to ``ep``, decided once and cached.
 
         1. ``off``: inline, no probe.
         2. Otherwise probe ``IsSameIPCNamespace(shm pool key)``: yes -> register the pool (once

@@ -1,4 +1,4 @@
-"""A model's I/O spec on the client, and ``validate_io``: the dry run of a user's IO (spec 8.4).
+"""A model's I/O spec on the client, and ``validate_io``: the dry run of a user's IO.
 
 ``ModelIOSpec(inputs, outputs)`` lists ``TensorMeta(name, datatype, shape)`` in model order,
 with row-major wire shapes and ``-1`` for batch and variable axes: exactly what ModelMetadata

@@ -1,9 +1,9 @@
-"""Staging buffer pools: fixed-size slots over one backing buffer (spec 7.2, seed ``BufferPool``).
+"""Staging buffer pools: fixed-size slots over one backing buffer.
 
 A ``BufferPool`` divides ``n_bytes`` into ``n_slots`` equal slots and lends runs of contiguous
 slots (``PoolSlot``) to concurrent callers: the client stages request chunks in them (a
 shared-memory backing is registered with the server, so tensors travel without a copy through
-gRPC), and a meta model's ``call.scratch`` carves its typed scratch arrays from one (spec 4.9).
+gRPC), and a meta model's ``call.scratch`` carves its typed scratch arrays from one.
 
 The allocator is one state machine guarded by one ``threading.Lock`` and shared by two front
 ends: ``acquire`` (async, anyio; asyncio and trio) and ``acquire_blocking`` (plain threads, e.g.
@@ -198,7 +198,7 @@ def scratch(
     shape: Any = None,
     dtype: Any = None,
 ) -> ScratchBuffer | list[ScratchBuffer]:
-    """Carve typed buffers from ``slot`` in one call (seed ``scratch``).
+    """Carve typed buffers from ``slot`` in one call.
 
     ``scratch(slot, name, shape, dtype)`` returns one descriptor; ``scratch(slot, [(name,
     shape, dtype), ...])`` returns a list. Rules:
@@ -552,7 +552,7 @@ class BufferPool:
 
 
 def release(slot: PoolSlot) -> None:
-    """Return ``slot`` to its pool (seed ``release_slot!``)."""
+    """Return ``slot`` to its pool."""
     slot.pool.release(slot)
 
 

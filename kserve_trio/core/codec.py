@@ -1,4 +1,4 @@
-"""The KServe V2 codec: wire messages <-> boundary ``NamedTensor`` values (spec 3.1, 3.2, 7.1, 8.2).
+"""The KServe V2 codec: wire messages <-> boundary ``NamedTensor`` values.
 
 This module owns the translation between the betterproto2 messages of ``inference`` and the
 transport-agnostic forms the rest of the server works with: ``InferRequest`` (the scheduler's
@@ -7,7 +7,7 @@ request-level deadline parameters (``TIMEOUT_NS_PARAM``, Triton's ``timeout``) a
 shared-memory registry interface the codec reads and writes through (``ShmRegistryLike``).
 
 Everything here is pure: messages in, values out, no I/O besides the registry calls. Shapes are
-row-major on both sides (DESIGN section 3): no axis is ever reversed here. Decoded arrays are
+row-major on both sides: no axis is ever reversed here. Decoded arrays are
 ``np.frombuffer`` views of the received bytes or of the shared-memory mapping, never copies; the
 only decode path that allocates is typed ``contents`` (Python lists must become arrays).
 """
@@ -45,6 +45,12 @@ SHM_BYTE_SIZE_PARAM = "shared_memory_byte_size"
 INT64_MAX = 2**63 - 1
 MAX_TENSOR_BYTES = 2**62
 """Largest payload a tensor may declare; larger shapes are rejected before any allocation."""
+
+MAX_RANK = 64
+"""Most dimensions a tensor may have (numpy's own limit); more is malformed input."""
+
+BUNDLE_VERSION = "1"
+"""The one version every bundle is served as: requests may name it or leave the version empty."""
 
 _CONTENTS_FIELDS = (
     "bool_contents",
@@ -206,16 +212,25 @@ def _shape_str(shape: Sequence[int]) -> str:
 
 
 def _checked_nbytes(what: str, shape: Sequence[int], dtype: DType) -> tuple[int, int]:
-    """``(elements, bytes)`` of a wire shape; negative or oversized shapes raise before any
-    allocation (Python ints, so the product itself cannot overflow)."""
+    """``(elements, bytes)`` of a wire shape; a rank above ``MAX_RANK``, a negative dimension or
+    an oversized shape raises before any allocation (Python ints: the product cannot overflow).
+
+    The size limit counts a zero dimension as one, so an empty tensor with huge other dimensions
+    is refused too: numpy itself cannot even describe its shape.
+    """
+    if len(shape) > MAX_RANK:
+        raise InvalidArgument(
+            f"{what} has rank {len(shape)}, more than the limit of {MAX_RANK} dimensions"
+        )
     for d in shape:
         if d < 0:
             raise InvalidArgument(f"{what} has a negative dimension in shape {_shape_str(shape)}")
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
-    if nbytes > MAX_TENSOR_BYTES:
+    extent = math.prod(d for d in shape if d) * dtype.itemsize
+    if max(nbytes, extent) > MAX_TENSOR_BYTES:
         raise InvalidArgument(
-            f"{what} shape {_shape_str(shape)} needs {nbytes} bytes, more than the limit of "
+            f"{what} shape {_shape_str(shape)} needs {extent} bytes, more than the limit of "
             f"{MAX_TENSOR_BYTES} bytes"
         )
     return count, nbytes

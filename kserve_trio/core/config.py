@@ -6,7 +6,7 @@ field defaults *are* the YAML defaults, and ``build_config`` only fills in what 
 Precedence everywhere is defaults < node file < ``INFERENCE_SERVER_*``/``KSERVE_TRIO_*``
 environment < command-line overrides (``load_server_config``).
 
-No key is inert (DESIGN section 6, decision 3): every accepted key is implemented somewhere, an
+No key is inert: every accepted key is implemented somewhere, an
 unknown key anywhere is a ``ConfigError`` naming its YAML path, and the keys upstream removed
 (``batch_policy``, ``runtime.residency_mode``) fail with a migration message.
 """

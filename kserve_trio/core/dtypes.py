@@ -1,4 +1,4 @@
-"""Element types: the one ``DType`` enum and its three maps (spec section 1.6).
+"""Element types: the one ``DType`` enum and its three maps.
 
 Each member knows its manifest token (``f32``), its numpy dtype (``ml_dtypes`` for bf16 and
 fp8), its KServe wire string (``FP32``; ``None`` for fp8, which is executable-internal only) and

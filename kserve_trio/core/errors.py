@@ -1,4 +1,4 @@
-"""The status-carrying exception family (DESIGN section 4).
+"""The status-carrying exception family.
 
 Every error that can reach a client carries its gRPC status code, so the grpclib adapter maps
 exceptions to statuses in one place. ``StatusCode`` mirrors the gRPC code numbers without

@@ -1,4 +1,4 @@
-"""structlog configuration, done once per process (DESIGN section 5).
+"""structlog configuration, done once per process.
 
 JSON lines when stderr is not a TTY, console rendering on a TTY, overridable with
 ``--log-format`` / ``--log-level``. Events are snake_case verbs with bound context.

@@ -1,4 +1,4 @@
-"""Bundle manifests: parsing ``manifest.yaml`` and the bundle-level validation rules (spec section 1).
+"""Bundle manifests: parsing ``manifest.yaml`` and the bundle-level validation rules.
 
 This module owns the in-memory form of a bundle's manifest (``Manifest``, ``TensorSpec``, ``Dim``),
 the rules a manifest must satisfy, the discovery of a bundle's compiled modules on disk, and the
@@ -9,7 +9,7 @@ Axis order. The manifest's letter strings keep the upstream column-major convent
 last, ``whcn``) so bundles stay interchangeable. This module reverses them exactly once, when it
 parses a tensor entry: every ``TensorSpec`` field except ``letters`` is row-major (numpy C order =
 wire order), so ``shape: whcn`` becomes dims ``(n, c, h, w)`` with ``batch_axis == 0``. No other
-module reverses an axis (DESIGN section 3).
+module reverses an axis.
 
 Error wording. Every error is a ``ManifestError`` (the YAML breaks a rule) or a ``BundleError`` (the
 directory around it does). The message starts with where the problem is, then the rule broken in
@@ -719,7 +719,7 @@ def bundle_signature_files(bundle_dir: str | os.PathLike[str]) -> list[Path]:
     """Every existing file that defines a bundle's version, sorted by name.
 
     ``manifest.yaml``, ``weights.safetensors``, ``model.py`` and every ``model*.mlir`` /
-    ``model*.jaxexport`` (variant files included: DESIGN decision 5). The watcher stats these
+    ``model*.jaxexport`` (variant files included). The watcher stats these
     to notice that a bundle changed.
     """
     d = Path(bundle_dir)
@@ -769,7 +769,7 @@ def executable_batch_spec(m: Manifest) -> tuple[str, int] | None:
 
 
 def request_rows(m: Manifest, inputs: Mapping[str, Sequence[int]]) -> int:
-    """Rows of a request (spec 4.4): the extent of the first wire-facing batched input at its
+    """Rows of a request: the extent of the first wire-facing batched input at its
     batch axis, read from ``inputs`` (name -> row-major shape); 1 when nothing is batched."""
     spec = wire_batch_spec(m)
     if spec is None:

@@ -12,7 +12,7 @@ and ``materialize_node`` synthesizes or device-assigns the ``workers:`` list.
 
 Keys the node derives for each worker (``model_dirs``, ``endpoints.port``,
 ``endpoints.metrics_port``, ``runtime.device_ordinal``) are rejected in ``global:`` and worker
-blocks: a value there would be silently overwritten, i.e. inert (DESIGN section 6, decision 3).
+blocks: a value there would be silently overwritten, i.e. inert.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The server's system shared-memory registry (spec section 7.1).
+"""The server's system shared-memory registry.
 
 ``ShmRegistry`` owns every client region this process has attached: it maps a client-chosen
 region *name* to a window ``[offset, offset+byte_size)`` of an existing POSIX shared-memory object
@@ -54,7 +54,7 @@ def posix_name(key: str) -> str:
 
 
 def same_ipc_namespace(name: str) -> bool:
-    """Whether this process can open the POSIX shared-memory object ``name`` (spec 7.1).
+    """Whether this process can open the POSIX shared-memory object ``name``.
 
     The object is opened read-only and its descriptor closed at once; nothing is mapped or
     registered. Any failure (empty name, no such object because we live in another IPC
@@ -169,7 +169,7 @@ def _as_bytes(data: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
 
 
 class ShmRegistry:
-    """Named windows of client POSIX shared-memory objects (spec 7.1, seed ``shm_register!``).
+    """Named windows of client POSIX shared-memory objects.
 
     Satisfies the codec's ``ShmRegistryLike`` protocol (``read_view``, ``write``). All methods
     are thread-safe: the event loop and worker threads call them concurrently.

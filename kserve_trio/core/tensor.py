@@ -1,4 +1,4 @@
-"""``NamedTensor``: how tensors cross module boundaries (DESIGN section 3).
+"""``NamedTensor``: how tensors cross module boundaries.
 
 Shapes are row-major (numpy C order, the wire order). ``data`` is a numpy array whose shape
 equals ``shape``; decode paths build it with ``np.frombuffer`` so no payload is copied.

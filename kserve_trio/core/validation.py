@@ -1,7 +1,7 @@
-"""Request input validation against a model's client-facing specs (spec 3.2, ModelInfer step 5).
+"""Request input validation against a model's client-facing specs.
 
 This module owns the one check between decode and scheduling: do the decoded input tensors match
-what the model declares? Shapes and dim indices are row-major (DESIGN section 3), so a message's
+what the model declares? Shapes and dim indices are row-major, so a message's
 ``dim i`` is the 0-based wire/numpy axis.
 """
 

@@ -1,7 +1,7 @@
 """Host-RAM homes for a model's materialised weights: private arrays or node-shared regions.
 
 The weight cache (``runtime/weight_cache.py``) keeps a model's *host tier* -- its weights copied
-out of ``weights.safetensors`` into RAM once -- in a ``WeightStore`` (spec 5.1, 5.7):
+out of ``weights.safetensors`` into RAM once -- in a ``WeightStore``:
 
 * ``PrivateWeightStore`` (the default) gives each worker its own numpy arrays;
 * ``SharedWeightStore`` (``runtime.shared_host_weights: true``) backs them with one POSIX

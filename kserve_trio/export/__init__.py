@@ -1,4 +1,4 @@
-"""Export: produce model bundles (the format authority for producers, spec section 11).
+"""Export: produce model bundles (the format authority for producers).
 
 Public surface:
 

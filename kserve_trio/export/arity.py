@@ -1,10 +1,10 @@
 """Arity audit of written bundles: do the manifest, the weights and the modules agree?
 
-A module is servable only if its ``main`` takes exactly (executable inputs + weights) arguments
-(spec section 11). ``bundle_arity_report`` reads the three numbers and reports without raising,
-so it can triage a whole directory of bundles; ``assert_bundle_arity`` is the same check as a
-refusal; ``bundle_entry_arity`` reads one module's argument count out of its portable artifact
-(which cannot be regex'd: it is VHLO bytecode).
+A module is servable only if its ``main`` takes exactly (executable inputs + weights) arguments.
+``bundle_arity_report`` reads the three numbers and reports without raising, so it can triage a
+whole directory of bundles; ``assert_bundle_arity`` is the same check as a refusal;
+``bundle_entry_arity`` reads one module's argument count out of its portable artifact (which cannot
+be regex'd: it is VHLO bytecode).
 """
 
 from __future__ import annotations

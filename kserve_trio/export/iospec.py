@@ -1,6 +1,6 @@
 """``IOSpec``: a tensor as an exporter describes it, and its manifest encoding.
 
-An ``IOSpec`` is row-major like every Python API (DESIGN section 3): ``shape`` is the numpy/wire
+An ``IOSpec`` is row-major like every Python API: ``shape`` is the numpy/wire
 shape (``-1`` marks a variable, non-batch axis; the batch axis holds any example extent), and
 ``batch_axis`` is the 0-based row-major axis carrying the batch, or ``None``. ``to_manifest``
 writes the upstream encoding: a letter string in column-major order (batch letter ``n``, last

@@ -1,4 +1,4 @@
-"""``write_bundle``: the low-level bundle writer (spec section 11).
+"""``write_bundle``: the low-level bundle writer.
 
 Given tensor specs, StableHLO modules and ordered weights, it writes a bundle directory that the
 server loads: ``manifest.yaml``, ``model[.v{i}][.b{N}].mlir`` portable artifacts (plus a

@@ -1,6 +1,6 @@
 """Runtime: compiles StableHLO bundles with JAX/XLA and executes them on one device.
 
-This package and ``kserve_trio.export`` are the only importers of jax (DESIGN section 1); jax is
+This package and ``kserve_trio.export`` are the only importers of jax; jax is
 imported lazily, when a backend is created or a module compiled, so importing this package is
 cheap. Public surface:
 

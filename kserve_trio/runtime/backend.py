@@ -539,12 +539,12 @@ def _fun_name(name: str) -> str:
 
 
 def transfer_to_device(backend: Backend, hosts: Sequence[np.ndarray]) -> list[Any]:
-    """Seed-style spelling of ``backend.transfer_to_device(hosts)``."""
+    """Function spelling of ``backend.transfer_to_device(hosts)``."""
     return backend.transfer_to_device(hosts)
 
 
 def free_weights(backend: Backend, bufs: Sequence[Any]) -> None:
-    """Seed-style spelling of ``backend.free_weights(bufs)``."""
+    """Function spelling of ``backend.free_weights(bufs)``."""
     backend.free_weights(bufs)
 
 

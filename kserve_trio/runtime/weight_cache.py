@@ -1,4 +1,4 @@
-"""The on-demand weight cache: residency floors, a host tier and an LRU device tier (spec 5).
+"""The on-demand weight cache: residency floors, a host tier and an LRU device tier.
 
 Each model's weights live in up to two tiers:
 
@@ -15,7 +15,7 @@ eviction). Who moves floors is fixed at startup (``ResidencyMode``): a self-mana
 and evicts by itself; an externally-managed one (explicit mode) never loads on its own and
 refuses to run a model that is not resident (``NotResidentError``).
 
-The module is split like the planners (DESIGN section 7): the budget arithmetic
+The module is split like the planners: the budget arithmetic
 (``weight_budget``) and the LRU bookkeeping (``plan_eviction``, ``CacheBook``) are pure and
 tested plainly; ``WeightCache`` drives them with the device operations. Every mutating call of
 ``WeightCache`` is made on the scheduler's device thread (the single residency mutator); an
@@ -183,7 +183,7 @@ class CacheBook:
 
 
 def resolve_floor(configured: ResidencyState | None, cache_enabled: bool) -> ResidencyState:
-    """Unspecified residency: PINNED_SYSTEM with the cache on, else UNPINNED (spec 5.1)."""
+    """Unspecified residency: PINNED_SYSTEM with the cache on, else UNPINNED."""
     if configured is not None:
         return ResidencyState(configured)
     return ResidencyState.PINNED_SYSTEM if cache_enabled else ResidencyState.UNPINNED
@@ -382,7 +382,7 @@ class WeightCache:
     # -- admission and removal -------------------------------------------------------------
 
     def admit(self, entry: Any, floor: ResidencyState | None = None) -> ResidencyState:
-        """Manage a compiled model and apply its initial residency (spec 5.2).
+        """Manage a compiled model and apply its initial residency.
 
         Rules: ``floor`` None resolves per ``resolve_floor``. Cache disabled: load the weights
         (every model stays resident). Enabled: PINNED_DEVICE transfers from the weights file and
@@ -466,7 +466,7 @@ class WeightCache:
     # -- the hot path ------------------------------------------------------------------------
 
     def acquire(self, entry: Any) -> None:
-        """Guarantee ``entry``'s weights are on the device before it runs (spec 5.3).
+        """Guarantee ``entry``'s weights are on the device before it runs.
 
         Rules:
         1. device-pinned: nothing to do (defensively loaded if it lacks its buffers);
@@ -545,7 +545,7 @@ class WeightCache:
     # -- control -------------------------------------------------------------------------------
 
     def set_residency(self, name: str, target: ResidencyState | int) -> ResidencyState:
-        """Move a model to ``target`` (spec 5.5); explicit mode with the cache only.
+        """Move a model to ``target``; explicit mode with the cache only.
 
         Errors: a target outside UNPINNED/PINNED_SYSTEM/PINNED_DEVICE is INVALID_ARGUMENT; an
         unknown model NOT_FOUND ``unknown model: m``; no cache or a self-managed worker
@@ -562,7 +562,7 @@ class WeightCache:
 
     def compact(self, reload: Sequence[str] = ()) -> int:
         """Free every resident on-demand (non-pinned) device buffer at once, then (self-managed
-        only) reload each listed non-pinned model that is not resident (spec 5.6).
+        only) reload each listed non-pinned model that is not resident.
 
         Device-pinned models and host tiers are untouched. A no-op returning 0 when the cache is
         disabled. An unknown name in ``reload`` is NOT_FOUND before anything is freed.
@@ -598,7 +598,7 @@ class WeightCache:
             return reloaded
 
     def probe(self, programs: Callable[[str], Sequence[Program]]) -> ProbeResult:
-        """The startup isolation probe (spec 5.4): measure each model's peak scratch, then
+        """The startup isolation probe: measure each model's peak scratch, then
         solve the budget.
 
         Rules:
@@ -781,7 +781,7 @@ class WeightCache:
             self._rebudget()
 
     def _transition(self, rec: _Record, target: ResidencyState) -> ResidencyState:
-        """Rules (spec 5.5):
+        """Rules:
         1. to PINNED_SYSTEM without a host tier: materialise it;
         2. to UNPINNED with a host tier: release it;
         3. to PINNED_DEVICE without device buffers: transfer (host tier or file);
@@ -839,7 +839,7 @@ def residency_target(value: ResidencyState | int) -> ResidencyState:
 
 
 def weight_cache_stats(cache: WeightCache) -> WeightCacheStats:
-    """Seed spelling of ``cache.stats()``."""
+    """Function spelling of ``cache.stats()``."""
     return cache.stats()
 
 

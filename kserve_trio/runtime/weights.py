@@ -1,7 +1,7 @@
 """``weights.safetensors``: reading its header, memory-mapping its tensors, and writing it.
 
 A bundle's weights are the trailing arguments of every module, in the order of the JSON list
-``__metadata__["argument_order"]`` (spec section 1.1). This module owns that file format for both
+``__metadata__["argument_order"]``. This module owns that file format for both
 directions, with numpy only (no jax):
 
 * ``read_weights_index`` parses the header alone: names, dtypes, shapes, byte ranges and the

@@ -1,10 +1,10 @@
 """The worker's ``reactant_control.ControlService``: residency, live policy and compaction.
 
-Spec 3.3 with DESIGN's status decisions: ``ModelControlStatus`` reports the residency mode, the
+``ModelControlStatus`` reports the residency mode, the
 discipline, the on-demand budget and one row per *routable* model (a meta is one row folded
 from its sub-models, which are not listed); ``SetModelResidency`` moves a model's floor in
 explicit mode (a meta applies it to its declared sub-models); ``SetModelPolicy`` changes the
-live fair weight (a non-positive weight is INVALID_ARGUMENT, decision 8); ``CompactMemory``
+live fair weight (a non-positive weight is INVALID_ARGUMENT); ``CompactMemory``
 frees the on-demand device weights and reloads the listed models.
 
 Statuses: a bad target or weight INVALID_ARGUMENT; an unknown model NOT_FOUND ``unknown model:

@@ -1,7 +1,7 @@
 """The device thread: the one thread that runs device work, and what it runs.
 
 ``DeviceThread`` executes callables handed to it one at a time (exactly one device execution at
-a time, DESIGN section 2); ``execute_plan`` is the body of one coalesced batch (weights
+a time); ``execute_plan`` is the body of one coalesced batch (weights
 acquired, inputs coalesced and padded, the execution timed, outputs sliced per request) and
 ``warm_model`` the body of a warmup. The scheduler (``worker/scheduler.py``) decides what runs.
 """

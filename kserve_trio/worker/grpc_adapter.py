@@ -1,6 +1,6 @@
 """The thin grpclib adapter: the one place that touches grpclib's stream and status types.
 
-Handlers are mapped by hand (DESIGN section 2) so they see the raw stream: its deadline
+Handlers are mapped by hand so they see the raw stream: its deadline
 (``grpc-timeout``), its metadata, and the message length before the payload is buffered.
 ``recv_request`` enforces ``grpc.max_recv_msg_bytes`` from the length prefix (grpclib has no cap
 of its own) and refuses compressed messages; ``send_reply`` sends pre-encoded bytes so the reply

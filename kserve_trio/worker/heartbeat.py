@@ -1,5 +1,4 @@
-"""Process-wide serving heartbeat callbacks and serve guards (seed: register_heartbeat!,
-register_serve_guard!).
+"""Process-wide serving heartbeat callbacks and serve guards.
 
 ``register_heartbeat(f)``: ``f(event, detail)`` is called synchronously for ``up`` (detail: the
 ServerConfig, after bring-up), ``request`` (detail: the model name, for every ModelInfer that

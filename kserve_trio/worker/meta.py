@@ -1,6 +1,6 @@
 """Meta models: a ``model.py`` orchestration over other models, run as one scheduled unit.
 
-DESIGN decision 11 (the seed's semantics): a meta's ``run(inputs, call)`` executes on the device
+A meta's ``run(inputs, call)`` executes on the device
 thread as one unit; ``call(name, inputs)`` runs a declared sub-model's preprocess, its
 executable at the smallest compiled size >= the request's rows (zero-padded, sliced back) and
 its postprocess, synchronously, with no queue re-entry. The request's deadline applies to every

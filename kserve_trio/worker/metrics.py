@@ -1,4 +1,4 @@
-"""Prometheus metrics of one worker (spec 12.1), one ``CollectorRegistry`` per server instance.
+"""Prometheus metrics of one worker, one ``CollectorRegistry`` per server instance.
 
 Hot-path series (``worker_requests_total``, ``worker_request_latency_seconds``, shedding) are
 updated as requests finish; everything else is pulled from the scheduler and the registry at
@@ -177,7 +177,7 @@ class _ScrapeCollector:
 
 
 def _cache_series(cache) -> list:
-    """The weight cache's series (spec 12.1), only when the cache is enabled."""
+    """The weight cache's series, only when the cache is enabled."""
     if cache is None or not cache.enabled:
         return []
     st = cache.stats()

@@ -1,14 +1,13 @@
 """The scheduler's pure decision logic: batch plans, the disciplines, cost and wait statistics.
 
-Everything here is a plain function of plain values (DESIGN section 7): no clocks, no locks, no
-I/O, so every rule of spec sections 4.3-4.7 is pinned by a plain test. That includes what a
+Everything here is a plain function of plain values: no clocks, no locks, no
+I/O, so every scheduling rule is pinned by a plain test. That includes what a
 request is to the planner (``ModelLayout``: admission rows, executable inputs, variant, warmup
 inputs), derived once per model from its manifest and compiled keys. ``worker/scheduler.py`` is
 the async shell that feeds these functions the state of its queues and applies their answers.
 
 Conventions: times are seconds (float) for compute costs and EMAs, nanoseconds (int) for
-enqueue stamps and deadlines; a deadline of 0 means none. Shapes and batch axes are row-major
-(DESIGN section 3).
+enqueue stamps and deadlines; a deadline of 0 means none. Shapes and batch axes are row-major.
 """
 
 from __future__ import annotations
@@ -25,14 +24,14 @@ from kserve_trio.core.manifest import DimKind, Manifest, request_rows
 from kserve_trio.core.tensor import NamedTensor
 
 DEFAULT_COST_SECONDS = 0.01
-"""Cost assumed for a (variant, batch size) that has never been measured (spec 4.3)."""
+"""Cost assumed for a (variant, batch size) that has never been measured."""
 
 MIN_COST_SECONDS = 1e-9
 """Floor for a measured cost, so a priority never divides by zero."""
 
 
 # --------------------------------------------------------------------------------------------
-# Fair discipline arithmetic (spec 4.3, with DESIGN decision 4)
+# Fair discipline arithmetic
 
 
 def decay_ema(ema: float, dt_seconds: float, halflife_seconds: float) -> float:
@@ -64,7 +63,7 @@ def effective_cost(
     """Estimated cost of a dispatch as the fair discipline weighs it.
 
     ``estimate`` is the learned cost of the plan's (variant, batch size), ``None`` when never
-    measured (then 0.01 s). DESIGN decision 4: the coalescing discount rewards only a plan that
+    measured (then 0.01 s). The coalescing discount rewards only a plan that
     actually coalesces more than one request (upstream discounted every candidate, which changes
     nothing in the ranking).
     """
@@ -86,7 +85,7 @@ def update_cost(old: float | None, measured: float, alpha: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Discipline selection (spec 4.3)
+# Discipline selection
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +149,7 @@ def select_edf(candidates: Sequence[Candidate]) -> Candidate:
 
 
 def deadline_expired(deadline_ns: int, now_ns: int, margin_ns: int = 0) -> bool:
-    """Whether a request must be refused at dispatch admission (spec 4.6).
+    """Whether a request must be refused at dispatch admission.
 
     A request with a deadline (non-zero) is refused when ``now + margin >= deadline``: under edf
     the margin is the plan's learned cost (laxity shedding: work that cannot finish in time is
@@ -166,7 +165,7 @@ def laxity_margin_ns(cost_estimate: float | None) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# The coalescing plan (spec 4.4)
+# The coalescing plan
 
 
 class Plannable(Protocol):
@@ -284,7 +283,7 @@ def plan_batch(
 
 
 # --------------------------------------------------------------------------------------------
-# Tensor coalescing, padding and slicing (spec 4.5); run on the device thread
+# Tensor coalescing, padding and slicing; run on the device thread
 
 
 def coalesce_inputs(
@@ -354,7 +353,7 @@ def slice_outputs(
 
 
 # --------------------------------------------------------------------------------------------
-# Wait statistics (spec 4.6)
+# Wait statistics
 
 
 def nearest_rank(sorted_samples: Sequence[float], q: float) -> float:
@@ -373,7 +372,7 @@ def wait_percentiles(samples: Sequence[float]) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------------------------
-# Request shaping (spec 4.4-4.5, 4.7): what a model accepts and what a request is to the plan
+# Request shaping: what a model accepts and what a request is to the plan
 
 
 @dataclass(frozen=True)
@@ -421,7 +420,7 @@ class ModelLayout:
         return self.output_names[k] if k < len(self.output_names) else f"output_{k}"
 
     def max_batch_size(self, cap: int | None) -> int:
-        """Most rows one dispatch coalesces (spec 4.10's effective value); 0 if it never does."""
+        """Most rows one dispatch coalesces (the effective ``max_batch_size``); 0 if it never does."""
         if not self.batched:
             return 0
         sizes = [ks[-1] for ks in self.keys.values() if ks[0] != 0]
@@ -520,7 +519,7 @@ class ModelLayout:
         return arrays, variant, rows
 
     def zero_inputs(self, variant: int | None, batch_key: int) -> list[np.ndarray]:
-        """Warmup inputs (spec 4.7): zeros with batch axis = the key (1 for key 0) and the
+        """Warmup inputs: zeros with batch axis = the key (1 for key 0) and the
         variable axes sized from the variant key."""
         sizes: dict[tuple[str, int], int] = {}
         if variant is not None:

@@ -1,18 +1,18 @@
 """The worker's dispatch engine: per-model queues, one dispatch loop, one device thread.
 
-This module owns the async shell around ``worker/planner.py`` (spec section 4, DESIGN sections 2
-and 6): requests are preprocessed on their own task (hooks in worker threads), queued per model,
-coalesced by the single dispatch loop into batches at compiled sizes, executed one at a time on
-a dedicated device thread, sliced back and postprocessed on their own task again. Everything
-that touches the queues or the per-model state runs on the event loop thread, so no lock is
-needed; the device thread only sees the arrays and the model entry of the unit it runs.
+This module owns the async shell around ``worker/planner.py``: requests are preprocessed on their
+own task (hooks in worker threads), queued per model, coalesced by the single dispatch loop into
+batches at compiled sizes, executed one at a time on a dedicated device thread, sliced back and
+postprocessed on their own task again. Everything that touches the queues or the per-model state
+runs on the event loop thread, so no lock is needed; the device thread only sees the arrays and the
+model entry of the unit it runs.
 
 A *unit* of device work is either a planned batch of one model or an arbitrary callable
 (``run_on_device``: meta models, control operations); callables are served before the
-discipline picks the next batch, like upstream's control commands (spec 4.2 step 3).
+discipline picks the next batch, like upstream's control commands.
 
 With a ``WeightCache`` (``runtime/weight_cache.py``) every batch first *acquires* its model's
-weights on the device thread (spec 5.3; not part of the timed compute), and every residency
+weights on the device thread (not part of the timed compute), and every residency
 change -- admission, reload, unload, ``set_residency``, ``compact``, the startup probe -- runs as
 a unit there too, so the device thread is the single residency mutator.
 """
@@ -76,7 +76,7 @@ Hook = Callable[[list[NamedTensor]], list[NamedTensor]]
 
 SHUTTING_DOWN = "server is shutting down"
 WAIT_SAMPLES = 1024
-"""Queue-wait samples kept per model for the percentiles (a ring, spec 4.6)."""
+"""Queue-wait samples kept per model for the percentiles (a ring)."""
 
 
 class ModelEntry(Protocol):
@@ -95,7 +95,7 @@ class ModelEntry(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ModelMetrics:
-    """Observability snapshot of one model (spec 4.10); times in seconds.
+    """Observability snapshot of one model; times in seconds.
 
     Residency: ``state`` is the floor (``unpinned``/``pinned_system``/``pinned_device``),
     ``pinned`` whether it is device-pinned, ``resident`` whether the weights are on the device,
@@ -352,7 +352,7 @@ class Scheduler:
         failures are logged, never raised. Added before ``run()``, the warmup runs when the
         loop starts. ``warm=False`` skips it (the weight cache's startup probe seeds the costs
         instead). With a weight cache the model is admitted there first, at the residency
-        floor its ``scheduler.models`` block sets (spec 5.2), as a device unit.
+        floor its ``scheduler.models`` block sets, as a device unit.
         """
         if self._phase in (_Phase.STOPPING, _Phase.STOPPED):
             raise Unavailable(SHUTTING_DOWN)
@@ -541,7 +541,7 @@ class Scheduler:
         return dict(self._model(name).cost)
 
     def scheduler_metrics(self) -> dict[str, ModelMetrics]:
-        """Per-model observability snapshot (spec 4.10)."""
+        """Per-model observability snapshot."""
         now = self._clock()
         halflife = self._config.ema_halflife_seconds
         out: dict[str, ModelMetrics] = {}
@@ -595,15 +595,15 @@ class Scheduler:
         return await self.run_on_device(self._cache.set_residency, name, target)
 
     async def compact(self, reload_models: Sequence[str] = ()) -> int:
-        """Free the on-demand device weights, then reload ``reload_models`` (spec 5.6)."""
+        """Free the on-demand device weights, then reload ``reload_models``."""
         self._require_running()
         if self._cache is None:
             return 0
         return await self.run_on_device(self._cache.compact, list(reload_models))
 
     async def probe_weights(self) -> ProbeResult | None:
-        """The cache's startup isolation probe over every model's compiled programs (spec
-        5.4); the measured times seed the learned costs like a warmup. None without a cache."""
+        """The cache's startup isolation probe over every model's compiled programs;
+        the measured times seed the learned costs like a warmup. None without a cache."""
         if self._cache is None or not self._cache.enabled:
             return None
         states = dict(self._models)
@@ -872,7 +872,7 @@ class Scheduler:
             return None
 
     def _select(self) -> tuple[_ModelState, BatchPlan] | None:
-        """Pick the next (model, plan) under the configured discipline (spec 4.3)."""
+        """Pick the next (model, plan) under the configured discipline."""
         ready = [s for s in self._models.values() if s.queue]
         if not ready:
             return None

@@ -1,4 +1,4 @@
-"""``serve`` / ``stop``: one worker process as one nursery tree (DESIGN section 2).
+"""``serve`` / ``stop``: one worker process as one nursery tree.
 
 ``serve_async`` is the tree itself: it resolves the configuration, loads and compiles the model
 repository, starts the dispatch loop and the grpclib server inside one task group, and tears
@@ -6,7 +6,7 @@ them down in order on cancellation. ``serve(..., blocking=False)`` runs that tre
 thread with its own event loop and returns a ``RunningServer``; ``stop(server)`` cancels it and
 returns once everything is released.
 
-Memory: the worker builds its ``WeightCache`` from the backend's arena (spec 5). With the cache
+Memory: the worker builds its ``WeightCache`` from the backend's arena. With the cache
 on, bundles compile without putting their weights on the device; each model is admitted at its
 residency floor (device-pinned ones first, so they sit at the base of the arena), then the
 isolation probe measures the scratch and resolves the on-demand budget before the server

@@ -1,7 +1,7 @@
 """The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the scheduler.
 
 Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. Statuses follow
-DESIGN sections 4 and 6: unknown model NOT_FOUND; malformed or mismatching input
+Statuses: unknown model NOT_FOUND; malformed or mismatching input
 INVALID_ARGUMENT; queue full or concurrency cap RESOURCE_EXHAUSTED; expired deadline
 DEADLINE_EXCEEDED; shutting down UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
 
@@ -358,7 +358,7 @@ class InferenceService:
             decoded.release()
 
     async def _run_meta(self, bundle: ModelBundle, inputs, deadline_ns: int, trace: RequestTrace):
-        """A meta's ``run`` as one scheduled unit on the device thread (DESIGN decision 11)."""
+        """A meta's ``run`` as one scheduled unit on the device thread."""
         state = self.state
         if deadline_ns and time.monotonic_ns() >= deadline_ns:
             raise DeadlineExceeded(bundle.name)

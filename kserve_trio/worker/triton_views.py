@@ -1,5 +1,5 @@
 """Triton's views of a model: ``ModelConfig`` from the manifest and ``ModelStatistics`` from the
-scheduler's counters (DESIGN decision 13), so ``tritonclient.get_model_config`` /
+scheduler's counters, so ``tritonclient.get_model_config`` /
 ``get_inference_statistics`` and Triton's tools work against a worker unchanged.
 
 Pure functions over plain values; the service layer supplies the counters.

@@ -1,6 +1,6 @@
 """The model-repository watcher: what changed on disk, and when a change is safe to apply.
 
-This module owns dynamic mode's change detection (spec section 6, DESIGN decision 5). It is
+This module owns dynamic mode's change detection. It is
 split the h2 way:
 
 * pure logic, no I/O beyond ``stat``: ``bundle_signature`` / ``dir_id`` describe one bundle

@@ -1,4 +1,4 @@
-"""``RetryPolicy`` and ``call_with_retry`` (spec 8.3), with a fake clock; on asyncio and trio."""
+"""``RetryPolicy`` and ``call_with_retry``, with a fake clock; on asyncio and trio."""
 
 from __future__ import annotations
 

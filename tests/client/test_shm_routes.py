@@ -1,4 +1,4 @@
-"""Shared-memory routing, registration and stale-registration recovery (spec 7.3), against
+"""Shared-memory routing, registration and stale-registration recovery, against
 the in-memory fake endpoint, on asyncio and trio."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """BufferPool: geometry, carving, FIFO contiguous allocation (async on asyncio and trio, and
-from plain threads), deadlines, cancellation, scratch views and the shm backing (spec 7.2)."""
+from plain threads), deadlines, cancellation, scratch views and the shm backing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for ``kserve_trio.core.manifest``: parsing, the validation rules of spec 1.2-1.5 (each
+"""Tests for ``kserve_trio.core.manifest``: parsing, the bundle validation rules (each
 provoked with its exact message), the row-major reversal, shape variants, module discovery and the
 derived batch questions."""
 

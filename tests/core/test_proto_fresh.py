@@ -1,5 +1,5 @@
 """The committed generated code matches ``protos/``, and the layering holds: the lower layers
-import neither jax nor grpclib's server side (DESIGN section 1)."""
+import neither jax nor grpclib's server side."""
 
 from __future__ import annotations
 

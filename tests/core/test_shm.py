@@ -1,5 +1,5 @@
 """ShmRegistry: registration rules, leased zero-copy reads, writes, unregister/close semantics,
-churn safety and the IPC-namespace probe (spec 7.1)."""
+churn safety and the IPC-namespace probe."""
 
 from __future__ import annotations
 

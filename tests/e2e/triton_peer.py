@@ -4,7 +4,7 @@
 ports and returns once ``/v2/health/ready`` answers, or raises ``PeerStartError`` with the log
 tail (bounded by ``timeout``, 60 s by default); ``stop()`` sends SIGTERM (SIGKILL after a grace
 period), then unlinks any POSIX shared-memory object the Python backend left behind under its
-unique prefix. How the binary is run here (``../shared/notes/triton_test_peer.md``):
+unique prefix. How the binary is run here:
 
 1. The server lives in its own virtual environment, ``.venv-triton`` (or
    ``KSERVE_TRIO_TRITON_VENV``), made by ``tools/dev.sh test``: its ``tritonclient`` pin must not

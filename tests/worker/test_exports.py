@@ -1,4 +1,4 @@
-"""The worker's public surface (DESIGN section 7: each package states it once; a test pins it)."""
+"""The worker's public surface (each package states it once in its ``__init__``; this test pins it)."""
 
 from __future__ import annotations
 

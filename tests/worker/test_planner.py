@@ -42,7 +42,7 @@ def test_priority_clamps_the_deficit_to_the_recency_cap():
 
 
 def _worked_example(coalesced_requests: int) -> tuple[list[Candidate], list[float]]:
-    """Spec 4.3's example: equal weights, EMAs 0.7/0.2/0.1, cap 0.25, discount 0.1, costs 10/30/100."""
+    """The fair discipline's reference example: equal weights, EMAs 0.7/0.2/0.1, cap 0.25, discount 0.1, costs 10/30/100."""
     emas = {"A": 0.7, "B": 0.2, "C": 0.1}
     costs = {"A": 10.0, "B": 30.0, "C": 100.0}
     cands = [
@@ -62,7 +62,7 @@ def _worked_example(coalesced_requests: int) -> tuple[list[Candidate], list[floa
 
 
 def test_fair_worked_example_without_coalescing_gets_no_discount():
-    # DESIGN decision 4: the discount applies only to a plan coalescing > 1 request, so with
+    # The discount applies only to a plan coalescing > 1 request, so with
     # single-request plans the costs stay 10/30/100 and the priorities are the undiscounted ones
     # (upstream's -0.0278 / 0.00493 / 0.00259 divide every cost by 0.9).
     cands, prios = _worked_example(coalesced_requests=1)

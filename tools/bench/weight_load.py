@@ -5,7 +5,7 @@ For each weight size (default 1, 16 and 128 MB) it exports a one-weight bundle
 times, interleaved in rounds:
 
 * ``host tier``: ``WeightCache.acquire`` of a ``PINNED_SYSTEM`` model after a compaction freed
-  its device copy -- the on-demand load of spec 5.3, a host-to-device transfer from the host
+  its device copy -- the on-demand load, a host-to-device transfer from the host
   copy (private store);
 * ``shared tier``: the same with the host copy in a node-shared ``/dev/shm`` region;
 * ``file``: the same for an ``UNPINNED`` model, transferred from the memory-mapped weights
