@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format or "auto", args.log_level)
     if args.no_uvloop:
         os.environ["KSERVE_TRIO_UVLOOP"] = "0"
-    from kserve_trio.worker.process_tuning import tune_allocator, tuning_enabled
+    from kserve_trio.serving.process_tuning import tune_allocator, tuning_enabled
 
     if tuning_enabled():
         tune_allocator()

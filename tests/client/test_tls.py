@@ -32,7 +32,7 @@ from kserve_trio.client.transport import Endpoint
 from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import ConfigError, StatusCode
 from kserve_trio.worker.server import serve, stop
-from kserve_trio.worker.tls import server_ssl_context
+from kserve_trio.serving.tls import server_ssl_context
 from tests.client.echo_server import EchoServer, Raw
 from tests.e2e import reference as ref
 

@@ -33,16 +33,37 @@ def _has_modules(package: str) -> bool:
     return any(True for _ in pkgutil.iter_modules(pkg.__path__))
 
 
-# Each layer lists what it must never load. ``client`` joins once it has modules.
+# Each layer lists what it must never load: third-party stacks and the project's own packages
+# above it. Only ``runtime`` and ``export`` (and ``worker``, which stands on ``runtime``) may load
+# jax. A package joins once it has modules.
+_JAX = ("jax", "jaxlib")
+_ABOVE_CORE = (
+    "kserve_trio.client",
+    "kserve_trio.runtime",
+    "kserve_trio.export",
+    "kserve_trio.serving",
+    "kserve_trio.worker",
+    "kserve_trio.gateway",
+    "kserve_trio.node",
+)
 LAYERS = {
-    "kserve_trio.core": ("jax", "jaxlib", "grpclib.server"),
-    "kserve_trio.proto": ("jax", "jaxlib", "grpclib.server"),
+    "kserve_trio.core": (*_JAX, "grpclib.server", *_ABOVE_CORE),
+    "kserve_trio.proto": (*_JAX, "grpclib.server", "kserve_trio.core", *_ABOVE_CORE),
 }
 if _has_modules("kserve_trio.client"):
-    LAYERS["kserve_trio.client"] = ("jax", "jaxlib", "grpclib.server")
+    LAYERS["kserve_trio.client"] = (*_JAX, "grpclib.server", *_ABOVE_CORE[1:])
+if _has_modules("kserve_trio.serving"):
+    LAYERS["kserve_trio.serving"] = (
+        *_JAX,
+        "kserve_trio.runtime",
+        "kserve_trio.export",
+        "kserve_trio.worker",
+        "kserve_trio.gateway",
+        "kserve_trio.node",
+    )
 for _layer in ("kserve_trio.gateway", "kserve_trio.node"):
     if _has_modules(_layer):
-        LAYERS[_layer] = ("jax", "jaxlib")
+        LAYERS[_layer] = (*_JAX, "kserve_trio.runtime", "kserve_trio.export", "kserve_trio.worker")
 
 _PROBE = """
 import importlib, json, pkgutil, sys

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.worker.http_endpoints import route
+from kserve_trio.serving.admin_http import route
 from kserve_trio.worker.metrics import LATENCY_BUCKETS, gpu_label, inject_labels
 from tests.e2e.conftest import free_port
 

@@ -1,4 +1,4 @@
-"""HTTP/2 tuning of the worker's grpclib server (measured in docs/benchmarks.md).
+"""HTTP/2 tuning of our grpclib servers (worker and gateway) (measured in docs/benchmarks.md).
 
 - Flow-control windows: grpclib's default 4 MiB windows stall large tensors; 64 MiB lets a
   request of tens of MB arrive without waiting for WINDOW_UPDATE round trips.
@@ -10,7 +10,7 @@
   notes/stack_probe.md). ``patch_frame_repr`` makes that repr hexlify only what it shows.
 
 Both patches touch private internals of h2/hyperframe/grpclib; they are applied once, are
-idempotent, and each is tested (tests/worker/test_transport.py) so an upgrade that breaks
+idempotent, and each is tested (tests/serving/test_h2_settings.py) so an upgrade that breaks
 them is caught.
 """
 

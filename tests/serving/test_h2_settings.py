@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hyperframe.frame as hf
 
-from kserve_trio.worker import transport
+from kserve_trio.serving import h2_settings
 
 
 def test_data_frame_repr_no_longer_hexlifies_the_whole_payload():
-    assert transport.patch_frame_repr()
+    assert h2_settings.patch_frame_repr()
     frame = hf.DataFrame(1, data=b"\x01" * (4 << 20))
     text = repr(frame)
     assert "<hex:01010101010101010101...>" in text
@@ -17,19 +17,19 @@ def test_data_frame_repr_no_longer_hexlifies_the_whole_payload():
 
 def test_server_config_sets_large_windows_and_frame_size_patch(monkeypatch):
     monkeypatch.delenv("KSERVE_TRIO_H2_TUNING", raising=False)
-    cfg = transport.server_config()
-    assert cfg.http2_connection_window_size == transport.WINDOW_BYTES
-    assert cfg.http2_stream_window_size == transport.WINDOW_BYTES
+    cfg = h2_settings.server_config()
+    assert cfg.http2_connection_window_size == h2_settings.WINDOW_BYTES
+    assert cfg.http2_stream_window_size == h2_settings.WINDOW_BYTES
     import grpclib.protocol as gp
 
     assert gp.H2Protocol.connection_made.__name__ == "connection_made"
-    assert "frame_size" in transport._patched
+    assert "frame_size" in h2_settings._patched
 
 
 def test_tuning_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("KSERVE_TRIO_H2_TUNING", "0")
-    cfg = transport.server_config()
-    assert cfg.http2_connection_window_size != transport.WINDOW_BYTES
+    cfg = h2_settings.server_config()
+    assert cfg.http2_connection_window_size != h2_settings.WINDOW_BYTES
 
 
 def test_large_frames_are_negotiated_with_a_real_client(demo_repo):

@@ -1,4 +1,4 @@
-"""The worker's server-side TLS: the ``ssl.SSLContext`` its grpclib server listens with.
+"""Server-side TLS: the ``ssl.SSLContext`` a grpclib server (worker or gateway) listens with.
 
 Built from ``endpoints.tls`` (``core.config.TlsConfig``): no certificate means plaintext (no
 context); a certificate and key give TLS; a client CA bundle on top requires every client to

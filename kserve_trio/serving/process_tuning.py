@@ -1,4 +1,4 @@
-"""Process-wide memory-allocator tuning for a worker process (Linux/glibc).
+"""Process-wide memory-allocator tuning for a server process (Linux/glibc).
 
 XLA:CPU allocates a fresh buffer for every execution's outputs (and for unaligned inputs).
 glibc serves allocations above 32 MiB with a new ``mmap`` and returns them with ``munmap`` on

@@ -1,4 +1,4 @@
-"""The worker's metrics and health HTTP endpoints (``endpoints.metrics_port``).
+"""The admin HTTP endpoints of a server process (the worker's ``endpoints.metrics_port``).
 
 A small HTTP/1.1 server on anyio streams, run inside the worker's nursery tree:
 ``GET /metrics`` (Prometheus text), ``/healthz`` (200 ``ok`` while the process is up),
@@ -15,7 +15,7 @@ import anyio.abc
 
 from kserve_trio.core.logging import get_logger
 
-log = get_logger("kserve_trio.worker.http")
+log = get_logger("kserve_trio.serving.admin_http")
 
 MAX_HEADER_BYTES = 16 << 10
 
