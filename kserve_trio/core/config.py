@@ -19,7 +19,11 @@ import enum
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
@@ -792,22 +796,23 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
         )
 
 
-def _validate_tls(tls: TlsConfig, *, check_files: bool) -> None:
-    """``endpoints.tls``: cert and key both or neither; a client CA needs them (mutual TLS is
-    TLS plus client certificates); with ``check_files`` every named file must exist."""
+def _validate_tls(tls: TlsConfig, *, check_files: bool, prefix: str = "endpoints.tls") -> None:
+    """A TLS block (``endpoints.tls``, or ``prefix``): cert and key both or neither; a client CA
+    needs them (mutual TLS is TLS plus client certificates); with ``check_files`` every named
+    file must exist."""
     if bool(tls.cert_file) != bool(tls.key_file):
         missing = "key_file" if tls.cert_file else "cert_file"
         present = "cert_file" if tls.cert_file else "key_file"
-        raise ConfigError(f"must be set together with {present}", f"endpoints.tls.{missing}")
+        raise ConfigError(f"must be set together with {present}", f"{prefix}.{missing}")
     if tls.client_ca_file and not tls.cert_file:
         raise ConfigError(
             "requires cert_file and key_file (mutual TLS is TLS plus client certificates)",
-            "endpoints.tls.client_ca_file",
+            f"{prefix}.client_ca_file",
         )
     for name in ("cert_file", "key_file", "client_ca_file") if check_files else ():
         path = getattr(tls, name)
         if path and not os.path.isfile(path):
-            raise ConfigError(f"file does not exist: {path}", f"endpoints.tls.{name}")
+            raise ConfigError(f"file does not exist: {path}", f"{prefix}.{name}")
 
 
 def _value_at(cfg: ServerConfig, path: str) -> Any:
@@ -915,3 +920,36 @@ def log_config(cfg: ServerConfig, applied: Iterable[tuple[str, str]], log: Any =
     overrides = [f"{var}={value}" for var, value in applied]
     if overrides:
         log.info("config_overridden_by_environment", worker=cfg.worker_name, overrides=overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# The helpers the other YAML configurations (node files, the gateway's gateway.yml) build on.
+
+
+def load_yaml_mapping(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """Read a YAML file whose root must be a mapping; ``what`` names it in errors
+    (``"node config"``: "node config file not found: ...")."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} file not found: {p}")
+    try:
+        raw = YAML(typ="safe").load(p.read_text())
+    except (YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what} {p} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{what} root must be a mapping (file {p})")
+    return raw
+
+
+as_int = _as_int
+as_float = _as_float
+as_bool = _as_bool
+as_str = _as_str
+as_str_list = _as_str_list
+parse_enum = _enum
+read_block = _read_block
+parse_env_value = _parse_env
+set_path = _set_path
+validate_tls = _validate_tls
+"""Public names of the typed readers, the environment parser and the TLS block check, for the
+configurations that share this module's schema conventions (same messages, same paths)."""

@@ -20,11 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
-
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
 from kserve_trio.core.config import (
     WORKER_NAME_ENV,
@@ -33,6 +29,7 @@ from kserve_trio.core.config import (
     build_config,
     check_keys,
     deep_merge,
+    load_yaml_mapping,
 )
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
@@ -69,16 +66,7 @@ def _is_int(v: Any) -> bool:
 
 def load_node_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a node file without structural validation (the supervisor materializes first)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"node config file not found: {p}")
-    try:
-        raw = YAML(typ="safe").load(p.read_text())
-    except (YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"node config {p} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"node config root must be a mapping (file {p})")
-    return raw
+    return load_yaml_mapping(path, "node config")
 
 
 def load_node(path: str | os.PathLike[str]) -> dict[str, Any]:
