@@ -13,7 +13,7 @@ batch axis first, ``-1`` for batch and variable axes; nothing is ever reversed.
 - Errors: ``RpcError`` (carries ``status``), ``SharedMemoryUnavailable``,
   ``ShmUnrecoverableError``, ``IOValidationError``.
 - ``Transport``, ``Endpoint``: the interface a transport implements; ``H2Transport`` (anyio
-  streams + h2: asyncio and trio) implements it, as does the grpclib transport (asyncio).
+  streams + h2: asyncio and trio) implements it.
 - ``client_ssl_context``: the TLS context of a ``grpcs://`` endpoint (CA bundle, client
   certificate).
 

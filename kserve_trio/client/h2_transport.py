@@ -64,9 +64,9 @@ from kserve_trio.client._h2_call import (
     status_from_http,
     status_from_reset,
 )
+from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
-from kserve_trio.client.transport import Endpoint
 from kserve_trio.core.errors import StatusCode
 
 R = TypeVar("R")

@@ -582,13 +582,11 @@ async def test_the_peers_stream_limit_is_respected():
 
 
 # --------------------------------------------------------------------------------------------
-# One vocabulary: the h2 and grpclib transports fail alike
+# One vocabulary: every failure is an RpcError with its status, message and method
 
 
-def test_both_transports_report_failures_with_the_same_status_and_message(echo):
+def test_failures_report_their_status_and_message(echo):
     import socket
-
-    from kserve_trio.client.grpclib_transport import GrpclibTransport
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -599,11 +597,11 @@ def test_both_transports_report_failures_with_the_same_status_and_message(echo):
         def FromString(cls, data):
             raise ValueError("not a message")
 
-    async def outcomes(cls) -> list[tuple[StatusCode, str]]:
+    async def outcomes() -> list:
         seen = []
 
         async def record(port, call, **caps):
-            t = cls(Endpoint("127.0.0.1", port, **caps))
+            t = H2Transport(Endpoint("127.0.0.1", port, **caps))
             try:
                 await call(t)
                 seen.append(None)
@@ -628,27 +626,29 @@ def test_both_transports_report_failures_with_the_same_status_and_message(echo):
         await record(echo.port, lambda t: t.unary(ECHO, b"ok", Raw))
         return seen
 
-    h2_seen = anyio.run(outcomes, H2Transport, backend="asyncio")
-    grpclib_seen = anyio.run(outcomes, GrpclibTransport, backend="asyncio")
-    assert h2_seen == grpclib_seen
-    assert [s[0] for s in h2_seen[:-1]] == [
-        StatusCode.NOT_FOUND,
-        StatusCode.DEADLINE_EXCEEDED,
-        StatusCode.DEADLINE_EXCEEDED,
-        StatusCode.RESOURCE_EXHAUSTED,
-        StatusCode.RESOURCE_EXHAUSTED,
-        StatusCode.INTERNAL,
+    addr = f"127.0.0.1:{echo.port}"
+    assert anyio.run(outcomes, backend="asyncio") == [
+        (StatusCode.NOT_FOUND, "model 'm' 100% missing", "Echo"),
+        (
+            StatusCode.DEADLINE_EXCEEDED,
+            f"deadline of 0.200s exceeded calling Echo on {addr}",
+            "Echo",
+        ),
+        (StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded before Echo was sent to {addr}", "Echo"),
+        (StatusCode.RESOURCE_EXHAUSTED, "sent message larger than max (11 vs. 10)", "Echo"),
+        (StatusCode.RESOURCE_EXHAUSTED, "received message larger than max (4096 vs. 100)", "Echo"),
+        (StatusCode.INTERNAL, "cannot parse the Echo reply: not a message", "Echo"),
+        None,
     ]
-    assert h2_seen[-1] is None
 
-    async def unreachable(cls):
-        t = cls(Endpoint("127.0.0.1", closed_port))
+    async def unreachable():
+        t = H2Transport(Endpoint("127.0.0.1", closed_port))
         with pytest.raises(RpcError) as info:
             await t.unary(ECHO, b"x", Raw, timeout=5)
         await t.aclose()
         return info.value.status, info.value.message.split(":")[0]
 
-    assert anyio.run(unreachable, H2Transport) == anyio.run(unreachable, GrpclibTransport)
+    assert anyio.run(unreachable) == (StatusCode.UNAVAILABLE, "cannot reach 127.0.0.1")
 
 
 def test_close_from_another_thread_on_uvloop(echo):
@@ -675,29 +675,7 @@ def test_close_from_another_thread_on_uvloop(echo):
 
 
 @pytest.mark.anyio
-async def test_default_transport_is_h2_on_both_loops(anyio_backend, monkeypatch):
-    from kserve_trio.client.transport import ENV_TRANSPORT, default_transport_factory
+async def test_default_transport_is_h2_on_both_loops(anyio_backend):
+    from kserve_trio.client.transport import default_transport_factory
 
-    monkeypatch.delenv(ENV_TRANSPORT, raising=False)
     assert isinstance(default_transport_factory(Endpoint("h", 1)), H2Transport)
-
-
-def test_asyncio_transport_can_be_chosen_by_environment(monkeypatch):
-    from kserve_trio.client.grpclib_transport import GrpclibTransport
-    from kserve_trio.client.transport import (
-        ENV_TRANSPORT,
-        asyncio_transport_name,
-        default_transport_factory,
-    )
-
-    assert asyncio_transport_name({}) == "h2"
-    assert asyncio_transport_name({ENV_TRANSPORT: " GRPCLIB "}) == "grpclib"
-    with pytest.raises(ValueError, match=f"^{ENV_TRANSPORT}='quic': expected 'h2' or 'grpclib'$"):
-        asyncio_transport_name({ENV_TRANSPORT: "quic"})
-
-    async def made(backend_env):
-        return type(default_transport_factory(Endpoint("h", 1)))
-
-    monkeypatch.setenv(ENV_TRANSPORT, "grpclib")
-    assert anyio.run(made, None, backend="asyncio") is GrpclibTransport
-    assert anyio.run(made, None, backend="trio") is H2Transport  # grpclib cannot run on trio

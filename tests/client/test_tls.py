@@ -27,12 +27,11 @@ from kserve_trio.client import (
     client_ssl_context,
     infer_sync,
 )
-from kserve_trio.client.grpclib_transport import GrpclibTransport
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import ConfigError, StatusCode
-from kserve_trio.worker.server import serve, stop
 from kserve_trio.serving.tls import server_ssl_context
+from kserve_trio.worker.server import serve, stop
 from tests.client.echo_server import EchoServer, Raw
 from tests.e2e import reference as ref
 
@@ -259,29 +258,6 @@ async def test_mutual_tls_refuses_a_client_without_a_valid_certificate(pki, mtls
     # TLS 1.3: the client's side of the handshake completes first; the server then drops it
     assert err.message.startswith(f"connection to 127.0.0.1:{mtls_echo.port} ")
     assert mtls_echo.service.calls == calls  # the request never reached the service
-
-
-@pytest.mark.parametrize("backend", ["asyncio"])
-def test_the_grpclib_transport_speaks_tls_too(pki, mtls_echo, backend):
-    import anyio
-
-    async def main():
-        good = client_ssl_context(pki / "ca.pem", pki / "client.pem", pki / "client.key")
-        t = GrpclibTransport(Endpoint("127.0.0.1", mtls_echo.port, True, ssl_context=good))
-        try:
-            assert await t.unary(ECHO, b"grpclib", Raw, timeout=5) == b"grpclib"
-        finally:
-            await t.aclose()
-        bare = client_ssl_context(pki / "ca.pem")
-        t = GrpclibTransport(Endpoint("127.0.0.1", mtls_echo.port, True, ssl_context=bare))
-        try:
-            with pytest.raises(RpcError) as info:
-                await t.unary(ECHO, b"x", Raw, timeout=5)
-            assert info.value.status is StatusCode.UNAVAILABLE
-        finally:
-            await t.aclose()
-
-    anyio.run(main, backend=backend)
 
 
 # --------------------------------------------------------------------------------------------

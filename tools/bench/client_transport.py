@@ -1,4 +1,7 @@
-"""Client transports compared: the h2 transport (asyncio, uvloop, trio) against grpclib.
+"""The client transport on each event loop: the h2 transport on asyncio, uvloop and trio.
+
+(Until the grpclib-based client transport was removed this compared the two; the figures that
+decided it are in docs/benchmarks.md, "Trio transport".)
 
 A worker serving the demo repository runs in its own process; each measurement is a fresh
 client process running a closed loop of ``KServeModel.infer`` calls (``mlp``, one FP32 [1, 16]
@@ -10,7 +13,7 @@ medians of the rounds are printed as a Markdown table (and as JSON with ``--json
 Usage:
     python tools/bench/client_transport.py [--repo DIR] [--rounds 3] [--duration 5]
         [--concurrency 1,16] [--server-cpu 0 --client-cpu 1] [--json out.json]
-        [--configs grpclib/asyncio,h2/asyncio,grpclib/uvloop,h2/uvloop,h2/trio]
+        [--configs h2/asyncio,h2/uvloop,h2/trio]
 """
 
 from __future__ import annotations
@@ -28,9 +31,7 @@ import tempfile
 import time
 
 CONFIGS = (
-    ("grpclib", "asyncio"),
     ("h2", "asyncio"),
-    ("grpclib", "uvloop"),
     ("h2", "uvloop"),
     ("h2", "trio"),
 )
@@ -46,10 +47,7 @@ def _child(args: argparse.Namespace) -> None:
 
     from kserve_trio.client import InferInput, KServeModel
 
-    if args.transport == "h2":
-        from kserve_trio.client.h2_transport import H2Transport as factory
-    else:
-        from kserve_trio.client.grpclib_transport import GrpclibTransport as factory
+    from kserve_trio.client.h2_transport import H2Transport as factory
 
     x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
     inputs = [InferInput("input_0", x)]
@@ -251,7 +249,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url")
-    p.add_argument("--transport", choices=("h2", "grpclib"))
+    p.add_argument("--transport", choices=("h2",))
     p.add_argument("--backend", choices=("asyncio", "uvloop", "trio"))
     p.add_argument("--repo", help="demo model repository (default: written to a temp dir)")
     p.add_argument("--rounds", type=int, default=3)
