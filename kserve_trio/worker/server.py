@@ -101,15 +101,15 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     import grpclib.server
 
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.admin_http import serve_http
+    from kserve_trio.serving.h2_settings import server_config
+    from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.grpc_adapter import Limits
-    from kserve_trio.serving.admin_http import serve_http
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
     from kserve_trio.worker.registry import load_repository
     from kserve_trio.worker.scheduler import Scheduler
     from kserve_trio.worker.service import InferenceService, WorkerState
-    from kserve_trio.serving.tls import server_ssl_context
-    from kserve_trio.serving.h2_settings import server_config
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
     ssl_context = server_ssl_context(config.endpoints.tls)  # a bad PEM fails before loading
@@ -125,7 +125,6 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         max_concurrent_requests=config.endpoints.max_concurrent_requests,
         limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
         shm_registry=ShmRegistry(),
-        extensions=["system_shared_memory"],
         cache=cache,
         backend=backend,
     )

@@ -46,7 +46,6 @@ def _child(args: argparse.Namespace) -> None:
     import numpy as np
 
     from kserve_trio.client import InferInput, KServeModel
-
     from kserve_trio.client.h2_transport import H2Transport as factory
 
     x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
