@@ -37,7 +37,7 @@ _COMMANDS: dict[str, tuple[str, str | None, str]] = {
     ),
     "bench": (
         "closed-loop or fixed-rate load generator against a KServe V2 endpoint",
-        "kserve_trio.client.bench:configure_parser",
+        "kserve_trio.bench:configure_parser",
         "the Client library capability",
     ),
 }

@@ -1,4 +1,4 @@
-"""The load generator: its pure pieces, the PNG chart, and short runs against a live worker."""
+"""The load generator: its pure pieces, the matplotlib chart, and short runs against a live worker."""
 
 from __future__ import annotations
 
@@ -7,53 +7,37 @@ import json
 import struct
 import subprocess
 import sys
-import zlib
 from collections import Counter
 
 import anyio
 import numpy as np
 import pytest
 
-from kserve_trio.client import PoolAcquireTimeout, RpcError
-from kserve_trio.client._plot import PALETTE, WHITE, Canvas, line_chart
-from kserve_trio.client.bench import (
+from kserve_trio.bench import (
     BenchConfig,
     Window,
-    _drive_level,
+    latency_series,
     parse_concurrency,
     percentiles,
+    plot_latency,
     report,
     run_bench,
     status_name,
     synth_inputs,
     table,
 )
+from kserve_trio.bench._drive import _drive_level
+from kserve_trio.client import PoolAcquireTimeout, RpcError
 from kserve_trio.client.spec import ModelIOSpec, TensorMeta
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.worker.server import serve, stop
 
 
-def decode_png(data: bytes) -> tuple[int, int, bytes]:
-    """(width, height, RGB rows without filter bytes) of an 8-bit RGB, filter-0 PNG."""
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, size = 8, b"", None
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        if kind == b"IHDR":
-            size = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    width, height, depth, color, *_ = size
-    assert (depth, color) == (8, 2)
-    raw = zlib.decompress(idat)
-    stride = 3 * width + 1
-    assert len(raw) == stride * height
-    assert all(raw[y * stride] == 0 for y in range(height))
-    return width, height, b"".join(raw[y * stride + 1 : (y + 1) * stride] for y in range(height))
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,28 +125,42 @@ async def test_a_level_counts_ok_errors_and_late_starts():
     assert w.late == 0
 
 
-def test_canvas_png_round_trip_and_drawing():
-    c = Canvas(20, 10)
-    c.line(0, 0, 19, 9, (1, 2, 3))
-    c.text(2, 2, "a", scale=1)
-    width, height, rgb = decode_png(c.png())
-    assert (width, height) == (20, 10)
-    assert rgb[0:3] == b"\x01\x02\x03"  # line start
-    assert rgb[-3:] == b"\x01\x02\x03"  # line end
-    assert c.get(3, 2) == (0, 0, 0)  # the top bar of "A"
+def test_latency_series_are_the_report_percentiles_by_concurrency():
+    rep = {
+        "levels": [
+            {"concurrency": 1, "latency_ms": {"p50": 1.0, "p90": 2.0, "p99": 3.0}},
+            {"concurrency": 8, "latency_ms": {"p50": 2.0, "p90": 4.0, "p99": 9.0}},
+        ]
+    }
+    assert latency_series(rep) == {
+        "p50": [(1, 1.0), (8, 2.0)],
+        "p90": [(1, 2.0), (8, 4.0)],
+        "p99": [(1, 3.0), (8, 9.0)],
+    }
 
 
-def test_line_chart_draws_every_series():
-    chart = line_chart(
-        {"p50": [(1, 1.0), (8, 2.0)], "p90": [(1, 2.0), (8, 4.0)], "p99": [(1, 3.0), (8, 9.0)]},
-        x_label="concurrency",
-        y_label="latency ms",
-    )
-    _, _, rgb = decode_png(chart.png())
-    pixels = {rgb[i : i + 3] for i in range(0, len(rgb), 3)}
-    assert bytes(WHITE) in pixels
-    for color in PALETTE[:3]:
-        assert bytes(color) in pixels
+def test_plot_draws_every_series_in_its_own_color(tmp_path):
+    from matplotlib import image
+    from matplotlib.colors import to_rgb
+    from matplotlib.pyplot import rcParams
+
+    rep = {
+        "model": "m",
+        "client": "kserve_trio",
+        "transport": "inline",
+        "batch": 1,
+        "levels": [
+            {"concurrency": 1, "latency_ms": {"p50": 1.0, "p90": 2.0, "p99": 3.0}},
+            {"concurrency": 8, "latency_ms": {"p50": 2.0, "p90": 4.0, "p99": 9.0}},
+        ],
+    }
+    out = tmp_path / "chart.png"
+    plot_latency(rep, str(out))
+    assert png_size(out.read_bytes()) == (720, 440)
+    rgb = image.imread(str(out))[..., :3].reshape(-1, 3)
+    for color in rcParams["axes.prop_cycle"].by_key()["color"][:3]:
+        distance = np.abs(rgb - np.asarray(to_rgb(color))).max(axis=1)
+        assert (distance < 0.02).sum() > 20, f"series color {color} not drawn"
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,8 +218,7 @@ def test_bench_command_writes_report_progress_and_plot(server, tmp_path):
         assert lv["items_per_s"] == lv["requests_per_s"]
         assert 0 < lv["latency_ms"]["p50"] <= lv["latency_ms"]["p90"] <= lv["latency_ms"]["p99"]
         assert lv["cpu_per_request_us"] > 0
-    width, height, _ = decode_png(out_png.read_bytes())
-    assert (width, height) == (720, 440)
+    assert png_size(out_png.read_bytes()) == (720, 440)
 
 
 def test_bench_over_shared_memory_with_a_batch_and_a_fixed_rate(server):
