@@ -46,9 +46,20 @@ from kserve_trio.client.io import (
     string_param,
 )
 from kserve_trio.client.model import KServeModel, send_infer
-from kserve_trio.client.runtime import ClientState, Route, get_state, refuse_in_event_loop
-from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, scratch
-from kserve_trio.core.codec import SHM_BYTE_SIZE_PARAM, SHM_OFFSET_PARAM, SHM_REGION_PARAM
+from kserve_trio.client.runtime import (
+    ClientState,
+    EndpointState,
+    Route,
+    get_state,
+    refuse_in_event_loop,
+)
+from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
+from kserve_trio.core.codec import (
+    SHM_BYTE_SIZE_PARAM,
+    SHM_OFFSET_PARAM,
+    SHM_REGION_PARAM,
+    raw_output_indices,
+)
 from kserve_trio.core.dtypes import dtype_from_wire, dtype_of
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
@@ -104,18 +115,6 @@ def _shm_params(region: str, offset: int, nbytes: int) -> dict[str, pb.InferPara
         SHM_OFFSET_PARAM: pb.InferParameter(int64_param=int(offset)),
         SHM_BYTE_SIZE_PARAM: pb.InferParameter(int64_param=int(nbytes)),
     }
-
-
-def pool_offset(pool: BufferPool, arr: np.ndarray) -> int | None:
-    """The byte offset of ``arr`` in ``pool``'s backing when it is a C-contiguous view of it,
-    else ``None`` (the array then travels inline)."""
-    if not arr.flags.c_contiguous or arr.nbytes == 0 or pool.closed:
-        return None
-    base = np.frombuffer(pool.view(0, pool.nbytes), dtype=np.uint8).ctypes.data
-    start = arr.ctypes.data - base
-    if 0 <= start and start + arr.nbytes <= pool.nbytes:
-        return start
-    return None
 
 
 def build_chunk_request(
@@ -195,13 +194,21 @@ def rehydrate(
     reserved a buffer for whose inline entry is empty is read from that buffer too.
     """
     by_name = {b.name: b for b in out_bufs}
-    raw = iter(response.raw_output_contents)
+    raw = response.raw_output_contents
+    indices = raw_output_indices(response.outputs, len(raw))  # either layout, by position
+    if indices is None:
+        raise RpcError(
+            StatusCode.INTERNAL,
+            f"response from model '{response.model_name}' has {len(raw)} raw_output_contents "
+            "entries, which match none of its outputs' layouts",
+            method="ModelInfer",
+        )
     merged: list[bytes] = []
-    for out in response.outputs:
+    for out, index in zip(response.outputs, indices, strict=True):
         region = string_param(out.parameters, SHM_REGION_PARAM)
         if region is None:
             if out.contents is None:
-                entry = next(raw, None)
+                entry = None if index is None else raw[index]
                 buf = by_name.get(out.name)
                 if buf is not None and not entry:
                     merged.append(_reserved_bytes(response, out, pool, buf))
@@ -262,7 +269,7 @@ class _Drive:
     state: ClientState
     pool: BufferPool
     route: Route
-    endpoint: Any  # _EndpointState
+    endpoint: EndpointState
     outputs: list[OutputSpec]
     span: int
     chunk: int
@@ -277,7 +284,7 @@ async def _plan(model: KServeModel, io: Any) -> _Drive | None:
         return None
     state = get_state()
     transport = model.transport()
-    ep = model._endpoint_state()
+    ep = model.endpoint_state()
     budget = model.deadline if model.deadline > 0 else 3600.0
     route = await state.route(ep, model.shared_memory, transport, budget)
     pool = state.shm_pool() if route is Route.SHM else state.inline_pool()

@@ -33,7 +33,13 @@ import numpy as np
 
 from kserve_trio.core.buffer_pool import PoolSlot, ScratchBuffer, scratch
 from kserve_trio.core.buffer_pool import pool_view as _core_pool_view
-from kserve_trio.core.codec import SHM_REGION_PARAM, int64_param, string_param
+from kserve_trio.core.codec import (
+    SHM_REGION_PARAM,
+    in_shared_memory,
+    int64_param,
+    raw_output_indices,
+    string_param,
+)
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
@@ -263,28 +269,30 @@ def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -
     """The output ``name`` of ``response`` as a read-only array of its wire shape.
 
     Raw bytes are viewed in place (``np.frombuffer``, no copy); typed ``contents`` become a new
-    array. ``dtype``, when given (numpy dtype-like, ``DType`` or a wire string), must be the
-    output's datatype: the bytes are never reinterpreted as another type. Raises ``KeyError`` for
+    array. Entries of ``raw_output_contents`` are matched to outputs by position, in Triton's
+    layout or the older inline-only one (``codec.raw_output_indices``). ``dtype``, when given
+    (numpy dtype-like, ``DType`` or a wire string), must be the output's datatype: the bytes are
+    never reinterpreted as another type. Raises ``KeyError`` for
     an unknown name, ``TypeError`` for a dtype mismatch and ``ValueError`` for an output left in
     shared memory or a malformed payload, each naming the output.
     """
-    raw_index = 0
-    found = None
-    for out in response.outputs:
-        in_shm = string_param(out.parameters, SHM_REGION_PARAM) is not None
-        takes_raw = out.contents is None and not in_shm
-        if out.name == name:
-            found = (out, raw_index if takes_raw else None, in_shm)
-            break
-        if takes_raw:
-            raw_index += 1
-    if found is None:
+    position = next((i for i, o in enumerate(response.outputs) if o.name == name), None)
+    if position is None:
         raise KeyError(
             f"response from model '{response.model_name}' has no output '{name}' "
             f"(outputs: {_output_names(response)})"
         )
-    out, index, in_shm = found
+    out = response.outputs[position]
+    in_shm = in_shared_memory(out)
     what = f"output '{name}' of model '{response.model_name}'"
+    n_raw = len(response.raw_output_contents)
+    indices = raw_output_indices(response.outputs, n_raw)
+    if indices is None:
+        raise ValueError(
+            f"{what} cannot be located: the response has {n_raw} raw_output_contents entries, "
+            "matching neither one per output without typed contents nor one per inline output"
+        )
+    index = indices[position]
     try:
         wire = dtype_from_wire(out.datatype)
     except ValueError as exc:
@@ -306,8 +314,7 @@ def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -
             f"{what} was written to shared memory region "
             f"'{string_param(out.parameters, SHM_REGION_PARAM)}'; read it from there"
         )
-    if index is None:
-        assert out.contents is not None
+    if out.contents is not None:
         field = wire.contents_field
         if field is None:
             raise ValueError(f"{what} has datatype {wire.wire}, which has no typed contents")
@@ -318,7 +325,7 @@ def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -
             )
         arr = np.array(values, dtype=wire.numpy).reshape(shape)
     else:
-        if index >= len(response.raw_output_contents):
+        if index is None:
             raise ValueError(f"{what} has no raw_output_contents entry")
         buf = response.raw_output_contents[index]
         if len(buf) != nbytes:

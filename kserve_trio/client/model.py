@@ -19,7 +19,7 @@ from kserve_trio.client._wire import EncodedInferRequest, InferResponseReader
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
-from kserve_trio.client.runtime import _loop_closed, current_loop_key, get_state
+from kserve_trio.client.runtime import EndpointState, _loop_closed, current_loop_key, get_state
 from kserve_trio.client.tls import PemSource, client_ssl_context
 from kserve_trio.client.transport import (
     ENV_MAX_RECV,
@@ -325,7 +325,9 @@ class KServeModel:
         )
         return dict(reply.regions)
 
-    def _endpoint_state(self):
+    def endpoint_state(self) -> EndpointState:
+        """This process's shared state for the model's server (its shm route and registrations),
+        which the drivers consult before planning a run."""
         return get_state().endpoint(self.endpoint, self.transport_factory)
 
 

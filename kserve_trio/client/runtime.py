@@ -5,7 +5,7 @@ One ``ClientState`` per process owns:
 - the settings of ``kserve_init(pool_bytes, n_slots, shm_reprobe_interval)`` and at most two
   ``BufferPool`` s, created on first use: one backed by POSIX shared memory, one on the heap
   (inline transport);
-- one ``_EndpointState`` per server ``(host, port)``: whether our shm pool is registered there,
+- one ``EndpointState`` per server ``(host, port)``: whether our shm pool is registered there,
   the registration generation, the decided route per ``shared_memory`` mode, and the latch that
   sends it inline after an unrecoverable stale registration;
 - the client loop thread: a daemon thread running an asyncio event loop behind an anyio
@@ -79,7 +79,7 @@ class ClientSettings:
 
 
 @dataclass(eq=False)
-class _EndpointState:
+class EndpointState:
     """What this process knows about one server."""
 
     endpoint: Endpoint
@@ -266,7 +266,7 @@ class ClientState:
         self.settings = settings or ClientSettings()
         self._shm_pool: BufferPool | None = None
         self._inline_pool: BufferPool | None = None
-        self.endpoints: dict[tuple[str, int], _EndpointState] = {}
+        self.endpoints: dict[tuple[str, int], EndpointState] = {}
         self._loop: _LoopThread | None = None
         self._reprober = False
 
@@ -307,15 +307,15 @@ class ClientState:
 
     # -- endpoints and routes ----------------------------------------------------------------
 
-    def endpoint(self, endpoint: Endpoint, factory: TransportFactory) -> _EndpointState:
+    def endpoint(self, endpoint: Endpoint, factory: TransportFactory) -> EndpointState:
         with self.lock:
             ep = self.endpoints.get(endpoint.key)
             if ep is None:
-                ep = _EndpointState(endpoint, factory)
+                ep = EndpointState(endpoint, factory)
                 self.endpoints[endpoint.key] = ep
             return ep
 
-    def _async_lock(self, ep: _EndpointState) -> anyio.Lock:
+    def _async_lock(self, ep: EndpointState) -> anyio.Lock:
         key = current_loop_key()
         with self.lock:
             for owner, lock in ep.locks:
@@ -328,7 +328,7 @@ class ClientState:
             return lock
 
     async def route(
-        self, ep: _EndpointState, mode: str, transport: Transport, timeout: float
+        self, ep: EndpointState, mode: str, transport: Transport, timeout: float
     ) -> Route:
         """The route for ``mode`` to ``ep``, decided once and cached.
 
@@ -383,11 +383,11 @@ class ClientState:
             return route
 
     @staticmethod
-    def use_shm(ep: _EndpointState, route: Route) -> bool:
+    def use_shm(ep: EndpointState, route: Route) -> bool:
         return route is Route.SHM and not ep.latched
 
     async def _register(
-        self, ep: _EndpointState, transport: Transport, pool: BufferPool, timeout: float
+        self, ep: EndpointState, transport: Transport, pool: BufferPool, timeout: float
     ) -> None:
         await register_region(transport, pool, timeout)
         with self.lock:
@@ -397,7 +397,7 @@ class ClientState:
         log.debug("shm_registered", endpoint=ep.endpoint.address, region=pool.region_name)
 
     async def reregister(
-        self, ep: _EndpointState, transport: Transport, seen_generation: int, timeout: float
+        self, ep: EndpointState, transport: Transport, seen_generation: int, timeout: float
     ) -> None:
         """Re-register after a stale-registration error, once for all concurrent failures.
 
@@ -422,7 +422,7 @@ class ClientState:
                     f"re-registering shared memory with {ep.endpoint.address} failed: {exc}"
                 ) from exc
 
-    def latch(self, ep: _EndpointState) -> None:
+    def latch(self, ep: EndpointState) -> None:
         """Send ``ep``'s shared-memory traffic inline until the re-probe restores it."""
         with self.lock:
             already = ep.latched
@@ -508,8 +508,8 @@ class ClientState:
                 pool.close()
 
 
-async def _unregister_all(endpoints: list[_EndpointState], region: str) -> None:
-    async def one(ep: _EndpointState) -> None:
+async def _unregister_all(endpoints: list[EndpointState], region: str) -> None:
+    async def one(ep: EndpointState) -> None:
         transport = ep.factory(ep.endpoint)
         try:
             await unregister_region(transport, region, SHUTDOWN_UNREGISTER_TIMEOUT)

@@ -27,7 +27,7 @@ from kserve_trio.client.io import (
     with_bounds_checks,
 )
 from kserve_trio.client.runtime import get_state, refuse_in_event_loop
-from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer
+from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset
 from kserve_trio.core.codec import encode_model_metadata
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
 from kserve_trio.core.logging import get_logger
@@ -163,8 +163,6 @@ def _check_output_specs(spec: ModelIOSpec, declared: list[OutputSpec]) -> None:
 def _check_inputs(
     spec: ModelIOSpec, descs: list, pool: BufferPool, items: int, per_item: int
 ) -> None:
-    from kserve_trio.client.driver import pool_offset
-
     model = spec.name
     known = {m.name: m for m in spec.inputs}
     seen: set[str] = set()

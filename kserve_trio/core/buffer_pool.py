@@ -241,6 +241,18 @@ def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
     return arrays[0] if len(arrays) == 1 else arrays
 
 
+def pool_offset(pool: BufferPool, arr: np.ndarray) -> int | None:
+    """The byte offset of ``arr`` in ``pool``'s backing when it is a C-contiguous view of it,
+    else ``None`` (a client then sends the array inline instead of by reference)."""
+    if not arr.flags.c_contiguous or arr.nbytes == 0 or pool.closed:
+        return None
+    base = np.frombuffer(pool.view(0, pool.nbytes), dtype=np.uint8).ctypes.data
+    start = arr.ctypes.data - base
+    if 0 <= start and start + arr.nbytes <= pool.nbytes:
+        return start
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Waiters
 
@@ -562,6 +574,7 @@ __all__ = [
     "PoolSlot",
     "ScratchBuffer",
     "first_fit",
+    "pool_offset",
     "pool_view",
     "release",
     "scratch",
