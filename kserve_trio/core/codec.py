@@ -227,10 +227,13 @@ def _checked_nbytes(what: str, shape: Sequence[int], dtype: DType) -> tuple[int,
             raise InvalidArgument(f"{what} has a negative dimension in shape {_shape_str(shape)}")
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
-    extent = math.prod(d for d in shape if d) * dtype.itemsize
-    if max(nbytes, extent) > MAX_TENSOR_BYTES:
+    extent = nbytes if count else math.prod(d for d in shape if d) * dtype.itemsize
+    if extent > MAX_TENSOR_BYTES:
+        needs = (
+            f"needs {nbytes} bytes" if nbytes else f"spans {extent} bytes (zero dimensions aside)"
+        )
         raise InvalidArgument(
-            f"{what} shape {_shape_str(shape)} needs {extent} bytes, more than the limit of "
+            f"{what} shape {_shape_str(shape)} {needs}, more than the limit of "
             f"{MAX_TENSOR_BYTES} bytes"
         )
     return count, nbytes
@@ -531,8 +534,10 @@ def encode_infer_response(
     3. An output requested into shared memory must fit its ``byte_size`` (else
        ``InvalidArgument`` naming both numbers); it is written through ``registry.write`` and
        its response tensor carries the three shm parameters with ``shared_memory_byte_size`` =
-       the bytes actually written, and no ``raw_output_contents`` entry.
-    4. ``raw_output_contents`` holds the inline outputs, in response order.
+       the bytes actually written.
+    4. ``raw_output_contents`` has one entry per output, in response order (Triton's layout,
+       which tritonclient reads by position): the payload of an inline output, an empty entry
+       for an output written to shared memory.
     """
     by_name = {t.name: t for t in outputs}
     if requested:
@@ -575,13 +580,14 @@ def encode_infer_response(
             assert registry is not None
             registry.write(shm.region, shm.offset, np.ascontiguousarray(arr))
             out.parameters = _shm_params(ShmRef(shm.region, shm.offset, arr.nbytes))
+            response.raw_output_contents.append(b"")
         response.outputs.append(out)
     return response
 
 
 def encode_model_metadata(name: str, manifest: Manifest, platform: str) -> pb.ModelMetadataResponse:
     """``ModelMetadataResponse`` from the manifest's client-facing specs (wire shapes, -1 for
-    batch and variable axes, ``versions=[]``)."""
+    batch and variable axes, ``versions=["1"]``: a bundle is served as ``BUNDLE_VERSION``)."""
 
     def meta(spec: TensorSpec) -> pb.ModelMetadataResponseTensorMetadata:
         return pb.ModelMetadataResponseTensorMetadata(
@@ -590,7 +596,7 @@ def encode_model_metadata(name: str, manifest: Manifest, platform: str) -> pb.Mo
 
     return pb.ModelMetadataResponse(
         name=name,
-        versions=[],
+        versions=[BUNDLE_VERSION],
         platform=platform,
         inputs=[meta(s) for s in manifest.wire_inputs],
         outputs=[meta(s) for s in manifest.wire_outputs],
@@ -610,7 +616,10 @@ def encode_repository_index(
             name, ready = entry
         models.append(
             pb.RepositoryIndexResponseModelIndex(
-                name=name, version="", state="READY" if ready else "UNAVAILABLE", reason=""
+                name=name,
+                version=BUNDLE_VERSION,
+                state="READY" if ready else "UNAVAILABLE",
+                reason="",
             )
         )
     return pb.RepositoryIndexResponse(models=models)
@@ -700,32 +709,67 @@ def encode_infer_request_shm(
     )
 
 
+def in_shared_memory(out: pb.ModelInferResponseInferOutputTensor) -> bool:
+    """Whether the server wrote ``out`` to shared memory (its region parameter is set)."""
+    return string_param(out.parameters, SHM_REGION_PARAM) is not None
+
+
+def raw_output_indices(
+    outputs: Sequence[pb.ModelInferResponseInferOutputTensor], n_raw: int
+) -> list[int | None] | None:
+    """For each output, the index of its ``raw_output_contents`` entry, or None when it has
+    none to read (typed ``contents``, written to shared memory, or no entries at all).
+
+    Two layouts exist, told apart by the entry count:
+    1. Positional (Triton's, and this server's): one entry per output without typed contents,
+       in output order; an output written to shared memory has an empty placeholder entry.
+       This is how tritonclient's ``as_numpy`` finds an output.
+    2. Inline-only (servers before the positional layout): one entry per output with neither
+       typed contents nor shared memory.
+    With no output in shared memory both are the same. ``n_raw == 0`` means no output carries
+    raw data. Any other count matches neither layout: None.
+    """
+    untyped = [o.contents is None for o in outputs]
+    inline = [u and not in_shared_memory(o) for u, o in zip(untyped, outputs, strict=True)]
+    if n_raw == sum(untyped):
+        counted = untyped
+    elif n_raw == sum(inline):
+        counted = inline
+    elif n_raw == 0:
+        return [None] * len(outputs)
+    else:
+        return None
+    indices: list[int | None] = []
+    position = 0
+    for counts, takes_raw in zip(counted, inline, strict=True):
+        indices.append(position if takes_raw else None)
+        position += counts
+    return indices
+
+
 def decode_infer_response(
     msg: pb.ModelInferResponse, *, skip_shm: bool = False
 ) -> list[NamedTensor]:
     """The outputs of a ``ModelInferResponse`` as ``NamedTensor`` (response order).
 
-    Mirrors the request rule: raw entries go, in order, to the outputs with neither shm
-    parameters nor typed ``contents`` (their counts must match); the others are read from their
-    typed ``contents``. Raw data is viewed in place (``np.frombuffer``). An output written to
-    shared memory raises ``InvalidArgument`` unless ``skip_shm`` is true, in which case it is
-    left out (the caller reads it from its own memory).
+    Raw entries are matched to outputs by ``raw_output_indices`` (the positional layout, or the
+    older inline-only one); outputs with typed ``contents`` are read from those. Raw data is
+    viewed in place (``np.frombuffer``). An output written to shared memory raises
+    ``InvalidArgument`` unless ``skip_shm`` is true, in which case it is left out (the caller
+    reads it from its own memory).
     """
     model = msg.model_name
     raw = msg.raw_output_contents
-    needs_raw = [
-        o
-        for o in msg.outputs
-        if o.contents is None and string_param(o.parameters, SHM_REGION_PARAM) is None
-    ]
-    if raw and len(raw) != len(needs_raw):
+    indices = raw_output_indices(msg.outputs, len(raw))
+    if indices is None:
+        untyped = [o for o in msg.outputs if o.contents is None]
+        shm = sum(in_shared_memory(o) for o in untyped)
         raise InvalidArgument(
             f"response from model '{model}' has {len(raw)} raw_output_contents entries but "
-            f"{len(needs_raw)} output(s) take their data from raw_output_contents"
+            f"{len(untyped)} output(s) without typed contents ({shm} of them in shared memory)"
         )
-    raw_of = {id(o): buf for o, buf in zip(needs_raw, raw, strict=False)}
     result: list[NamedTensor] = []
-    for out in msg.outputs:
+    for out, index in zip(msg.outputs, indices, strict=True):
         what = f"output '{out.name}' of model '{model}'"
         dtype = _wire_dtype(what, out.datatype)
         shape = tuple(int(d) for d in out.shape)
@@ -740,7 +784,7 @@ def decode_infer_response(
         if out.contents is not None:
             data = _from_typed(what, out.contents, dtype, shape, count)
         else:
-            buf = raw_of.get(id(out))
+            buf = None if index is None else raw[index]
             if buf is None:
                 raise InvalidArgument(
                     f"{what} has no data: no raw_output_contents entry or contents"
@@ -756,7 +800,9 @@ def decode_infer_response(
 
 
 __all__ = [
+    "BUNDLE_VERSION",
     "INT64_MAX",
+    "MAX_RANK",
     "MAX_TENSOR_BYTES",
     "SHM_BYTE_SIZE_PARAM",
     "SHM_OFFSET_PARAM",
@@ -777,6 +823,8 @@ __all__ = [
     "encode_infer_response",
     "encode_model_metadata",
     "encode_repository_index",
+    "in_shared_memory",
     "int64_param",
+    "raw_output_indices",
     "string_param",
 ]

@@ -56,7 +56,7 @@ def _varint(buf, pos: int) -> tuple[int, int]:
         pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
-            return result, pos
+            return result & _MASK64, pos  # a 10th byte's spare bits are dropped, as protobuf does
         shift += 7
         if shift > 63:
             raise ValueError("varint too long")
@@ -73,6 +73,8 @@ def _fields(buf, start: int, end: int):
     while pos < end:
         key, pos = _varint(buf, pos)
         field, wt = key >> 3, key & 7
+        if field == 0:
+            raise ValueError("field number 0")
         if wt == 2:
             n, pos = _varint(buf, pos)
             if pos + n > end:
@@ -81,6 +83,8 @@ def _fields(buf, start: int, end: int):
             pos += n
         elif wt == 0:
             value, pos = _varint(buf, pos)
+            if pos > end:
+                raise ValueError(f"truncated field {field}")
             yield field, wt, value
         elif wt == 1:
             if pos + 8 > end:
@@ -135,6 +139,8 @@ def _shape(buf, wt: int, value, into: list[int]) -> None:
     while pos < end:
         v, pos = _varint(buf, pos)
         into.append(signed(v))
+    if pos != end:
+        raise ValueError("truncated packed shape")
 
 
 class InferTensorView:

@@ -64,20 +64,43 @@ class CallContext:
         return self.stream.metadata
 
 
+async def _recv_exactly(h2_stream, size: int, what: str, *, may_end: bool = False) -> bytes:
+    """``size`` bytes of the request stream; a stream that ends first is malformed input
+    (``may_end``: ending before the first byte gives ``b""``).
+
+    grpclib's buffer asserts when the stream ends inside a read (and returns short under
+    ``python -O``); both become ``InvalidArgument`` here, never an internal error.
+    """
+    try:
+        data = await h2_stream.recv_data(size)
+    except AssertionError:
+        data = None
+    if data is None or (len(data) < size and not (may_end and not data)):
+        raise InvalidArgument(f"truncated request: the stream ended inside the {what}")
+    return data
+
+
 async def recv_request(stream, message_type, max_bytes: int):
-    """Read one length-prefixed message, enforcing the cap before buffering the payload."""
+    """Read one length-prefixed message, enforcing the cap before buffering the payload.
+
+    Every way the framing can be wrong is the client's fault and answers ``INVALID_ARGUMENT``:
+    no message, a stream ending inside the 5-byte prefix or before the announced length, a
+    compressed-flag byte other than 0 or 1, and a payload that does not parse.
+    """
     h2_stream = stream._stream
-    meta = await h2_stream.recv_data(5)
+    meta = await _recv_exactly(h2_stream, 5, "5-byte gRPC message prefix", may_end=True)
     if not meta:
         raise InvalidArgument("empty request: no message was sent")
-    compressed, length = struct.unpack(">?I", meta)
-    if compressed:
+    flag, length = struct.unpack(">BI", meta)
+    if flag > 1:
+        raise InvalidArgument(f"malformed gRPC message prefix: compressed flag {flag}")
+    if flag:
         raise Unimplemented("compression is not supported")
     if length > max_bytes:
         raise ResourceExhausted(f"received message larger than max ({length} vs. {max_bytes})")
-    data = await h2_stream.recv_data(length) if length else b""
-    if len(data) != length:
-        raise InvalidArgument(f"truncated request message ({len(data)} of {length} bytes)")
+    data = b""
+    if length:
+        data = await _recv_exactly(h2_stream, length, f"{length}-byte message its prefix announced")
     try:
         if message_type is pb.ModelInferRequest:
             return wire.parse_infer_request(data)

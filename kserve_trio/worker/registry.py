@@ -3,7 +3,8 @@
 A bundle is an immediate subdirectory of a model directory holding ``manifest.yaml``; its
 serving name is the directory's basename. ``model.py`` executes in a fresh module namespace with
 the registration functions injected (``kserve_trio.worker.hooks``). A bundle that fails to load
-is reported with its reason and skipped by ``load_repository``; the others serve.
+is reported with its reason and skipped by ``load_repository``; the others serve. Every bundle
+is served as version ``1`` (``check_version``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kserve_trio.core.errors import BundleError
+from kserve_trio.core.codec import BUNDLE_VERSION
+from kserve_trio.core.errors import BundleError, NotFound
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.manifest import Manifest, validate_manifest
 from kserve_trio.worker.hooks import (
@@ -43,6 +45,17 @@ class ModelBundle:
     @property
     def is_meta(self) -> bool:
         return self.manifest.is_meta
+
+
+def check_version(name: str, version: str) -> None:
+    """A bundle has exactly one version, ``1``: a request may name it or leave the version
+    empty; any other version of a known model is ``NotFound``, so a client asking for a version
+    it expects never gets another model's answers silently."""
+    if version and version != BUNDLE_VERSION:
+        raise NotFound(
+            f"model '{name}' has no version '{version}' (a bundle is served as version "
+            f"{BUNDLE_VERSION} only)"
+        )
 
 
 def scan_repository(
@@ -171,6 +184,7 @@ def hidden_submodels(bundles: dict[str, ModelBundle]) -> set[str]:
 
 __all__ = [
     "ModelBundle",
+    "check_version",
     "hidden_submodels",
     "load_bundle",
     "load_repository",

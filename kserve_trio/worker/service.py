@@ -38,14 +38,29 @@ from kserve_trio.worker import heartbeat
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.grpc_adapter import CallContext, Limits, unary, unimplemented
 from kserve_trio.worker.meta import MetaCall, run_meta
-from kserve_trio.worker.registry import ModelBundle, hidden_submodels
+from kserve_trio.worker.registry import ModelBundle, check_version, hidden_submodels
 from kserve_trio.worker.scheduler import RequestTrace
-from kserve_trio.worker.triton_views import RequestStats, model_config, model_statistics
+from kserve_trio.worker.triton_views import (
+    PLATFORM,
+    RequestStats,
+    model_config,
+    model_statistics,
+)
 
 log = get_logger("kserve_trio.worker.service")
 
 SERVER_NAME = "kserve_trio"
 _PREFIX = "/inference.GRPCInferenceService/"
+
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "system_shared_memory",
+    "parameters",
+    "statistics",
+)
+"""What ``ServerMetadata`` lists, by Triton's names and in Triton's order: only extensions the
+worker really answers (docs/protocol.md says why the others are left out)."""
 
 
 @dataclass
@@ -54,11 +69,11 @@ class WorkerState:
 
     scheduler: object  # worker.scheduler.Scheduler
     bundles: dict[str, ModelBundle]
-    platform: str = "cpu"
+    platform: str = "cpu"  # the device platform (cpu/cuda); models report PLATFORM
     max_concurrent_requests: int = 64
     limits: Limits = field(default_factory=lambda: Limits(512 << 20, 512 << 20))
     shm_registry: object | None = None
-    extensions: list[str] = field(default_factory=list)
+    extensions: list[str] = field(default_factory=lambda: list(EXTENSIONS))
     shutting_down: bool = False
     inflight: int = 0  # ModelInfer handlers currently running
     config: object | None = None  # core.config.ServerConfig
@@ -134,12 +149,14 @@ class WorkerState:
             return False
         return all(self.model_compiled(n) for n in self.bundles)
 
-    def bundle(self, name: str) -> ModelBundle:
+    def bundle(self, name: str, version: str = "") -> ModelBundle:
+        """The bundle a request names; NOT_FOUND for an unknown model or version."""
         if not name:
             raise InvalidArgument("model_name is empty")
         bundle = self.bundles.get(name)
         if bundle is None:
             raise NotFound(f"unknown model: {name}")
+        check_version(name, version)
         return bundle
 
 
@@ -194,18 +211,24 @@ class InferenceService:
         return pb.ServerReadyResponse(ready=self.state.server_ready())
 
     async def model_ready(self, request, ctx: CallContext):
+        """An unknown model is not ready; a known one asked for another version is NOT_FOUND."""
+        if request.name in self.state.bundles:
+            check_version(request.name, request.version)
         return pb.ModelReadyResponse(ready=self.state.model_ready(request.name))
 
     async def server_metadata(self, request, ctx: CallContext):
+        extensions = [
+            e
+            for e in self.state.extensions
+            if e != "system_shared_memory" or self.state.shm_registry is not None
+        ]
         return pb.ServerMetadataResponse(
-            name=SERVER_NAME,
-            version=kserve_trio.__version__,
-            extensions=list(self.state.extensions),
+            name=SERVER_NAME, version=kserve_trio.__version__, extensions=extensions
         )
 
     async def model_metadata(self, request, ctx: CallContext):
-        bundle = self.state.bundle(request.name)
-        return codec.encode_model_metadata(request.name, bundle.manifest, self.state.platform)
+        bundle = self.state.bundle(request.name, request.version)
+        return codec.encode_model_metadata(request.name, bundle.manifest, PLATFORM)
 
     async def repository_index(self, request, ctx: CallContext):
         pairs = [(n, self.state.model_ready(n)) for n in self.state.routable_names()]
@@ -330,7 +353,7 @@ class InferenceService:
 
     async def _infer(self, request, ctx: CallContext, trace: RequestTrace):
         state = self.state
-        bundle = state.bundle(request.model_name)
+        bundle = state.bundle(request.model_name, request.model_version)
         decoded = codec.decode_infer_request(request, state.shm_registry)
         try:
             validate_inputs(bundle.name, bundle.manifest.wire_inputs, decoded.inputs)
@@ -352,6 +375,7 @@ class InferenceService:
                 outputs,
                 decoded.requested_outputs,
                 state.shm_registry,
+                model_version=codec.BUNDLE_VERSION,
                 zero_copy=True,
             )
         finally:
@@ -395,7 +419,7 @@ class InferenceService:
     # ---- Triton extensions: configuration and statistics -----------------------------
 
     async def model_config(self, request, ctx: CallContext):
-        bundle = self.state.bundle(request.name)
+        bundle = self.state.bundle(request.name, request.version)
         sizes: list[int] = []
         coalesces = False
         if bundle.model is not None:
@@ -414,9 +438,14 @@ class InferenceService:
     async def model_statistics(self, request, ctx: CallContext):
         state = self.state
         if request.name:
-            state.bundle(request.name)
+            state.bundle(request.name, request.version)
             names = [request.name]
         else:
+            if request.version and request.version != codec.BUNDLE_VERSION:
+                raise NotFound(
+                    f"no model has version '{request.version}' (every bundle is served as "
+                    f"version {codec.BUNDLE_VERSION})"
+                )
             names = state.routable_names()
         metrics = state.scheduler.scheduler_metrics()
         out = []
@@ -481,4 +510,4 @@ def _check_requested_outputs(bundle: ModelBundle, requested) -> None:
             )
 
 
-__all__ = ["SERVER_NAME", "InferenceService", "WorkerState"]
+__all__ = ["EXTENSIONS", "SERVER_NAME", "InferenceService", "WorkerState"]

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.manifest import Manifest, TensorSpec
 from kserve_trio.proto import inference as pb
 
 PLATFORM = "jax"
+"""The platform every bundle reports, in ``ModelConfig`` (as ``platform`` and ``backend``) and
+in ``ModelMetadata`` alike: the framework that runs it, whatever the device."""
 
 
 def _data_type(spec: TensorSpec) -> pb.DataType:
@@ -102,7 +105,7 @@ def model_statistics(
     """
     return pb.ModelStatistics(
         name=name,
-        version="",
+        version=BUNDLE_VERSION,
         last_inference=stats.last_inference_ms,
         inference_count=inference_count,
         execution_count=execution_count,

@@ -721,13 +721,13 @@ def test_shm_params_with_wrong_oneof_are_absent():
     assert not decoded.leases and same_bytes(decoded.inputs[0].data, F32)
 
 
-def test_shm_output_is_written_with_params_and_no_raw_entry():
+def test_shm_output_is_written_with_params_and_an_empty_raw_entry():
     reg = FakeRegistry()
     buf = reg.add("out", 128)
     requested = [RequestedOutput("b", ShmRef("out", 16, 64)), RequestedOutput("a")]
     resp = wire(encode_infer_response("m", "", OUTS, requested, reg))
     assert [o.name for o in resp.outputs] == ["b", "a"]
-    assert resp.raw_output_contents == [OUTS[0].data.tobytes()]
+    assert resp.raw_output_contents == [b"", OUTS[0].data.tobytes()]  # positional
     params = resp.outputs[0].parameters
     assert params["shared_memory_region"].string_param == "out"
     assert params["shared_memory_offset"].int64_param == 16
@@ -797,8 +797,8 @@ def test_decode_response_errors():
     with pytest.raises(InvalidArgument) as info:
         decode_infer_response(resp)
     assert str(info.value) == (
-        "response from model 'm' has 2 raw_output_contents entries but 1 output(s) take their "
-        "data from raw_output_contents"
+        "response from model 'm' has 2 raw_output_contents entries but 1 output(s) without "
+        "typed contents (0 of them in shared memory)"
     )
     resp.raw_output_contents = [b"\0" * 7]
     with pytest.raises(InvalidArgument) as info:
@@ -831,7 +831,7 @@ MANIFEST = {
 def test_model_metadata_has_row_major_wire_shapes_with_wildcards():
     manifest = parse_manifest(MANIFEST, "resnet")
     meta = wire(encode_model_metadata("resnet", manifest, "cpu"))
-    assert (meta.name, meta.platform, meta.versions) == ("resnet", "cpu", [])
+    assert (meta.name, meta.platform, meta.versions) == ("resnet", "cpu", ["1"])
     assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [
         ("image", "FP32", [-1, 3, 224, 224]),
         ("tokens", "INT64", [-1, -1]),
@@ -850,8 +850,8 @@ def test_model_metadata_prefers_client_specs():
 def test_repository_index_names_and_pairs_keep_the_given_order():
     index = wire(encode_repository_index(["b", "a"]))
     assert [(m.name, m.state, m.version, m.reason) for m in index.models] == [
-        ("b", "READY", "", ""),
-        ("a", "READY", "", ""),
+        ("b", "READY", "1", ""),
+        ("a", "READY", "1", ""),
     ]
     index = encode_repository_index([("z", False), ("y", True)])
     assert [(m.name, m.state) for m in index.models] == [("z", "UNAVAILABLE"), ("y", "READY")]

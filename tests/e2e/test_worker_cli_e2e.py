@@ -32,7 +32,13 @@ def test_health_metadata_and_repository_index(demo_worker):
     meta = c.get_server_metadata(as_json=True)
     assert meta["name"] == "kserve_trio"
     assert meta["version"]
-    assert meta["extensions"] == ["system_shared_memory"]
+    assert meta["extensions"] == [
+        "model_repository",
+        "model_configuration",
+        "system_shared_memory",
+        "parameters",
+        "statistics",
+    ]
     for model in DEMO:
         assert c.is_model_ready(model)
     assert not c.is_model_ready("nope")
