@@ -12,6 +12,10 @@ __all__ = (
     "InferTensorContents",
     "IsSameIpcNamespaceRequest",
     "IsSameIpcNamespaceResponse",
+    "LogSettingsRequest",
+    "LogSettingsRequestSettingValue",
+    "LogSettingsResponse",
+    "LogSettingsResponseSettingValue",
     "MemoryUsage",
     "ModelConfig",
     "ModelConfigRequest",
@@ -34,6 +38,7 @@ __all__ = (
     "ModelStatistics",
     "ModelStatisticsRequest",
     "ModelStatisticsResponse",
+    "ModelStreamInferResponse",
     "RepositoryIndexRequest",
     "RepositoryIndexResponse",
     "RepositoryIndexResponseModelIndex",
@@ -293,6 +298,88 @@ class IsSameIpcNamespaceResponse(betterproto2.Message):
 
 default_message_pool.register_message(
     "inference", "IsSameIPCNamespaceResponse", IsSameIpcNamespaceResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class LogSettingsRequest(betterproto2.Message):
+    """
+    ---- Triton log settings ----
+    """
+
+    settings: "dict[str, LogSettingsRequestSettingValue]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+
+
+default_message_pool.register_message("inference", "LogSettingsRequest", LogSettingsRequest)
+
+
+@dataclass(eq=False, repr=False)
+class LogSettingsRequestSettingValue(betterproto2.Message):
+    """
+
+
+    Oneofs:
+        - parameter_choice:
+    """
+
+    bool_param: "bool | None" = betterproto2.field(
+        1, betterproto2.TYPE_BOOL, optional=True, group="parameter_choice"
+    )
+
+    uint32_param: "int | None" = betterproto2.field(
+        2, betterproto2.TYPE_UINT32, optional=True, group="parameter_choice"
+    )
+
+    string_param: "str | None" = betterproto2.field(
+        3, betterproto2.TYPE_STRING, optional=True, group="parameter_choice"
+    )
+
+
+default_message_pool.register_message(
+    "inference", "LogSettingsRequest.SettingValue", LogSettingsRequestSettingValue
+)
+
+
+@dataclass(eq=False, repr=False)
+class LogSettingsResponse(betterproto2.Message):
+    settings: "dict[str, LogSettingsResponseSettingValue]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+
+
+default_message_pool.register_message("inference", "LogSettingsResponse", LogSettingsResponse)
+
+
+@dataclass(eq=False, repr=False)
+class LogSettingsResponseSettingValue(betterproto2.Message):
+    """
+
+
+    Oneofs:
+        - parameter_choice:
+    """
+
+    bool_param: "bool | None" = betterproto2.field(
+        1, betterproto2.TYPE_BOOL, optional=True, group="parameter_choice"
+    )
+
+    uint32_param: "int | None" = betterproto2.field(
+        2, betterproto2.TYPE_UINT32, optional=True, group="parameter_choice"
+    )
+
+    string_param: "str | None" = betterproto2.field(
+        3, betterproto2.TYPE_STRING, optional=True, group="parameter_choice"
+    )
+
+
+default_message_pool.register_message(
+    "inference", "LogSettingsResponse.SettingValue", LogSettingsResponseSettingValue
 )
 
 
@@ -679,6 +766,25 @@ class ModelStatisticsResponse(betterproto2.Message):
 
 default_message_pool.register_message(
     "inference", "ModelStatisticsResponse", ModelStatisticsResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class ModelStreamInferResponse(betterproto2.Message):
+    """
+    One message on a ModelStreamInfer stream: a response, or the error of the
+    request it answers (the stream stays open).
+    """
+
+    error_message: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    infer_response: "ModelInferResponse | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+
+default_message_pool.register_message(
+    "inference", "ModelStreamInferResponse", ModelStreamInferResponse
 )
 
 
