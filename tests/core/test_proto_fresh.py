@@ -64,6 +64,8 @@ if _has_modules("kserve_trio.serving"):
 for _layer in ("kserve_trio.gateway", "kserve_trio.node"):
     if _has_modules(_layer):
         LAYERS[_layer] = (*_JAX, "kserve_trio.runtime", "kserve_trio.export", "kserve_trio.worker")
+if "kserve_trio.gateway" in LAYERS:  # the node supervisor embeds the gateway, never the reverse
+    LAYERS["kserve_trio.gateway"] += ("kserve_trio.node",)
 
 _PROBE = """
 import importlib, json, pkgutil, sys
