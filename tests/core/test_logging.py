@@ -45,3 +45,73 @@ def test_parse_level():
     assert parse_level("DEBUG") == 10 and parse_level(" warning ") == 30 and parse_level(20) == 20
     with pytest.raises(ValueError, match="unknown log level 'loud'"):
         parse_level("loud")
+
+
+@pytest.fixture
+def restored_logging():
+    """Run a test that reconfigures logging, then put the suite's configuration back."""
+    import structlog
+
+    from kserve_trio.core import logging as klog
+
+    saved = structlog.get_config()
+    saved_state = dict(klog._state)
+    yield
+    structlog.configure(**saved)
+    klog._state.clear()
+    klog._state.update(saved_state)
+
+
+def _events(stream: io.StringIO) -> list[str]:
+    lines = [ln for ln in stream.getvalue().splitlines() if ln.strip()]
+    stream.seek(0)
+    stream.truncate()
+    return lines
+
+
+def test_log_settings_switch_levels_independently_and_change_the_format(restored_logging):
+    from kserve_trio.core.logging import current_log_settings, update_log_settings
+
+    stream = io.StringIO()
+    configure_logging("json", "info", stream=stream)
+    log = get_logger("t")
+    settings = current_log_settings()
+    assert (settings.log_info, settings.log_warning, settings.log_error) == (True, True, True)
+    assert (settings.log_verbose_level, settings.log_format, settings.log_file) == (0, "json", "")
+
+    update_log_settings({"log_info": False})
+    log.debug("d1"), log.info("i1"), log.warning("w1"), log.error("e1")
+    assert [json.loads(ln)["event"] for ln in _events(stream)] == ["w1", "e1"]
+
+    update_log_settings({"log_warning": False, "log_verbose_level": 2})
+    log.debug("d2"), log.info("i2"), log.warning("w2"), log.error("e2")
+    assert [json.loads(ln)["event"] for ln in _events(stream)] == ["d2", "e2"]
+
+    settings = update_log_settings({"log_format": "ISO8601", "log_info": True})
+    assert settings.log_format == "ISO8601"
+    log.info("i3", model="m")
+    (line,) = _events(stream)
+    assert "i3" in line and "model=m" in line
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(line)
+    assert update_log_settings({"log_format": "default"}).log_format == "json"
+
+
+def test_log_settings_are_validated_all_or_nothing(restored_logging):
+    from kserve_trio.core.errors import InvalidArgument
+    from kserve_trio.core.logging import current_log_settings, update_log_settings
+
+    configure_logging("json", "info", stream=io.StringIO())
+    before = current_log_settings()
+    bad = [
+        ({"log_info": False, "log_color": True}, "unknown log setting 'log_color'"),
+        ({"log_info": 1}, "log setting 'log_info' must be a bool"),
+        ({"log_verbose_level": True}, "log setting 'log_verbose_level' must be a int"),
+        ({"log_format": "xml"}, "log setting 'log_format' must be one of"),
+        ({"log_file": "/tmp/x.log"}, "log setting 'log_file' is not supported"),
+    ]
+    for changes, message in bad:
+        with pytest.raises(InvalidArgument, match=message):
+            update_log_settings(changes)
+        assert current_log_settings() == before
+    assert update_log_settings({"log_file": ""}) == before
