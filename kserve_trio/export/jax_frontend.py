@@ -9,6 +9,7 @@ full ``Exported.serialize()`` blob (``.jaxexport``, jax's public loading path).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 
 from kserve_trio.export.iospec import AXIS_LETTERS, IOSpec, as_dtype
 from kserve_trio.export.writer import write_bundle
+from kserve_trio.runtime.x64 import needs_x64, x64_scope
 
 FRONTENDS: tuple[str, ...] = ("jax",)
 
@@ -127,10 +129,17 @@ def _versions() -> dict[str, str]:
 
 
 def _export_one(fn: Any, args: Sequence[Any], platform: str) -> Any:
-    """One static-shape, single-platform export; every argument stays an argument."""
+    """One static-shape, single-platform export; every argument stays an argument.
+
+    With a 64-bit argument (``int64``, ``uint64``, ``float64``) the trace runs in jax's 64-bit
+    mode, else jax would narrow it to 32 bits; a function of 32-bit arguments is traced under
+    whatever jax configuration the caller has.
+    """
     import jax
 
-    return jax.export.export(jax.jit(fn, keep_unused=True), platforms=(platform,))(*args)
+    wide = needs_x64(leaf.dtype for leaf in jax.tree_util.tree_leaves(list(args)))
+    with x64_scope() if wide else contextlib.nullcontext():
+        return jax.export.export(jax.jit(fn, keep_unused=True), platforms=(platform,))(*args)
 
 
 def export_bundle(

@@ -14,10 +14,16 @@
 
 Executables run through jax's AOT path (``jax.jit(...).lower(...).compile()``): its C++ dispatch
 takes host numpy inputs directly and reuses device-resident weights without a copy.
+
+64-bit tensors (``i64``, ``u64``, ``f64``): jax narrows them to 32 bits unless its 64-bit mode is
+on, so a module whose signature has one is compiled, called and given its weights inside
+``x64_scope()`` and nothing else is (see ``runtime.x64`` for why the process-wide flag is left
+alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -30,6 +36,7 @@ import numpy as np
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
 from kserve_trio.runtime import _xla
+from kserve_trio.runtime.x64 import in_x64, needs_x64, x64_scope
 
 log = get_logger(__name__)
 
@@ -389,7 +396,11 @@ class JaxBackend:
         artifact = bytes(module) if _xla.is_bytecode(module) else _xla.as_portable_artifact(module)
         artifact, rewrite = self._rewrite(artifact)
         sig = signature or _xla.entry_signature(artifact)
-        exp = _xla.exported_from_module(artifact, sig, platform=self.platform, name=_fun_name(name))
+        wide = needs_x64([_xla.numpy_dtype(t) for t in (*sig.args, *sig.results) if t.token])
+        with x64_scope() if wide else contextlib.nullcontext():
+            exp = _xla.exported_from_module(
+                artifact, sig, platform=self.platform, name=_fun_name(name)
+            )
         return self._compile(exp, name=name, source="mlir", rewrite=rewrite)
 
     def compile_exported(
@@ -406,7 +417,8 @@ class JaxBackend:
 
         from jax import export as jexp
 
-        exp = jexp.deserialize(bytearray(blob))
+        with x64_scope():  # read 64-bit types as written (deserializing compiles nothing)
+            exp = jexp.deserialize(bytearray(blob))
         if (
             self.platform not in exp.platforms
             or exp.nr_devices != 1
@@ -438,17 +450,22 @@ class JaxBackend:
             return tuple(jax.tree_util.tree_leaves(call(*args, **kwargs)))
 
         flat_call.__name__ = _fun_name(name)
-        specs = [
-            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding) for a in exp.in_avals
-        ]
+        wide = needs_x64([a.dtype for a in (*exp.in_avals, *exp.out_avals)])
         t0 = time.perf_counter()
-        compiled = jax.jit(flat_call, keep_unused=True).lower(*specs).compile()
+        with x64_scope() if wide else contextlib.nullcontext():
+            specs = [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding)
+                for a in exp.in_avals
+            ]
+            compiled = jax.jit(flat_call, keep_unused=True).lower(*specs).compile()
         seconds = time.perf_counter() - t0
         _count_compile()
-        log.debug("module_compiled", module=name, source=source, seconds=round(seconds, 4))
+        log.debug(
+            "module_compiled", module=name, source=source, seconds=round(seconds, 4), x64=wide
+        )
         return Executable(
             name=name,
-            call=compiled,
+            call=in_x64(compiled) if wide else compiled,
             arg_shapes=tuple((tuple(a.shape), np.dtype(a.dtype)) for a in exp.in_avals),
             result_shapes=tuple((tuple(a.shape), np.dtype(a.dtype)) for a in exp.out_avals),
             compile_seconds=seconds,
@@ -473,7 +490,8 @@ class JaxBackend:
         src = list(hosts)
         if self.platform == "cpu":
             src = [np.array(h, copy=True, order="C") for h in src]
-        return list(jax.device_put(src, self.device, may_alias=False))
+        with x64_scope() if needs_x64([h.dtype for h in src]) else contextlib.nullcontext():
+            return list(jax.device_put(src, self.device, may_alias=False))
 
     def free_weights(self, bufs: Sequence[Any]) -> None:
         """Release every device buffer in ``bufs`` now (already-freed ones are skipped)."""
