@@ -164,6 +164,8 @@ class RoutingPolicy(Protocol):
 
     mode: str
     """The ``scheduling.mode`` value it implements."""
+    basis: WorkBasis | None
+    """What its load counters count (``None``: it keeps none)."""
     needs_metadata: bool
     """Whether the prober must poll ModelControlStatus for it each round."""
 
@@ -201,6 +203,7 @@ class RoundRobin:
     """
 
     mode = SchedulingMode.ROUND_ROBIN.value
+    basis = None
     needs_metadata = False
 
     def __init__(self) -> None:

@@ -270,7 +270,7 @@ def test_make_policy_follows_the_mode():
 def test_both_policies_implement_the_interface():
     for policy in (RoundRobin(), LeastOutstanding(WorkBasis.ITEMS)):
         p: RoutingPolicy = policy
-        for name in ("mode", "needs_metadata"):
+        for name in ("mode", "basis", "needs_metadata"):
             assert hasattr(p, name)
         p.update_metadata(META)
         assert isinstance(p.select("m", 1, TABLE), Selection)
