@@ -27,7 +27,12 @@ _COMMANDS: dict[str, tuple[str, str | None, str]] = {
     ),
     "node": (
         "supervise one worker per device plus the gateway",
-        None,
+        "kserve_trio.node.cli:configure_node_parser",
+        "the Node supervisor capability",
+    ),
+    "probe": (
+        "container healthcheck: exit 0 when the node's server reports ready",
+        "kserve_trio.node.cli:configure_probe_parser",
         "the Node supervisor capability",
     ),
     "bundle": (
