@@ -272,9 +272,9 @@ def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -
     array. Entries of ``raw_output_contents`` are matched to outputs by position, in Triton's
     layout or the older inline-only one (``codec.raw_output_indices``). ``dtype``, when given
     (numpy dtype-like, ``DType`` or a wire string), must be the output's datatype: the bytes are
-    never reinterpreted as another type. Raises ``KeyError`` for
-    an unknown name, ``TypeError`` for a dtype mismatch and ``ValueError`` for an output left in
-    shared memory or a malformed payload, each naming the output.
+    never reinterpreted as another type. Raises ``KeyError`` for an unknown name, ``TypeError``
+    for a dtype mismatch and ``ValueError`` for an output left in shared memory or a malformed
+    payload, each naming the output.
     """
     position = next((i for i, o in enumerate(response.outputs) if o.name == name), None)
     if position is None:
@@ -285,14 +285,6 @@ def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -
     out = response.outputs[position]
     in_shm = in_shared_memory(out)
     what = f"output '{name}' of model '{response.model_name}'"
-    n_raw = len(response.raw_output_contents)
-    indices = raw_output_indices(response.outputs, n_raw)
-    if indices is None:
-        raise ValueError(
-            f"{what} cannot be located: the response has {n_raw} raw_output_contents entries, "
-            "matching neither one per output without typed contents nor one per inline output"
-        )
-    index = indices[position]
     try:
         wire = dtype_from_wire(out.datatype)
     except ValueError as exc:
@@ -325,9 +317,18 @@ def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -
             )
         arr = np.array(values, dtype=wire.numpy).reshape(shape)
     else:
+        raw = response.raw_output_contents
+        indices = raw_output_indices(response.outputs, len(raw))
+        if indices is None:
+            raise ValueError(
+                f"{what} cannot be located: the response has {len(raw)} raw_output_contents "
+                "entries, matching neither one per output without typed contents nor one per "
+                "inline output"
+            )
+        index = indices[position]
         if index is None:
             raise ValueError(f"{what} has no raw_output_contents entry")
-        buf = response.raw_output_contents[index]
+        buf = raw[index]
         if len(buf) != nbytes:
             raise ValueError(
                 f"{what} has {len(buf)} bytes of raw data, expected {nbytes} "

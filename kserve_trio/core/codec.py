@@ -718,32 +718,30 @@ def raw_output_indices(
     outputs: Sequence[pb.ModelInferResponseInferOutputTensor], n_raw: int
 ) -> list[int | None] | None:
     """For each output, the index of its ``raw_output_contents`` entry, or None when it has
-    none to read (typed ``contents``, written to shared memory, or no entries at all).
+    none (typed ``contents``, or no entries at all).
 
     Two layouts exist, told apart by the entry count:
     1. Positional (Triton's, and this server's): one entry per output without typed contents,
-       in output order; an output written to shared memory has an empty placeholder entry.
-       This is how tritonclient's ``as_numpy`` finds an output.
+       in output order; an output written to shared memory has an empty placeholder entry,
+       and its index points there. This is how tritonclient's ``as_numpy`` finds an output.
     2. Inline-only (servers before the positional layout): one entry per output with neither
-       typed contents nor shared memory.
+       typed contents nor shared memory; an output in shared memory gets None.
     With no output in shared memory both are the same. ``n_raw == 0`` means no output carries
-    raw data. Any other count matches neither layout: None.
+    raw data. Any other count matches neither layout: None. Callers check for shared memory
+    before reading an entry, so the common positional case never looks at parameters.
     """
-    untyped = [o.contents is None for o in outputs]
-    inline = [u and not in_shared_memory(o) for u, o in zip(untyped, outputs, strict=True)]
-    if n_raw == sum(untyped):
-        counted = untyped
-    elif n_raw == sum(inline):
-        counted = inline
-    elif n_raw == 0:
-        return [None] * len(outputs)
-    else:
-        return None
+    counted = [o.contents is None for o in outputs]
+    if n_raw != sum(counted):
+        counted = [c and not in_shared_memory(o) for c, o in zip(counted, outputs, strict=True)]
+        if n_raw == 0:
+            return [None] * len(outputs)
+        if n_raw != sum(counted):
+            return None
     indices: list[int | None] = []
     position = 0
-    for counts, takes_raw in zip(counted, inline, strict=True):
+    for takes_raw in counted:
         indices.append(position if takes_raw else None)
-        position += counts
+        position += takes_raw
     return indices
 
 

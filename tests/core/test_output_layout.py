@@ -125,7 +125,7 @@ def test_raw_output_indices_by_layout():
     inline = pb.ModelInferResponseInferOutputTensor(name="i", datatype="INT32", shape=[1])
     shm = shm_out("s", "FP32", [4])
     outs = [shm, typed, inline, shm, inline]
-    assert raw_output_indices(outs, 4) == [None, None, 1, None, 3]  # positional
+    assert raw_output_indices(outs, 4) == [0, None, 1, 2, 3]  # positional: shm -> placeholder
     assert raw_output_indices(outs, 2) == [None, None, 0, None, 1]  # inline-only
     assert raw_output_indices(outs, 0) == [None] * 5
     assert raw_output_indices(outs, 3) is None
