@@ -1,9 +1,12 @@
 """The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the scheduler.
 
-Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. Statuses follow
-Statuses: unknown model NOT_FOUND; malformed or mismatching input
-INVALID_ARGUMENT; queue full or concurrency cap RESOURCE_EXHAUSTED; expired deadline
-DEADLINE_EXCEEDED; shutting down UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
+Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. Statuses: unknown
+model or version NOT_FOUND; malformed or mismatching input INVALID_ARGUMENT; queue full or
+concurrency cap RESOURCE_EXHAUSTED; expired deadline DEADLINE_EXCEEDED; shutting down
+UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
+
+Every bundle is served as version ``1`` (``""`` means the same); ``ServerMetadata`` lists
+``EXTENSIONS`` by Triton's names, and every model reports platform ``jax`` (docs/protocol.md).
 
 Explicit mode (``model_control_mode: explicit``): a model is ready only while its weights are
 on the device; Triton's ``RepositoryModelLoad`` pins it there and ``RepositoryModelUnload``
