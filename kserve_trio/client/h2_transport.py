@@ -468,6 +468,10 @@ def _wake(call: _Call) -> None:
         event.set()
 
 
+def _authority(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     if not text and exc.__cause__ is not None:
@@ -487,10 +491,20 @@ class H2Transport:
 
     Bound to the event loop of its first call. ``async with H2Transport(endpoint) as t`` closes
     it on exit; otherwise ``aclose()`` (from its loop) or ``close()`` (from any thread).
+    ``server_hostname`` is the name the server's TLS certificate is checked against and the
+    ``:authority`` sent, when it differs from the host connected to (the gateway connects to a
+    worker's resolved address but verifies the name it was configured with).
     """
 
-    def __init__(self, endpoint: Endpoint, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> None:
         self.endpoint = endpoint
+        self._hostname = server_hostname or endpoint.host
         context = ssl_context or endpoint.ssl_context
         if context is None and endpoint.secure:
             context = client_ssl_context()
@@ -503,7 +517,7 @@ class H2Transport:
             (b":method", b"POST"),
             (b":scheme", scheme),
             (b":path", b""),
-            (b":authority", endpoint.address.encode("idna")),
+            (b":authority", _authority(self._hostname, endpoint.port).encode("idna")),
             (b"te", b"trailers"),
             (b"content-type", b"application/grpc"),
             (b"user-agent", USER_AGENT),
@@ -555,7 +569,10 @@ class H2Transport:
             if self._ssl is not None:
                 try:
                     stream = await anyio.streams.tls.TLSStream.wrap(
-                        stream, hostname=host, ssl_context=self._ssl, standard_compatible=False
+                        stream,
+                        hostname=self._hostname,
+                        ssl_context=self._ssl,
+                        standard_compatible=False,
                     )
                 except _CONNECTION_ERRORS as exc:
                     raise RpcError(

@@ -47,13 +47,15 @@ _CLIENT = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsag
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> pathlib.Path:
-    """``ca`` signs ``server`` (for worker.test, localhost, 127.0.0.1) and ``client``; an
-    unrelated ``other`` CA signs ``impostor`` (a client certificate). ``<name>.pem``/``.key``."""
+    """``ca`` signs ``server`` (for worker.test, localhost, 127.0.0.1), ``named`` (for
+    worker.test only: no address) and ``client``; an unrelated ``other`` CA signs ``impostor``
+    (a client certificate). ``<name>.pem``/``.key``."""
     assert shutil.which("openssl"), "the TLS tests need the openssl command"
     d = tmp_path_factory.mktemp("gateway_pki")
     _make_ca(d, "ca")
     _make_ca(d, "other")
     _make_leaf(d, "server", "ca", _SERVER)
+    _make_leaf(d, "named", "ca", _SERVER.replace(",DNS:localhost,IP:127.0.0.1", ""))
     _make_leaf(d, "client", "ca", _CLIENT)
     _make_leaf(d, "impostor", "other", _CLIENT)
     return d

@@ -1,0 +1,187 @@
+"""A scriptable worker stand-in: a real grpclib gRPC server on its own thread and asyncio loop,
+bound to any loopback address (127.0.0.1, 127.0.0.2, ...), for the worker-pool tests.
+
+It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
+
+- ``ServerReady``: ``ready`` (after ``probe_delay`` seconds);
+- ``RepositoryIndex``: ``models``, each READY;
+- ``ModelControlStatus``: ``control``;
+- ``ModelInfer``: the request bytes back, prefixed with ``b"reply:"`` (so a test sees that the
+  gateway returns the worker's bytes untouched), after ``infer_delay`` or the ``x-sleep``
+  metadata; ``x-status``/``x-message`` metadata make it fail with that status.
+
+It records what it saw: ``requests`` (bytes), ``deadlines`` (seconds left when each ModelInfer
+arrived, ``None`` without one), ``metadata``, ``peers`` (client address of each call),
+``in_flight``/``max_in_flight`` and ``cancelled`` (handlers interrupted by a client reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import threading
+
+import anyio.from_thread
+import grpclib.const
+import grpclib.server
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError
+
+from kserve_trio.proto import inference as pb
+from kserve_trio.proto import reactant_control as rc
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class Raw(bytes):
+    """Message bytes grpclib's codec passes through unchanged."""
+
+    def SerializeToString(self) -> bytes:
+        return self
+
+    @classmethod
+    def FromString(cls, data: bytes) -> Raw:
+        return cls(data)
+
+
+class _Server(grpclib.server.Server):
+    """A grpclib server that remembers its connections, so ``stop`` can drop them as a dying
+    process would (the kernel closes its sockets) instead of leaving them open but mute."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.protocols: list = []
+
+    def _protocol_factory(self):
+        protocol = super()._protocol_factory()
+        self.protocols.append(protocol)
+        return protocol
+
+
+class FakeWorker:
+    """See the module docstring. ``FakeWorker(host).start()`` -> ``.port``; ``.stop()`` ends it
+    like a killed process: the port closes and every open connection is dropped."""
+
+    def __init__(self, host: str = "127.0.0.1", *, ssl_context: ssl.SSLContext | None = None):
+        self.host = host
+        self.ssl_context = ssl_context
+        self.port = 0
+        self.ready = True
+        self.probe_delay = 0.0
+        self.infer_delay = 0.0
+        self.models: list[str] = ["m"]
+        self.control = rc.ModelControlStatusResponse(
+            residency_mode="self_managed", discipline="fifo"
+        )
+        self.requests: list[bytes] = []
+        self.deadlines: list[float | None] = []
+        self.metadata: list[dict] = []
+        self.peers: list[tuple] = []
+        self.probes = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.cancelled = 0
+        self._lock = threading.Lock()
+        self._cm = None
+        self._portal = None
+        self._server: _Server | None = None
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _peer(self, stream) -> None:
+        with self._lock:
+            self.peers.append(stream.peer.addr())
+
+    async def _ready(self, stream) -> None:
+        await stream.recv_message()
+        self._peer(stream)
+        with self._lock:
+            self.probes += 1
+        if self.probe_delay:
+            await asyncio.sleep(self.probe_delay)
+        await stream.send_message(Raw(bytes(pb.ServerReadyResponse(ready=self.ready))))
+
+    async def _index(self, stream) -> None:
+        await stream.recv_message()
+        reply = pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponseModelIndex(name=m, version="1", state="READY")
+                for m in self.models
+            ]
+        )
+        await stream.send_message(Raw(bytes(reply)))
+
+    async def _control(self, stream) -> None:
+        await stream.recv_message()
+        await stream.send_message(Raw(bytes(self.control)))
+
+    async def _infer(self, stream) -> None:
+        request = await stream.recv_message()
+        meta = dict(stream.metadata or {})
+        self._peer(stream)
+        with self._lock:
+            self.requests.append(bytes(request))
+            left = None if stream.deadline is None else stream.deadline.time_remaining()
+            self.deadlines.append(left)
+            self.metadata.append(meta)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            delay = float(meta.get("x-sleep", self.infer_delay))
+            if delay:
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            with self._lock:
+                self.cancelled += 1
+            raise
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+        if "x-status" in meta:
+            raise GRPCError(Status(int(meta["x-status"])), meta.get("x-message", ""))
+        await stream.send_message(Raw(b"reply:" + request))
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        def handler(fn):
+            return grpclib.const.Handler(fn, Cardinality.UNARY_UNARY, Raw, Raw)
+
+        return {
+            "/inference.GRPCInferenceService/ServerReady": handler(self._ready),
+            "/inference.GRPCInferenceService/RepositoryIndex": handler(self._index),
+            "/reactant_control.ControlService/ModelControlStatus": handler(self._control),
+            INFER: handler(self._infer),
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> FakeWorker:
+        self._cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
+        self._portal = self._cm.__enter__()
+        self._portal.call(self._start)
+        return self
+
+    async def _start(self) -> None:
+        self._server = _Server([self])
+        await self._server.start(self.host, self.port, ssl=self.ssl_context)
+        self.port = self._server._server.sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for protocol in self._server.protocols:
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
+        await self._server.wait_closed()
+
+    def stop(self) -> None:
+        if self._portal is not None:
+            self._portal.call(self._stop)
+            self._cm.__exit__(None, None, None)
+            self._portal = None
+
+    def __enter__(self) -> FakeWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
