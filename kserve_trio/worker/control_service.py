@@ -27,7 +27,7 @@ from kserve_trio.runtime.weight_cache import (
     least_resident,
     residency_target,
 )
-from kserve_trio.worker.grpc_adapter import CallContext, unary
+from kserve_trio.serving.grpc_adapter import CallContext, unary
 
 _PREFIX = "/reactant_control.ControlService/"
 

@@ -102,10 +102,10 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
 
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
+    from kserve_trio.serving.grpc_adapter import Limits
     from kserve_trio.serving.h2_settings import server_config
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
-    from kserve_trio.worker.grpc_adapter import Limits
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
     from kserve_trio.worker.registry import load_repository
     from kserve_trio.worker.scheduler import Scheduler

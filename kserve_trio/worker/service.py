@@ -37,9 +37,9 @@ from kserve_trio.core.logging import debug_enabled, get_logger
 from kserve_trio.core.shm import same_ipc_namespace
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
+from kserve_trio.serving.grpc_adapter import CallContext, Limits, unary, unimplemented
 from kserve_trio.worker import heartbeat
 from kserve_trio.worker.control_service import set_model_residency
-from kserve_trio.worker.grpc_adapter import CallContext, Limits, unary, unimplemented
 from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle, check_version, hidden_submodels
 from kserve_trio.worker.scheduler import RequestTrace

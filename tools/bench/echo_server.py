@@ -19,7 +19,7 @@ async def main(port: int) -> None:
     from kserve_trio.core import codec
     from kserve_trio.proto import inference as pb
     from kserve_trio.serving import h2_settings
-    from kserve_trio.worker.grpc_adapter import Limits, unary
+    from kserve_trio.serving.grpc_adapter import Limits, unary
 
     limits = Limits(512 << 20, 512 << 20)
 

@@ -30,7 +30,7 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 
-log = get_logger("kserve_trio.worker.grpc")
+log = get_logger("kserve_trio.serving.grpc")
 
 
 class EncodedMessage(bytes):
