@@ -15,7 +15,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_subcommand():
     out = run_cli("--help")
     assert out.returncode == 0
-    for command in ("worker", "gateway", "node", "bundle", "bench"):
+    for command in ("worker", "gateway", "node", "probe", "bundle", "bench"):
         assert command in out.stdout
 
 
@@ -23,3 +23,11 @@ def test_unbuilt_command_names_its_capability_and_fails():
     out = run_cli("gateway")
     assert out.returncode == 2
     assert "arrives with the Gateway capability" in out.stderr
+
+
+def test_built_commands_are_not_placeholders():
+    for command in ("node", "probe"):
+        out = run_cli(command, "--help")
+        assert out.returncode == 0
+        assert "not built yet" not in out.stdout
+        assert "--node" in out.stdout

@@ -165,9 +165,9 @@ class _Node:
                 if proc.returncode is None:  # cancelled from outside: stop it before leaving
                     await self._terminate(spec, proc)
                 await proc.aclose()
-        self.sink.supervisor(
-            describe_exit(spec.name, proc.returncode, anyio.current_time() - started)
-        )
+            self.sink.supervisor(
+                describe_exit(spec.name, proc.returncode, anyio.current_time() - started)
+            )
 
     async def _pump(self, name: str, stream: anyio.abc.ByteReceiveStream) -> None:
         splitter = LineSplitter()
