@@ -1,0 +1,96 @@
+"""The gateway's typed configuration: ``GatewayConfig``, the ``gateway.yml`` schema, the
+``KSERVE_TRIO_GATEWAY_*`` environment overrides, validation and the one loading entry point.
+
+It follows the worker configuration's conventions and reuses its helpers
+(``kserve_trio.core.config``): the dataclass defaults are the YAML defaults, every value is
+type-checked with the same messages, and every error is a ``ConfigError`` naming the YAML path
+of the key. Precedence is defaults < ``gateway.yml`` < environment < command-line overrides.
+
+No key is inert: every accepted key is implemented, an unknown key is an error naming its path,
+and the keys of the ``lpt_packing`` scheduling mode (placement by measured load) are rejected
+with a message saying that mode is not available yet, rather than accepted and ignored.
+``scheduling.work_basis`` is accepted only where it means something (``least_outstanding``).
+
+Three settings are environment-only (runtime knobs, not ``gateway.yml`` keys), in
+``ProberConfig``: ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS``, ``..._HEALTH_INTERVAL_SECONDS``
+and ``..._WEDGE_EXIT_ROUNDS``.
+
+This package states the public names once; the parts live in private modules: ``_types``
+(enums and dataclasses), ``_schema`` (the key schema and the builder), ``_env`` (the
+environment), ``_validate`` (range checks and warnings), ``_load`` (the entry point, reporting).
+"""
+
+from __future__ import annotations
+
+from kserve_trio.gateway.config._env import (
+    ENV_OVERRIDES,
+    PROBER_ENV,
+    PROBER_ENV_NAME,
+    apply_gateway_env,
+    prober_from_env,
+)
+from kserve_trio.gateway.config._load import (
+    LoadedGatewayConfig,
+    configure_gateway_logging,
+    gateway_config_to_raw,
+    load_gateway_config,
+    log_gateway_config,
+)
+from kserve_trio.gateway.config._schema import (
+    LPT_SCHEDULING_KEYS,
+    SCHEMA,
+    build_gateway_config,
+    schema_paths,
+)
+from kserve_trio.gateway.config._types import (
+    ENV_PREFIX,
+    FILE_ENV,
+    LOG_FORMATS,
+    LPT_NOT_AVAILABLE,
+    NO_ENDPOINTS,
+    GatewayConfig,
+    GatewayGrpcConfig,
+    ListenConfig,
+    LoggingConfig,
+    ProberConfig,
+    SchedulingConfig,
+    SchedulingMode,
+    WorkBasis,
+    WorkerClientConfig,
+    WorkerTlsConfig,
+)
+from kserve_trio.gateway.config._validate import config_warnings, validate_gateway_config
+
+__all__ = [
+    "ENV_OVERRIDES",
+    "ENV_PREFIX",
+    "FILE_ENV",
+    "LOG_FORMATS",
+    "LPT_NOT_AVAILABLE",
+    "LPT_SCHEDULING_KEYS",
+    "NO_ENDPOINTS",
+    "PROBER_ENV",
+    "PROBER_ENV_NAME",
+    "SCHEMA",
+    "GatewayConfig",
+    "GatewayGrpcConfig",
+    "ListenConfig",
+    "LoadedGatewayConfig",
+    "LoggingConfig",
+    "ProberConfig",
+    "SchedulingConfig",
+    "SchedulingMode",
+    "WorkBasis",
+    "WorkerClientConfig",
+    "WorkerTlsConfig",
+    "apply_gateway_env",
+    "build_gateway_config",
+    "config_warnings",
+    "configure_gateway_logging",
+    "gateway_config_to_raw",
+    "load_gateway_config",
+    "log_gateway_config",
+    "prober_from_env",
+    "schema_paths",
+    "validate_gateway_config",
+]

@@ -1,0 +1,118 @@
+"""The ``KSERVE_TRIO_GATEWAY_*`` environment: overrides of ``gateway.yml`` keys (table-driven)
+and the environment-only prober knobs."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from kserve_trio.core.config import deep_merge, parse_env_value, set_path
+from kserve_trio.core.errors import ConfigError
+from kserve_trio.gateway.config._schema import LPT_SCHEDULING_KEYS
+from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, LPT_NOT_AVAILABLE, ProberConfig
+
+_ENV_TABLE_TEXT = """
+LISTEN_GRPC                               listen.grpc                              str
+LISTEN_METRICS                            listen.metrics                           str
+WORKERS                                   endpoints                                csv
+WORKER_METRICS                            worker_metrics                           csv
+WORKER_NAMES                              worker_names                             csv
+SCHEDULING_MODE                           scheduling.mode                          str
+SCHEDULING_WORK_BASIS                     scheduling.work_basis                    str
+WORKER_CLIENT_REQUEST_TIMEOUT_SECONDS     worker_client.request_timeout_seconds    float
+WORKER_CLIENT_MAX_CONCURRENT_STREAMS      worker_client.max_concurrent_streams     int
+WORKER_CLIENT_TLS_CA_FILE                 worker_client.tls.ca_file                str
+WORKER_CLIENT_TLS_CERT_FILE               worker_client.tls.cert_file              str
+WORKER_CLIENT_TLS_KEY_FILE                worker_client.tls.key_file               str
+GRPC_MAX_RECV_MSG_BYTES                   grpc.max_recv_msg_bytes                  int
+GRPC_MAX_SEND_MSG_BYTES                   grpc.max_send_msg_bytes                  int
+GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER   grpc.max_concurrent_requests_per_worker  int
+TLS_CERT_FILE                             tls.cert_file                            str
+TLS_KEY_FILE                              tls.key_file                             str
+TLS_CLIENT_CA_FILE                        tls.client_ca_file                       str
+LOGGING_LEVEL                             logging.level                            str
+LOGGING_FORMAT                            logging.format                           str
+"""
+_ENV_TABLE: tuple[tuple[str, str, str], ...] = tuple(
+    (ENV_PREFIX + var, path, kind)
+    for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
+)
+ENV_OVERRIDES: Mapping[str, str] = {var: path for var, path, _ in _ENV_TABLE}
+"""Every environment variable that overrides a ``gateway.yml`` key -> the YAML path it sets."""
+
+PROBER_ENV: Mapping[str, str] = {
+    ENV_PREFIX + "STARTUP_WAIT_SECONDS": "startup_wait_seconds",
+    ENV_PREFIX + "HEALTH_INTERVAL_SECONDS": "health_interval_seconds",
+    ENV_PREFIX + "WEDGE_EXIT_ROUNDS": "wedge_exit_rounds",
+}
+"""The environment-only runtime knobs -> their ``ProberConfig`` field."""
+
+PROBER_ENV_NAME: Mapping[str, str] = {name: var for var, name in PROBER_ENV.items()}
+"""``ProberConfig`` field -> its environment variable (the "path" its errors name)."""
+
+
+LPT_ENV = tuple(ENV_PREFIX + "SCHEDULING_" + key.upper() for key in LPT_SCHEDULING_KEYS[:-1])
+_KNOWN_ENV = frozenset((*ENV_OVERRIDES, *PROBER_ENV, FILE_ENV))
+_FOREVER = ("inf", "forever", "-1")
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def apply_gateway_env(
+    raw: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Apply the environment table to a copy of ``raw``; return it and the applied pairs.
+
+    Rules:
+    1. a ``KSERVE_TRIO_GATEWAY_SCHEDULING_*`` variable of an lpt_packing knob fails saying that
+       mode is not available yet;
+    2. any other unknown ``KSERVE_TRIO_GATEWAY_*`` variable fails (a typo must not be inert);
+    3. known variables are parsed by kind (integers and numbers strictly; ``WORKERS``,
+       ``WORKER_METRICS`` and ``WORKER_NAMES`` comma-separated, entries stripped, empty ones
+       dropped, replacing the YAML list) and set at their YAML path; ``raw`` is not modified.
+    """
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var in _KNOWN_ENV:
+            continue
+        if var in LPT_ENV:
+            raise ConfigError(
+                f"environment override {var} configures lpt_packing; {LPT_NOT_AVAILABLE}"
+            )
+        close = difflib.get_close_matches(var, sorted(_KNOWN_ENV), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"unknown environment override {var}{hint}")
+    out = deep_merge({}, raw)
+    applied: list[tuple[str, str]] = []
+    for var, path, kind in _ENV_TABLE:
+        if var in env:
+            text = env[var]
+            value = _csv(text) if kind == "csv" else parse_env_value(var, text, path, kind)
+            set_path(out, path, value)
+            applied.append((var, text))
+    return out, applied
+
+
+def prober_from_env(env: Mapping[str, str]) -> tuple[ProberConfig, list[tuple[str, str]]]:
+    """The runtime knobs from the environment, and the applied pairs.
+
+    ``STARTUP_WAIT_SECONDS`` takes a number of seconds or ``inf`` / ``forever`` / ``-1``
+    (wait until a worker is ready); ``HEALTH_INTERVAL_SECONDS`` a number; ``WEDGE_EXIT_ROUNDS``
+    an integer. Ranges are checked by ``validate_gateway_config``.
+    """
+    values: dict[str, Any] = {}
+    applied: list[tuple[str, str]] = []
+    for var, name in PROBER_ENV.items():
+        if var not in env:
+            continue
+        text = env[var]
+        if name == "startup_wait_seconds" and text.strip().lower() in _FOREVER:
+            values[name] = math.inf
+        else:
+            kind = "int" if name == "wedge_exit_rounds" else "float"
+            values[name] = parse_env_value(var, text, var, kind)
+        applied.append((var, text))
+    return ProberConfig(**values), applied

@@ -1,0 +1,123 @@
+"""Loading (the one entry point: file, environment, flags), and reporting the effective
+configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kserve_trio.core.config import deep_merge, load_yaml_mapping
+from kserve_trio.core.logging import configure_logging, get_logger
+from kserve_trio.gateway.config._env import apply_gateway_env, prober_from_env
+from kserve_trio.gateway.config._schema import build_gateway_config, check_gateway_keys
+from kserve_trio.gateway.config._types import FILE_ENV, GatewayConfig, LoggingConfig
+from kserve_trio.gateway.config._validate import config_warnings, validate_gateway_config
+
+
+@dataclass(frozen=True)
+class LoadedGatewayConfig:
+    """What ``load_gateway_config`` resolved: the config, the file it read (``None``: the
+    environment only), the applied environment ``(VAR, value)`` pairs and the warnings."""
+
+    config: GatewayConfig
+    source: str | None
+    applied: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+
+
+def load_gateway_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    overrides: Mapping[str, Any] | None = None,
+    check_files: bool = True,
+) -> LoadedGatewayConfig:
+    """Resolve, build and validate the gateway's configuration; THE entry point.
+
+    The file is ``path`` (``--config``), else ``KSERVE_TRIO_GATEWAY_FILE``, else none
+    (environment only; the endpoint list then comes from ``KSERVE_TRIO_GATEWAY_WORKERS``). A
+    named file that does not exist is an error. ``overrides`` is a raw dict in YAML shape
+    holding the command-line flags (``None`` values mean "flag not given").
+    """
+    if path is None and env.get(FILE_ENV, "").strip():
+        path = env[FILE_ENV].strip()
+    raw: dict[str, Any] = {} if path is None else load_yaml_mapping(path, "gateway config")
+    if path is not None:
+        check_gateway_keys(raw)  # errors name the file's own keys before env is merged
+    raw, applied = apply_gateway_env(raw, env)
+    prober, prober_applied = prober_from_env(env)
+    if overrides:
+        raw = deep_merge(raw, _drop_none(overrides))
+    cfg = build_gateway_config(raw, prober)
+    validate_gateway_config(cfg, check_files=check_files)
+    return LoadedGatewayConfig(
+        config=cfg,
+        source=None if path is None else os.fspath(path),
+        applied=tuple(applied + prober_applied),
+        warnings=tuple(config_warnings(cfg)),
+    )
+
+
+def _drop_none(raw: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            out[key] = _drop_none(value)
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
+    """The config as a raw dict in YAML shape (``build_gateway_config`` inverts it; the
+    environment-only ``prober`` knobs are not YAML keys and are left out)."""
+
+    def block(obj: Any) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            out[f.name] = value.value if isinstance(value, enum.Enum) else value
+        return out
+
+    client = block(cfg.worker_client)
+    client["tls"] = block(cfg.worker_client.tls)
+    scheduling = block(cfg.scheduling)
+    if scheduling["work_basis"] is None:
+        del scheduling["work_basis"]
+    return {
+        "listen": block(cfg.listen),
+        "endpoints": list(cfg.endpoints),
+        "worker_metrics": list(cfg.worker_metrics),
+        "worker_names": list(cfg.worker_names),
+        "scheduling": scheduling,
+        "worker_client": client,
+        "grpc": block(cfg.grpc),
+        "tls": block(cfg.tls),
+        "logging": block(cfg.logging),
+    }
+
+
+def log_gateway_config(loaded: LoadedGatewayConfig, log: Any = None) -> None:
+    """Log the effective configuration, the environment overrides and the warnings."""
+    log = log or get_logger(__name__)
+    cfg = loaded.config
+    log.info(
+        "config_effective",
+        source=loaded.source or "environment",
+        config=gateway_config_to_raw(cfg),
+        prober=dataclasses.asdict(cfg.prober),
+    )
+    if loaded.applied:
+        overrides = [f"{var}={value}" for var, value in loaded.applied]
+        log.info("config_overridden_by_environment", overrides=overrides)
+    for warning in loaded.warnings:
+        log.warning("config_warning", message=warning)
+
+
+def configure_gateway_logging(cfg: LoggingConfig, stream: Any = None) -> None:
+    """Apply ``logging:`` to this process (structlog and the standard library)."""
+    configure_logging(cfg.format, cfg.level, stream=stream)  # type: ignore[arg-type]

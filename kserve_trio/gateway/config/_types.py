@@ -1,0 +1,166 @@
+"""The configuration's types: the enums, the frozen dataclasses (whose defaults are the
+``gateway.yml`` defaults) and the constants the other parts share."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, TlsConfig, parse_enum
+from kserve_trio.gateway.addresses import parse_host_port
+
+ENV_PREFIX = "KSERVE_TRIO_GATEWAY_"
+FILE_ENV = "KSERVE_TRIO_GATEWAY_FILE"
+"""The ``gateway.yml`` path when ``--config`` is not given (unset: environment only)."""
+
+NO_ENDPOINTS = (
+    "gateway has no endpoints; set 'endpoints:' in gateway.yml or KSERVE_TRIO_GATEWAY_WORKERS"
+)
+LPT_NOT_AVAILABLE = "lpt_packing is not available yet"
+
+
+class SchedulingMode(enum.Enum):
+    """How the gateway picks a replica for each request."""
+
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING = "least_outstanding"
+
+
+class WorkBasis(enum.Enum):
+    """What ``least_outstanding`` counts as a worker's outstanding work: requests, batch items,
+    or estimated compute seconds (items times the model's measured cost per item)."""
+
+    COMPUTE = "compute"
+    ITEMS = "items"
+    REQUESTS = "requests"
+
+
+LOG_FORMATS = ("auto", "json", "console")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    """The gateway's own addresses (``listen:``): the KServe gRPC port and the admin HTTP port
+    (``/metrics``, ``/healthz``, ``/readyz``, ``/routing``). Port 0 binds an ephemeral port."""
+
+    grpc: str = "0.0.0.0:8001"
+    metrics: str = "0.0.0.0:8002"
+
+    @property
+    def grpc_address(self) -> tuple[str, int]:
+        return parse_host_port(self.grpc, allow_port_zero=True)
+
+    @property
+    def metrics_address(self) -> tuple[str, int]:
+        return parse_host_port(self.metrics, allow_port_zero=True)
+
+
+@dataclass(frozen=True)
+class SchedulingConfig:
+    """``scheduling:``. ``work_basis`` is ``None`` unless set; it may only be set under
+    ``least_outstanding``, which counts compute when it is not (``basis``)."""
+
+    mode: SchedulingMode = SchedulingMode.ROUND_ROBIN
+    work_basis: WorkBasis | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", parse_enum(SchedulingMode, self.mode, "scheduling.mode"))
+        if self.work_basis is not None:
+            basis = parse_enum(WorkBasis, self.work_basis, "scheduling.work_basis")
+            object.__setattr__(self, "work_basis", basis)
+
+    @property
+    def basis(self) -> WorkBasis:
+        return WorkBasis.COMPUTE if self.work_basis is None else self.work_basis
+
+
+@dataclass(frozen=True)
+class WorkerTlsConfig:
+    """TLS from the gateway to its workers (``worker_client.tls``): the CA bundle the workers'
+    certificates must chain to (empty: the system's CAs) and a client certificate and key for
+    workers that require mutual TLS. Setting any of them turns TLS to the workers on."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca_file or self.cert_file or self.key_file)
+
+
+@dataclass(frozen=True)
+class WorkerClientConfig:
+    """The gateway's connections to its workers (``worker_client:``): the timeout of a forwarded
+    call that carries no deadline of its own, and the bound on in-flight calls (HTTP/2 streams)
+    per worker connection; further calls wait for a slot, so one slow worker cannot absorb
+    every request."""
+
+    request_timeout_seconds: float = 60.0
+    max_concurrent_streams: int = 32
+    tls: WorkerTlsConfig = WorkerTlsConfig()
+
+
+@dataclass(frozen=True)
+class GatewayGrpcConfig:
+    """``grpc:``: message caps in each direction, and the inbound admission cap per worker
+    (the gateway admits ``max_concurrent_requests_per_worker`` times the number of workers
+    concurrent requests and sheds the rest with RESOURCE_EXHAUSTED; 0 = uncapped)."""
+
+    max_recv_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
+    max_send_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
+    max_concurrent_requests_per_worker: int = 64
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """``logging:``: the level (``debug|info|warning|error|critical``) and the format (``json``,
+    ``console``, or ``auto``: console on a TTY, JSON lines otherwise)."""
+
+    level: str = "info"
+    format: str = "auto"
+
+
+@dataclass(frozen=True)
+class ProberConfig:
+    """The environment-only runtime knobs of the prober (not ``gateway.yml`` keys).
+
+    ``startup_wait_seconds``: how long the gateway waits at start-up for a worker to answer
+    ServerReady before it serves anyway (0 = serve at once; ``math.inf`` = until one does).
+    ``health_interval_seconds``: the period of the prober's rounds (readiness, discovery,
+    routing table, routing metadata). ``wedge_exit_rounds``: once any worker has ever answered,
+    this many consecutive rounds in which every probe timed out mean the gateway's own client
+    stack is wedged, and it exits non-zero so its supervisor restarts it (0 = never).
+    """
+
+    startup_wait_seconds: float = 0.0
+    health_interval_seconds: float = 10.0
+    wedge_exit_rounds: int = 3
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The fully resolved configuration of one gateway process, frozen for its lifetime.
+
+    ``endpoints`` are the workers' gRPC addresses (``host:port``; a name that resolves to
+    several addresses is several workers). ``worker_metrics`` (optional) and ``worker_names``
+    (optional) are index-aligned with ``endpoints``: entry ``i`` is the Prometheus endpoint and
+    the label of the workers behind ``endpoints[i]``.
+    """
+
+    listen: ListenConfig = ListenConfig()
+    endpoints: tuple[str, ...] = ()
+    worker_metrics: tuple[str, ...] = ()
+    worker_names: tuple[str, ...] = ()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    worker_client: WorkerClientConfig = WorkerClientConfig()
+    grpc: GatewayGrpcConfig = GatewayGrpcConfig()
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    logging: LoggingConfig = LoggingConfig()
+    prober: ProberConfig = ProberConfig()
+
+    def __post_init__(self) -> None:
+        for name in ("endpoints", "worker_metrics", "worker_names"):
+            value = getattr(self, name)
+            items = (value,) if isinstance(value, str) else tuple(value)
+            object.__setattr__(self, name, tuple(item.strip() for item in items))
