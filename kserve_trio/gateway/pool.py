@@ -19,11 +19,13 @@ must still be probed.
 from __future__ import annotations
 
 import enum
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
+import betterproto2
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport
@@ -171,31 +173,45 @@ def forward_deadline(deadline: float | None, now: float, default: float, model: 
 # One worker's connection
 
 
+@dataclass(frozen=True)
+class PoolSettings:
+    """What every worker client is built with (from ``GatewayConfig``)."""
+
+    max_concurrent_streams: int = 32
+    request_timeout: float = 60.0
+    max_send_message_length: int = 512 << 20
+    max_receive_message_length: int = 512 << 20
+    ssl_context: ssl.SSLContext | None = None
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig) -> PoolSettings:
+        """Settings of ``cfg``; builds the worker TLS context (``ConfigError`` if its files
+        cannot be loaded)."""
+        return cls(
+            max_concurrent_streams=cfg.worker_client.max_concurrent_streams,
+            request_timeout=cfg.worker_client.request_timeout_seconds,
+            max_send_message_length=cfg.grpc.max_send_msg_bytes,
+            max_receive_message_length=cfg.grpc.max_recv_msg_bytes,
+            ssl_context=worker_ssl_context(cfg.worker_client.tls),
+        )
+
+
 class WorkerClient:
     """One worker: its connection, its in-flight bound, its health (see the module docstring)."""
 
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        *,
-        max_concurrent_streams: int,
-        request_timeout: float,
-        max_send_message_length: int,
-        max_receive_message_length: int,
-        ssl_context: Any = None,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, settings: PoolSettings) -> None:
         self.spec = spec
         self.health = WorkerHealth()
-        self.request_timeout = request_timeout
-        self.max_concurrent_streams = max_concurrent_streams
-        self._slots = anyio.Semaphore(max_concurrent_streams)
+        self.request_timeout = settings.request_timeout
+        self.max_concurrent_streams = settings.max_concurrent_streams
+        self._slots = anyio.Semaphore(settings.max_concurrent_streams)
         self._endpoint = Endpoint(
             host=spec.address,
             port=spec.port,
-            secure=ssl_context is not None,
-            max_send_message_length=max_send_message_length,
-            max_receive_message_length=max_receive_message_length,
-            ssl_context=ssl_context,
+            secure=settings.ssl_context is not None,
+            max_send_message_length=settings.max_send_message_length,
+            max_receive_message_length=settings.max_receive_message_length,
+            ssl_context=settings.ssl_context,
         )
         self.transport = H2Transport(self._endpoint, server_hostname=spec.host)
         self.resets = 0
@@ -245,7 +261,14 @@ class WorkerClient:
         finally:
             self._slots.release()
 
-    async def call(self, method: str, request: Any, reply_type: type[R], *, timeout: float) -> R:
+    async def call(
+        self,
+        method: str,
+        request: betterproto2.Message | bytes,
+        reply_type: type[R],
+        *,
+        timeout: float,
+    ) -> R:
         """A control-plane call (no stream slot); a call that times out resets the connection,
         for the reason ``probe_step`` rule 4 gives."""
         try:
@@ -296,29 +319,6 @@ class WorkerClient:
 # The pool
 
 
-@dataclass(frozen=True)
-class PoolSettings:
-    """What every worker client is built with (from ``GatewayConfig``)."""
-
-    max_concurrent_streams: int = 32
-    request_timeout: float = 60.0
-    max_send_message_length: int = 512 << 20
-    max_receive_message_length: int = 512 << 20
-    ssl_context: Any = None
-
-    @classmethod
-    def from_config(cls, cfg: GatewayConfig) -> PoolSettings:
-        """Settings of ``cfg``; builds the worker TLS context (``ConfigError`` if its files
-        cannot be loaded)."""
-        return cls(
-            max_concurrent_streams=cfg.worker_client.max_concurrent_streams,
-            request_timeout=cfg.worker_client.request_timeout_seconds,
-            max_send_message_length=cfg.grpc.max_send_msg_bytes,
-            max_receive_message_length=cfg.grpc.max_recv_msg_bytes,
-            ssl_context=worker_ssl_context(cfg.worker_client.tls),
-        )
-
-
 class WorkerPool:
     """The clients of the current worker set, by label.
 
@@ -340,15 +340,7 @@ class WorkerPool:
         return self._clients.get(label)
 
     def _new(self, spec: WorkerSpec) -> WorkerClient:
-        s = self.settings
-        return WorkerClient(
-            spec,
-            max_concurrent_streams=s.max_concurrent_streams,
-            request_timeout=s.request_timeout,
-            max_send_message_length=s.max_send_message_length,
-            max_receive_message_length=s.max_receive_message_length,
-            ssl_context=s.ssl_context,
-        )
+        return WorkerClient(spec, self.settings)
 
     async def apply(self, diff: WorkerDiff) -> None:
         """Reconcile with ``diff`` (see the class docstring)."""

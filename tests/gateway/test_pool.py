@@ -102,15 +102,9 @@ def spec_for(w: FakeWorker, label: str = "w0", host: str | None = None) -> Worke
     return WorkerSpec(w.host, w.port, host or w.host, 0, label)
 
 
-def client_for(w: FakeWorker, streams: int = 32, timeout: float = 60.0, **kw) -> WorkerClient:
-    return WorkerClient(
-        spec_for(w),
-        max_concurrent_streams=streams,
-        request_timeout=timeout,
-        max_send_message_length=64 << 20,
-        max_receive_message_length=64 << 20,
-        **kw,
-    )
+def client_for(w: FakeWorker, streams: int = 32, timeout: float = 60.0) -> WorkerClient:
+    settings = PoolSettings(streams, timeout, 64 << 20, 64 << 20)
+    return WorkerClient(spec_for(w), settings)
 
 
 async def test_raw_bytes_travel_unchanged_both_ways(worker):
@@ -234,13 +228,7 @@ async def test_a_timed_out_probe_resets_the_connection(worker):
 async def test_an_unreachable_worker_fails_its_probe_quickly():
     with FakeWorker() as w:
         spec = spec_for(w)
-    client = WorkerClient(
-        spec,
-        max_concurrent_streams=1,
-        request_timeout=1,
-        max_send_message_length=1 << 20,
-        max_receive_message_length=1 << 20,
-    )
+    client = WorkerClient(spec, PoolSettings(1, 1.0, 1 << 20, 1 << 20))
     with anyio.fail_after(3):
         outcome, step = await client.probe(timeout=2)
     assert outcome is FAILED and "UNAVAILABLE" in step.health.last_error
