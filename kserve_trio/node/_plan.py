@@ -63,6 +63,10 @@ PER_WORKER_ENV = (PORT_ENV, METRICS_PORT_ENV, ENV_PREFIX + "RUNTIME_DEVICE_ORDIN
 """Worker settings the node assigns per worker; inherited values would give every worker the
 same one, so they are not passed on."""
 
+_UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
+"""Children write through at once (unless the environment says otherwise): their lines reach
+the node's log as they happen and are not lost in a buffer when a child is killed."""
+
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}
 
 
@@ -296,7 +300,8 @@ def plan_node(
     4. role ``all`` with exactly one worker: that worker serves the public addresses itself
        (``INFERENCE_SERVER_ENDPOINTS_HOST``/``_PORT``/``_METRICS_PORT`` from
        ``public_listen``) and no gateway runs; with two or more the gateway child is added
-       (``gateway_launch``) and a worker port equal to a public port is warned about;
+       (``gateway_launch``) and a worker port equal to a public port is warned about; every
+       child gets ``PYTHONUNBUFFERED=1`` unless the environment sets it;
     5. advisory warnings: unused devices, private host weight copies, unpinned workers.
     """
     role = resolve_role(role, env, node)
@@ -397,6 +402,7 @@ def plan_node(
                 + "; no gateway"
             )
         child_env = {
+            **_UNBUFFERED,
             **base_env,
             **thread_env(threads, base_env.get("XLA_FLAGS", "")),
             **extra,
@@ -460,7 +466,7 @@ def _gateway_child(
     grpc_addr: tuple[str, int],
 ) -> ChildSpec:
     argv, add = gateway_launch(source, addresses, node, env, python)
-    child_env = {**env, **add, "CUDA_VISIBLE_DEVICES": ""}
+    child_env = {**_UNBUFFERED, **env, **add, "CUDA_VISIBLE_DEVICES": ""}
     if source.path is None:
         child_env.pop(GATEWAY_FILE_ENV, None)
     return ChildSpec("gateway", "gateway", argv, child_env, GATEWAY_GRACE_SECONDS, None, grpc_addr)

@@ -244,7 +244,8 @@ def supervise(
     ``[name]`` prefixes, restarts children that die, and blocks until SIGTERM/SIGINT (with
     ``install_signal_handlers``) or a crash-loop budget breach. ``env`` (default
     ``os.environ``) is what the node reads its settings from and what the children inherit.
-    A configuration error is reported on ``sink`` and returns 2.
+    A configuration error (or a node file that cannot be read or written) is reported on
+    ``sink`` and returns 2. Signal handlers can only be installed from the main thread.
     """
     environ = dict(os.environ if env is None else env)
     out = LogSink(sink if sink is not None else sys.stdout)
@@ -252,7 +253,7 @@ def supervise(
         plan, rdir = prepare_node(
             node_path, role=role, gateway_path=gateway_path, env=environ, runtime_dir=runtime_dir
         )
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:
         out.supervisor(f"configuration error: {exc}")
         out.supervisor("node stopped (exit 2)")
         return 2

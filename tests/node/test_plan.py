@@ -72,6 +72,7 @@ def test_cpu_node_synthesizes_cpu_workers_with_empty_cuda_visible_devices():
         assert c.env["CUDA_VISIBLE_DEVICES"] == ""  # never the inherited "0,1,2"
         assert c.address == ("127.0.0.1", 9000 + i)
         assert c.grace == 15.0
+        assert c.env["PYTHONUNBUFFERED"] == "1"
     assert p.node is not None and [w["name"] for w in p.node["workers"]] == ["worker0", "worker1"]
     validate_node(dict(p.node))
     assert "CPU node: 2 worker(s)" in p.notes
@@ -226,6 +227,7 @@ def test_two_workers_in_role_all_add_the_gateway_configured_from_the_environment
     assert g.env["KSERVE_TRIO_GATEWAY_WORKER_METRICS"] == "127.0.0.1:9500,127.0.0.1:9501"
     assert g.env["KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS"] == "inf"
     assert g.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert g.env["PYTHONUNBUFFERED"] == "1"
     assert "KSERVE_TRIO_GATEWAY_FILE" not in g.env
     assert all("INFERENCE_SERVER_ENDPOINTS_PORT" not in c.env for c in p.workers)
     assert "embedded gateway on 0.0.0.0:8001 (configured from the environment)" in p.notes
@@ -324,3 +326,8 @@ def test_gpu_workers_with_private_weight_caches_are_advised_to_share():
     )
     cpu = plan(node_of(), {"KSERVE_TRIO_CPU_WORKERS": "2"}, role="workers")
     assert not any("shared_host_weights" in w for w in cpu.warnings)
+
+
+def test_an_operators_pythonunbuffered_is_kept():
+    p = plan(node_of(), {"PYTHONUNBUFFERED": "0"}, role="workers")
+    assert p.children[0].env["PYTHONUNBUFFERED"] == "0"
