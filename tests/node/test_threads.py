@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from kserve_trio.core.errors import ConfigError
@@ -86,3 +90,29 @@ def test_cpu_list_notation_round_trips():
     assert format_cpus([3]) == "3"
     assert parse_cpus("0-2,5,7-8") == (0, 1, 2, 5, 7, 8)
     assert parse_cpus(format_cpus(range(16, 32))) == tuple(range(16, 32))
+
+
+_COUNT_EIGEN_THREADS = """
+import os
+import jax, jax.numpy as jnp
+x = jnp.ones((64, 64)); (x @ x).block_until_ready()
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(names.count("tf_XLAEigen"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 3])
+def test_jaxlib_sizes_its_cpu_thread_pool_from_the_budget_env(threads):
+    """The mechanism the budget relies on: jaxlib's CPU client reads PJRT_NPROC (here even
+    above the CPUs this process may use)."""
+    env = {**os.environ, **thread_env(threads), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_EIGEN_THREADS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert int(out.stdout.strip().splitlines()[-1]) == threads
