@@ -2,26 +2,36 @@
 
 ``ShmRegistry`` owns every client region this process has attached: it maps a client-chosen
 region *name* to a window ``[offset, offset+byte_size)`` of an existing POSIX shared-memory object
-*key*, hands out zero-copy leased views of it to the codec (``read_view``), copies outputs into it
-(``write``) and detaches regions on ``unregister``/``close``. It never creates or unlinks a
-client's object. ``same_ipc_namespace`` answers the client's "can you see my object?" probe.
+*key*, copies inputs out of it for the codec (``read_view``), copies outputs into it (``write``)
+and detaches regions on ``unregister``/``close``. It never creates or unlinks a client's object.
+``same_ipc_namespace`` answers the client's "can you see my object?" probe. Every name and key
+is validated (``core/shm_names.py``) before any ``posix_ipc`` or OS call.
+
+The registry keeps one file descriptor per region and never maps the object. All data moves
+through that descriptor: ``os.preadv`` into a private buffer for inputs, ``os.fstat`` then
+``os.pwrite`` for outputs. The object belongs to the client, who may ``ftruncate`` it at any
+moment; a load or store through a mapping past the new end would kill the process with SIGBUS,
+whereas the kernel answers a read past the end with a short count and a write with a plain
+error or by extending the file. So a shrunk region costs the one request an error naming the
+region and the sizes (FAILED_PRECONDITION), never the worker. The price is one copy of each
+input (measured in docs/benchmarks.md, "Shared memory hardening"). A side effect is that no
+decoded tensor, live or garbage, ever pins the client's object: once the name is unregistered
+and the last copy in progress ends, the descriptor is closed.
 
 Concurrency: one registry lock guards the name table; each region has its own lock guarding its
-mapping, its lease count and its ``retired`` flag. No code path holds both locks at once. An
-unregister removes the name at once (new operations raise ``UnregisteredRegionError``) and
-unmaps when the last lease is released, so a request that is decoding from a region never sees
-the mapping vanish underneath it. Python's buffer protocol backs this up: ``mmap.close`` refuses
-(``BufferError``) while views are exported; we then drop our reference and the mapping goes away
-with the last view.
+descriptor, its lease count and its ``retired`` flag. No code path holds both locks at once. A
+lease covers one copy, and is taken and released inside the same synchronous call, so no
+cancelled or abandoned request can hold one. An unregister removes the name at once (new
+operations raise ``UnregisteredRegionError``) and closes the descriptor when the last lease ends,
+so a copy running on another thread never sees its descriptor closed (or reused) underneath it.
 
 Attachment goes through ``posix_ipc`` only, never ``multiprocessing.shared_memory``, whose
-resource tracker would unlink the client's object when this process exits (stack_probe section 5).
+resource tracker would unlink the client's object when this process exits.
 """
 
 from __future__ import annotations
 
-import gc
-import mmap
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +39,20 @@ from dataclasses import dataclass
 import numpy as np
 import posix_ipc
 
-from kserve_trio.core.errors import InvalidArgument, Unavailable, UnregisteredRegionError
+from kserve_trio.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    Unavailable,
+    UnregisteredRegionError,
+)
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.shm_names import (
+    check_key,
+    check_region_name,
+    key_problem,
+    region_name_problem,
+    shown,
+)
 
 log = get_logger("kserve_trio.core.shm")
 
@@ -57,10 +79,11 @@ def same_ipc_namespace(name: str) -> bool:
     """Whether this process can open the POSIX shared-memory object ``name``.
 
     The object is opened read-only and its descriptor closed at once; nothing is mapped or
-    registered. Any failure (empty name, no such object because we live in another IPC
-    namespace, permissions, a malformed name) answers ``False``.
+    registered. A name that is not a valid key answers ``False`` without any OS call (the RPC
+    handler rejects it as INVALID_ARGUMENT before asking); so does any failure to open (no such
+    object because we live in another IPC namespace, permissions).
     """
-    if not name:
+    if key_problem(name) is not None:
         return False
     try:
         shm = posix_ipc.SharedMemory(posix_name(name), read_only=True)
@@ -73,20 +96,21 @@ def same_ipc_namespace(name: str) -> bool:
     return True
 
 
+class ShrunkRegionError(FailedPrecondition):
+    """The client's object is now smaller than the window a request reads or writes."""
+
+
 class _Region:
-    """One attached window; every mutable field is guarded by ``lock``."""
+    """One attached window; ``fd``, ``leases`` and ``retired`` are guarded by ``lock``."""
 
-    __slots__ = ("base", "byte_size", "key", "leases", "lock", "mm", "name", "offset", "retired")
+    __slots__ = ("byte_size", "fd", "key", "leases", "lock", "name", "offset", "retired")
 
-    def __init__(
-        self, name: str, key: str, offset: int, byte_size: int, mm: mmap.mmap, base: int
-    ) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, fd: int) -> None:
         self.name = name
         self.key = key
         self.offset = offset
         self.byte_size = byte_size
-        self.mm: mmap.mmap | None = mm
-        self.base = base  # where the region's byte 0 sits inside ``mm`` (mmap offsets are aligned)
+        self.fd = fd
         self.lock = threading.Lock()
         self.leases = 0
         self.retired = False
@@ -94,25 +118,14 @@ class _Region:
     def status(self) -> RegionStatus:
         return RegionStatus(self.name, self.key, self.offset, self.byte_size)
 
-    def unmap(self) -> None:
-        """Drop the mapping (caller holds ``lock``). With views still exported, ``mmap.close``
-        raises ``BufferError``; the mapping is then released by the last view's deallocation."""
-        mm, self.mm = self.mm, None
-        if mm is None:
-            return
-        try:
-            mm.close()
-            return
-        except BufferError:
-            pass
-        # No lease is outstanding, so every remaining view is garbage; some may sit in a
-        # reference cycle (seen with views handed to jax). Collect once and retry: unregister
-        # is a control-plane operation, so the cost stays off the request path.
-        gc.collect(1)
-        try:
-            mm.close()
-        except BufferError:
-            log.debug("shm_unmap_deferred", region=self.name, key=self.key)
+    def close_fd(self) -> None:
+        """Close the descriptor (caller holds ``lock``, no lease outstanding)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError as exc:  # pragma: no cover - a closed fd here would be our bug
+                log.warning("shm_close_failed", region=self.name, error=str(exc))
 
     def check_bounds(self, offset: int, byte_size: int) -> None:
         """``[offset, offset+byte_size)`` must lie in ``[0, self.byte_size)`` (subtraction form)."""
@@ -127,32 +140,35 @@ class _Region:
                 f"exceeds the region size ({self.byte_size})"
             )
 
+    def shrunk(self, what: str, start: int, n: int, size: int) -> ShrunkRegionError:
+        """The error for an object found smaller than ``start + n`` bytes (its size ``size``)."""
+        return ShrunkRegionError(
+            f"shared memory region '{self.name}': object '{self.key}' is {size} bytes, smaller "
+            f"than offset + byte_size = {start} + {n} needed to {what} (was it truncated after "
+            "it was registered?)"
+        )
+
 
 def _attach(name: str, key: str, offset: int, byte_size: int) -> _Region:
-    """Open the existing object ``key`` read-write and map the window the region covers."""
+    """Open the existing object ``key`` read-write and keep its descriptor for the region."""
     try:
         shm = posix_ipc.SharedMemory(posix_name(key))
     except posix_ipc.ExistentialError:
         raise InvalidArgument(f"shared memory object '{key}' does not exist") from None
     except Exception as exc:
         raise InvalidArgument(f"cannot open shared memory object '{key}': {exc}") from None
+    fd = shm.fd  # ours from here on: posix_ipc does not close it when ``shm`` goes away
     try:
-        size = shm.size  # read before close_fd: posix_ipc fstat()s the descriptor
-        if byte_size > size or offset > size - byte_size:
-            raise InvalidArgument(
-                f"region '{name}' offset+byte_size exceeds shared memory object '{key}' "
-                f"size ({size})"
-            )
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        try:
-            mm = mmap.mmap(shm.fd, offset - start + byte_size, offset=start)
-        except (OSError, ValueError) as exc:
-            raise InvalidArgument(
-                f"cannot map shared memory object '{key}' for region '{name}': {exc}"
-            ) from None
-    finally:
-        shm.close_fd()
-    return _Region(name, key, offset, byte_size, mm, offset - start)
+        size = os.fstat(fd).st_size
+    except OSError as exc:
+        os.close(fd)
+        raise InvalidArgument(f"cannot stat shared memory object '{key}': {exc}") from None
+    if byte_size > size or offset > size - byte_size:
+        os.close(fd)
+        raise InvalidArgument(
+            f"region '{name}' offset+byte_size exceeds shared memory object '{key}' size ({size})"
+        )
+    return _Region(name, key, offset, byte_size, fd)
 
 
 def _as_bytes(data: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
@@ -166,6 +182,39 @@ def _as_bytes(data: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv
+
+
+ALIGNMENT = 64
+"""Byte alignment of the input copies: jax on the CPU uses a 64-byte aligned host array in
+place and copies any other, so an aligned copy costs the request one copy, not two."""
+
+
+def _aligned_empty(n: int) -> np.ndarray:
+    """An uninitialised ``uint8`` array of ``n`` bytes starting on an ``ALIGNMENT`` boundary."""
+    raw = np.empty(n + ALIGNMENT, np.uint8)
+    skip = -raw.ctypes.data % ALIGNMENT
+    return raw[skip : skip + n]
+
+
+def _pread_into(r: _Region, dst: memoryview, start: int) -> None:
+    """Fill ``dst`` from byte ``start`` of the object; a short read means it shrank."""
+    done, n = 0, dst.nbytes
+    while done < n:
+        got = os.preadv(r.fd, [dst[done:]], start + done)
+        if got == 0:
+            raise r.shrunk("read", start, n, os.fstat(r.fd).st_size)
+        done += got
+
+
+def _pwrite_from(r: _Region, src: memoryview, start: int) -> None:
+    """Write ``src`` at byte ``start``, refusing when the object no longer covers the window."""
+    n = src.nbytes
+    size = os.fstat(r.fd).st_size
+    if size < start + n:
+        raise r.shrunk("write", start, n, size)
+    done = 0
+    while done < n:
+        done += os.pwrite(r.fd, src[done:], start + done)
 
 
 class ShmRegistry:
@@ -187,17 +236,16 @@ class ShmRegistry:
         offset+byte_size)`` of it as ``name``.
 
         Rules (each failure is ``InvalidArgument``, so a bad region surfaces at register time):
-        1. ``name`` and ``key`` are non-empty; ``0 <= offset <= INT64_MAX``; ``0 < byte_size <=
-           INT64_MAX``.
+        1. ``name`` is a valid region name and ``key`` a valid key (``core/shm_names.py``);
+           ``0 <= offset <= INT64_MAX``; ``0 < byte_size <= INT64_MAX``.
         2. ``key`` (with or without its leading ``/``) names an existing object.
         3. ``byte_size <= size`` and ``offset <= size - byte_size`` (subtraction form).
-        4. A name already registered is replaced; the old mapping is detached once its
-           outstanding leases are released.
+        4. A name already registered is replaced; the old descriptor is closed once no copy
+           through it is in progress.
         """
-        if not name:
-            raise InvalidArgument("shared memory region name must not be empty")
-        if not key:
-            raise InvalidArgument(f"region '{name}' has an empty shared memory key")
+        rpc = "SystemSharedMemoryRegister"
+        check_region_name(name, rpc=rpc)
+        check_key(key, rpc=rpc)
         if offset < 0 or offset > INT64_MAX:
             raise InvalidArgument(f"region '{name}' offset {offset} is out of range [0, 2^63-1]")
         if byte_size <= 0 or byte_size > INT64_MAX:
@@ -213,7 +261,7 @@ class ShmRegistry:
             old = None if closed else self._regions.get(name)
             if not closed:
                 self._regions[name] = region
-        if closed:  # lost a race with close(): detach what we just mapped
+        if closed:  # lost a race with close(): detach what we just opened
             self._retire(region)
             raise Unavailable("shared memory registry is closed (server is shutting down)")
         if old is not None:
@@ -223,9 +271,10 @@ class ShmRegistry:
     def unregister(self, name: str = "") -> None:
         """Remove ``name`` (``""`` = every region). Unknown names are a successful no-op.
 
-        The name disappears at once; each mapping is detached when its last lease is released.
-        The client's object is never unlinked.
+        The name disappears at once; each descriptor is closed when no copy through it is in
+        progress any more. The client's object is never unlinked.
         """
+        check_region_name(name, rpc="SystemSharedMemoryUnregister", allow_empty=True)
         with self._lock:
             if name:
                 region = self._regions.pop(name, None)
@@ -239,6 +288,7 @@ class ShmRegistry:
 
     def status(self, name: str = "") -> dict[str, RegionStatus]:
         """Registered regions by name (``""`` = all; an unknown name gives an empty dict)."""
+        check_region_name(name, rpc="SystemSharedMemoryStatus", allow_empty=True)
         with self._lock:
             if name:
                 region = self._regions.get(name)
@@ -246,16 +296,14 @@ class ShmRegistry:
             return {n: r.status() for n, r in sorted(self._regions.items())}
 
     def close(self) -> None:
-        """Detach every region (shutdown). Mappings go away now, or, where a caller still
-        holds a view of one, as soon as that view is dropped; later registrations fail."""
+        """Detach every region (shutdown): descriptors close now, or when the copy in progress
+        through them ends; later registrations fail."""
         with self._lock:
             self._closed = True
             victims = list(self._regions.values())
             self._regions.clear()
         for region in victims:
-            with region.lock:
-                region.retired = True
-                region.unmap()
+            self._retire(region)
 
     def same_ipc_namespace(self, name: str) -> bool:
         """See the module-level ``same_ipc_namespace``; no registry side effects."""
@@ -266,72 +314,92 @@ class ShmRegistry:
     def read_view(
         self, region: str, offset: int, byte_size: int
     ) -> tuple[memoryview, Callable[[], None]]:
-        """A zero-copy view of ``[offset, offset+byte_size)`` of ``region`` and its lease.
+        """A read-only private copy of ``[offset, offset+byte_size)`` of ``region``, and a
+        release callback (the codec's lease protocol; here it has nothing left to release,
+        because the region is only leased while the copy runs).
 
-        The view aliases the client's mapping (later client writes show through). The mapping
-        stays attached, even across an unregister, until the returned callback runs; calling it
-        more than once is harmless. Raises ``UnregisteredRegionError`` or ``InvalidArgument``.
+        Raises ``UnregisteredRegionError``, ``InvalidArgument`` (outside the registered window)
+        or ``ShrunkRegionError`` (the client truncated the object below the window).
         """
-        r = self._lock_live(region)
+        r = self._lease(region, offset, byte_size, reading=True)
         try:
-            r.check_bounds(offset, byte_size)
-            assert r.mm is not None
-            start = r.base + offset
-            view = memoryview(r.mm)[start : start + byte_size]
+            buf = _aligned_empty(byte_size)
+            self._transfer(r, memoryview(buf), offset, reading=True)
+        finally:
+            self._end_lease(r)
+        return memoryview(buf).toreadonly(), _released
+
+    def read(self, region: str, offset: int, byte_size: int) -> bytes:
+        """A copy of ``[offset, offset+byte_size)`` of ``region`` as ``bytes``."""
+        r = self._lease(region, offset, byte_size, reading=True)
+        try:
+            buf = bytearray(byte_size)
+            self._transfer(r, memoryview(buf), offset, reading=True)
+        finally:
+            self._end_lease(r)
+        return bytes(buf)
+
+    def write(self, region: str, offset: int, data: memoryview | bytes | np.ndarray) -> None:
+        """Copy ``data`` (any dtype or shape; its C-order bytes) into ``region`` at ``offset``.
+        More bytes than fit is ``InvalidArgument``; a region that is not (or no longer)
+        registered is ``UnregisteredRegionError``; an object truncated below the window is
+        ``ShrunkRegionError``."""
+        src = _as_bytes(data)
+        r = self._lease(region, offset, src.nbytes, reading=False)
+        try:
+            self._transfer(r, src, offset, reading=False)
+        finally:
+            self._end_lease(r)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _lease(self, name: str, offset: int, n: int, *, reading: bool) -> _Region:
+        """The live region ``name`` with one more lease, once ``[offset, offset+n)`` is known
+        to lie in its window (nothing is allocated for a window that does not)."""
+        r = self._lock_live(name)
+        try:
+            if reading:
+                r.check_bounds(offset, n)
+            elif offset < 0 or n > r.byte_size or offset > r.byte_size - n:
+                raise InvalidArgument(
+                    f"shared memory region '{name}': writing {n} bytes at offset {offset} "
+                    f"exceeds the region size ({r.byte_size})"
+                )
             r.leases += 1
         finally:
             r.lock.release()
-        released = False
+        return r
 
-        def release() -> None:
-            nonlocal released
-            with r.lock:
-                if released:
-                    return
-                released = True
-                r.leases -= 1
-                if r.retired and r.leases == 0:
-                    r.unmap()
+    @staticmethod
+    def _end_lease(r: _Region) -> None:
+        with r.lock:
+            r.leases -= 1
+            if r.retired and r.leases == 0:
+                r.close_fd()
 
-        return view, release
-
-    def read(self, region: str, offset: int, byte_size: int) -> bytes:
-        """A copy of ``[offset, offset+byte_size)`` of ``region``, taken under its lock."""
-        r = self._lock_live(region)
+    @staticmethod
+    def _transfer(r: _Region, buf: memoryview, offset: int, *, reading: bool) -> None:
+        """Move ``buf.nbytes`` bytes between ``buf`` and the window at ``offset`` (leased)."""
+        if not buf.nbytes:
+            return
         try:
-            r.check_bounds(offset, byte_size)
-            assert r.mm is not None
-            start = r.base + offset
-            return r.mm[start : start + byte_size]
-        finally:
-            r.lock.release()
-
-    def write(self, region: str, offset: int, data: memoryview | bytes | np.ndarray) -> None:
-        """Copy ``data`` (any dtype or shape; its C-order bytes) into ``region`` at ``offset``
-        under the region's lock. More bytes than fit is ``InvalidArgument``; a region that is
-        not (or no longer) registered is ``UnregisteredRegionError``."""
-        src = _as_bytes(data)
-        n = src.nbytes
-        r = self._lock_live(region)
-        try:
-            if offset < 0 or n > r.byte_size or offset > r.byte_size - n:
-                raise InvalidArgument(
-                    f"shared memory region '{region}': writing {n} bytes at offset {offset} "
-                    f"exceeds the region size ({r.byte_size})"
-                )
-            assert r.mm is not None
-            start = r.base + offset
-            r.mm[start : start + n] = src
-        finally:
-            r.lock.release()
-
-    # -- internals ---------------------------------------------------------------------------
+            if reading:
+                _pread_into(r, buf, r.offset + offset)
+            else:
+                _pwrite_from(r, buf, r.offset + offset)
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"shared memory region '{r.name}': cannot {'read' if reading else 'write'} "
+                f"object '{r.key}': {exc.strerror or exc}"
+            ) from None
 
     def _lock_live(self, name: str) -> _Region:
         """The live region registered as ``name``, returned with its lock HELD.
 
         A region retired between the lookup and the lock (unregistered or replaced) is looked
         up again: a replacement is used, a plain unregister raises ``UnregisteredRegionError``.
+        A name that could never have been registered (control characters, too long) is
+        ``InvalidArgument`` instead, so the message never quotes it raw.
         """
         for _ in range(8):
             with self._lock:
@@ -342,6 +410,9 @@ class ShmRegistry:
             if not r.retired:
                 return r
             r.lock.release()
+        problem = region_name_problem(name)
+        if problem is not None:  # never registered: say why, without echoing it raw
+            raise InvalidArgument(f"shared memory region name {shown(name)} {problem}")
         raise UnregisteredRegionError(name)
 
     @staticmethod
@@ -349,7 +420,18 @@ class ShmRegistry:
         with region.lock:
             region.retired = True
             if region.leases == 0:
-                region.unmap()
+                region.close_fd()
 
 
-__all__ = ["INT64_MAX", "RegionStatus", "ShmRegistry", "posix_name", "same_ipc_namespace"]
+def _released() -> None:
+    """The release callback ``read_view`` hands out: the copy holds no lease."""
+
+
+__all__ = [
+    "INT64_MAX",
+    "RegionStatus",
+    "ShmRegistry",
+    "ShrunkRegionError",
+    "posix_name",
+    "same_ipc_namespace",
+]

@@ -35,6 +35,7 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.logging import debug_enabled, get_logger
 from kserve_trio.core.shm import same_ipc_namespace
+from kserve_trio.core.shm_names import check_key
 from kserve_trio.core.validation import validate_inputs
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc_adapter import CallContext, Limits, unary, unimplemented
@@ -240,6 +241,8 @@ class InferenceService:
         return codec.encode_repository_index(pairs)
 
     async def shm_status(self, request, ctx: CallContext):
+        # Register, Unregister and Status validate names and keys in ShmRegistry
+        # (core/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field.
         regions = self._shm().status(request.name)
         return pb.SystemSharedMemoryStatusResponse(
             regions={
@@ -261,6 +264,8 @@ class InferenceService:
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def is_same_ipc_namespace(self, request, ctx: CallContext):
+        # The name reaches posix_ipc only once it is a valid key (a NUL byte crashes it).
+        check_key(request.name, rpc="IsSameIPCNamespace", field="name")
         return pb.IsSameIpcNamespaceResponse(same=same_ipc_namespace(request.name))
 
     # ---- Triton's repository control: residency in explicit mode ------------------------

@@ -1,9 +1,9 @@
-"""ShmRegistry: registration rules, leased zero-copy reads, writes, unregister/close semantics,
-churn safety and the IPC-namespace probe."""
+"""ShmRegistry: registration rules and name/key validation, reads (private copies through the
+descriptor), writes, a client that shrinks its object, unregister/close semantics (descriptor
+closed, nothing ever mapped), churn safety and the IPC-namespace probe."""
 
 from __future__ import annotations
 
-import gc
 import inspect
 import mmap
 import os
@@ -23,7 +23,13 @@ from kserve_trio.core.errors import (
     Unavailable,
     UnregisteredRegionError,
 )
-from kserve_trio.core.shm import RegionStatus, ShmRegistry, posix_name, same_ipc_namespace
+from kserve_trio.core.shm import (
+    RegionStatus,
+    ShmRegistry,
+    ShrunkRegionError,
+    posix_name,
+    same_ipc_namespace,
+)
 
 PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -48,6 +54,35 @@ class ShmObject:
         with open("/proc/self/maps") as f:
             n = sum(1 for line in f if f"/dev/shm/{self.bare}" in line)
         return n - (0 if self.mm.closed else 1)
+
+    def open_fds(self) -> int:
+        """How many of this process's descriptors are open on the object (the registry's; the
+        test mapping's own duplicate, which Python's mmap keeps, excluded)."""
+        n = 0 if self.mm.closed else -1
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            n += target.split(" (deleted)")[0] == f"/dev/shm/{self.bare}"
+        return n
+
+    def attached(self) -> int:
+        """Descriptors the registry holds on the object; it must never map it."""
+        assert self.mapped_by_us() == 0
+        return self.open_fds()
+
+    def truncate(self, size: int) -> None:
+        """Resize the object as a client would (our own mapping is then only touched again
+        once the object covers it)."""
+        fd = os.open(f"/dev/shm/{self.bare}", os.O_RDWR)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def size_now(self) -> int:
+        return os.stat(f"/dev/shm/{self.bare}").st_size
 
     def destroy(self) -> None:
         self.mm.close()
@@ -121,8 +156,14 @@ def test_whole_object_region(registry, make_obj):
 @pytest.mark.parametrize(
     ("name", "key", "offset", "size", "message"),
     [
-        ("", "/k", 0, 8, "shared memory region name must not be empty"),
-        ("n", "", 0, 8, "region 'n' has an empty shared memory key"),
+        (
+            "",
+            "/k",
+            0,
+            8,
+            "SystemSharedMemoryRegister: shared memory region name '' must not be empty",
+        ),
+        ("n", "", 0, 8, "SystemSharedMemoryRegister: shared memory key '' must not be empty"),
         ("n", "/k", -1, 8, "region 'n' offset -1 is out of range [0, 2^63-1]"),
         ("n", "/k", 2**63, 8, f"region 'n' offset {2**63} is out of range [0, 2^63-1]"),
         ("n", "/k", 0, 0, "region 'n' byte_size 0 is out of range [1, 2^63-1]"),
@@ -155,48 +196,105 @@ def test_register_window_outside_object(registry, make_obj, offset, size):
         f"region 'n' offset+byte_size exceeds shared memory object '{obj.key}' size (1000)"
     )
     assert registry.status() == {}
-    assert obj.mapped_by_us() == 0
+    assert obj.attached() == 0
+
+
+HOSTILE_KEYS = [
+    "/ab\x00cd",
+    "\x00",
+    "/k\n",
+    "/k\x7f",
+    "/\x1b[2J",
+    "/",
+    "//k",
+    "/a/b",
+    "/..",
+    ".",
+    "/" + "k" * 256,
+]
+HOSTILE_NAMES = ["r\x00", "\x00", "r\n", "\x9b", "n" * 256]
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS)
+def test_hostile_key_is_refused_before_any_os_call(registry, make_obj, key):
+    """posix_ipc crashes the process on a NUL byte: the key never reaches it."""
+    obj = make_obj()
+    with pytest.raises(InvalidArgument) as err:
+        registry.register("r", key, 0, 8)
+    assert err.value.message.startswith("SystemSharedMemoryRegister: shared memory key ")
+    assert err.value.message.isprintable()
+    assert registry.status() == {}
+    assert same_ipc_namespace(key) is False
+    assert obj.attached() == 0
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_region_name_is_refused_everywhere(registry, make_obj, name):
+    obj = make_obj()
+    with pytest.raises(InvalidArgument) as err:
+        registry.register(name, obj.key, 0, 8)
+    assert err.value.message.startswith("SystemSharedMemoryRegister: shared memory region name ")
+    for call, rpc in (
+        (registry.unregister, "SystemSharedMemoryUnregister"),
+        (registry.status, "SystemSharedMemoryStatus"),
+    ):
+        with pytest.raises(InvalidArgument) as err:
+            call(name)
+        assert err.value.message.startswith(f"{rpc}: shared memory region name ")
+        assert err.value.message.isprintable()
+    # an inference naming it: INVALID_ARGUMENT, the name quoted escaped
+    for call in (
+        lambda: registry.read_view(name, 0, 1),
+        lambda: registry.write(name, 0, b"x"),
+    ):
+        with pytest.raises(InvalidArgument) as err:
+            call()
+        assert err.value.message.startswith("shared memory region name ")
+        assert err.value.message.isprintable()
+    assert obj.attached() == 0
 
 
 def test_reregister_replaces_and_detaches_old(registry, make_obj):
     a, b = make_obj(), make_obj()
     b.mm[:4] = b"BBBB"
     registry.register("r", a.key, 0, 64)
-    assert a.mapped_by_us() == 1
+    assert a.attached() == 1
     registry.register("r", b.key, 0, 64)
     assert registry.read("r", 0, 4) == b"BBBB"
     assert registry.status()["r"].key == b.key
-    assert a.mapped_by_us() == 0
-    assert b.mapped_by_us() == 1
-
-
-def test_reregister_keeps_old_mapping_for_outstanding_lease(registry, make_obj):
-    a, b = make_obj(), make_obj()
-    registry.register("r", a.key, 0, 64)
-    view, release = registry.read_view("r", 0, 4)
-    registry.register("r", b.key, 0, 64)
-    assert bytes(view) == expected(a, 0, 4)  # old window still readable through the lease
-    assert a.mapped_by_us() == 1
-    del view
-    release()
-    assert a.mapped_by_us() == 0
+    assert a.attached() == 0
+    assert b.attached() == 1
 
 
 # -- data path ---------------------------------------------------------------------------------
 
 
-def test_read_view_is_zero_copy(registry, make_obj):
+def test_read_view_is_an_aligned_private_copy(registry, make_obj):
+    """Inputs are copied through the descriptor: later client writes do not show through, the
+    copy is read-only and 64-byte aligned (jax on the CPU then uses it in place), and it holds
+    no lease: unregistering closes the descriptor while the copy stays readable."""
     obj = make_obj()
     registry.register("r", obj.key, 100, 64)
     view, release = registry.read_view("r", 8, 16)
-    assert view.nbytes == 16 and view.readonly is False
-    obj.mm[108:112] = b"\x01\x02\x03\x04"  # written through another mapping
-    assert bytes(view[:4]) == b"\x01\x02\x03\x04"
+    assert view.nbytes == 16 and view.readonly is True
+    assert bytes(view) == expected(obj, 108, 16)
+    obj.mm[108:112] = b"\x01\x02\x03\x04"
+    assert bytes(view) == expected(obj, 108, 16)  # the client's later write is not seen
     arr = np.frombuffer(view, dtype=np.uint8)
-    obj.mm[112] = 0xAB
-    assert arr[4] == 0xAB
-    del arr, view
+    assert arr.ctypes.data % 64 == 0
+    registry.unregister("r")
+    assert obj.attached() == 0
+    assert bytes(arr[4:8]) == expected(obj, 112, 4)
     release()
+    release()  # idempotent
+
+
+def test_read_view_of_a_large_window(registry, make_obj):
+    obj = make_obj(64 * PAGE + 3)
+    registry.register("r", obj.key, 3, 64 * PAGE)
+    view, _ = registry.read_view("r", 0, 64 * PAGE)
+    assert bytes(view) == expected(obj, 3, 64 * PAGE)
+    assert registry.read("r", 64 * PAGE - 1, 1) == expected(obj, 64 * PAGE + 2, 1)
 
 
 def test_write_lands_in_object(registry, make_obj):
@@ -250,15 +348,6 @@ def test_read_out_of_bounds(registry, make_obj, offset, size):
         assert err.value.message == message
 
 
-def test_failed_read_view_takes_no_lease(registry, make_obj):
-    obj = make_obj()
-    registry.register("r", obj.key, 0, 64)
-    with pytest.raises(InvalidArgument):
-        registry.read_view("r", 60, 8)
-    registry.unregister("r")
-    assert obj.mapped_by_us() == 0
-
-
 @pytest.mark.parametrize(("offset", "n"), [(0, 65), (61, 4), (-1, 2)])
 def test_write_too_many_bytes(registry, make_obj, offset, n):
     obj = make_obj()
@@ -285,17 +374,101 @@ def test_unknown_region_is_failed_precondition(registry, op):
     assert err.value.status == StatusCode.FAILED_PRECONDITION
 
 
-# -- unregister, leases, close -----------------------------------------------------------------
+# -- a client that shrinks its object ----------------------------------------------------------
+
+
+def test_shrunk_object_fails_the_access_not_the_process(registry, make_obj):
+    """A read or write past the object's current end is FAILED_PRECONDITION naming the sizes;
+    the write does not grow the client's object back; a regrown object serves again."""
+    obj = make_obj(2 * PAGE)
+    registry.register("r", obj.key, PAGE, PAGE)
+    obj.truncate(PAGE + 100)  # the window now ends 100 bytes into it
+    assert registry.read("r", 0, 100) == expected(obj, PAGE, 100)  # still covered
+    for call, verb in (
+        (lambda: registry.read_view("r", 0, 200), "read"),
+        (lambda: registry.read("r", 50, 51), "read"),
+        (lambda: registry.write("r", 96, b"12345678"), "write"),
+    ):
+        with pytest.raises(ShrunkRegionError) as err:
+            call()
+        assert err.value.status == StatusCode.FAILED_PRECONDITION
+        assert f"object '{obj.key}' is {PAGE + 100} bytes, smaller than offset + byte_size" in (
+            err.value.message
+        )
+        assert f"needed to {verb}" in err.value.message
+    assert obj.size_now() == PAGE + 100
+    obj.truncate(0)
+    with pytest.raises(
+        ShrunkRegionError, match=f"is 0 bytes, smaller than offset \\+ byte_size = {PAGE} \\+ 8"
+    ):
+        registry.read_view("r", 0, 8)
+    obj.truncate(2 * PAGE)  # regrown: zero-filled, served again
+    assert registry.read("r", 0, 8) == b"\x00" * 8
+    registry.write("r", 0, b"back")
+    assert registry.read("r", 0, 4) == b"back"
+    registry.unregister("r")
+    assert obj.attached() == 0
+
+
+def test_shrink_racing_reads_and_writes_never_signals(make_obj):
+    """A thread resizing the object between empty and full while other threads copy through the
+    region: every access either succeeds or raises ShrunkRegionError (a SIGBUS would kill this
+    test process)."""
+    reg = ShmRegistry()
+    obj = make_obj(16 * PAGE)
+    reg.register("r", obj.key, 0, 16 * PAGE)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    counts = {"ok": 0, "shrunk": 0}
+
+    def copier() -> None:
+        payload = np.ones(16 * PAGE, np.uint8)
+        while not stop.is_set():
+            try:
+                view, release = reg.read_view("r", 0, 16 * PAGE)
+                assert view.nbytes == 16 * PAGE
+                release()
+                reg.write("r", 0, payload)
+                counts["ok"] += 1
+            except ShrunkRegionError:
+                counts["shrunk"] += 1
+            except BaseException as exc:
+                failures.append(exc)
+                return
+
+    threads = [threading.Thread(target=copier) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        give_up = time.monotonic() + 10
+        i = 0
+        while i < 300 or (not (counts["ok"] and counts["shrunk"]) and time.monotonic() < give_up):
+            obj.truncate((i % 3) * 8 * PAGE)  # 0, half, full
+            time.sleep(0.0002)
+            i += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        obj.truncate(16 * PAGE)  # our own mapping covers the object again before teardown
+    reg.close()
+    assert failures == []
+    assert counts["ok"] > 0 and counts["shrunk"] > 0, counts
+    assert obj.attached() == 0
+
+
+# -- unregister, close -------------------------------------------------------------------------
 
 
 def test_unregister_is_idempotent_and_detaches(registry, make_obj):
     obj = make_obj()
     registry.unregister("never-registered")
     registry.register("r", obj.key, 0, 64)
+    assert obj.attached() == 1
     registry.unregister("r")
     registry.unregister("r")
     assert registry.status() == {}
-    assert obj.mapped_by_us() == 0
+    assert obj.attached() == 0
     with pytest.raises(UnregisteredRegionError):
         registry.read("r", 0, 1)
     # detach only: the client's object still exists and can be registered again
@@ -308,76 +481,40 @@ def test_unregister_all(registry, make_obj):
     registry.register("a", a.key, 0, 8)
     registry.register("b", b.key, 0, 8)
     registry.register("b2", b.key, 8, 8)
+    assert a.attached() == 1 and b.attached() == 2
     registry.unregister("")
     assert registry.status() == {}
-    assert a.mapped_by_us() == 0 and b.mapped_by_us() == 0
+    assert a.attached() == 0 and b.attached() == 0
     registry.unregister("")
 
 
-def test_lease_outlives_unregister(registry, make_obj):
+def test_unlinked_object_stays_readable_until_unregistered(registry, make_obj):
+    """The kept descriptor holds the object: a client that unlinks it early does not break a
+    registered region, and unregister then releases it (no '(deleted)' file stays open)."""
     obj = make_obj()
     registry.register("r", obj.key, 0, 64)
-    view, release = registry.read_view("r", 0, 8)
+    posix_ipc.unlink_shared_memory(obj.key)
+    assert registry.read("r", 0, 8) == expected(obj, 0, 8)
+    assert obj.attached() == 1
     registry.unregister("r")
-    # the name is gone at once ...
-    assert registry.status() == {}
-    with pytest.raises(UnregisteredRegionError, match="unregistered shared memory region: r"):
-        registry.read_view("r", 0, 8)
-    # ... but the leased mapping stays valid and live
-    assert obj.mapped_by_us() == 1
-    obj.mm[0:2] = b"zz"
-    assert bytes(view[:2]) == b"zz"
-    del view
-    release()
-    assert obj.mapped_by_us() == 0
-    release()  # idempotent
-    assert obj.mapped_by_us() == 0
+    assert obj.attached() == 0
 
 
-def test_release_with_live_view_defers_unmap_to_view(registry, make_obj):
-    obj = make_obj()
-    registry.register("r", obj.key, 0, 64)
-    view, release = registry.read_view("r", 0, 8)
-    arr = np.frombuffer(view, np.uint8)
-    registry.unregister("r")
-    release()  # a caller that releases too early must not crash or corrupt memory
-    assert arr[0] == 0
-    assert obj.mapped_by_us() == 1
-    del arr, view
-    gc.collect()
-    assert obj.mapped_by_us() == 0
-
-
-def test_several_leases_counted(registry, make_obj):
-    obj = make_obj()
-    registry.register("r", obj.key, 0, 64)
-    v1, r1 = registry.read_view("r", 0, 8)
-    v2, r2 = registry.read_view("r", 8, 8)
-    registry.unregister("r")
-    del v1, v2
-    r1()
-    r1()  # a repeated release must not drop the other lease
-    assert obj.mapped_by_us() == 1
-    r2()
-    assert obj.mapped_by_us() == 0
-
-
-def test_close_unmaps_everything(make_obj):
+def test_close_detaches_everything(make_obj):
     reg = ShmRegistry()
     a, b = make_obj(), make_obj()
     reg.register("a", a.key, 0, 64)
     reg.register("b", b.key, PAGE, PAGE)
     _view, release = reg.read_view("b", 0, 4)
-    del _view
-    assert a.mapped_by_us() == 1 and b.mapped_by_us() == 1
+    assert a.attached() == 1 and b.attached() == 1
     reg.close()
-    assert a.mapped_by_us() == 0 and b.mapped_by_us() == 0
+    assert a.attached() == 0 and b.attached() == 0
     assert reg.status() == {}
-    release()  # a lease released after close is harmless
+    release()  # a release after close is harmless
     with pytest.raises(Unavailable) as err:
         reg.register("a", a.key, 0, 64)
     assert err.value.message == "shared memory registry is closed (server is shutting down)"
-    assert a.mapped_by_us() == 0
+    assert a.attached() == 0
     # the client's objects were never unlinked
     posix_ipc.SharedMemory(a.key).close_fd()
     posix_ipc.SharedMemory(b.key).close_fd()
@@ -385,7 +522,8 @@ def test_close_unmaps_everything(make_obj):
 
 def test_churn_never_crashes(make_obj):
     """Readers and writers racing register/unregister see only success or
-    UnregisteredRegionError, and every successful read returns one of the objects' bytes."""
+    UnregisteredRegionError, every successful read returns one of the objects' bytes, and no
+    descriptor outlives the churn."""
     reg = ShmRegistry()
     a, b = make_obj(PAGE), make_obj(PAGE)
     a.mm[:] = b"\x0a" * PAGE
@@ -399,12 +537,9 @@ def test_churn_never_crashes(make_obj):
         while not stop.is_set():
             try:
                 view, release = reg.read_view("r", 0, 256)
-                try:
-                    data = bytes(view)
-                    assert data in (b"\x0a" * 256, b"\x0b" * 256), data[:8]
-                finally:
-                    del view
-                    release()
+                release()
+                data = bytes(view)
+                assert data in (b"\x0a" * 256, b"\x0b" * 256), data[:8]
                 counts["ok"] += 1
             except UnregisteredRegionError:
                 counts["unregistered"] += 1
@@ -448,7 +583,7 @@ def test_churn_never_crashes(make_obj):
     reg.close()
     assert failures == []
     assert counts["ok"] > 0 and counts["unregistered"] > 0, counts
-    assert a.mapped_by_us() == 0 and b.mapped_by_us() == 0
+    assert a.attached() == 0 and b.attached() == 0
 
 
 # -- IPC namespace probe and tritonclient interop ----------------------------------------------
@@ -462,8 +597,9 @@ def test_same_ipc_namespace(registry, make_obj):
     assert same_ipc_namespace("") is False
     assert same_ipc_namespace(f"/kt-missing-{secrets.token_hex(6)}") is False
     assert same_ipc_namespace("/bad/name") is False
+    assert same_ipc_namespace(obj.key + "\x00") is False  # never reaches posix_ipc
     assert registry.status() == {}
-    assert obj.mapped_by_us() == 0
+    assert obj.attached() == 0
 
 
 def test_tritonclient_region_is_readable(registry):
