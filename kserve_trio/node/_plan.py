@@ -312,26 +312,7 @@ def plan_node(
     base_env = dict(env)
 
     if role == "gateway":
-        addresses: list[WorkerAddress] = []
-        if node is not None and isinstance(node.get("workers"), list):
-            validate_node(node)
-            for name in worker_names(node):
-                cfg = _worker_config(node, name, env)
-                e = cfg.endpoints
-                addresses.append(WorkerAddress(name, e.host, e.port, e.metrics_port or None))
-        grpc_addr, metrics_addr = public_listen(env, source)
-        child = _gateway_child(source, addresses, node, base_env, python, grpc_addr)
-        return NodePlan(
-            role=role,
-            children=(child,),
-            gateway_block=source.raw if source.origin == "node" else None,
-            gateway_file=source.path if source.origin == "node" else None,
-            public_grpc=grpc_addr,
-            public_metrics=metrics_addr,
-            max_restarts=restarts,
-            notes=(f"role=gateway: workers run elsewhere ({_gateway_note(source)})",),
-        )
-
+        return _gateway_only(node, source, env, python, restarts)
     if node is None:
         raise ConfigError(f"role '{role}' needs a node file")
     node = copy.deepcopy(dict(node))
@@ -446,6 +427,34 @@ def plan_node(
         max_restarts=restarts,
         notes=tuple(notes),
         warnings=tuple(warnings),
+    )
+
+
+def _gateway_only(
+    node: Mapping[str, Any] | None,
+    source: GatewaySource,
+    env: Mapping[str, str],
+    python: str,
+    restarts: int,
+) -> NodePlan:
+    """Role ``gateway``: the gateway child alone, pointed at the node's explicit workers."""
+    addresses: list[WorkerAddress] = []
+    if node is not None and isinstance(node.get("workers"), list):
+        validate_node(dict(node))
+        for name in worker_names(node):
+            e = _worker_config(node, name, env).endpoints
+            addresses.append(WorkerAddress(name, e.host, e.port, e.metrics_port or None))
+    grpc_addr, metrics_addr = public_listen(env, source)
+    from_block = source.origin == "node"
+    return NodePlan(
+        role="gateway",
+        children=(_gateway_child(source, addresses, node, env, python, grpc_addr),),
+        gateway_block=source.raw if from_block else None,
+        gateway_file=source.path if from_block else None,
+        public_grpc=grpc_addr,
+        public_metrics=metrics_addr,
+        max_restarts=restarts,
+        notes=(f"role=gateway: workers run elsewhere ({_gateway_note(source)})",),
     )
 
 
