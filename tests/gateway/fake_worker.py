@@ -4,7 +4,7 @@ bound to any loopback address (127.0.0.1, 127.0.0.2, ...), for the worker-pool t
 It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
 
 - ``ServerReady``: ``ready`` (after ``probe_delay`` seconds);
-- ``RepositoryIndex``: ``models``, each READY;
+- ``RepositoryIndex``: ``models``, each READY (after ``index_delay``; ``indexed`` counts calls);
 - ``ModelControlStatus``: ``control``;
 - ``ModelInfer``: the request bytes back, prefixed with ``b"reply:"`` (so a test sees that the
   gateway returns the worker's bytes untouched), after ``infer_delay`` or the ``x-sleep``
@@ -68,6 +68,8 @@ class FakeWorker:
         self.port = 0
         self.ready = True
         self.probe_delay = 0.0
+        self.index_delay = 0.0
+        self.indexed = 0
         self.infer_delay = 0.0
         self.models: list[str] = ["m"]
         self.control = rc.ModelControlStatusResponse(
@@ -103,6 +105,10 @@ class FakeWorker:
 
     async def _index(self, stream) -> None:
         await stream.recv_message()
+        with self._lock:
+            self.indexed += 1
+        if self.index_delay:
+            await asyncio.sleep(self.index_delay)
         reply = pb.RepositoryIndexResponse(
             models=[
                 pb.RepositoryIndexResponseModelIndex(name=m, version="1", state="READY")
