@@ -71,6 +71,7 @@ class FakeWorker:
         self.index_delay = 0.0
         self.indexed = 0
         self.infer_delay = 0.0
+        self.fail_with: tuple[int, str] | None = None  # every ModelInfer fails with this
         self.models: list[str] = ["m"]
         self.control = rc.ModelControlStatusResponse(
             residency_mode="self_managed", discipline="fifo"
@@ -143,6 +144,8 @@ class FakeWorker:
         finally:
             with self._lock:
                 self.in_flight -= 1
+        if self.fail_with is not None:
+            raise GRPCError(Status(self.fail_with[0]), self.fail_with[1])
         if "x-status" in meta:
             raise GRPCError(Status(int(meta["x-status"])), meta.get("x-message", ""))
         await stream.send_message(Raw(b"reply:" + request))
