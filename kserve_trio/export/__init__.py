@@ -4,11 +4,13 @@ Public surface:
 
 * ``IOSpec`` -- a tensor's row-major spec and its manifest encoding;
 * ``write_bundle`` -- the low-level writer (modules + specs + weights -> a bundle directory);
-* ``export_bundle("jax", fn, example_inputs, weights, *, dir, ...)`` -- trace a JAX function;
+* ``export_bundle(frontend, fn, example_inputs, weights=None, *, dir, ...)`` -- trace a JAX
+  function (``"jax"``) or a PyTorch module (``"torch"``, ``"torchscript"``);
 * ``collect_provenance`` -- git and environment provenance for the manifest;
 * ``bundle_entry_arity``, ``bundle_arity_report``, ``assert_bundle_arity`` -- the arity audit.
 
-With ``kserve_trio.runtime`` this is the only package that imports jax (lazily, on use).
+With ``kserve_trio.runtime`` this is the only package that imports jax (lazily, on use); torch
+is imported only by the torch frontends, when one is selected.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from kserve_trio.export.arity import (
     bundle_arity_report,
     bundle_entry_arity,
 )
+from kserve_trio.export.frontends import export_bundle
 from kserve_trio.export.iospec import IOSpec
-from kserve_trio.export.jax_frontend import export_bundle
 from kserve_trio.export.provenance import collect_provenance
 from kserve_trio.export.writer import write_bundle
 

@@ -4,6 +4,9 @@
   directory): the manifest summary, the weights footprint, each module's arity and signature
   check; exit status 1 when any bundle is unservable.
 * ``bundle demo DIR [--only NAME ...]`` -- write the demo bundles (``export.demo``).
+* ``bundle export-torch MODULE:FACTORY|FILE.pt --example-shape N,C,H,W[;...] --dir DIR ...`` --
+  export a PyTorch module (the factory's return value, in eval mode) or a TorchScript file
+  (``export.torch_cli``); torch is imported only by this sub-command.
 
 Nothing is compiled: inspection reads headers and module signatures only.
 """
@@ -43,6 +46,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Name
     p_demo.add_argument(
         "--only", action="append", metavar="NAME", help="write only this demo model (repeatable)"
     )
+    from kserve_trio.export.torch_cli import add_export_torch_parser
+
+    add_export_torch_parser(sub)
     parser.set_defaults(_bundle_parser=parser)
     return run
 
@@ -54,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         return inspect_command(args.dir, out=sys.stdout)
     if cmd == "demo":
         return demo_command(args.dir, args.only, out=sys.stdout)
+    if cmd == "export-torch":
+        from kserve_trio.export.torch_cli import export_torch_command
+
+        return export_torch_command(args, out=sys.stdout)
     parser = getattr(args, "_bundle_parser", None)
     if parser is not None:
         parser.print_help()

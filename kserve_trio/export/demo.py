@@ -17,8 +17,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from kserve_trio.export.frontends import export_bundle
 from kserve_trio.export.iospec import IOSpec
-from kserve_trio.export.jax_frontend import export_bundle
 from kserve_trio.export.writer import write_bundle
 
 DEMO_MODELS: tuple[str, ...] = ("mlp", "cnn", "scale4", "mlp_bf16", "mlp_softmax")

@@ -32,7 +32,7 @@ def test_the_signature_is_the_contract():
         ("frontend", "POSITIONAL_OR_KEYWORD", empty),
         ("fn", "POSITIONAL_OR_KEYWORD", empty),
         ("example_inputs", "POSITIONAL_OR_KEYWORD", empty),
-        ("weights", "POSITIONAL_OR_KEYWORD", empty),
+        ("weights", "POSITIONAL_OR_KEYWORD", None),
         ("dir", "KEYWORD_ONLY", empty),
         ("name", "KEYWORD_ONLY", None),
         ("batch_sizes", "KEYWORD_ONLY", None),
@@ -43,6 +43,7 @@ def test_the_signature_is_the_contract():
         ("client_inputs", "KEYWORD_ONLY", None),
         ("client_outputs", "KEYWORD_ONLY", None),
         ("input_shapes", "KEYWORD_ONLY", None),
+        ("matmul_precision", "KEYWORD_ONLY", None),
         ("provenance", "KEYWORD_ONLY", None),
     ]
     assert sig.return_annotation in ("Path", pathlib.Path)
@@ -226,8 +227,14 @@ def test_input_shapes_make_variable_axes(tmp_path, backend):
 
 def test_argument_errors(tmp_path):
     f = lambda x: x * 2  # noqa: E731
-    with pytest.raises(ValueError, match=r"unknown export frontend 'torch'; available: jax"):
-        export_bundle("torch", f, _rand(1), None, dir=tmp_path / "a")
+    with pytest.raises(
+        ValueError, match=r"unknown export frontend 'flax'; available: jax, torch, torchscript"
+    ):
+        export_bundle("flax", f, _rand(1), None, dir=tmp_path / "a")
+    with pytest.raises(TypeError, match=r"fn takes 2 positional argument\(s\) but there are 1"):
+        export_bundle("jax", lambda x, w: x @ w, _rand(1, 2), dir=tmp_path / "a")
+    with pytest.raises(ValueError, match=r"unknown matmul_precision 'fast'"):
+        export_bundle("jax", f, _rand(1), dir=tmp_path / "a", matmul_precision="fast")
     with pytest.raises(ValueError, match=r"bundle name 'b' must equal the directory basename 'a'"):
         export_bundle("jax", f, _rand(1), None, dir=tmp_path / "a", name="b")
     with pytest.raises(

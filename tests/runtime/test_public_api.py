@@ -65,3 +65,23 @@ def test_importing_the_packages_does_not_import_jax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_torch_stays_out_of_the_worker_runtime_and_export_import_paths():
+    """torch is imported only by the torch export frontends, when one is selected: not by the
+    worker, the runtime, the CLI, ``kserve_trio.export`` or a jax export."""
+    code = (
+        "import sys, numpy as np\n"
+        "import kserve_trio.runtime, kserve_trio.export, kserve_trio.export.cli\n"
+        "import kserve_trio.export.frontends, kserve_trio.export.torch_cli\n"
+        "import kserve_trio.worker, kserve_trio.worker.cli, kserve_trio.__main__\n"
+        "kserve_trio.__main__.build_parser()\n"
+        "import tempfile, os\n"
+        "d = os.path.join(tempfile.mkdtemp(), 'm')\n"
+        "kserve_trio.export.export_bundle('jax', lambda x: x * 2, np.zeros((1, 2), np.float32),"
+        " dir=d, batch_sizes=[1])\n"
+        "kserve_trio.runtime.load_compiled_model(d, kserve_trio.runtime.JaxBackend.create('cpu'))\n"
+        "print(sorted(m for m in ('torch', 'torchax') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
