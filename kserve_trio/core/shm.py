@@ -246,6 +246,11 @@ class ShmRegistry:
         rpc = "SystemSharedMemoryRegister"
         check_region_name(name, rpc=rpc)
         check_key(key, rpc=rpc)
+        for field, value in (("offset", offset), ("byte_size", byte_size)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidArgument(
+                    f"{rpc}: region '{name}' {field} is not an integer (malformed request)"
+                )
         if offset < 0 or offset > INT64_MAX:
             raise InvalidArgument(f"region '{name}' offset {offset} is out of range [0, 2^63-1]")
         if byte_size <= 0 or byte_size > INT64_MAX:

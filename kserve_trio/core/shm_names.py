@@ -10,7 +10,8 @@ shared-memory directory. The rules:
   most ``NAME_MAX`` (255) UTF-8 bytes, with no ``/``, not ``.`` or ``..``, and no control
   character (Unicode category Cc: U+0000-U+001F and U+007F-U+009F);
 - a **region name** is the client's own label: at most 255 UTF-8 bytes and no control
-  character; it may be empty only where the RPC gives ``""`` a meaning (all regions).
+  character; it may be empty only where the RPC gives ``""`` a meaning (all regions);
+- both must be strings at all: a malformed protobuf body can decode to ``None`` or an integer.
 
 The checks are pure (strings in, a problem description or ``None`` out); ``check_key`` and
 ``check_region_name`` raise ``InvalidArgument`` naming the field, and ``shown`` renders a hostile
@@ -33,10 +34,13 @@ SHOWN_MAX = 64
 """Characters of a rejected value quoted back in an error message."""
 
 
-def shown(value: str) -> str:
+def shown(value: object) -> str:
     """``value`` quoted for a message: non-printable characters escaped, at most ``SHOWN_MAX``
     characters, so a hostile string never puts control bytes or megabytes into a gRPC
-    status message or a log line."""
+    status message or a log line. A non-string (a malformed message can decode to one) is
+    shown as its ``repr``."""
+    if not isinstance(value, str):
+        value = repr(value)
     out: list[str] = []
     for ch in value[:SHOWN_MAX]:
         if ch == "'" or ch == "\\":
@@ -65,8 +69,13 @@ def _control_problem(value: str) -> str | None:
     return None
 
 
+NOT_A_STRING = "is not a string (malformed request)"
+
+
 def region_name_problem(name: str, *, allow_empty: bool = False) -> str | None:
     """Why ``name`` is not an acceptable region name (``None`` when it is)."""
+    if not isinstance(name, str):
+        return NOT_A_STRING
     if not name:
         return None if allow_empty else "must not be empty"
     size = _utf8_len(name)
@@ -79,6 +88,8 @@ def region_name_problem(name: str, *, allow_empty: bool = False) -> str | None:
 
 def key_problem(key: str) -> str | None:
     """Why ``key`` does not name a POSIX shared-memory object (``None`` when it does)."""
+    if not isinstance(key, str):
+        return NOT_A_STRING
     if not key:
         return "must not be empty"
     bare = key[1:] if key.startswith("/") else key
