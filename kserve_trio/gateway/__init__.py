@@ -7,10 +7,12 @@ routed), ``Resolver`` and ``system_resolver`` (the discovery hook: any
 routing mode implements.
 
 Inside: ``config`` (the configuration), ``addresses`` (``host:port``), ``discovery`` (endpoints
-entries to workers), ``pool`` (worker connections and their health), ``routing`` (the routing
-table and policies), ``routing_metadata`` (per-model costs from the workers' control plane),
-``peek`` (routing fields of raw requests), ``metrics`` and ``metrics_merge`` (``/metrics``),
-``tls`` (the public and worker-side TLS contexts).
+entries to workers), ``pool`` (worker connections and their health), ``prober`` (the rounds and
+the route refresher), ``routing`` (the routing table and policies), ``routing_metadata``
+(per-model costs from the workers' control plane), ``peek`` (routing fields of raw requests),
+``forward`` (the ModelInfer request path), ``shm_fanout`` (shared-memory registration across the
+workers), ``metrics`` and ``metrics_merge`` (``/metrics``), ``tls`` (the public and worker-side
+TLS contexts).
 
 It never imports jax, ``kserve_trio.runtime`` or ``kserve_trio.worker``: it stands on ``core``,
 ``serving`` and the client transport only.

@@ -6,6 +6,8 @@ It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
 - ``ServerReady``: ``ready`` (after ``probe_delay`` seconds);
 - ``RepositoryIndex``: ``models``, each READY (after ``index_delay``; ``indexed`` counts calls);
 - ``ModelControlStatus``: ``control``;
+- ``SystemSharedMemoryRegister`` / ``Unregister``: kept in ``regions`` (name -> key), or
+  failing with ``register_fail_with``;
 - ``ModelInfer``: the request bytes back, prefixed with ``b"reply:"`` (so a test sees that the
   gateway returns the worker's bytes untouched), after ``infer_delay`` or the ``x-sleep``
   metadata; ``x-status``/``x-message`` metadata make it fail with that status.
@@ -72,6 +74,9 @@ class FakeWorker:
         self.indexed = 0
         self.infer_delay = 0.0
         self.fail_with: tuple[int, str] | None = None  # every ModelInfer fails with this
+        self.regions: dict[str, str] = {}  # registered region name -> key
+        self.register_fail_with: tuple[int, str] | None = None
+        self.register_calls: list[str] = []
         self.models: list[str] = ["m"]
         self.control = rc.ModelControlStatusResponse(
             residency_mode="self_managed", discipline="fifo"
@@ -150,6 +155,23 @@ class FakeWorker:
             raise GRPCError(Status(int(meta["x-status"])), meta.get("x-message", ""))
         await stream.send_message(Raw(b"reply:" + request))
 
+    async def _register(self, stream) -> None:
+        request = pb.SystemSharedMemoryRegisterRequest.parse(await stream.recv_message())
+        with self._lock:
+            self.register_calls.append(request.name)
+        if self.register_fail_with is not None:
+            raise GRPCError(Status(self.register_fail_with[0]), self.register_fail_with[1])
+        self.regions[request.name] = request.key
+        await stream.send_message(Raw(b""))
+
+    async def _unregister(self, stream) -> None:
+        request = pb.SystemSharedMemoryUnregisterRequest.parse(await stream.recv_message())
+        if request.name:
+            self.regions.pop(request.name, None)
+        else:
+            self.regions.clear()
+        await stream.send_message(Raw(b""))
+
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         def handler(fn):
             return grpclib.const.Handler(fn, Cardinality.UNARY_UNARY, Raw, Raw)
@@ -159,6 +181,10 @@ class FakeWorker:
             "/inference.GRPCInferenceService/RepositoryIndex": handler(self._index),
             "/reactant_control.ControlService/ModelControlStatus": handler(self._control),
             INFER: handler(self._infer),
+            "/inference.GRPCInferenceService/SystemSharedMemoryRegister": handler(self._register),
+            "/inference.GRPCInferenceService/SystemSharedMemoryUnregister": handler(
+                self._unregister
+            ),
         }
 
     # -- lifecycle -----------------------------------------------------------------------------

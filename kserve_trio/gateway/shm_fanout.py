@@ -1,0 +1,211 @@
+"""System shared memory through the gateway: Register and Unregister fanned out to the workers,
+and the registrations remembered so a worker that comes back gets them replayed.
+
+A client registers a region once, with the gateway; any worker may then serve its requests, so
+every routable worker must know the region. The requests are forwarded as the received bytes
+(only the region name is peeked), each holding that worker's register gate so no ModelInfer to
+it overtakes the registration.
+
+Rules (``ShmFanout``):
+1. Register goes to every routable worker concurrently. All succeed: the region is remembered
+   and the first reply returned. Any fails: the workers that succeeded are rolled back
+   (Unregister, best effort) and the first failure is raised with its own status, its message
+   naming the worker (a region that one worker cannot map must not be half-registered).
+   An empty region name is INVALID_ARGUMENT; no routable worker is UNAVAILABLE.
+2. Unregister (an empty name means every region) goes to every routable worker concurrently
+   and is forgotten. At least one success: the first reply is returned and the failures are
+   logged; every worker failed: the first failure is raised.
+3. ``replay`` (the prober's admission hook) re-registers every remembered region, in
+   registration order, on a worker that became ready, before it is routed to; a worker that
+   already has a region (ALREADY_EXISTS) counts as done. A failure fails the admission, and the
+   prober retries at its next round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+
+from kserve_trio.client.errors import RpcError
+from kserve_trio.client.transport import method_path
+from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode, Unavailable
+from kserve_trio.core.logging import get_logger
+from kserve_trio.gateway.forward import RegisterGates
+from kserve_trio.gateway.metrics import GatewayMetrics
+from kserve_trio.gateway.peek import peek_region_name
+from kserve_trio.gateway.pool import WorkerClient
+from kserve_trio.proto import inference as pb
+
+REGISTER = method_path("SystemSharedMemoryRegister")
+UNREGISTER = method_path("SystemSharedMemoryUnregister")
+
+_log = get_logger(__name__)
+
+
+class ShmRegistrations:
+    """The registrations the gateway forwarded: region name -> the Register request bytes, in
+    registration order (a re-registration moves the region to the end)."""
+
+    def __init__(self) -> None:
+        self._regions: dict[str, bytes] = {}
+
+    def registered(self, name: str, request: bytes) -> None:
+        self._regions.pop(name, None)
+        self._regions[name] = bytes(request)
+
+    def unregistered(self, name: str) -> None:
+        """Forget ``name``; ``""`` forgets every region."""
+        if name:
+            self._regions.pop(name, None)
+        else:
+            self._regions.clear()
+
+    def items(self) -> list[tuple[str, bytes]]:
+        return list(self._regions.items())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._regions
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+
+def _failure(rpc: str, label: str, exc: RpcError) -> RpcError:
+    return RpcError(exc.status, f"{rpc} failed on worker {label}: {exc.message}", method=rpc)
+
+
+class ShmFanout:
+    """Register / Unregister fan-out and replay (the rules are in the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        targets: Callable[[], Sequence[WorkerClient]],
+        gates: RegisterGates,
+        registrations: ShmRegistrations | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self._targets = targets
+        self.gates = gates
+        self.registrations = registrations or ShmRegistrations()
+        self.metrics = metrics
+
+    async def _call(
+        self, client: WorkerClient, method: str, data: bytes, deadline: float | None
+    ) -> bytes:
+        started = anyio.current_time()
+        try:
+            async with self.gates.hold(client.label):
+                return await client.call_raw(method, data, deadline=deadline)
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_worker_call(
+                    "SystemSharedMemory", client.label, anyio.current_time() - started
+                )
+
+    async def _fan_out(
+        self, clients: Sequence[WorkerClient], method: str, data: bytes, deadline: float | None
+    ) -> dict[str, bytes | RpcError]:
+        results: dict[str, bytes | RpcError] = {}
+
+        async def one(client: WorkerClient) -> None:
+            try:
+                results[client.label] = await self._call(client, method, data, deadline)
+            except RpcError as exc:
+                results[client.label] = exc
+
+        async with anyio.create_task_group() as tg:
+            for client in clients:
+                tg.start_soon(one, client)
+        return {c.label: results[c.label] for c in clients}
+
+    async def register(self, data: bytes, *, deadline: float | None = None) -> bytes:
+        """Rule 1."""
+        return await self._observed("SystemSharedMemoryRegister", data, self._register, deadline)
+
+    async def unregister(self, data: bytes, *, deadline: float | None = None) -> bytes:
+        """Rule 2."""
+        return await self._observed(
+            "SystemSharedMemoryUnregister", data, self._unregister, deadline
+        )
+
+    async def _observed(
+        self,
+        rpc: str,
+        data: bytes,
+        fn: Callable[[str, bytes, float | None], Awaitable[bytes]],
+        deadline: float | None,
+    ) -> bytes:
+        started = anyio.current_time()
+        status = StatusCode.INTERNAL
+        name = ""
+        try:
+            name = peek_region_name(data, rpc)
+            reply = await fn(name, data, deadline)
+            status = StatusCode.OK
+            return reply
+        except ServingError as exc:
+            status = exc.status
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_request(rpc, name, status, anyio.current_time() - started)
+
+    async def _register(self, name: str, data: bytes, deadline: float | None) -> bytes:
+        rpc = "SystemSharedMemoryRegister"
+        if not name:
+            raise InvalidArgument(f"{rpc} needs a region name")
+        clients = list(self._targets())
+        if not clients:
+            raise Unavailable(f"no ready worker to register shared memory region '{name}' with")
+        results = await self._fan_out(clients, REGISTER, data, deadline)
+        failed = [(label, r) for label, r in results.items() if isinstance(r, RpcError)]
+        if not failed:
+            self.registrations.registered(name, data)
+            return next(r for r in results.values() if isinstance(r, bytes))
+        succeeded = [c for c in clients if isinstance(results[c.label], bytes)]
+        undo = bytes(pb.SystemSharedMemoryUnregisterRequest(name=name))
+        rolled_back = await self._fan_out(succeeded, UNREGISTER, undo, None)
+        _log.warning(
+            "shm_register_failed",
+            region=name,
+            failed={label: str(exc) for label, exc in failed},
+            rolled_back=sorted(rolled_back),
+        )
+        label, first = failed[0]
+        raise _failure(rpc, label, first)
+
+    async def _unregister(self, name: str, data: bytes, deadline: float | None) -> bytes:
+        rpc = "SystemSharedMemoryUnregister"
+        self.registrations.unregistered(name)
+        clients = list(self._targets())
+        if not clients:
+            raise Unavailable("no ready worker to unregister shared memory with")
+        results = await self._fan_out(clients, UNREGISTER, data, deadline)
+        failed = [(label, r) for label, r in results.items() if isinstance(r, RpcError)]
+        replies = [r for r in results.values() if isinstance(r, bytes)]
+        if failed:
+            _log.warning(
+                "shm_unregister_failed",
+                region=name,
+                failed={label: str(exc) for label, exc in failed},
+            )
+        if replies:
+            return replies[0]
+        label, first = failed[0]
+        raise _failure(rpc, label, first)
+
+    async def replay(self, client: WorkerClient) -> None:
+        """Rule 3 (raises the first failure)."""
+        for name, data in self.registrations.items():
+            try:
+                await self._call(client, REGISTER, data, None)
+            except RpcError as exc:
+                if exc.status is StatusCode.ALREADY_EXISTS:
+                    continue
+                raise _failure("SystemSharedMemoryRegister", client.label, exc) from None
+            _log.info("shm_region_replayed", worker=client.label, region=name)
+
+
+__all__ = ["REGISTER", "UNREGISTER", "ShmFanout", "ShmRegistrations"]
