@@ -16,6 +16,7 @@ from kserve_trio.gateway.forward import Forwarder
 from kserve_trio.gateway.routing import LeastOutstanding
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
+from tests.gateway.test_pool import until
 from tests.gateway.test_prober import fleet, labels_of, make_prober
 
 pytestmark = pytest.mark.anyio
@@ -186,14 +187,14 @@ async def test_least_outstanding_by_items_reserves_and_releases_the_items():
         policy = LeastOutstanding(WorkBasis.ITEMS)
         fw, prober, _ = await gateway([a, b], policy=policy)
         assert policy.batch_input("m") == ("x", 1)  # from the prober's metadata poll
-        a.infer_delay = b.infer_delay = 0.3
+        a.infer_delay = b.infer_delay = 1.0
         async with anyio.create_task_group() as tg:
             tg.start_soon(fw.infer, request(rows=8))  # 8 items on a (tie -> smaller label)
-            await anyio.sleep(0.1)
+            await until(lambda: a.in_flight == 1)
             assert policy.inflight_work() == {labels_of([a])[0]: 8.0}
             tg.start_soon(fw.infer, request(rows=1))  # b is emptier
             tg.start_soon(fw.infer, request(rows=1))  # b again (1 < 8)
-            await anyio.sleep(0.1)
+            await until(lambda: b.in_flight == 2)
             assert policy.inflight_work() == {labels_of([a])[0]: 8.0, labels_of([b])[0]: 2.0}
         assert policy.inflight_work() == {}  # every reservation released
         assert (len(a.requests), len(b.requests)) == (1, 2)

@@ -126,13 +126,20 @@ async def test_the_clients_deadline_is_forwarded_exactly(worker):
     await client.aclose()
 
 
+async def until(condition, timeout: float = 5.0) -> None:
+    """Wait for ``condition()`` (polling), failing after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
 async def test_in_flight_calls_per_worker_are_bounded(worker):
-    worker.infer_delay = 0.2
+    worker.infer_delay = 0.3
     client = client_for(worker, streams=2)
     async with anyio.create_task_group() as tg:
         for i in range(6):
             tg.start_soon(client.call_raw, INFER, b"%d" % i)
-        await anyio.sleep(0.1)
+        await until(lambda: worker.in_flight == 2)
         assert client.in_flight == 2
     assert worker.max_in_flight == 2 and len(worker.requests) == 6
     assert client.in_flight == 0
@@ -142,8 +149,8 @@ async def test_in_flight_calls_per_worker_are_bounded(worker):
 async def test_waiting_for_a_slot_counts_against_the_deadline(worker):
     client = client_for(worker, streams=1)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: client.call_raw(INFER, b"slow", metadata={"x-sleep": "0.5"}))
-        await anyio.sleep(0.1)
+        tg.start_soon(lambda: client.call_raw(INFER, b"slow", metadata={"x-sleep": "1"}))
+        await until(lambda: worker.in_flight == 1)
         with pytest.raises(RpcError) as info:
             await client.call_raw(INFER, b"late", deadline=anyio.current_time() + 0.1)
     assert info.value.status is StatusCode.DEADLINE_EXCEEDED
@@ -204,9 +211,9 @@ async def test_probes_read_readiness(worker):
 async def test_probes_bypass_the_stream_slots(worker):
     client = client_for(worker, streams=1)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: client.call_raw(INFER, b"busy", metadata={"x-sleep": "0.5"}))
-        await anyio.sleep(0.1)
-        with anyio.fail_after(0.3):
+        tg.start_soon(lambda: client.call_raw(INFER, b"busy", metadata={"x-sleep": "2"}))
+        await until(lambda: worker.in_flight == 1)
+        with anyio.fail_after(1.5):
             outcome, _ = await client.probe(timeout=2)
     assert outcome is READY
     await client.aclose()
