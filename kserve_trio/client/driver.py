@@ -46,8 +46,14 @@ from kserve_trio.client.io import (
     string_param,
 )
 from kserve_trio.client.model import KServeModel, send_infer
-from kserve_trio.client.runtime import ClientState, Route, get_state, refuse_in_event_loop
-from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, scratch
+from kserve_trio.client.runtime import (
+    ClientState,
+    EndpointState,
+    Route,
+    get_state,
+    refuse_in_event_loop,
+)
+from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
 from kserve_trio.core.codec import (
     SHM_BYTE_SIZE_PARAM,
     SHM_OFFSET_PARAM,
@@ -109,18 +115,6 @@ def _shm_params(region: str, offset: int, nbytes: int) -> dict[str, pb.InferPara
         SHM_OFFSET_PARAM: pb.InferParameter(int64_param=int(offset)),
         SHM_BYTE_SIZE_PARAM: pb.InferParameter(int64_param=int(nbytes)),
     }
-
-
-def pool_offset(pool: BufferPool, arr: np.ndarray) -> int | None:
-    """The byte offset of ``arr`` in ``pool``'s backing when it is a C-contiguous view of it,
-    else ``None`` (the array then travels inline)."""
-    if not arr.flags.c_contiguous or arr.nbytes == 0 or pool.closed:
-        return None
-    base = np.frombuffer(pool.view(0, pool.nbytes), dtype=np.uint8).ctypes.data
-    start = arr.ctypes.data - base
-    if 0 <= start and start + arr.nbytes <= pool.nbytes:
-        return start
-    return None
 
 
 def build_chunk_request(
@@ -275,7 +269,7 @@ class _Drive:
     state: ClientState
     pool: BufferPool
     route: Route
-    endpoint: Any  # _EndpointState
+    endpoint: EndpointState
     outputs: list[OutputSpec]
     span: int
     chunk: int
@@ -290,7 +284,7 @@ async def _plan(model: KServeModel, io: Any) -> _Drive | None:
         return None
     state = get_state()
     transport = model.transport()
-    ep = model._endpoint_state()
+    ep = model.endpoint_state()
     budget = model.deadline if model.deadline > 0 else 3600.0
     route = await state.route(ep, model.shared_memory, transport, budget)
     pool = state.shm_pool() if route is Route.SHM else state.inline_pool()
