@@ -126,7 +126,8 @@ def import_torchax() -> Any:
     except ImportError as exc:
         raise ImportError(f"the torch export frontends need torchax: {EXTRA_HINT}") from exc
     if missing:
-        log.debug("torchax_missing_overloads", count=len(missing), overloads=sorted(set(missing)))
+        unique = sorted(set(missing))
+        log.debug("torchax_missing_overloads", count=len(unique), overloads=unique)
     _torchax = torchax
     return torchax
 
@@ -332,7 +333,11 @@ class Lowered:
 
 
 def check_servable(ep: Any, what: str) -> None:
-    """Refuse programs that keep state between calls or draw random numbers."""
+    """Refuse programs that keep state between calls or draw random numbers.
+
+    Run it on the decomposed program: before decomposition an eval-mode ``dropout`` (or an
+    attention with ``dropout_p=0``) is still one op tagged as random; decomposed, it is not.
+    """
     import torch
 
     sig = ep.graph_signature
@@ -383,7 +388,6 @@ def lower_program(ep: Any, *, what: str, strip_prefix: str = "") -> Lowered:
     import torch
     from torch.export.graph_signature import InputKind, OutputKind
 
-    check_servable(ep, what)
     dep = decompose(ep)
     check_servable(dep, what)
     sig = dep.graph_signature

@@ -296,3 +296,21 @@ def test_provenance_is_stamped_and_the_callers_keys_win(tmp_path):
     assert prov["jax_version"] == jax.__version__
     assert prov["batch_sizes"] == [1, 4]
     assert prov["converter"] == "mine" and prov["run"] == 7
+
+
+def test_matmul_precision_is_frozen_into_the_program(tmp_path):
+    from kserve_trio.runtime import _xla
+
+    def text(d):
+        ctx, module = _xla.parse_module((d / "model.mlir").read_bytes())
+        with ctx:
+            return module.operation.get_asm(enable_debug_info=False)
+
+    w = {"w": _rand(4, 3)}
+    f = lambda x, w: x @ w  # noqa: E731
+    plain = export_bundle("jax", f, _rand(2, 4), w, dir=tmp_path / "plain")
+    assert "HIGHEST" not in text(plain)
+    assert "matmul_precision" not in _yaml(plain)["provenance"]
+    hi = export_bundle("jax", f, _rand(2, 4), w, dir=tmp_path / "hi", matmul_precision="HIGHEST")
+    assert "HIGHEST" in text(hi)
+    assert _yaml(hi)["provenance"]["matmul_precision"] == "highest"

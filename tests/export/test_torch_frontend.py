@@ -347,3 +347,14 @@ def test_cli_errors(tmp_path, capsys):
     )
     assert "has no 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_eval_mode_dropout_and_attention_are_not_random(tmp_path, backend):
+    """Before decomposition eval-mode dropout and attention are ops tagged as random; the
+    check runs on the decomposed program, where they are plain arithmetic."""
+    m = torch_models.encoder()
+    d = export_bundle("torch", m, (torch.randn(1, 5, 16),), dir=tmp_path / "enc", batch_sizes=[2])
+    x = torch.randn(2, 5, 16)
+    (out,) = _run(backend, d, 2, x.numpy())
+    np.testing.assert_allclose(out, m(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert "f64" not in _module_text(d, "model.b2.mlir")
