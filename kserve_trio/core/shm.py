@@ -185,12 +185,19 @@ def _as_bytes(data: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
 
 
 ALIGNMENT = 64
-"""Byte alignment of the input copies: jax on the CPU uses a 64-byte aligned host array in
-place and copies any other, so an aligned copy costs the request one copy, not two."""
+"""Byte alignment of the larger input copies: jax on the CPU uses a 64-byte aligned host array
+in place and copies any other, so an aligned copy costs the request one copy, not two."""
+
+ALIGN_FROM = 64 << 10
+"""Copies below this size are not aligned: finding the address costs more (about 3 us) than
+jax copying a small array."""
 
 
 def _aligned_empty(n: int) -> np.ndarray:
-    """An uninitialised ``uint8`` array of ``n`` bytes starting on an ``ALIGNMENT`` boundary."""
+    """An uninitialised ``uint8`` array of ``n`` bytes, on an ``ALIGNMENT`` boundary from
+    ``ALIGN_FROM`` bytes up."""
+    if n < ALIGN_FROM:
+        return np.empty(n, np.uint8)
     raw = np.empty(n + ALIGNMENT, np.uint8)
     skip = -raw.ctypes.data % ALIGNMENT
     return raw[skip : skip + n]
