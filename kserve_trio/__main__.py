@@ -36,7 +36,7 @@ _COMMANDS: dict[str, tuple[str, str | None, str]] = {
         "the Node supervisor capability",
     ),
     "bundle": (
-        "inspect bundles and write the demo model repository",
+        "inspect bundles, export PyTorch models, write the demo model repository",
         "kserve_trio.export.cli:configure_parser",
         "the Runtime and export capability",
     ),
