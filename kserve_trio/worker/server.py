@@ -98,11 +98,10 @@ def _platform(backend) -> str:
 @contextlib.asynccontextmanager
 async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
-    import grpclib.server
-
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
     from kserve_trio.serving.grpc_adapter import Limits
+    from kserve_trio.serving.grpc_server import GrpcServer
     from kserve_trio.serving.h2_settings import server_config
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
@@ -165,11 +164,11 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         watcher_scope = anyio.CancelScope()
         if config.model_control_mode is ModelControlMode.DYNAMIC:
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
-        server = grpclib.server.Server(
+        server = GrpcServer(
             [InferenceService(state), ControlService(state)], config=server_config()
         )
         await server.start(config.endpoints.host, config.endpoints.port, ssl=ssl_context)
-        port = server._server.sockets[0].getsockname()[1]
+        port = server.port
         running = RunningServer(
             config=config,
             port=port,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
@@ -25,6 +25,7 @@ class RawReply:
     status: int | None
     message: str
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def grpc_frame(payload: bytes, *, flag: int = 0) -> bytes:
@@ -32,8 +33,16 @@ def grpc_frame(payload: bytes, *, flag: int = 0) -> bytes:
     return struct.pack(">BI", flag, len(payload)) + payload
 
 
-def raw_grpc_call(address: str, path: str, body: bytes, *, timeout: float = 10.0) -> RawReply:
-    """POST ``body`` verbatim as one DATA frame with END_STREAM to ``path`` on ``address``."""
+def raw_grpc_call(
+    address: str,
+    path: str,
+    body: bytes,
+    *,
+    timeout: float = 10.0,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> RawReply:
+    """POST ``body`` verbatim as one DATA frame with END_STREAM to ``path`` on ``address``
+    (``headers`` are sent after the standard ones)."""
     host, port = address.rsplit(":", 1)
     conn = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
@@ -50,11 +59,12 @@ def raw_grpc_call(address: str, path: str, body: bytes, *, timeout: float = 10.0
                 (":authority", address),
                 ("content-type", "application/grpc"),
                 ("te", "trailers"),
+                *headers,
             ],
         )
         conn.send_data(stream_id, body, end_stream=True)
         sock.sendall(conn.data_to_send())
-        headers: dict[str, str] = {}
+        answered: dict[str, str] = {}
         data = bytearray()
         ended = False
         while not ended:
@@ -65,7 +75,7 @@ def raw_grpc_call(address: str, path: str, body: bytes, *, timeout: float = 10.0
                 if getattr(event, "stream_id", stream_id) != stream_id:
                     continue
                 if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
-                    headers.update(dict(event.headers))
+                    answered.update(dict(event.headers))
                 elif isinstance(event, h2.events.DataReceived):
                     data += event.data
                     conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
@@ -76,11 +86,12 @@ def raw_grpc_call(address: str, path: str, body: bytes, *, timeout: float = 10.0
             pending = conn.data_to_send()
             if pending:
                 sock.sendall(pending)
-    status = headers.get("grpc-status")
+    status = answered.get("grpc-status")
     return RawReply(
         status=int(status) if status is not None else None,
-        message=urllib.parse.unquote(headers.get("grpc-message", "")),
+        message=urllib.parse.unquote(answered.get("grpc-message", "")),
         body=bytes(data),
+        headers=answered,
     )
 
 

@@ -14,12 +14,11 @@ import anyio
 
 
 async def main(port: int) -> None:
-    import grpclib.server
-
     from kserve_trio.core import codec
     from kserve_trio.proto import inference as pb
     from kserve_trio.serving import h2_settings
     from kserve_trio.serving.grpc_adapter import Limits, unary
+    from kserve_trio.serving.grpc_server import GrpcServer
 
     limits = Limits(512 << 20, 512 << 20)
 
@@ -55,7 +54,7 @@ async def main(port: int) -> None:
                 ),
             }
 
-    server = grpclib.server.Server([Echo()], config=h2_settings.server_config())
+    server = GrpcServer([Echo()], config=h2_settings.server_config())
     await server.start("127.0.0.1", port)
     print(f"echo listening on {port}", flush=True)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
