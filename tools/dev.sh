@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: `tools/dev.sh serve` sets up the environment, writes the
 # demo model repository (./models) if absent and serves it on 127.0.0.1:8001;
-# `tools/dev.sh test` sets up the environments (.venv, and .venv-triton for the stock-Triton
-# peer) and runs the whole test suite, slow tests included.
+# `tools/dev.sh test` sets up the environments (.venv, .venv-triton for the stock-Triton peer
+# and .venv-deploy for the deployment checks) and runs the whole test suite, slow tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -41,6 +41,24 @@ setup_triton() {
   fi
 }
 
+# The deployment tests' schema checkers (tests/deploy/) run from their own environment: the
+# kserve SDK brings a model-server stack (fastapi, uvicorn, pandas, ~55 packages) and upper
+# pins on protobuf, grpcio-tools, numpy and psutil that must not bind .venv.
+DEPLOY_REQ="kserve==0.21.0 kubernetes-validate==1.37.0 promql-parser==0.11.0"
+setup_deploy() {
+  if [ ! -x .venv-deploy/bin/python ]; then
+    say "creating .venv-deploy for the deployment manifests' schema checkers"
+    "$PY" -m venv .venv-deploy
+  fi
+  stamp=.venv-deploy/.kserve_trio-installed
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$DEPLOY_REQ" ]; then
+    say "installing $DEPLOY_REQ into .venv-deploy (first run: about a minute)"
+    # shellcheck disable=SC2086
+    .venv-deploy/bin/python -m pip install --quiet --disable-pip-version-check $DEPLOY_REQ
+    echo "$DEPLOY_REQ" > "$stamp"
+  fi
+}
+
 cmd=${1:-help}
 shift || true
 case "$cmd" in
@@ -56,6 +74,7 @@ case "$cmd" in
   test)
     setup
     setup_triton
+    setup_deploy
     say "running the test suite (slow tests included)"
     exec .venv/bin/python -m pytest --run-slow "$@"
     ;;

@@ -1,0 +1,599 @@
+"""The Grafana dashboards over the metrics kserve_trio exports, as compact panel lists.
+
+``python deploy/monitoring/grafana/dashboards.py`` writes ``dashboards/*.json`` next to this
+file; tests/deploy/test_monitoring.py checks the committed JSON is what this builds and that
+every query names a metric a live worker or the gateway exposes. Every query filters on the
+dashboard variables (namespace, pod, model) so one Prometheus can hold several fleets.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "dashboards"
+
+W = 'namespace=~"$namespace", pod=~"$pod"'
+"""Label filter of every worker series (namespace and pod are added by the scrape config)."""
+WM = W + ', model=~"$model"'
+G = 'namespace=~"$namespace"'
+RI = "[$__rate_interval]"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One time-series (or stat) panel: title, unit, (query, legend) pairs, description."""
+
+    title: str
+    unit: str
+    targets: tuple[tuple[str, str], ...]
+    description: str = ""
+    kind: str = "timeseries"
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    rows: tuple[tuple[str, tuple[Panel, ...]], ...]
+    variables: tuple[tuple[str, str], ...] = field(default=())
+
+
+def rate(expr: str) -> str:
+    return f"rate({expr}{RI})"
+
+
+def sel(metric: str, labels: str, *extra: str) -> str:
+    """``metric{labels, extra...}``."""
+    return metric + "{" + ", ".join((labels, *extra)) + "}"
+
+
+WORKER_VARS = (
+    ("namespace", "label_values(worker_info, namespace)"),
+    ("pod", 'label_values(worker_info{namespace=~"$namespace"}, pod)'),
+    ("model", 'label_values(worker_model_max_batch_size{namespace=~"$namespace"}, model)'),
+)
+
+MODELS = Dashboard(
+    uid="kserve-trio-models",
+    title="kserve_trio / models: requests, latency, queues, batching",
+    description="Per-model traffic on the workers: requests and latency, queue depth and "
+    "wait, how requests coalesce into batches, device compute.",
+    variables=WORKER_VARS,
+    rows=(
+        (
+            "Requests and latency",
+            (
+                Panel(
+                    "Requests by model and status",
+                    "reqps",
+                    (
+                        (
+                            f"sum by (model, status) ({rate(f'worker_requests_total{{{WM}}}')})",
+                            "{{model}} {{status}}",
+                        ),
+                    ),
+                    "ModelInfer calls finished per second, by gRPC status.",
+                ),
+                Panel(
+                    "Error ratio by model",
+                    "percentunit",
+                    (
+                        (
+                            "sum by (model) ("
+                            + rate(f'worker_requests_total{{{WM}, status!="OK"}}')
+                            + ") / sum by (model) ("
+                            + rate(f"worker_requests_total{{{WM}}}")
+                            + ")",
+                            "{{model}}",
+                        ),
+                    ),
+                    "Share of calls that did not end OK.",
+                ),
+                Panel(
+                    "Latency p50 / p99 by model",
+                    "s",
+                    tuple(
+                        (
+                            f"histogram_quantile({q}, sum by (le, model) ("
+                            + rate(f"worker_request_latency_seconds_bucket{{{WM}}}")
+                            + "))",
+                            f"{{{{model}}}} p{label}",
+                        )
+                        for q, label in (("0.5", "50"), ("0.99", "99"))
+                    ),
+                    "Receive to reply, at the worker.",
+                ),
+                Panel(
+                    "Mean latency by model",
+                    "s",
+                    (
+                        (
+                            "sum by (model) ("
+                            + rate(f"worker_request_latency_seconds_sum{{{WM}}}")
+                            + ") / sum by (model) ("
+                            + rate(f"worker_request_latency_seconds_count{{{WM}}}")
+                            + ")",
+                            "{{model}}",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        (
+            "Queues",
+            (
+                Panel(
+                    "Queue depth by model",
+                    "short",
+                    ((f"sum by (model) (worker_queue_depth{{{WM}}})", "{{model}}"),),
+                    "Requests waiting in the scheduler's per-model queues.",
+                ),
+                Panel(
+                    "Queue wait p50 / p99 by model",
+                    "s",
+                    tuple(
+                        (
+                            f'max by (model) (worker_queue_wait_seconds{{{WM}, quantile="{q}"}})',
+                            f"{{{{model}}}} p{label}",
+                        )
+                        for q, label in (("0.5", "50"), ("0.99", "99"))
+                    ),
+                    "Percentiles of recent requests' queue wait, worst worker.",
+                ),
+                Panel(
+                    "In-flight requests and cap by worker",
+                    "short",
+                    (
+                        (
+                            f"sum by (pod, worker) (worker_inflight_requests{{{W}}})",
+                            "{{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"max by (pod, worker) (worker_max_concurrent_requests{{{W}}})",
+                            "cap {{pod}}/{{worker}}",
+                        ),
+                    ),
+                    "Calls in flight against the concurrency cap (0 = uncapped).",
+                ),
+                Panel(
+                    "Requests shed at the cap",
+                    "reqps",
+                    (
+                        (
+                            f"sum by (pod, worker) ({rate(f'worker_requests_shed_total{{{W}}}')})",
+                            "{{pod}}/{{worker}}",
+                        ),
+                    ),
+                    "Calls refused RESOURCE_EXHAUSTED because the worker was at its cap.",
+                ),
+            ),
+        ),
+        (
+            "Batching and compute",
+            (
+                Panel(
+                    "Dispatches by model",
+                    "ops",
+                    ((f"sum by (model) ({rate(f'worker_dispatch_total{{{WM}}}')})", "{{model}}"),),
+                    "Device executions per second.",
+                ),
+                Panel(
+                    "Mean batch size (rows per dispatch) by model",
+                    "short",
+                    (
+                        (
+                            f"sum by (model) ({rate(f'worker_rows_served_total{{{WM}}}')})"
+                            f" / sum by (model) ({rate(f'worker_dispatch_total{{{WM}}}')})",
+                            "{{model}} rows",
+                        ),
+                        (
+                            f"sum by (model) ({rate(f'worker_requests_served_total{{{WM}}}')})"
+                            f" / sum by (model) ({rate(f'worker_dispatch_total{{{WM}}}')})",
+                            "{{model}} requests",
+                        ),
+                        (f"max by (model) (worker_model_max_batch_size{{{WM}}})", "{{model}} max"),
+                    ),
+                    "Rows and requests coalesced into one execution, against the effective "
+                    "max batch size.",
+                ),
+                Panel(
+                    "Device compute by model",
+                    "percentunit",
+                    (
+                        (
+                            f"sum by (model) ({rate(f'worker_compute_seconds_total{{{WM}}}')})",
+                            "{{model}}",
+                        ),
+                    ),
+                    "Seconds of device compute per second (1 = one device busy).",
+                ),
+                Panel(
+                    "Compilations by model",
+                    "short",
+                    ((f"sum by (model) (worker_model_compilations_total{{{WM}}})", "{{model}}"),),
+                    "Bundle compilations since the worker started.",
+                ),
+            ),
+        ),
+    ),
+)
+
+MEMORY = Dashboard(
+    uid="kserve-trio-memory",
+    title="kserve_trio / memory: residency, weight cache, device memory",
+    description="Which models' weights are on the device, the on-demand weight cache's "
+    "budget and traffic, and the device memory pool.",
+    variables=WORKER_VARS,
+    rows=(
+        (
+            "Residency",
+            (
+                Panel(
+                    "Models loaded and resident by worker",
+                    "short",
+                    (
+                        (
+                            f"sum by (pod, worker) (worker_models_loaded{{{W}}})",
+                            "loaded {{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"sum by (pod, worker) (worker_models_resident{{{W}}})",
+                            "resident {{pod}}/{{worker}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Device-resident weight bytes by worker",
+                    "bytes",
+                    (
+                        (
+                            f"sum by (pod, worker) (worker_resident_weight_bytes{{{W}}})",
+                            "{{pod}}/{{worker}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Model resident (1) / pinned to the device (1)",
+                    "short",
+                    (
+                        (f"max by (model) (worker_model_resident{{{WM}}})", "resident {{model}}"),
+                        (f"max by (model) (worker_model_pinned{{{WM}}})", "pinned {{model}}"),
+                    ),
+                    "Per model, on any worker.",
+                ),
+                Panel(
+                    "Weight footprint by model",
+                    "bytes",
+                    ((f"max by (model) (worker_model_weight_bytes{{{WM}}})", "{{model}}"),),
+                ),
+            ),
+        ),
+        (
+            "Weight cache (on-demand residency)",
+            (
+                Panel(
+                    "Weight cache budget by worker",
+                    "bytes",
+                    (
+                        (
+                            f"sum by (pod, worker) (worker_weight_cache_resident_bytes{{{W}}})",
+                            "on-demand resident {{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"sum by (pod, worker) (worker_weight_cache_max_bytes{{{W}}})",
+                            "on-demand budget {{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"sum by (pod, worker) (worker_weight_cache_pinned_bytes{{{W}}})",
+                            "pinned {{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"sum by (pod, worker) (worker_weight_pool_bytes{{{W}}})",
+                            "pool {{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"sum by (pod, worker) (worker_weight_cache_max_scratch_bytes{{{W}}})",
+                            "max scratch {{pod}}/{{worker}}",
+                        ),
+                    ),
+                    "On-demand bytes on the device against their budget, pinned bytes, the "
+                    "whole weight pool and the largest measured execution scratch.",
+                ),
+                Panel(
+                    "Weight loads and evictions",
+                    "ops",
+                    (
+                        (
+                            f"sum by (pod, worker) ({rate(f'worker_weight_loads_total{{{W}}}')})",
+                            "loads {{pod}}/{{worker}}",
+                        ),
+                        (
+                            f"sum by (pod, worker) ({rate(f'worker_weight_evicts_total{{{W}}}')})",
+                            "evictions {{pod}}/{{worker}}",
+                        ),
+                    ),
+                    "Sustained loads with evictions mean the models in use do not fit the budget.",
+                ),
+                Panel(
+                    "Time spent loading weights",
+                    "percentunit",
+                    (
+                        (
+                            f"sum by (pod, worker) ({rate(f'worker_weight_load_seconds_total{{{W}}}')})",
+                            "{{pod}}/{{worker}}",
+                        ),
+                    ),
+                    "Seconds per second spent moving on-demand weights to the device.",
+                ),
+            ),
+        ),
+        (
+            "Device and host memory",
+            (
+                Panel(
+                    "Device memory pool by worker",
+                    "bytes",
+                    (
+                        (
+                            f"sum by (pod, worker, gpu) (worker_device_memory_in_use_bytes{{{W}}})",
+                            "in use {{pod}}/{{worker}} {{gpu}}",
+                        ),
+                        (
+                            f"sum by (pod, worker, gpu) (worker_device_memory_limit_bytes{{{W}}})",
+                            "limit {{pod}}/{{worker}} {{gpu}}",
+                        ),
+                        (
+                            f"sum by (pod, worker, gpu) (worker_device_memory_free_bytes{{{W}}})",
+                            "free {{pod}}/{{worker}} {{gpu}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Device memory peak and allocator pool (GPU)",
+                    "bytes",
+                    (
+                        (
+                            f"sum by (pod, worker, gpu) (worker_device_memory_peak_in_use_bytes{{{W}}})",
+                            "peak {{pod}}/{{worker}} {{gpu}}",
+                        ),
+                        (
+                            f"sum by (pod, worker, gpu) (worker_device_memory_pool_bytes{{{W}}})",
+                            "pool {{pod}}/{{worker}} {{gpu}}",
+                        ),
+                    ),
+                    "Reported by the GPU allocator only; empty on CPU workers.",
+                ),
+                Panel(
+                    "Worker resident memory (host)",
+                    "bytes",
+                    (
+                        (
+                            f'sum by (pod, worker) (process_resident_memory_bytes{{{W}, worker!=""}})',
+                            "{{pod}}/{{worker}}",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)
+
+GATEWAY = Dashboard(
+    uid="kserve-trio-gateway",
+    title="kserve_trio / gateway: routing and replica load",
+    description="The gateway's traffic, its calls to each worker, which workers are ready "
+    "and routable, and the outstanding work on each replica.",
+    variables=(("namespace", "label_values(gateway_routing_table_size, namespace)"),),
+    rows=(
+        (
+            "Traffic",
+            (
+                Panel(
+                    "Requests by model and status",
+                    "reqps",
+                    (
+                        (
+                            "sum by (model, status) ("
+                            + rate(sel("gateway_requests_total", G, 'rpc="ModelInfer"'))
+                            + ")",
+                            "{{model}} {{status}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Latency p99 by model (at the gateway)",
+                    "s",
+                    (
+                        (
+                            "histogram_quantile(0.99, sum by (le, model) ("
+                            + rate(
+                                f'gateway_request_latency_seconds_bucket{{{G}, rpc="ModelInfer"}}'
+                            )
+                            + "))",
+                            "{{model}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Admission: in flight, cap, shed",
+                    "short",
+                    (
+                        (f"sum(gateway_inflight_requests{{{G}}})", "in flight"),
+                        (f"sum(gateway_max_concurrent_requests{{{G}}})", "cap"),
+                        (f"sum({rate(f'gateway_requests_shed_total{{{G}}}')})", "shed / s"),
+                    ),
+                ),
+                Panel(
+                    "Other RPCs (shared memory, compaction)",
+                    "reqps",
+                    (
+                        (
+                            "sum by (rpc, status) ("
+                            + rate(sel("gateway_requests_total", G, 'rpc!="ModelInfer"'))
+                            + ")",
+                            "{{rpc}} {{status}}",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        (
+            "Routing and replica load",
+            (
+                Panel(
+                    "Requests routed to each worker",
+                    "reqps",
+                    (
+                        (
+                            "sum by (worker) ("
+                            + rate(
+                                sel("gateway_worker_latency_seconds_count", G, 'rpc="ModelInfer"')
+                            )
+                            + ")",
+                            "{{worker}}",
+                        ),
+                    ),
+                    "How the gateway spreads ModelInfer calls over the workers.",
+                ),
+                Panel(
+                    "Worker call latency p99",
+                    "s",
+                    (
+                        (
+                            "histogram_quantile(0.99, sum by (le, worker) ("
+                            + rate(
+                                f'gateway_worker_latency_seconds_bucket{{{G}, rpc="ModelInfer"}}'
+                            )
+                            + "))",
+                            "{{worker}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Outstanding work per worker",
+                    "short",
+                    (
+                        (
+                            f"max by (worker, basis) (gateway_worker_inflight_work{{{G}}})",
+                            "{{worker}} ({{basis}})",
+                        ),
+                    ),
+                    "The least_outstanding policy's load counters, on its work basis.",
+                ),
+                Panel(
+                    "Workers ready, metrics scraped, routable models",
+                    "short",
+                    (
+                        (f"min by (worker) (gateway_worker_ready{{{G}}})", "ready {{worker}}"),
+                        (
+                            f"min by (worker) (gateway_worker_metrics_up{{{G}}})",
+                            "metrics up {{worker}}",
+                        ),
+                        (f"max(gateway_routing_table_size{{{G}}})", "routable models"),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)
+
+DASHBOARDS = (MODELS, MEMORY, GATEWAY)
+
+
+def _variable(name: str, query: str) -> dict:
+    return {
+        "name": name,
+        "label": name,
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": {"query": query, "refId": f"var-{name}"},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "current": {"selected": True, "text": "All", "value": "$__all"},
+        "sort": 1,
+    }
+
+
+def _panel(panel: Panel, pid: int, x: int, y: int) -> dict:
+    return {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+        "targets": [
+            {
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "expr": expr,
+                "legendFormat": legend,
+                "refId": chr(ord("A") + i),
+            }
+            for i, (expr, legend) in enumerate(panel.targets)
+        ],
+    }
+
+
+def build(d: Dashboard) -> dict:
+    """The Grafana JSON model of ``d`` (schema 39): a row per group, panels two abreast."""
+    panels: list[dict] = []
+    y = 0
+    pid = 1
+    for title, row in d.rows:
+        panels.append(
+            {"id": pid, "type": "row", "title": title, "collapsed": False,
+             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []}
+        )  # fmt: skip
+        pid += 1
+        y += 1
+        for i, panel in enumerate(row):
+            panels.append(_panel(panel, pid, 12 * (i % 2), y + 8 * (i // 2)))
+            pid += 1
+        y += 8 * ((len(row) + 1) // 2)
+    datasource = {
+        "name": "datasource",
+        "label": "Prometheus",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+    }
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": ["kserve_trio"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "templating": {"list": [datasource, *(_variable(n, q) for n, q in d.variables)]},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def render(d: Dashboard) -> str:
+    return json.dumps(build(d), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    OUT.mkdir(exist_ok=True)
+    for d in DASHBOARDS:
+        (OUT / f"{d.uid}.json").write_text(render(d))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
