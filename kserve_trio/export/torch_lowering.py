@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -377,7 +378,12 @@ def decompose(ep: Any) -> Any:
     from torchax import decompositions
 
     del torchax
-    return ep.run_decompositions().run_decompositions(decompositions.DECOMPOSITIONS)
+    with warnings.catch_warnings():
+        # torch 2.13's own run_decompositions deep-copies a deprecated pytree LeafSpec
+        warnings.filterwarnings(
+            "ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning
+        )
+        return ep.run_decompositions().run_decompositions(decompositions.DECOMPOSITIONS)
 
 
 def lower_program(ep: Any, *, what: str, strip_prefix: str = "") -> Lowered:
