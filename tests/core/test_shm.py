@@ -178,6 +178,15 @@ def test_register_argument_errors(registry, name, key, offset, size, message):
     assert registry.status() == {}
 
 
+@pytest.mark.parametrize(("offset", "size"), [(None, 8), (0, None), ([1], 8), (0, True)])
+def test_register_non_integer_window(registry, make_obj, offset, size):
+    """What a malformed body may decode to: refused, nothing opened."""
+    obj = make_obj()
+    with pytest.raises(InvalidArgument, match="is not an integer \\(malformed request\\)"):
+        registry.register("n", obj.key, offset, size)
+    assert obj.attached() == 0
+
+
 def test_register_missing_object(registry):
     key = f"/kt-missing-{secrets.token_hex(6)}"
     with pytest.raises(InvalidArgument) as err:

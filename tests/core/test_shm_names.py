@@ -94,6 +94,18 @@ def test_region_names(name, allow_empty, problem):
     )
 
 
+@pytest.mark.parametrize("value", [None, 7, b"/k", ["/k"]])
+def test_non_strings_are_refused(value):
+    """A malformed protobuf body can decode a string field to None or an integer."""
+    assert key_problem(value) == "is not a string (malformed request)"
+    assert region_name_problem(value, allow_empty=True) == "is not a string (malformed request)"
+    with pytest.raises(InvalidArgument) as err:
+        check_key(value, rpc="R")
+    assert err.value.message == f"R: shared memory key {shown(repr(value))} is not a string " + (
+        "(malformed request)"
+    )
+
+
 def test_shown_escapes_and_truncates():
     assert shown("/ok") == "'/ok'"
     assert shown("a\x00b\n'\\") == "'a\\x00b\\x0a\\'\\\\'"
