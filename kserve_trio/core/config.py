@@ -240,10 +240,13 @@ class EndpointsConfig:
 
 @dataclass(frozen=True)
 class GrpcConfig:
-    """gRPC message-size caps in each direction."""
+    """gRPC message-size caps in each direction (on the decompressed size), and whether every
+    reply is compressed (``compress_responses``; by default a reply is compressed only when its
+    request was)."""
 
     max_recv_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
     max_send_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
+    compress_responses: bool = False
 
 
 @dataclass(frozen=True)
@@ -595,6 +598,7 @@ ENDPOINTS_TLS_KEY_FILE                 endpoints.tls.key_file              str
 ENDPOINTS_TLS_CLIENT_CA_FILE           endpoints.tls.client_ca_file        str
 GRPC_MAX_RECV_MSG_BYTES                grpc.max_recv_msg_bytes             int
 GRPC_MAX_SEND_MSG_BYTES                grpc.max_send_msg_bytes             int
+GRPC_COMPRESS_RESPONSES                grpc.compress_responses             bool
 KSERVE_TRIO_FANOUT_BYTES               meta.fanout_bytes                   int
 KSERVE_TRIO_FANOUT_SLOTS               meta.fanout_slots                   int
 """

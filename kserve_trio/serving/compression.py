@@ -73,7 +73,7 @@ def _too_large(cap: int, size: int | None = None) -> ResourceExhausted:
     return ResourceExhausted(f"received message larger than max ({shown} vs. {cap})")
 
 
-def _inflate(data: bytes | memoryview, wbits: int, cap: int) -> bytes:
+def _inflate(data: bytes | memoryview, wbits: int, cap: int) -> bytearray:
     """Decompress ``data`` with zlib's ``wbits`` framing, never producing more than ``cap + 1``
     bytes; raises ``zlib.error`` on corrupt input and ``ResourceExhausted`` past the cap."""
     d = zlib.decompressobj(wbits)
@@ -100,10 +100,10 @@ def _inflate(data: bytes | memoryview, wbits: int, cap: int) -> bytes:
             raise _too_large(cap)
         if not d.eof:
             raise zlib.error("incomplete or truncated stream")
-    return bytes(out)
+    return out  # no final copy: parsers take any bytes-like buffer
 
 
-def decompress(data: bytes | memoryview, algorithm: str, cap: int) -> bytes:
+def decompress(data: bytes | memoryview, algorithm: str, cap: int) -> bytearray:
     """The decompressed message, at most ``cap`` bytes (rules 2 and 3).
 
     A corrupt payload is ``InvalidArgument``; one that inflates past ``cap`` is

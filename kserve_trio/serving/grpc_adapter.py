@@ -2,10 +2,11 @@
 
 Handlers are mapped by hand so they see the raw stream: its deadline
 (``grpc-timeout``), its metadata, and the message length before the payload is buffered.
-``recv_request`` enforces ``grpc.max_recv_msg_bytes`` from the length prefix (grpclib has no cap
-of its own) and refuses compressed messages; ``send_reply`` sends pre-encoded bytes so the reply
-is serialized exactly once and checked against ``grpc.max_send_msg_bytes``. ``status_error``
-maps our exception family to ``GRPCError`` in one place.
+``recv_message`` enforces ``grpc.max_recv_msg_bytes`` from the length prefix (grpclib has no cap
+of its own) and again on the decompressed size of a gzip or deflate message (``compression``);
+``send_reply`` sends pre-encoded bytes so the reply is serialized exactly once, checked against
+``grpc.max_send_msg_bytes`` and compressed only when the request was (or ``compress_responses``
+says so). ``status_error`` maps our exception family to ``GRPCError`` in one place.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from kserve_trio.core.errors import (
     InvalidArgument,
     ResourceExhausted,
     ServingError,
-    Unimplemented,
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
+from kserve_trio.serving import compression
+from kserve_trio.serving.grpc_server import header_value
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -46,10 +48,12 @@ class EncodedMessage(bytes):
 
 @dataclass(frozen=True)
 class Limits:
-    """Message caps for one server (``grpc.max_*_msg_bytes``)."""
+    """Message caps for one server (``grpc.max_*_msg_bytes``, on decompressed sizes) and
+    whether every reply is compressed (``grpc.compress_responses``)."""
 
     max_recv_bytes: int
     max_send_bytes: int
+    compress_responses: bool = False
 
 
 @dataclass
@@ -58,6 +62,7 @@ class CallContext:
 
     stream: Any
     deadline_ns: int  # absolute time.monotonic_ns() from grpc-timeout; 0 = none
+    request_encoding: str = compression.IDENTITY  # what the request message was compressed with
 
     @property
     def metadata(self):
@@ -80,27 +85,48 @@ async def _recv_exactly(h2_stream, size: int, what: str, *, may_end: bool = Fals
     return data
 
 
-async def recv_request(stream, message_type, max_bytes: int):
-    """Read one length-prefixed message, enforcing the cap before buffering the payload.
+async def recv_message(
+    stream, message_type, max_bytes: int, *, may_end: bool = False
+) -> tuple[Any, str]:
+    """Read one length-prefixed message and the algorithm it was compressed with.
 
     Every way the framing can be wrong is the client's fault and answers ``INVALID_ARGUMENT``:
     no message, a stream ending inside the 5-byte prefix or before the announced length, a
-    compressed-flag byte other than 0 or 1, and a payload that does not parse.
+    compressed-flag byte other than 0 or 1, a compressed message without ``grpc-encoding``, a
+    payload that does not decompress or parse. The cap applies to the announced length before
+    anything is buffered and to the decompressed size (a decompression bomb is
+    RESOURCE_EXHAUSTED). ``may_end``: a stream that ends before a new message gives
+    ``(None, "identity")`` (the end of a client stream).
     """
     h2_stream = stream._stream
     meta = await _recv_exactly(h2_stream, 5, "5-byte gRPC message prefix", may_end=True)
     if not meta:
+        if may_end:
+            return None, compression.IDENTITY
         raise InvalidArgument("empty request: no message was sent")
     flag, length = struct.unpack(">BI", meta)
     if flag > 1:
         raise InvalidArgument(f"malformed gRPC message prefix: compressed flag {flag}")
+    encoding = compression.IDENTITY
     if flag:
-        raise Unimplemented("compression is not supported")
+        encoding = compression.parse_encoding(header_value(stream, "grpc-encoding"))
     if length > max_bytes:
         raise ResourceExhausted(f"received message larger than max ({length} vs. {max_bytes})")
     data = b""
     if length:
         data = await _recv_exactly(h2_stream, length, f"{length}-byte message its prefix announced")
+    if flag:
+        data = compression.decompress(data, encoding, max_bytes)
+    return _parse(data, message_type), encoding
+
+
+async def recv_request(stream, message_type, max_bytes: int):
+    """Read the one message of a unary call (see ``recv_message``)."""
+    message, _ = await recv_message(stream, message_type, max_bytes)
+    return message
+
+
+def _parse(data: bytes, message_type):
     try:
         if message_type is pb.ModelInferRequest:
             return wire.parse_infer_request(data)
@@ -109,29 +135,62 @@ async def recv_request(stream, message_type, max_bytes: int):
         raise InvalidArgument(f"malformed request message: {exc}") from exc
 
 
-async def send_reply(stream, message, max_bytes: int) -> None:
-    """Serialize once, check the send cap, and send.
+def reply_encoding(stream, ctx_encoding: str, limits: Limits) -> str:
+    """The algorithm a reply is sent with: the request's when it was compressed and the client
+    accepts it back, or any accepted one under ``compress_responses``; else identity."""
+    if ctx_encoding == compression.IDENTITY and not limits.compress_responses:
+        return compression.IDENTITY  # the common case: no header lookup
+    accepted = compression.parse_accept_encoding(header_value(stream, "grpc-accept-encoding"))
+    return compression.reply_encoding(ctx_encoding, accepted, limits.compress_responses)
+
+
+async def _send_initial(stream, encoding: str) -> None:
+    if stream._send_initial_metadata_done:
+        return
+    if encoding == compression.IDENTITY:
+        await stream.send_initial_metadata()
+        return
+    # grpclib's send_initial_metadata refuses grpc-* keys: send the headers ourselves.
+    await stream._stream.send_headers(
+        [
+            (":status", "200"),
+            ("content-type", stream._content_type),
+            ("grpc-encoding", encoding),
+            ("grpc-accept-encoding", compression.ACCEPT_ENCODING),
+        ]
+    )
+    stream._send_initial_metadata_done = True
+
+
+async def send_reply(
+    stream, message, max_bytes: int, *, encoding: str = compression.IDENTITY
+) -> None:
+    """Serialize once, check the send cap (on the uncompressed size), compress with
+    ``encoding`` when it is not identity, and send.
 
     A ``ModelInferResponse`` is assembled from ``core.wire`` pieces with the gRPC length prefix
     in one join (its payload buffers are never serialized through betterproto2) and written to
     the HTTP/2 stream directly.
     """
     if isinstance(message, pb.ModelInferResponse):
-        pieces = wire.infer_response_pieces(message)
-        length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
-        if length > max_bytes:
-            raise ResourceExhausted(f"response larger than max ({length} vs. {max_bytes})")
-        data = b"".join([struct.pack(">?I", False, length), *pieces])
-        if not stream._send_initial_metadata_done:
-            await stream.send_initial_metadata()
-        await stream._stream.send_data(data)
-        stream._send_message_done = True
-        stream._messages_sent += 1
+        pieces: list[Any] = wire.infer_response_pieces(message)
+    else:
+        pieces = [bytes(message)]
+    length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+    if length > max_bytes:
+        raise ResourceExhausted(f"response larger than max ({length} vs. {max_bytes})")
+    if encoding != compression.IDENTITY:
+        packed = compression.compress(b"".join(pieces), encoding)
+        data = struct.pack(">?I", True, len(packed)) + packed
+    elif len(pieces) == 1 and not isinstance(message, pb.ModelInferResponse):
+        await stream.send_message(EncodedMessage(pieces[0]))
         return
-    data = EncodedMessage(bytes(message))
-    if len(data) > max_bytes:
-        raise ResourceExhausted(f"response larger than max ({len(data)} vs. {max_bytes})")
-    await stream.send_message(data)
+    else:
+        data = b"".join([struct.pack(">?I", False, length), *pieces])
+    await _send_initial(stream, encoding)
+    await stream._stream.send_data(data)
+    stream._send_message_done = True
+    stream._messages_sent += 1
 
 
 def deadline_from_stream(stream) -> int:
@@ -165,9 +224,15 @@ def unary(fn: Handler, request_type, limits: Limits, rpc: str) -> grpclib.const.
 
     async def handle(stream) -> None:
         try:
-            request = await recv_request(stream, request_type, limits.max_recv_bytes)
-            reply = await fn(request, CallContext(stream, deadline_from_stream(stream)))
-            await send_reply(stream, reply, limits.max_send_bytes)
+            request, encoding = await recv_message(stream, request_type, limits.max_recv_bytes)
+            ctx = CallContext(stream, deadline_from_stream(stream), encoding)
+            reply = await fn(request, ctx)
+            await send_reply(
+                stream,
+                reply,
+                limits.max_send_bytes,
+                encoding=reply_encoding(stream, encoding, limits),
+            )
         except DeadlineExceeded as exc:
             raise status_error(exc, rpc=rpc) from None
         except (ServingError, TimeoutError) as exc:
@@ -198,7 +263,9 @@ __all__ = [
     "EncodedMessage",
     "Limits",
     "deadline_from_stream",
+    "recv_message",
     "recv_request",
+    "reply_encoding",
     "send_reply",
     "status_error",
     "unary",

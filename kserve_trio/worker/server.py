@@ -122,7 +122,11 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         config=config,
         platform=_platform(backend),
         max_concurrent_requests=config.endpoints.max_concurrent_requests,
-        limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
+        limits=Limits(
+            config.grpc.max_recv_msg_bytes,
+            config.grpc.max_send_msg_bytes,
+            config.grpc.compress_responses,
+        ),
         shm_registry=ShmRegistry(),
         cache=cache,
         backend=backend,

@@ -416,7 +416,9 @@ def test_unknown_keys_are_rejected_with_their_path(raw, path, message):
 def test_unknown_key_without_a_close_match_lists_the_known_keys_of_its_block():
     with pytest.raises(ConfigError) as info:
         build_config({"grpc": {"max_msg": 1}})
-    assert info.value.message == ("unknown key (known: max_recv_msg_bytes, max_send_msg_bytes)")
+    assert info.value.message == (
+        "unknown key (known: max_recv_msg_bytes, max_send_msg_bytes, compress_responses)"
+    )
 
 
 def test_removed_keys_fail_with_migration_messages():
@@ -626,6 +628,7 @@ ENV_CASES = [
     ),
     ("INFERENCE_SERVER_GRPC_MAX_RECV_MSG_BYTES", "4096", lambda c: c.grpc.max_recv_msg_bytes, 4096),
     ("INFERENCE_SERVER_GRPC_MAX_SEND_MSG_BYTES", "8192", lambda c: c.grpc.max_send_msg_bytes, 8192),
+    ("INFERENCE_SERVER_GRPC_COMPRESS_RESPONSES", "yes", lambda c: c.grpc.compress_responses, True),
     ("KSERVE_TRIO_FANOUT_BYTES", "65536", lambda c: c.meta.fanout_bytes, 65536),
     ("KSERVE_TRIO_FANOUT_SLOTS", "0", lambda c: c.meta.fanout_slots, 0),
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,39 @@ class RawReply:
 def grpc_frame(payload: bytes, *, flag: int = 0) -> bytes:
     """``payload`` behind a well-formed 5-byte gRPC prefix (``flag`` = compressed byte)."""
     return struct.pack(">BI", flag, len(payload)) + payload
+
+
+def _send_body(
+    sock: socket.socket, conn: h2.connection.H2Connection, stream_id: int, body: bytes
+) -> list:
+    """Send ``body`` with END_STREAM in frames the server's settings and windows allow, reading
+    its SETTINGS and WINDOW_UPDATE frames while the window is shut. Returns the events received
+    meanwhile (the server may answer before the whole body is sent)."""
+    view = memoryview(body)
+    pos = 0
+    events: list = []
+    while True:
+        if conn.state_machine.state.name == "CLOSED" or any(
+            isinstance(e, h2.events.StreamEnded | h2.events.StreamReset) for e in events
+        ):
+            return events
+        room = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size)
+        if room > 0 or pos == len(view):
+            piece = bytes(view[pos : pos + room])
+            pos += len(piece)
+            try:
+                conn.send_data(stream_id, piece, end_stream=pos == len(view))
+            except h2.exceptions.StreamClosedError:
+                return events
+            sock.sendall(conn.data_to_send())
+            if pos == len(view):
+                return events
+            continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            return events
+        events.extend(conn.receive_data(chunk))
+        sock.sendall(conn.data_to_send())
 
 
 def raw_grpc_call(
@@ -62,16 +96,20 @@ def raw_grpc_call(
                 *headers,
             ],
         )
-        conn.send_data(stream_id, body, end_stream=True)
         sock.sendall(conn.data_to_send())
+        early = _send_body(sock, conn, stream_id, body)
         answered: dict[str, str] = {}
         data = bytearray()
         ended = False
         while not ended:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            for event in conn.receive_data(chunk):
+            if early:
+                received, early = early, []
+            else:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received = conn.receive_data(chunk)
+            for event in received:
                 if getattr(event, "stream_id", stream_id) != stream_id:
                     continue
                 if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
