@@ -11,12 +11,15 @@ The registry keeps one file descriptor per region and never maps the object. All
 through that descriptor: ``os.preadv`` into a private buffer for inputs, ``os.fstat`` then
 ``os.pwrite`` for outputs. The object belongs to the client, who may ``ftruncate`` it at any
 moment; a load or store through a mapping past the new end would kill the process with SIGBUS,
-whereas the kernel answers a read past the end with a short count and a write with a plain
-error or by extending the file. So a shrunk region costs the one request an error naming the
-region and the sizes (FAILED_PRECONDITION), never the worker. The price is one copy of each
-input (measured in docs/benchmarks.md, "Shared memory hardening"). A side effect is that no
-decoded tensor, live or garbage, ever pins the client's object: once the name is unregistered
-and the last copy in progress ends, the descriptor is closed.
+whereas the kernel answers a read past the end with a short count, and a write, which would
+extend the file, is refused after the ``fstat``. So a shrunk region costs the one request an
+error naming the region and the sizes (FAILED_PRECONDITION), never the worker. A shrink landing
+between that ``fstat`` and the ``pwrite`` makes the ``pwrite`` grow the object back over the
+window: the client's own object, never the worker's memory. The price is one more copy of each
+input and a slower copy of each output (measured in docs/benchmarks.md, "Shared memory
+hardening"). A side effect is that no decoded tensor, live or garbage, ever pins the client's
+object: once the name is unregistered and the last copy in progress ends, the descriptor is
+closed.
 
 Concurrency: one registry lock guards the name table; each region has its own lock guarding its
 descriptor, its lease count and its ``retired`` flag. No code path holds both locks at once. A
