@@ -35,6 +35,7 @@ resource tracker would unlink the client's object when this process exits.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ import posix_ipc
 from kserve_trio.core.errors import (
     FailedPrecondition,
     InvalidArgument,
+    ResourceExhausted,
     Unavailable,
     UnregisteredRegionError,
 )
@@ -97,6 +99,15 @@ def same_ipc_namespace(name: str) -> bool:
     except Exception:
         pass
     return True
+
+
+def default_max_regions() -> int:
+    """A quarter of the process's open-file limit: each region holds one descriptor, and the
+    rest must stay free for connections, model files and the runtime."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 1 << 16
+    return max(16, soft // 4)
 
 
 class ShrunkRegionError(FailedPrecondition):
@@ -234,10 +245,11 @@ class ShmRegistry:
     are thread-safe: the event loop and worker threads call them concurrently.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_regions: int | None = None) -> None:
         self._lock = threading.Lock()
         self._regions: dict[str, _Region] = {}
         self._closed = False
+        self.max_regions = default_max_regions() if max_regions is None else max_regions
 
     # -- registration ------------------------------------------------------------------------
 
@@ -252,6 +264,8 @@ class ShmRegistry:
         3. ``byte_size <= size`` and ``offset <= size - byte_size`` (subtraction form).
         4. A name already registered is replaced; the old descriptor is closed once no copy
            through it is in progress.
+        5. A new name needs room under ``max_regions`` (each region holds a descriptor), else
+           ``ResourceExhausted``.
         """
         rpc = "SystemSharedMemoryRegister"
         check_region_name(name, rpc=rpc)
@@ -270,14 +284,18 @@ class ShmRegistry:
         with self._lock:
             if self._closed:
                 raise Unavailable("shared memory registry is closed (server is shutting down)")
+            self._check_room(name)
         region = _attach(name, key, offset, byte_size)
         with self._lock:
             closed = self._closed
-            old = None if closed else self._regions.get(name)
-            if not closed:
+            full = not closed and name not in self._regions and self._full()
+            old = None if closed or full else self._regions.get(name)
+            if not (closed or full):
                 self._regions[name] = region
-        if closed:  # lost a race with close(): detach what we just opened
+        if closed or full:  # lost a race with close() or another register: detach it again
             self._retire(region)
+            if full:
+                raise self._room_error()
             raise Unavailable("shared memory registry is closed (server is shutting down)")
         if old is not None:
             self._retire(old)
@@ -368,6 +386,21 @@ class ShmRegistry:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _full(self) -> bool:
+        return len(self._regions) >= self.max_regions
+
+    def _check_room(self, name: str) -> None:
+        """A new name needs room under ``max_regions`` (caller holds the registry lock)."""
+        if name not in self._regions and self._full():
+            raise self._room_error()
+
+    def _room_error(self) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"SystemSharedMemoryRegister: the worker holds the most shared memory regions it "
+            f"allows ({self.max_regions}, a quarter of its open-file limit, one descriptor "
+            "each); unregister some first"
+        )
+
     def _lease(self, name: str, offset: int, n: int, *, reading: bool) -> _Region:
         """The live region ``name`` with one more lease, once ``[offset, offset+n)`` is known
         to lie in its window (nothing is allocated for a window that does not)."""
@@ -447,6 +480,7 @@ __all__ = [
     "RegionStatus",
     "ShmRegistry",
     "ShrunkRegionError",
+    "default_max_regions",
     "posix_name",
     "same_ipc_namespace",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import mmap
 import os
+import resource
 import secrets
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 from kserve_trio.core.codec import ShmRegistryLike
 from kserve_trio.core.errors import (
     InvalidArgument,
+    ResourceExhausted,
     StatusCode,
     Unavailable,
     UnregisteredRegionError,
@@ -185,6 +187,27 @@ def test_register_non_integer_window(registry, make_obj, offset, size):
     with pytest.raises(InvalidArgument, match="is not an integer \\(malformed request\\)"):
         registry.register("n", obj.key, offset, size)
     assert obj.attached() == 0
+
+
+def test_region_count_is_capped(make_obj):
+    """Each region holds a descriptor: past ``max_regions`` a new name is RESOURCE_EXHAUSTED
+    (nothing opened), while replacing a registered name still works."""
+    reg = ShmRegistry(max_regions=2)
+    obj = make_obj()
+    reg.register("a", obj.key, 0, 8)
+    reg.register("b", obj.key, 8, 8)
+    with pytest.raises(ResourceExhausted) as err:
+        reg.register("c", obj.key, 16, 8)
+    assert err.value.status == StatusCode.RESOURCE_EXHAUSTED
+    assert "the most shared memory regions it allows (2, " in err.value.message
+    assert obj.attached() == 2
+    reg.register("b", obj.key, 24, 8)  # a replacement needs no room
+    reg.unregister("a")
+    reg.register("c", obj.key, 16, 8)
+    assert sorted(reg.status()) == ["b", "c"]
+    reg.close()
+    assert obj.attached() == 0
+    assert ShmRegistry().max_regions == max(16, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
 
 
 def test_register_missing_object(registry):
