@@ -9,7 +9,8 @@ prints ``{"schema": [[index, message], ...], "promql": [{"names": [...], "error"
   be an attribute of the model, every value of the declared type, and each model is built with
   client-side validation on (required fields, enums);
 - PromQL: ``promql_parser`` parses each expression; ``names`` are its selectors' metric names
-  (``None`` for a selector without one).
+  (``None`` for a selector without one) and ``selectors`` each selector's name with the label
+  names its matchers filter on.
 
 Standard library plus those three packages only: it never imports kserve_trio.
 """
@@ -115,16 +116,17 @@ def promql_names(expr: str) -> dict:
     try:
         tree = promql_parser.parse(expr)
     except ValueError as exc:
-        return {"names": [], "error": str(exc)}
-    names: list[str | None] = []
+        return {"names": [], "selectors": [], "error": str(exc)}
+    selectors: list[list[Any]] = []
 
     def visit(node: Any) -> bool:
         if isinstance(node, promql_parser.VectorSelector):
-            names.append(node.name)
+            labels = sorted({m.name for m in node.matchers.matchers} - {"__name__"})
+            selectors.append([node.name, labels])
         return True
 
     promql_parser.walk(tree, visit)
-    return {"names": names, "error": None}
+    return {"names": [s[0] for s in selectors], "selectors": selectors, "error": None}
 
 
 def main() -> int:
