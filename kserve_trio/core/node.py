@@ -4,8 +4,9 @@ A node file names the shared model repository, the port plan (``base_port`` + in
 worker's ``port:``; ``metrics_base_port`` + index), a ``global:`` config block deep-merged into
 every worker, the ``workers:`` list (each entry may carry its own override blocks) and an
 optional ``models:`` map pinning models to device memory on the listed workers. Every worker
-reads the same file and resolves its own raw config here; ``kserve_trio.core.config`` then
-applies the environment, builds and validates it.
+reads the same file and resolves its own raw config here; ``load_server_config`` then layers
+the environment and the command line over it and builds and validates it with
+``kserve_trio.core.config`` (which sits below this module and never imports it).
 
 The supervisor also uses this module before validation: ``node_gpus`` parses the ``gpus:`` key
 and ``materialize_node`` synthesizes or device-assigns the ``workers:`` list.
@@ -30,6 +31,7 @@ from kserve_trio.core.config import (
     check_keys,
     deep_merge,
     load_yaml_mapping,
+    validate_config,
 )
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
@@ -359,6 +361,51 @@ def node_server_config(
     return dataclasses.replace(build_config(raw), worker_name=name), applied, name
 
 
+def load_server_config(
+    node_path: str | os.PathLike[str] | None = None,
+    worker: str | None = None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    overrides: Mapping[str, Any] | None = None,
+    check_dirs: bool = True,
+) -> tuple[ServerConfig, list[tuple[str, str]]]:
+    """Resolve, build and validate one worker's configuration; THE entry point of a worker.
+
+    Layers, lowest first: the dataclass defaults; the node file's entry for ``worker`` (or
+    ``KSERVE_TRIO_WORKER_NAME``, or the sole worker; see ``worker_raw_config``); the
+    environment; ``overrides``, a raw dict in YAML shape holding the command-line flags (``None``
+    values mean "flag not given" and are dropped). Returns the config and the applied
+    environment ``(VAR, value)`` pairs for logging.
+    """
+    if node_path is not None:
+        loaded = load_node(node_path)
+        name, chosen_by_env = choose_worker(loaded, worker, env)
+        raw: dict[str, Any] = worker_raw_config(loaded, name)
+    else:
+        name = worker or env.get(WORKER_NAME_ENV, "")
+        chosen_by_env = worker is None and bool(env.get(WORKER_NAME_ENV))
+        raw = {}
+    raw, applied = apply_env_overrides(raw, env)
+    if chosen_by_env:
+        applied.append((WORKER_NAME_ENV, env[WORKER_NAME_ENV]))
+    if overrides:
+        raw = deep_merge(raw, _drop_none(overrides))
+    cfg = dataclasses.replace(build_config(raw), worker_name=name)
+    validate_config(cfg, check_dirs=check_dirs)
+    return cfg, applied
+
+
+def _drop_none(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` without its ``None`` leaves (a command-line flag that was not given)."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            out[key] = _drop_none(value)
+        elif value is not None:
+            out[key] = value
+    return out
+
+
 def node_gpus(node: Mapping[str, Any]) -> Literal["auto"] | int | list[str]:
     """The ``gpus:`` key: ``"auto"`` (default, any case), a count ``>= 0`` or a non-empty list
     of device selectors (ordinals or GPU UUIDs, passed to CUDA_VISIBLE_DEVICES verbatim)."""
@@ -453,6 +500,7 @@ __all__ = [
     "choose_worker",
     "load_node",
     "load_node_raw",
+    "load_server_config",
     "materialize_node",
     "node_gpus",
     "node_server_config",

@@ -37,10 +37,10 @@ from kserve_trio.core.config import (
     ModelControlMode,
     ResidencyState,
     ServerConfig,
-    load_server_config,
     log_config,
 )
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.node import load_server_config
 from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.worker import heartbeat
 

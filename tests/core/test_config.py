@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -32,11 +34,11 @@ from kserve_trio.core.config import (
     build_config,
     config_to_raw,
     deep_merge,
-    load_server_config,
     log_config,
     validate_config,
 )
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.node import load_server_config
 
 
 def yaml_raw(text: str) -> Any:
@@ -1160,3 +1162,66 @@ def test_tls_round_trips_through_config_to_raw(tmp_path):
         "client_ca_file": "/ca.pem",
     }
     assert build_config(raw) == cfg
+
+
+def test_the_config_package_states_its_public_surface_once():
+    import kserve_trio.core.config as config
+
+    assert sorted(config.__all__) == sorted(
+        [
+            "BATCH_POLICY_REMOVED",
+            "DEFAULT_GRPC_MSG_BYTES",
+            "ENV_OVERRIDES",
+            "ENV_PREFIX",
+            "RESIDENCY_MODE_REMOVED",
+            "SCHEMA",
+            "WORKER_NAME_ENV",
+            "EndpointsConfig",
+            "FrozenMap",
+            "GrpcConfig",
+            "MetaConfig",
+            "ModelControlMode",
+            "ModelSchedConfig",
+            "NumericsMode",
+            "ResidencyMode",
+            "ResidencyState",
+            "RuntimeConfig",
+            "SchedulerConfig",
+            "SchedulingDiscipline",
+            "ServerConfig",
+            "TlsConfig",
+            "apply_env_overrides",
+            "as_bool",
+            "as_float",
+            "as_int",
+            "as_str",
+            "as_str_list",
+            "build_config",
+            "check_keys",
+            "config_to_raw",
+            "deep_merge",
+            "load_yaml_mapping",
+            "log_config",
+            "parse_enum",
+            "parse_env_bool",
+            "parse_env_value",
+            "read_block",
+            "set_path",
+            "validate_config",
+            "validate_tls",
+        ]
+    )
+    for name in config.__all__:
+        assert getattr(config, name) is not None
+
+
+def test_the_config_package_sits_below_the_node_file_layer():
+    """The node file builds on the config package, never the other way round: importing the
+    whole config package loads no ``kserve_trio.core.node``."""
+    code = (
+        "import sys, kserve_trio.core.config as c; "
+        "c.build_config({}); "
+        "print(sorted(m for m in sys.modules if m.startswith('kserve_trio.core.node')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -538,7 +538,7 @@ def test_node_server_config_does_not_validate():
 
 
 def test_load_server_config_reads_a_node_file(tmp_path):
-    from kserve_trio.core.config import load_server_config
+    from kserve_trio.core.node import load_server_config
 
     path = write(
         tmp_path,
