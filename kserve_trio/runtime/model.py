@@ -326,6 +326,7 @@ def load_compiled_model(
     name: str | None = None,
     resident: bool = True,
     prefer_jaxexport: bool = True,
+    manifest: Manifest | None = None,
 ) -> CompiledModel:
     """Load and compile a regular bundle (see the module docstring for the steps).
 
@@ -333,11 +334,14 @@ def load_compiled_model(
     the weights off the device (a weight cache loads them on demand); so does a backend whose
     ``load_weights_at_compile`` is False (a worker with the on-demand weight cache sets it, so
     that compiling a repository never puts every model's weights on the device at once). ``prefer_jaxexport=False``
-    ignores ``.jaxexport`` sidecars. Errors: ``ManifestError``/``BundleError`` for a bundle that
-    breaks a rule, each naming the bundle and the rule.
+    ignores ``.jaxexport`` sidecars. ``manifest`` is the bundle's manifest when the caller has
+    already validated it (``validate_manifest``), so a load validates it once; step 1 then only
+    finds the modules. Errors: ``ManifestError``/``BundleError`` for a bundle that breaks a rule,
+    each naming the bundle and the rule.
     """
     d = Path(bundle_dir)
-    manifest = validate_manifest(d)
+    if manifest is None:
+        manifest = validate_manifest(d)
     name = name or manifest.name
     where = f"bundle '{name}' ({d})"
     if manifest.is_meta:

@@ -16,9 +16,10 @@ m``; no weight cache, a self-managed worker or a missing sub-model FAILED_PRECON
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kserve_trio.core.config import ResidencyMode, ResidencyState
-from kserve_trio.core.errors import FailedPrecondition, NotFound
+from kserve_trio.core.errors import FailedPrecondition
 from kserve_trio.core.manifest import wire_batch_spec
 from kserve_trio.proto import reactant_control as pb
 from kserve_trio.runtime.weight_cache import (
@@ -28,6 +29,11 @@ from kserve_trio.runtime.weight_cache import (
     residency_target,
 )
 from kserve_trio.serving.grpc_adapter import CallContext, unary
+from kserve_trio.worker.registry import unknown_model
+
+if TYPE_CHECKING:
+    from kserve_trio.runtime.model import CompiledModel
+    from kserve_trio.worker.state import WorkerState
 
 _PREFIX = "/reactant_control.ControlService/"
 
@@ -62,19 +68,21 @@ class ControlStatus:
     models: tuple[ModelControlRow, ...]
 
 
-def _mode(state) -> ResidencyMode:
+def _mode(state: WorkerState) -> ResidencyMode:
     cfg = state.config
     return cfg.residency_mode if cfg is not None else ResidencyMode.SELF_MANAGED
 
 
-def _discipline(state) -> str:
+def _discipline(state: WorkerState) -> str:
     cfg = state.config
     if cfg is None:
         return "fair"
     return str(getattr(cfg.scheduler.discipline, "value", cfg.scheduler.discipline)).lower()
 
 
-def _residency(state, name: str, model) -> tuple[ResidencyState, bool, bool, int]:
+def _residency(
+    state: WorkerState, name: str, model: CompiledModel | None
+) -> tuple[ResidencyState, bool, bool, int]:
     cache = state.cache
     if cache is not None and cache.has(name):
         r = cache.residency(name)
@@ -84,7 +92,7 @@ def _residency(state, name: str, model) -> tuple[ResidencyState, bool, bool, int
     return ResidencyState.UNPINNED, resident, False, nbytes
 
 
-def control_status(state) -> ControlStatus:
+def control_status(state: WorkerState) -> ControlStatus:
     """Assemble the control-plane snapshot from the scheduler, the cache and the bundles.
 
     Rules for a meta's row: residency = the least-resident floor of its declared sub-models
@@ -94,18 +102,19 @@ def control_status(state) -> ControlStatus:
     ``max_batch_size`` 0.
     """
     metrics = state.scheduler.scheduler_metrics()
+    repository = state.repository
     rows: list[ModelControlRow] = []
-    for name in state.routable_names():
-        bundle = state.bundles[name]
+    for name in repository.routable_names():
+        bundle = repository.bundles[name]
         if bundle.is_meta:
             subs = []
             for callee in bundle.manifest.meta_calls:
-                sub = state.bundles.get(callee)
+                sub = repository.get(callee)
                 if sub is None or sub.model is None:
                     subs.append((ResidencyState.UNPINNED, False, False, 0))
                 else:
                     subs.append(_residency(state, callee, sub.model))
-            stats = state.stats.get(name)
+            stats = state.observer.stats.get(name)
             served = stats.success.count if stats is not None else 0
             compute = stats.compute_infer.ns / 1e9 if stats is not None else 0.0
             rows.append(
@@ -159,7 +168,9 @@ def control_status(state) -> ControlStatus:
     )
 
 
-async def set_model_residency(state, name: str, target) -> ResidencyState:
+async def set_model_residency(
+    state: WorkerState, name: str, target: ResidencyState | int
+) -> ResidencyState:
     """Move ``name`` (a regular model, or each declared sub-model of a meta) to ``target``.
 
     Rules: the target must be UNPINNED/PINNED_SYSTEM/PINNED_DEVICE (INVALID_ARGUMENT); the model
@@ -170,9 +181,9 @@ async def set_model_residency(state, name: str, target) -> ResidencyState:
     Each move runs on the device thread.
     """
     target = residency_target(target)
-    bundle = state.bundles.get(name)
+    bundle = state.repository.get(name)
     if bundle is None:
-        raise NotFound(f"unknown model: {name}")
+        raise unknown_model(name)
     cache = state.cache
     if cache is None or not cache.enabled:
         raise FailedPrecondition(NEEDS_CACHE)
@@ -186,7 +197,7 @@ async def set_model_residency(state, name: str, target) -> ResidencyState:
             raise FailedPrecondition(f"meta model '{name}' calls '{sub}', which is not loaded")
     shared = {
         c
-        for other, b in state.bundles.items()
+        for other, b in state.repository.bundles.items()
         if b.is_meta and other != name
         for c in b.manifest.meta_calls
     }
@@ -219,7 +230,7 @@ def _status_message(row: ModelControlRow) -> pb.ModelStatus:
 class ControlService:
     """grpclib servable for ``reactant_control.ControlService`` over a ``WorkerState``."""
 
-    def __init__(self, state) -> None:
+    def __init__(self, state: WorkerState) -> None:
         self.state = state
 
     def __mapping__(self) -> dict:
@@ -248,7 +259,7 @@ class ControlService:
     async def set_model_policy(self, request, ctx: CallContext):
         scheduler = self.state.scheduler
         if not scheduler.has_model(request.name):
-            raise NotFound(f"unknown model: {request.name}")
+            raise unknown_model(request.name)
         if request.has_weight:
             scheduler.set_policy(request.name, weight=request.weight)
         return pb.SetModelPolicyResponse()

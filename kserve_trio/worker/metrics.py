@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,14 +20,48 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+if TYPE_CHECKING:
+    from kserve_trio.core.config import ServerConfig
+    from kserve_trio.runtime.backend import Backend
+    from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.worker.scheduler import Scheduler
+
 LATENCY_BUCKETS = tuple(0.001 * 2**k for k in range(14))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ScrapeSource(Protocol):
+    """What a scrape reads from a worker (its ``WorkerState``); a structural type, so this module
+    depends on nothing above the scheduler."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def repository(self) -> Sized: ...
+
+    @property
+    def config(self) -> ServerConfig | None: ...
+
+    @property
+    def cache(self) -> WeightCache | None: ...
+
+    @property
+    def backend(self) -> Backend | None: ...
+
+    @property
+    def inflight(self) -> int: ...
+
+    @property
+    def max_concurrent_requests(self) -> int: ...
 
 
 class WorkerMetrics:
     """The metric objects and the registry of one worker."""
 
-    def __init__(self, state_fn: Callable[[], object], *, worker: str = "", gpu: str = "") -> None:
+    def __init__(
+        self, state_fn: Callable[[], ScrapeSource | None], *, worker: str = "", gpu: str = ""
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.worker = worker
         self.gpu = gpu
@@ -58,8 +93,8 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.registry.register(_ScrapeCollector(state_fn))
-        self._request_children: dict[tuple[str, str], object] = {}
-        self._latency_children: dict[str, object] = {}
+        self._request_children: dict[tuple[str, str], Counter] = {}
+        self._latency_children: dict[str, Histogram] = {}
 
     def observe_request(self, model: str, status: str, seconds: float) -> None:
         """Record one finished ModelInfer call (label children cached: this is the hot path)."""
@@ -82,7 +117,7 @@ class WorkerMetrics:
 class _ScrapeCollector:
     """Pulls scheduler and registry state at scrape time."""
 
-    def __init__(self, state_fn: Callable[[], object]) -> None:
+    def __init__(self, state_fn: Callable[[], ScrapeSource | None]) -> None:
         self._state_fn = state_fn
 
     def describe(self):
@@ -143,13 +178,13 @@ class _ScrapeCollector:
             resident_models += resident
             resident_bytes += nbytes if resident else 0
         yield from per_model.values()
-        yield _gauge("worker_models_loaded", "Models loaded", len(state.bundles))
+        yield _gauge("worker_models_loaded", "Models loaded", len(state.repository))
         yield _gauge(
             "worker_models_resident", "Models with device-resident weights", resident_models
         )
         yield _gauge("worker_resident_weight_bytes", "Device-resident weight bytes", resident_bytes)
-        yield from _cache_series(getattr(state, "cache", None))
-        yield from _device_series(getattr(state, "backend", None))
+        yield from _cache_series(state.cache)
+        yield from _device_series(state.backend)
         yield _gauge("worker_inflight_requests", "ModelInfer calls in flight", state.inflight)
         yield _gauge(
             "worker_max_concurrent_requests",
@@ -176,7 +211,7 @@ class _ScrapeCollector:
         yield info
 
 
-def _cache_series(cache) -> list:
+def _cache_series(cache: WeightCache | None) -> list:
     """The weight cache's series, only when the cache is enabled."""
     if cache is None or not cache.enabled:
         return []
@@ -215,7 +250,7 @@ _DEVICE_STATS = (
 )
 
 
-def _device_series(backend) -> list:
+def _device_series(backend: Backend | None) -> list:
     """Device memory gauges, only when the backend reports an arena (``bytes_limit > 0``)."""
     if backend is None or not hasattr(backend, "memory_stats"):
         return []
@@ -284,4 +319,11 @@ def gpu_label(backend: str, device_ordinal: int, env: dict | None = None) -> str
     return str(device_ordinal)
 
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "WorkerMetrics", "gpu_label", "inject_labels"]
+__all__ = [
+    "CONTENT_TYPE",
+    "LATENCY_BUCKETS",
+    "ScrapeSource",
+    "WorkerMetrics",
+    "gpu_label",
+    "inject_labels",
+]

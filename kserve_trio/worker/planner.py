@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.manifest import DimKind, Manifest, request_rows
+from kserve_trio.core.manifest import DimKind, Manifest, TensorSpec, request_rows
 from kserve_trio.core.tensor import NamedTensor
 
 DEFAULT_COST_SECONDS = 0.01
@@ -375,6 +375,26 @@ def wait_percentiles(samples: Sequence[float]) -> tuple[float, float]:
 # Request shaping: what a model accepts and what a request is to the plan
 
 
+def check_executable_input(
+    model: str, spec: TensorSpec, tensor: NamedTensor, arr: np.ndarray
+) -> None:
+    """Refuse an executable input whose array does not have its spec's dtype and shape.
+
+    This is the check on tensors no validation pass has seen: what a preprocess hook returned,
+    or wire inputs that are not the executable ones. Messages: ``input 'x' of model 'm' has
+    dtype f64, expected f32`` and ``input 'x' of model 'm' has 3 dims, expected 2`` (or the
+    axis whose extent differs, ``TensorSpec.matches``).
+    """
+    if arr.dtype != spec.dtype.numpy:
+        raise InvalidArgument(
+            f"input '{spec.name}' of model '{model}' has dtype "
+            f"{tensor.dtype.token}, expected {spec.dtype.token}"
+        )
+    reason = spec.matches(arr.shape)
+    if reason is not None:
+        raise InvalidArgument(f"input '{spec.name}' of model '{model}' {reason}")
+
+
 @dataclass(frozen=True)
 class ModelLayout:
     """The manifest facts the scheduler needs on every request, derived once per model.
@@ -470,32 +490,44 @@ class ModelLayout:
                 f"model '{self.name}' accepts at most {most} rows per request (got {rows})"
             )
 
-    def prepare(self, tensors: Sequence[NamedTensor]) -> tuple[list[np.ndarray], int | None, int]:
+    @property
+    def wire_is_executable(self) -> bool:
+        """Whether a client sends the executable inputs themselves (no ``client_inputs``)."""
+        return self.manifest.client_inputs is None
+
+    def prepare(
+        self, tensors: Sequence[NamedTensor], *, validated: bool = False
+    ) -> tuple[list[np.ndarray], int | None, int]:
         """The executable input arrays (manifest order), the request's variant and its rows.
 
-        Rules: every executable input is present with the executable dtype and a matching
-        shape; all batched inputs agree on their batch extent (the request's rows; 1 when
-        nothing is batched); the variant exists; ``check_rows`` holds.
+        Rules:
+        1. every executable input is present with the executable dtype and a matching shape
+           (``check_executable_input``), unless ``validated``;
+        2. all batched inputs agree on their batch extent (the request's rows; 1 when nothing
+           is batched);
+        3. the variant exists, and ``check_rows`` holds.
+
+        ``validated=True`` is for tensors that are exactly the wire inputs already checked
+        against these same specs (names, completeness, dtype, rank, fixed dims) by the
+        request's one validation pass: the caller passes it only when no preprocess hook ran
+        and ``wire_is_executable``. Rules 2 and 3 are admission, not validation, and always run.
         """
         by_name = {t.name: t for t in tensors}
         arrays: list[np.ndarray] = []
         rows: int | None = None
         first = ""
         for spec, axis in zip(self.manifest.executable_inputs, self.input_axes, strict=True):
-            t = by_name.get(spec.name)
-            if t is None:
-                raise InvalidArgument(
-                    f"model '{self.name}' is missing required input '{spec.name}'"
-                )
+            if validated:
+                t = by_name[spec.name]
+            else:
+                t = by_name.get(spec.name)
+                if t is None:
+                    raise InvalidArgument(
+                        f"model '{self.name}' is missing required input '{spec.name}'"
+                    )
             arr = t.data if tuple(t.data.shape) == tuple(t.shape) else t.data.reshape(t.shape)
-            if arr.dtype != spec.dtype.numpy:
-                raise InvalidArgument(
-                    f"input '{spec.name}' of model '{self.name}' has dtype "
-                    f"{t.dtype.token}, expected {spec.dtype.token}"
-                )
-            reason = spec.matches(arr.shape)
-            if reason is not None:
-                raise InvalidArgument(f"input '{spec.name}' of model '{self.name}' {reason}")
+            if not validated:
+                check_executable_input(self.name, spec, t, arr)
             if axis is not None:
                 extent = int(arr.shape[axis])
                 if rows is None:
@@ -547,6 +579,7 @@ __all__ = [
     "Candidate",
     "ModelLayout",
     "Plannable",
+    "check_executable_input",
     "coalesce_inputs",
     "deadline_expired",
     "decay_ema",

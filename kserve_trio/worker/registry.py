@@ -13,6 +13,7 @@ import pathlib
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.errors import BundleError, NotFound
@@ -26,6 +27,10 @@ from kserve_trio.worker.hooks import (
     register_model,
 )
 
+if TYPE_CHECKING:
+    from kserve_trio.runtime.backend import Backend
+    from kserve_trio.runtime.model import CompiledModel
+
 log = get_logger("kserve_trio.worker.registry")
 
 
@@ -36,7 +41,7 @@ class ModelBundle:
     name: str
     bundle_dir: pathlib.Path
     manifest: Manifest
-    model: object | None = None  # runtime.model.CompiledModel
+    model: CompiledModel | None = None
     preprocess: Hook | None = None
     postprocess: Hook | None = None
     run: Callable | None = None  # meta models
@@ -45,6 +50,11 @@ class ModelBundle:
     @property
     def is_meta(self) -> bool:
         return self.manifest.is_meta
+
+
+def unknown_model(name: str) -> NotFound:
+    """The one error for a model name nothing is loaded under."""
+    return NotFound(f"unknown model: {name}")
 
 
 def check_version(name: str, version: str) -> None:
@@ -132,8 +142,12 @@ def _apply_registration(bundle: ModelBundle, reg: Registration | None) -> None:
     bundle.preprocess, bundle.postprocess = reg.preprocess, reg.postprocess
 
 
-def load_bundle(bundle_dir: str | pathlib.Path, backend, *, name: str | None = None) -> ModelBundle:
-    """Validate, run ``model.py`` and compile one bundle (compilation happens here, once)."""
+def load_bundle(
+    bundle_dir: str | pathlib.Path, backend: Backend, *, name: str | None = None
+) -> ModelBundle:
+    """Validate, run ``model.py`` and compile one bundle (compilation happens here, once).
+
+    The manifest is validated here, once per load, and handed to the runtime loader as is."""
     bundle_dir = pathlib.Path(bundle_dir)
     name = name or bundle_dir.name
     manifest = validate_manifest(bundle_dir)
@@ -142,12 +156,12 @@ def load_bundle(bundle_dir: str | pathlib.Path, backend, *, name: str | None = N
     if not bundle.is_meta:
         from kserve_trio.runtime.model import load_compiled_model
 
-        bundle.model = load_compiled_model(bundle_dir, backend, name=name)
+        bundle.model = load_compiled_model(bundle_dir, backend, name=name, manifest=manifest)
     return bundle
 
 
 def load_repository(
-    model_dirs: Sequence[str | pathlib.Path], backend, *, include: Iterable[str] = ()
+    model_dirs: Sequence[str | pathlib.Path], backend: Backend, *, include: Iterable[str] = ()
 ) -> tuple[dict[str, ModelBundle], dict[str, str]]:
     """Load every bundle; returns (loaded bundles by name, failures name -> reason)."""
     bundles: dict[str, ModelBundle] = {}
@@ -190,4 +204,5 @@ __all__ = [
     "load_repository",
     "run_model_py",
     "scan_repository",
+    "unknown_model",
 ]

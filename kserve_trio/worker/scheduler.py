@@ -652,8 +652,16 @@ class Scheduler:
         deadline_ns: int = 0,
         request_id: str = "",
         trace: RequestTrace | None = None,
+        validated_for: Manifest | None = None,
     ) -> list[NamedTensor]:
         """Serve one request: preprocess -> queue -> (coalesced) execution -> postprocess.
+
+        ``validated_for`` is the manifest whose wire specs the caller has already checked
+        ``inputs`` against (names, dtype, rank, fixed dims: ``core.validation.validate_inputs``).
+        When it is the manifest of the version serving the request and those inputs are the
+        executable ones (no preprocess hook, no ``client_inputs``), the dtype and shape checks
+        are not repeated; the admission (rows, variant) always runs. A request validated
+        against a version that a reload has just replaced is checked in full.
 
         ``deadline_ns`` is absolute on the scheduler's clock (0 = none). The wait for the result
         is bounded by the deadline and by ``dispatch_timeout_seconds`` from enqueue: expiring
@@ -679,7 +687,12 @@ class Scheduler:
             prepared = await self._hook("preprocess", state, state.preprocess, inputs)
             if trace is not None:
                 trace.preprocess_ns = self._clock() - t0
-        arrays, variant, rows = state.layout.prepare(prepared)
+        arrays, variant, rows = state.layout.prepare(
+            prepared,
+            validated=validated_for is state.entry.manifest
+            and state.preprocess is None
+            and state.layout.wire_is_executable,
+        )
         self._require_running()
         state = self._current(name, state)
         self._check_depth(state)

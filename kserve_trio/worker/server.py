@@ -27,14 +27,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
+import anyio.abc
 import anyio.from_thread
+import anyio.lowlevel
 
 from kserve_trio.core.config import (
     ModelControlMode,
+    ResidencyMode,
     ResidencyState,
     ServerConfig,
     log_config,
@@ -43,6 +47,14 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.core.node import load_server_config
 from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.worker import heartbeat
+
+if TYPE_CHECKING:
+    from kserve_trio.runtime.backend import Backend
+    from kserve_trio.serving.grpc_server import GrpcServer
+    from kserve_trio.worker.registry import ModelBundle
+    from kserve_trio.worker.repository import ModelRepository
+    from kserve_trio.worker.scheduler import Scheduler
+    from kserve_trio.worker.state import WorkerState
 
 log = get_logger("kserve_trio.worker")
 
@@ -56,13 +68,13 @@ class RunningServer:
     config: ServerConfig
     port: int
     host: str
-    state: object  # service.WorkerState
-    scheduler: object
+    state: WorkerState
+    scheduler: Scheduler
     metrics_port: int = 0
     _stop: anyio.Event | None = None
     _done: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    _portal: object | None = None
+    _portal: anyio.lowlevel.EventLoopToken | None = None
     _error: BaseException | None = None
 
     @property
@@ -70,8 +82,9 @@ class RunningServer:
         return f"{self.host}:{self.port}"
 
     @property
-    def bundles(self) -> dict:
-        return self.state.bundles
+    def bundles(self) -> Mapping[str, ModelBundle]:
+        """The loaded bundles by name (a read-only view of the model repository)."""
+        return self.state.repository.bundles
 
 
 def resolve_config(
@@ -105,10 +118,14 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     from kserve_trio.serving.h2_settings import server_config
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
+    from kserve_trio.worker.inference import InferenceCore
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
+    from kserve_trio.worker.observer import RequestObserver
     from kserve_trio.worker.registry import load_repository
+    from kserve_trio.worker.repository import ModelRepository
     from kserve_trio.worker.scheduler import Scheduler
-    from kserve_trio.worker.service import InferenceService, WorkerState
+    from kserve_trio.worker.service import InferenceService
+    from kserve_trio.worker.state import WorkerState
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
     ssl_context = server_ssl_context(config.endpoints.tls)  # a bad PEM fails before loading
@@ -116,9 +133,20 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
     backend = backend if backend is not None else _make_backend(config)
     cache = _make_cache(WeightCache, backend, config)
     scheduler = Scheduler(config.scheduler, cache=cache)
+    metrics = WorkerMetrics(
+        lambda: state,
+        worker=config.worker_name,
+        gpu=gpu_label(config.runtime.backend, config.runtime.device_ordinal),
+    )
+    repository = ModelRepository(
+        scheduler,
+        cache=cache,
+        externally_managed=config.residency_mode is ResidencyMode.EXTERNALLY_MANAGED,
+        compilations=metrics.compilations,
+    )
     state = WorkerState(
-        scheduler=scheduler,
-        bundles={},
+        repository=repository,
+        observer=RequestObserver(repository, metrics),
         config=config,
         platform=_platform(backend),
         max_concurrent_requests=config.endpoints.max_concurrent_requests,
@@ -128,15 +156,11 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
             config.grpc.compress_responses,
         ),
         shm_registry=ShmRegistry(),
+        metrics=metrics,
         cache=cache,
         backend=backend,
     )
-    state.metrics = WorkerMetrics(
-        lambda: state,
-        worker=config.worker_name,
-        gpu=gpu_label(config.runtime.backend, config.runtime.device_ordinal),
-    )
-    async with _weights_released(cache, state), anyio.create_task_group() as tg:
+    async with _weights_released(cache, repository), anyio.create_task_group() as tg:
         metrics_port = 0
         if config.endpoints.metrics_port:
             metrics_port = await tg.start(
@@ -144,7 +168,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
                     serve_http,
                     config.endpoints.host,
                     config.endpoints.metrics_port,
-                    exposition=state.metrics.exposition,
+                    exposition=metrics.exposition,
                     ready=state.server_ready,
                 )
             )
@@ -152,24 +176,19 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
         bundles, failures = await anyio.to_thread.run_sync(
             lambda: load_repository(config.model_dirs, backend, include=config.models_include)
         )
-        for name, bundle in sorted(bundles.items(), key=lambda kv: _admission_order(config, kv[0])):
-            if bundle.model is not None:
-                state.metrics.compilations.labels(model=name).inc()
-                await scheduler.add_model(
-                    bundle.model,
-                    preprocess=bundle.preprocess,
-                    postprocess=bundle.postprocess,
-                    warm=not cache.enabled,
-                )
-            log.info("model_loaded", model=name, path=str(bundle.bundle_dir))
+        for _, bundle in sorted(bundles.items(), key=lambda kv: _admission_order(config, kv[0])):
+            # The same install a watcher reload goes through; with the cache on, the startup
+            # probe below seeds the learned costs instead of a warmup.
+            await repository.install(bundle, warm=not cache.enabled)
         if cache.enabled:
             await scheduler.probe_weights()
-        state.bundles = bundles
+        state.loading = False
         watcher_scope = anyio.CancelScope()
         if config.model_control_mode is ModelControlMode.DYNAMIC:
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
         server = GrpcServer(
-            [InferenceService(state), ControlService(state)], config=server_config()
+            [InferenceService(state, InferenceCore(state)), ControlService(state)],
+            config=server_config(),
         )
         await server.start(config.endpoints.host, config.endpoints.port, ssl=ssl_context)
         port = server.port
@@ -203,7 +222,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
 
 
 @contextlib.asynccontextmanager
-async def _weights_released(cache, state) -> AsyncIterator[None]:
+async def _weights_released(cache, repository: ModelRepository) -> AsyncIterator[None]:
     """Once the tree has stopped (or failed to start): free every model's device buffers and
     release the host copies, so shared regions are unlinked by their last holder."""
     try:
@@ -213,10 +232,7 @@ async def _weights_released(cache, state) -> AsyncIterator[None]:
             cache.close()
         except Exception as exc:
             log.warning("weight_release_failed", error=repr(exc))
-        with contextlib.suppress(Exception):
-            for bundle in state.bundles.values():
-                if bundle.model is not None:
-                    bundle.model.close()
+        repository.close()
 
 
 def _make_cache(cache_cls, backend, config: ServerConfig):
@@ -261,7 +277,14 @@ def _admission_order(config: ServerConfig, name: str) -> tuple[int, str]:
     return (0 if pinned else 1, name)
 
 
-async def _run_watcher(config, state, backend, scope, *, task_status=anyio.TASK_STATUS_IGNORED):
+async def _run_watcher(
+    config: ServerConfig,
+    state: WorkerState,
+    backend: Backend,
+    scope: anyio.CancelScope,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     """The dynamic-mode watcher, seeded with what loaded at startup (failed bundles retry)."""
     from kserve_trio.worker.lifecycle import Lifecycle
     from kserve_trio.worker.watcher import ChangeDetector, scan, watch
@@ -269,8 +292,8 @@ async def _run_watcher(config, state, backend, scope, *, task_status=anyio.TASK_
     snapshot = await anyio.to_thread.run_sync(
         lambda: scan(config.model_dirs, config.models_include)
     )
-    detector = ChangeDetector({n: s for n, s in snapshot.items() if n in state.bundles})
-    lifecycle = Lifecycle(state, backend)
+    detector = ChangeDetector({n: s for n, s in snapshot.items() if n in state.repository})
+    lifecycle = Lifecycle(state.repository, backend)
     with scope:
         await watch(
             config.model_dirs,
@@ -282,7 +305,7 @@ async def _run_watcher(config, state, backend, scope, *, task_status=anyio.TASK_
         )
 
 
-async def _shutdown(state, scheduler, server) -> None:
+async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:
     state.shutting_down = True
     await scheduler.stop()
     deadline = time.monotonic() + DRAIN_SECONDS
@@ -292,7 +315,8 @@ async def _shutdown(state, scheduler, server) -> None:
         log.warning("shutdown_drain_timeout", inflight=state.inflight)
     server.close()
     await server.wait_closed()
-    state.shm_registry.close()
+    if state.shm_registry is not None:
+        state.shm_registry.close()
 
 
 def _run_loop(coro_fn, *args):

@@ -1,6 +1,9 @@
-"""The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the scheduler.
+"""The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the worker.
 
-Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. Statuses: unknown
+Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. ``ModelInfer`` is
+a thin adapter: the parsed request goes to the transport-free ``InferenceCore``
+(``worker/inference.py``) with the call's ``grpc-timeout`` deadline, and its encoded reply goes
+back to the adapter as it is. Models are found in the ``ModelRepository``. Statuses: unknown
 model or version NOT_FOUND; malformed or mismatching input INVALID_ARGUMENT; queue full or
 concurrency cap RESOURCE_EXHAUSTED; expired deadline DEADLINE_EXCEEDED; shutting down
 UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
@@ -16,40 +19,21 @@ unpins it (``control_service.set_model_residency``), so ``tritonclient.load_mode
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
-from anyio import get_cancelled_exc_class
-
 import kserve_trio
 from kserve_trio.core import codec
-from kserve_trio.core.config import ModelControlMode, ResidencyMode, ResidencyState
-from kserve_trio.core.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    ServingError,
-    Unavailable,
-)
-from kserve_trio.core.logging import debug_enabled, get_logger
-from kserve_trio.core.shm import same_ipc_namespace
+from kserve_trio.core.config import ModelControlMode, ResidencyState
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
-from kserve_trio.core.validation import validate_inputs
+from kserve_trio.core.wire import InferRequestView
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc_adapter import CallContext, Limits, unary, unimplemented
-from kserve_trio.worker import heartbeat
+from kserve_trio.serving.grpc_adapter import CallContext, unary, unimplemented
 from kserve_trio.worker.control_service import set_model_residency
-from kserve_trio.worker.meta import MetaCall, run_meta
-from kserve_trio.worker.registry import ModelBundle, check_version, hidden_submodels
-from kserve_trio.worker.scheduler import RequestTrace
-from kserve_trio.worker.triton_views import (
-    PLATFORM,
-    RequestStats,
-    model_config,
-    model_statistics,
-)
+from kserve_trio.worker.inference import InferenceCore, InferReply
+from kserve_trio.worker.registry import check_version
+from kserve_trio.worker.state import WorkerState
+from kserve_trio.worker.triton_views import PLATFORM, model_config, model_statistics
 
 log = get_logger("kserve_trio.worker.service")
 
@@ -67,108 +51,13 @@ EXTENSIONS = (
 worker really answers (docs/protocol.md says why the others are left out)."""
 
 
-@dataclass
-class WorkerState:
-    """Everything the RPC handlers share: bundles, scheduler, limits and lifecycle flags."""
-
-    scheduler: object  # worker.scheduler.Scheduler
-    bundles: dict[str, ModelBundle]
-    platform: str = "cpu"  # the device platform (cpu/cuda); models report PLATFORM
-    max_concurrent_requests: int = 64
-    limits: Limits = field(default_factory=lambda: Limits(512 << 20, 512 << 20))
-    shm_registry: object | None = None
-    extensions: list[str] = field(default_factory=lambda: list(EXTENSIONS))
-    shutting_down: bool = False
-    inflight: int = 0  # ModelInfer handlers currently running
-    config: object | None = None  # core.config.ServerConfig
-    stats: dict[str, RequestStats] = field(default_factory=dict)
-    _scratch: object | None = None
-    metrics: object | None = None  # worker.metrics.WorkerMetrics
-    cache: object | None = None  # runtime.weight_cache.WeightCache
-    backend: object | None = None  # runtime.backend.JaxBackend (device memory statistics)
-
-    def record(self, name: str, ok: bool, elapsed_ns: int, trace: RequestTrace) -> None:
-        """Fold one finished request into the model's Triton statistics."""
-        stats = self.stats.setdefault(name, RequestStats())
-        if ok:
-            stats.success.add(elapsed_ns)
-            stats.queue.add(trace.queue_ns)
-            stats.compute_input.add(trace.preprocess_ns)
-            stats.compute_infer.add(trace.compute_ns)
-            stats.compute_output.add(trace.postprocess_ns)
-            stats.last_inference_ms = int(time.time() * 1000)
-        else:
-            stats.fail.add(elapsed_ns)
-
-    def scratch_pool(self):
-        """The meta models' scratch ``BufferPool``, created on first use (None when disabled)."""
-        meta = getattr(self.config, "meta", None)
-        if meta is None or not meta.pool_enabled:
-            return None
-        if self._scratch is None:
-            from kserve_trio.core.buffer_pool import BufferPool
-
-            self._scratch = BufferPool(meta.fanout_bytes, meta.fanout_slots, name="meta_scratch")
-        return self._scratch
-
-    def routable_names(self) -> list[str]:
-        hidden = hidden_submodels(self.bundles)
-        return sorted(n for n in self.bundles if n not in hidden)
-
-    @property
-    def externally_managed(self) -> bool:
-        """Explicit mode: residency belongs to a control plane."""
-        cfg = self.config
-        return cfg is not None and cfg.residency_mode is ResidencyMode.EXTERNALLY_MANAGED
-
-    def model_ready(self, name: str) -> bool:
-        """Compiled; in explicit mode also device-resident (a meta: all its declared
-        sub-models so)."""
-        bundle = self.bundles.get(name)
-        if bundle is None:
-            return False
-        if bundle.is_meta:
-            if not self.externally_managed:
-                return True
-            return all(self._regular_ready(c) for c in bundle.manifest.meta_calls)
-        return self._regular_ready(name)
-
-    def _regular_ready(self, name: str) -> bool:
-        bundle = self.bundles.get(name)
-        if bundle is None or bundle.model is None or not self.scheduler.has_model(name):
-            return False
-        if self.externally_managed and self.cache is not None:
-            return self.cache.is_servable(name)
-        return True
-
-    def model_compiled(self, name: str) -> bool:
-        bundle = self.bundles.get(name)
-        if bundle is None:
-            return False
-        return bundle.is_meta or self.scheduler.has_model(name)
-
-    def server_ready(self) -> bool:
-        """At least one model, every regular model compiled (residency does not count)."""
-        if self.shutting_down or not self.bundles:
-            return False
-        return all(self.model_compiled(n) for n in self.bundles)
-
-    def bundle(self, name: str, version: str = "") -> ModelBundle:
-        """The bundle a request names; NOT_FOUND for an unknown model or version."""
-        if not name:
-            raise InvalidArgument("model_name is empty")
-        bundle = self.bundles.get(name)
-        if bundle is None:
-            raise NotFound(f"unknown model: {name}")
-        check_version(name, version)
-        return bundle
-
-
 class InferenceService:
     """grpclib servable for ``inference.GRPCInferenceService``."""
 
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: WorkerState, core: InferenceCore) -> None:
         self.state = state
+        self.repository = state.repository
+        self.core = core
 
     def __mapping__(self) -> dict:
         lim = self.state.limits
@@ -216,14 +105,14 @@ class InferenceService:
 
     async def model_ready(self, request, ctx: CallContext):
         """An unknown model is not ready; a known one asked for another version is NOT_FOUND."""
-        if request.name in self.state.bundles:
+        if request.name in self.repository:
             check_version(request.name, request.version)
-        return pb.ModelReadyResponse(ready=self.state.model_ready(request.name))
+        return pb.ModelReadyResponse(ready=self.repository.model_ready(request.name))
 
     async def server_metadata(self, request, ctx: CallContext):
         extensions = [
             e
-            for e in self.state.extensions
+            for e in EXTENSIONS
             if e != "system_shared_memory" or self.state.shm_registry is not None
         ]
         return pb.ServerMetadataResponse(
@@ -231,11 +120,12 @@ class InferenceService:
         )
 
     async def model_metadata(self, request, ctx: CallContext):
-        bundle = self.state.bundle(request.name, request.version)
+        bundle = self.repository.lookup(request.name, request.version)
         return codec.encode_model_metadata(request.name, bundle.manifest, PLATFORM)
 
     async def repository_index(self, request, ctx: CallContext):
-        pairs = [(n, self.state.model_ready(n)) for n in self.state.routable_names()]
+        repository = self.repository
+        pairs = [(n, repository.model_ready(n)) for n in repository.routable_names()]
         if request.ready:
             pairs = [(n, r) for n, r in pairs if r]
         return codec.encode_repository_index(pairs)
@@ -299,135 +189,19 @@ class InferenceService:
         log.info("model_unload_requested", model=request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    def _shm(self):
+    def _shm(self) -> ShmRegistry:
         if self.state.shm_registry is None:
             raise Unavailable("shared memory is not available on this server")
         return self.state.shm_registry
 
-    async def model_infer(self, request, ctx: CallContext):
-        state = self.state
-        started = time.perf_counter_ns()
-        status = "UNKNOWN"
-        trace = RequestTrace()
-        try:
-            if state.shutting_down:
-                raise Unavailable("server is shutting down")
-            cap = state.max_concurrent_requests
-            if cap > 0 and state.inflight >= cap:
-                if state.metrics is not None:
-                    state.metrics.shed.inc()
-                raise ResourceExhausted(
-                    f"server is at its concurrency cap ({cap} requests in flight)"
-                )
-            state.inflight += 1
-            try:
-                reply = await self._infer(request, ctx, trace)
-            finally:
-                state.inflight -= 1
-            status = "OK"
-            return reply
-        except ServingError as exc:
-            status = exc.status.name
-            raise
-        except TimeoutError:
-            status = "DEADLINE_EXCEEDED"
-            raise
-        except BaseException as exc:
-            status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
-            raise
-        finally:
-            elapsed = time.perf_counter_ns() - started
-            name = request.model_name
-            if state.metrics is not None:
-                state.metrics.observe_request(name, status, elapsed / 1e9)
-            if name in state.bundles:
-                state.record(name, status == "OK", elapsed, trace)
-            if debug_enabled():
-                self._log_request(name, request.id, status, trace, elapsed)
-            heartbeat.fire("request", name)
-
-    @staticmethod
-    def _log_request(name: str, request_id: str, status: str, trace, elapsed: int) -> None:
-        log.debug(
-            "request_done",
-            model=name,
-            request_id=request_id,
-            status=status,
-            batch_size=trace.batch_size,
-            queue_ms=round(trace.queue_ns / 1e6, 3),
-            compute_ms=round(trace.compute_ns / 1e6, 3),
-            duration_ms=round(elapsed / 1e6, 3),
-        )
-
-    async def _infer(self, request, ctx: CallContext, trace: RequestTrace):
-        state = self.state
-        bundle = state.bundle(request.model_name, request.model_version)
-        decoded = codec.decode_infer_request(request, state.shm_registry)
-        try:
-            validate_inputs(bundle.name, bundle.manifest.wire_inputs, decoded.inputs)
-            _check_requested_outputs(bundle, decoded.requested_outputs)
-            deadline = codec.combine_deadlines(decoded.deadline_ns, ctx.deadline_ns)
-            if bundle.is_meta:
-                outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
-            else:
-                outputs = await state.scheduler.infer(
-                    bundle.name,
-                    decoded.inputs,
-                    deadline_ns=deadline,
-                    request_id=decoded.id,
-                    trace=trace,
-                )
-            return codec.encode_infer_response(
-                request.model_name,
-                decoded.id,
-                outputs,
-                decoded.requested_outputs,
-                state.shm_registry,
-                model_version=codec.BUNDLE_VERSION,
-                zero_copy=True,
-            )
-        finally:
-            decoded.release()
-
-    async def _run_meta(self, bundle: ModelBundle, inputs, deadline_ns: int, trace: RequestTrace):
-        """A meta's ``run`` as one scheduled unit on the device thread."""
-        state = self.state
-        if deadline_ns and time.monotonic_ns() >= deadline_ns:
-            raise DeadlineExceeded(bundle.name)
-
-        def resolve(callee: str):
-            sub = state.bundles.get(callee)
-            if sub is None or sub.model is None:
-                raise NotFound(f"meta model '{bundle.name}' calls '{callee}', which is not loaded")
-            model = sub.model if state.cache is None else _Acquiring(sub.model, state.cache)
-            return model, sub.preprocess, sub.postprocess
-
-        call = MetaCall(
-            bundle.name,
-            bundle.manifest.meta_calls,
-            resolve,
-            deadline_ns=deadline_ns,
-            pool=state.scratch_pool(),
-        )
-        queued = time.monotonic_ns()
-        started: list[int] = []
-
-        def unit():
-            started.append(time.monotonic_ns())
-            return run_meta(
-                bundle.name, bundle.run, list(inputs), call, bundle.manifest.wire_outputs
-            )
-
-        outputs = await state.scheduler.run_on_device(unit)
-        trace.queue_ns = (started[0] - queued) if started else 0
-        trace.compute_ns = int(call.subcall_seconds * 1e9)
-        trace.batch_size = 0
-        return outputs
+    async def model_infer(self, request: InferRequestView, ctx: CallContext) -> InferReply:
+        """The inference core does the work; the reply goes back to the adapter untouched."""
+        return await self.core.infer(request, transport_deadline_ns=ctx.deadline_ns)
 
     # ---- Triton extensions: configuration and statistics -----------------------------
 
     async def model_config(self, request, ctx: CallContext):
-        bundle = self.state.bundle(request.name, request.version)
+        bundle = self.repository.lookup(request.name, request.version)
         sizes: list[int] = []
         coalesces = False
         if bundle.model is not None:
@@ -446,7 +220,7 @@ class InferenceService:
     async def model_statistics(self, request, ctx: CallContext):
         state = self.state
         if request.name:
-            state.bundle(request.name, request.version)
+            self.repository.lookup(request.name, request.version)
             names = [request.name]
         else:
             if request.version and request.version != codec.BUNDLE_VERSION:
@@ -454,11 +228,11 @@ class InferenceService:
                     f"no model has version '{request.version}' (every bundle is served as "
                     f"version {codec.BUNDLE_VERSION})"
                 )
-            names = state.routable_names()
+            names = self.repository.routable_names()
         metrics = state.scheduler.scheduler_metrics()
         out = []
         for name in names:
-            stats = state.stats.setdefault(name, RequestStats())
+            stats = state.observer.stats_of(name)
             m = metrics.get(name)
             if m is not None:
                 batch = {
@@ -485,37 +259,6 @@ class InferenceService:
                     )
                 )
         return pb.ModelStatisticsResponse(model_stats=out)
-
-
-class _Acquiring:
-    """A sub-model as a meta's ``call`` sees it: each execution acquires its weights first
-    (on the device thread, where the meta runs), like a scheduled batch does."""
-
-    def __init__(self, model, cache) -> None:
-        self._model = model
-        self._cache = cache
-        self.name = model.name
-        self.manifest = model.manifest
-
-    def batch_keys(self, variant):
-        return self._model.batch_keys(variant)
-
-    def execute(self, variant, batch_key, inputs):
-        self._cache.acquire(self._model)
-        return self._model.execute(variant, batch_key, inputs)
-
-
-def _check_requested_outputs(bundle: ModelBundle, requested) -> None:
-    """Refuse an unknown requested output before any device work is spent on the request."""
-    if not requested:
-        return
-    known = {spec.name for spec in bundle.manifest.wire_outputs}
-    for out in requested:
-        if out.name not in known:
-            raise InvalidArgument(
-                f"model '{bundle.name}' has no output '{out.name}' "
-                f"(outputs: {', '.join(sorted(known))})"
-            )
 
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "InferenceService", "WorkerState"]

@@ -1,0 +1,257 @@
+"""The worker's transport-free inference core: one request in, one encoded response out.
+
+``InferenceCore.infer`` is what every inference transport calls (the unary gRPC handler today,
+a stream or REST handler the same way): it knows nothing of gRPC, HTTP/2 or call contexts, only
+a parsed request, the transport's own deadline and the worker's shared state. It is also the
+one place that calls the ModelInfer codec (``decode_infer_request`` / ``encode_infer_response``).
+
+A request's path, each step once:
+
+1. admission: a worker that is shutting down answers UNAVAILABLE; one at its concurrency cap
+   answers RESOURCE_EXHAUSTED and counts the shed request;
+2. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
+   NOT_FOUND), before any payload is decoded;
+3. decode (shared-memory inputs are leased here);
+4. one validation pass (``validate_request``): input names, duplicates, dtypes, ranks, fixed
+   dims, and the requested outputs, against the model's client-facing specs;
+5. the effective deadline: the smallest of the request's own (parameters) and the transport's;
+6. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
+   shape where wire inputs are executable inputs) or a meta model's ``run`` as one device unit;
+7. encode;
+8. always, cancellation included: the decoded request's shared-memory leases are released once,
+   and the observer records the outcome once (metrics, Triton statistics, heartbeat, log).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from anyio import get_cancelled_exc_class
+
+from kserve_trio.core import codec, validation
+from kserve_trio.core.buffer_pool import BufferPool
+from kserve_trio.core.errors import (
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServingError,
+    Unavailable,
+)
+from kserve_trio.core.manifest import Manifest, TensorSpec
+from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.proto import inference as pb
+from kserve_trio.worker.meta import MetaCall, run_meta
+from kserve_trio.worker.registry import ModelBundle
+from kserve_trio.worker.scheduler import RequestTrace
+
+if TYPE_CHECKING:
+    from kserve_trio.core.wire import InferRequestView
+    from kserve_trio.runtime.model import CompiledModel
+    from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.worker.hooks import Hook
+    from kserve_trio.worker.state import WorkerState
+
+InferReply = pb.ModelInferResponse
+"""What ``codec.encode_infer_response`` returns and a transport sends as it is."""
+
+SHUTTING_DOWN = "server is shutting down"
+
+
+def check_requested_outputs(
+    model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
+) -> None:
+    """Refuse an unknown requested output before any device work is spent on the request:
+    ``model 'm' has no output 'x' (outputs: a, b)``."""
+    if not requested:
+        return
+    known = {spec.name for spec in specs}
+    for out in requested:
+        if out.name not in known:
+            raise InvalidArgument(
+                f"model '{model_name}' has no output '{out.name}' "
+                f"(outputs: {', '.join(sorted(known))})"
+            )
+
+
+def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
+    """The request's one validation pass against the model's client-facing specs: its inputs
+    (``core.validation.validate_inputs``), then its requested outputs."""
+    manifest = bundle.manifest
+    validation.validate_inputs(bundle.name, manifest.wire_inputs, request.inputs)
+    check_requested_outputs(bundle.name, manifest.wire_outputs, request.requested_outputs)
+
+
+class InferenceCore:
+    """Serves ModelInfer requests for one worker, whatever transport carried them."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self._state = state
+        self._scratch: BufferPool | None = None
+
+    async def infer(
+        self, request: InferRequestView, *, transport_deadline_ns: int = 0
+    ) -> InferReply:
+        """Serve one parsed ModelInfer request (see the module docstring for the steps).
+
+        ``transport_deadline_ns`` is the transport's absolute ``time.monotonic_ns()`` deadline
+        (gRPC's ``grpc-timeout``; 0 = none). Raises the ``ServingError`` whose status the
+        transport answers with; the observer has recorded the outcome by then.
+        """
+        state = self._state
+        started = time.perf_counter_ns()
+        status = "UNKNOWN"
+        trace = RequestTrace()
+        try:
+            if state.shutting_down:
+                raise Unavailable(SHUTTING_DOWN)
+            cap = state.max_concurrent_requests
+            if cap > 0 and state.inflight >= cap:
+                if state.metrics is not None:
+                    state.metrics.shed.inc()
+                raise ResourceExhausted(
+                    f"server is at its concurrency cap ({cap} requests in flight)"
+                )
+            state.inflight += 1
+            try:
+                reply = await self._serve(request, transport_deadline_ns, trace)
+            finally:
+                state.inflight -= 1
+            status = "OK"
+            return reply
+        except ServingError as exc:
+            status = exc.status.name
+            raise
+        except TimeoutError:
+            status = "DEADLINE_EXCEEDED"
+            raise
+        except BaseException as exc:
+            status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
+            raise
+        finally:
+            state.observer.finished(
+                request.model_name,
+                status,
+                time.perf_counter_ns() - started,
+                trace,
+                request.id,
+            )
+
+    async def _serve(
+        self, request: InferRequestView, transport_deadline_ns: int, trace: RequestTrace
+    ) -> InferReply:
+        state = self._state
+        bundle = state.repository.lookup(request.model_name, request.model_version)
+        decoded = codec.decode_infer_request(request, state.shm_registry)
+        try:
+            validate_request(bundle, decoded)
+            deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
+            if bundle.is_meta:
+                outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
+            else:
+                outputs = await state.scheduler.infer(
+                    bundle.name,
+                    decoded.inputs,
+                    deadline_ns=deadline,
+                    request_id=decoded.id,
+                    trace=trace,
+                    validated_for=bundle.manifest,
+                )
+            return codec.encode_infer_response(
+                request.model_name,
+                decoded.id,
+                outputs,
+                decoded.requested_outputs,
+                state.shm_registry,
+                model_version=codec.BUNDLE_VERSION,
+                zero_copy=True,
+            )
+        finally:
+            decoded.release()
+
+    # ---------------------------------------------------------------- meta models
+
+    def scratch_pool(self) -> BufferPool | None:
+        """The meta models' scratch ``BufferPool``, created on first use (None when disabled)."""
+        cfg = self._state.config
+        meta = cfg.meta if cfg is not None else None
+        if meta is None or not meta.pool_enabled:
+            return None
+        if self._scratch is None:
+            self._scratch = BufferPool(meta.fanout_bytes, meta.fanout_slots, name="meta_scratch")
+        return self._scratch
+
+    async def _run_meta(
+        self,
+        bundle: ModelBundle,
+        inputs: list[NamedTensor],
+        deadline_ns: int,
+        trace: RequestTrace,
+    ) -> list[NamedTensor]:
+        """A meta's ``run`` as one scheduled unit on the device thread."""
+        state = self._state
+        if deadline_ns and time.monotonic_ns() >= deadline_ns:
+            raise DeadlineExceeded(bundle.name)
+        repository, cache = state.repository, state.cache
+
+        def resolve(callee: str) -> tuple[CompiledModel | _Acquiring, Hook | None, Hook | None]:
+            sub = repository.get(callee)
+            if sub is None or sub.model is None:
+                raise NotFound(f"meta model '{bundle.name}' calls '{callee}', which is not loaded")
+            model = sub.model if cache is None else _Acquiring(sub.model, cache)
+            return model, sub.preprocess, sub.postprocess
+
+        call = MetaCall(
+            bundle.name,
+            bundle.manifest.meta_calls,
+            resolve,
+            deadline_ns=deadline_ns,
+            pool=self.scratch_pool(),
+        )
+        run = bundle.run
+        if run is None:  # registry refuses a meta bundle whose model.py registered no run
+            raise Internal(f"meta model '{bundle.name}' has no run function")
+        queued = time.monotonic_ns()
+        started: list[int] = []
+
+        def unit() -> list[NamedTensor]:
+            started.append(time.monotonic_ns())
+            return run_meta(bundle.name, run, list(inputs), call, bundle.manifest.wire_outputs)
+
+        outputs = await state.scheduler.run_on_device(unit)
+        trace.queue_ns = (started[0] - queued) if started else 0
+        trace.compute_ns = int(call.subcall_seconds * 1e9)
+        trace.batch_size = 0
+        return outputs
+
+
+class _Acquiring:
+    """A sub-model as a meta's ``call`` sees it: each execution acquires its weights first
+    (on the device thread, where the meta runs), like a scheduled batch does."""
+
+    def __init__(self, model: CompiledModel, cache: WeightCache) -> None:
+        self._model = model
+        self._cache = cache
+        self.name = model.name
+        self.manifest: Manifest = model.manifest
+
+    def batch_keys(self, variant: int | None) -> tuple[int, ...]:
+        return self._model.batch_keys(variant)
+
+    def execute(
+        self, variant: int | None, batch_key: int, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        self._cache.acquire(self._model)
+        return self._model.execute(variant, batch_key, inputs)
+
+
+__all__ = [
+    "InferReply",
+    "InferenceCore",
+    "check_requested_outputs",
+    "validate_request",
+]
