@@ -22,7 +22,7 @@ _COMMANDS: dict[str, tuple[str, str | None, str]] = {
     ),
     "gateway": (
         "front many workers: discovery, routing, shedding",
-        None,
+        "kserve_trio.gateway.cli:configure_parser",
         "the Gateway capability",
     ),
     "node": (

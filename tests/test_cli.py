@@ -1,7 +1,8 @@
-"""The top-level CLI lists every subcommand; unbuilt ones say which capability brings them."""
+"""The top-level CLI lists every subcommand; an unbuilt one would say which capability brings it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,10 +20,29 @@ def test_help_lists_every_subcommand():
         assert command in out.stdout
 
 
-def test_unbuilt_command_names_its_capability_and_fails():
-    out = run_cli("gateway")
-    assert out.returncode == 2
-    assert "arrives with the Gateway capability" in out.stderr
+def test_an_unbuilt_command_would_name_its_capability_and_fail(capsys):
+    from kserve_trio.__main__ import _not_built
+
+    assert _not_built("thing", "the Thing capability")(None) == 2
+    assert (
+        "'thing' is not built yet: it arrives with the Thing capability." in capsys.readouterr().err
+    )
+
+
+def test_the_gateway_command_is_built_and_refuses_a_config_without_workers():
+    out = run_cli("gateway", "--help")
+    assert out.returncode == 0
+    assert "not built yet" not in out.stdout
+    assert "--config" in out.stdout and "--log-level" in out.stdout
+    env_free = subprocess.run(
+        [sys.executable, "-m", "kserve_trio", "gateway"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("KSERVE_TRIO_GATEWAY_")},
+    )
+    assert env_free.returncode == 2
+    assert "gateway has no endpoints" in env_free.stderr
 
 
 def test_built_commands_are_not_placeholders():

@@ -362,7 +362,7 @@ class _Connection:
     # -- one call ----------------------------------------------------------------------------
 
     async def request(
-        self, call: _Call, headers: list[tuple[bytes, bytes]], payload: bytes
+        self, call: _Call, headers: list[tuple[bytes, bytes]], payload: bytes, flag: int = 0
     ) -> None:
         """Run ``call`` on this connection to completion (``call.done``); ``call.message``
         gives the outcome. Cancellation resets the stream."""
@@ -401,12 +401,12 @@ class _Connection:
             conn.send_headers(sid, headers)
             size = len(payload) + 5
             if size <= conn.local_flow_control_window(sid) and size <= conn.max_outbound_frame_size:
-                prefix = b"\x00" + len(payload).to_bytes(4, "big")
+                prefix = bytes((flag,)) + len(payload).to_bytes(4, "big")
                 conn.send_data(sid, prefix + payload, end_stream=True)
                 sent = True
                 await self.flush()
             else:
-                sent = await self._send_large(call, payload)
+                sent = await self._send_large(call, payload, flag)
             if not call.done:
                 await self.progress(call, lambda: call.done, parked=False)
         finally:
@@ -419,14 +419,14 @@ class _Connection:
             if self.draining and not self.calls and self.dead is None:
                 await self.aclose()  # GOAWAY'd and now idle: the transport has moved on
 
-    async def _send_large(self, call: _Call, payload: bytes) -> bool:
+    async def _send_large(self, call: _Call, payload: bytes, flag: int = 0) -> bool:
         """The message in DATA frames within the peer's windows and frame size; False when
         the call ended (or the connection died) before all of it was sent."""
         conn = self.h2
         sid = call.stream_id
         view = memoryview(payload)
         total = len(view)
-        pending = b"\x00" + total.to_bytes(4, "big")
+        pending = bytes((flag,)) + total.to_bytes(4, "big")
         pos = 0
         while not call.done and self.dead is None:
             try:
@@ -619,8 +619,13 @@ class H2Transport:
         *,
         timeout: float | None = None,
         metadata: Mapping[str, str] | None = None,
+        compressed_with: str | None = None,
     ) -> R:
-        """One unary call; see ``Transport.unary`` for the error contract."""
+        """One unary call; see ``Transport.unary`` for the error contract.
+
+        ``compressed_with`` names the ``grpc-encoding`` ``request`` is already compressed with
+        (a proxy forwarding a compressed message as it received it): the message goes out
+        flagged compressed, with that header."""
         rpc = method[method.rfind("/") + 1 :]
         payload = request if type(request) is bytes else bytes(request)
         cap = self.endpoint.max_send_message_length
@@ -631,9 +636,12 @@ class H2Transport:
                 method=rpc,
                 retryable=False,
             )
+        flag = 0
         if timeout is None:
             headers = self._request_headers(method, timeout, metadata)
-            data = await self._call(rpc, headers, payload)
+            if compressed_with:
+                headers, flag = [*headers, (b"grpc-encoding", compressed_with.encode())], 1
+            data = await self._call(rpc, headers, payload, flag)
         else:
             if not timeout > 0:
                 raise RpcError(
@@ -642,9 +650,11 @@ class H2Transport:
                     method=rpc,
                 )
             headers = self._request_headers(method, timeout, metadata)
+            if compressed_with:
+                headers, flag = [*headers, (b"grpc-encoding", compressed_with.encode())], 1
             data = _NOT_SET
             with anyio.CancelScope(deadline=anyio.current_time() + timeout):
-                data = await self._call(rpc, headers, payload)
+                data = await self._call(rpc, headers, payload, flag)
             if data is _NOT_SET:
                 raise RpcError(
                     StatusCode.DEADLINE_EXCEEDED,
@@ -658,12 +668,14 @@ class H2Transport:
                 StatusCode.INTERNAL, f"cannot parse the {rpc} reply: {exc}", method=rpc
             ) from None
 
-    async def _call(self, rpc: str, headers: list[tuple[bytes, bytes]], payload: bytes) -> bytes:
+    async def _call(
+        self, rpc: str, headers: list[tuple[bytes, bytes]], payload: bytes, flag: int = 0
+    ) -> bytes:
         cap = self.endpoint.max_receive_message_length
         for attempt in range(2):
             conn = await self._connection(rpc)
             call = _Call(rpc, cap)
-            await conn.request(call, headers, payload)
+            await conn.request(call, headers, payload, flag)
             if call.refused and attempt == 0:
                 continue  # the server did not process it: once more, on a fresh connection
             return call.message(self._address)

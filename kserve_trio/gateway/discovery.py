@@ -8,7 +8,9 @@ worker; ``expand_workers`` (pure) turns the resolutions into the worker set and 
 the thin async shell that runs the resolver.
 
 The resolver is a hook: any ``async resolve(host, port) -> list[str]`` of addresses, passed to
-``Discovery`` (tests make one name resolve to 127.0.0.1 and 127.0.0.2 with it). The default,
+``Discovery`` (tests make one name resolve to 127.0.0.1 and 127.0.0.2 with it);
+``hosts_file_resolver`` is the one a gateway process uses when
+``KSERVE_TRIO_GATEWAY_HOSTS_FILE`` names a file in the ``/etc/hosts`` format. The default,
 ``system_resolver``, asks the system (``anyio.getaddrinfo``, so ``/etc/hosts`` and DNS) and
 keeps the IPv4 addresses when there are any, else the IPv6 ones: a dual-stack ``localhost``
 would otherwise count as two workers, one of them usually not listening. IP literals are never
@@ -49,6 +51,43 @@ async def system_resolver(host: str, port: int) -> list[str]:
         if bucket is not None and address not in bucket:
             bucket.append(address)
     return v4 or v6
+
+
+def parse_hosts(text: str) -> dict[str, list[str]]:
+    """An ``/etc/hosts``-format text as name (lowercased) -> addresses, in file order: each
+    line is an address and its names; ``#`` starts a comment; a line whose first field is not
+    an IP address is ignored."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2 or not is_ip_literal(fields[0]):
+            continue
+        for name in fields[1:]:
+            addresses = out.setdefault(name.lower(), [])
+            if fields[0] not in addresses:
+                addresses.append(fields[0])
+    return out
+
+
+def hosts_file_resolver(path: str, fallback: Resolver = system_resolver) -> Resolver:
+    """A resolver that reads ``path`` (``/etc/hosts`` format, ``parse_hosts``) on every call:
+    a name it lists resolves to the addresses listed for it, any other name goes to
+    ``fallback``. Editing the file changes the answer at the next prober round, which makes
+    one name stand for a changing set of addresses without a DNS server. A file that cannot
+    be read counts as empty."""
+
+    async def resolve(host: str, port: int) -> list[str]:
+        try:
+            text = await anyio.Path(path).read_text()
+        except OSError as exc:
+            _log.warning("hosts_file_unreadable", path=path, error=str(exc))
+            text = ""
+        listed = parse_hosts(text).get(host.lower())
+        if listed:
+            return listed
+        return await fallback(host, port)
+
+    return resolve
 
 
 @dataclass(frozen=True)
@@ -273,5 +312,7 @@ __all__ = [
     "WorkerSpec",
     "diff_workers",
     "expand_workers",
+    "hosts_file_resolver",
+    "parse_hosts",
     "system_resolver",
 ]

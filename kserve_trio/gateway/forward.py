@@ -7,7 +7,9 @@ service around it turns a returned reply into the response bytes and a raised
 
 Rules (``Forwarder.infer``):
 1. Peek ``model_name``, ``id`` and, when the policy counts items, the policy's batch input's
-   shape (``peek``); a malformed request is INVALID_ARGUMENT. The payload is never decoded.
+   shape, in one walk over the top-level fields (``peek.peek_routing``); a malformed request is
+   INVALID_ARGUMENT. The payload is never decoded. A compressed request is peeked in its
+   uncompressed form (``plain``) and forwarded as it arrived, under its ``grpc-encoding``.
 2. The policy turns the shape into request units and selects replicas from the current table
    snapshot. None known: refresh the table now (single-flight) and select again; still none:
    NOT_FOUND ``model 'm' not found on any worker``.
@@ -19,29 +21,37 @@ Rules (``Forwarder.infer``):
    NOT_FOUND asks for a background table refresh and tries the next replica; UNAVAILABLE
    (transport failure, or a worker that cannot serve now) tries the next; any other status is
    raised unchanged. With every replica tried, the last failure is raised.
-5. The selection's reservation is released exactly once, on every path; the request's and each
+5. One exception to rule 4: a worker's FAILED_PRECONDITION ``unregistered shared memory region:
+   r`` for a region the gateway registered means the worker lost its registrations (it
+   restarted between two prober rounds, so the prober never saw it unready). The ``replay`` hook
+   re-registers the gateway's regions on that worker and the request is retried there once.
+6. The selection's reservation is released exactly once, on every path; the request's and each
    worker call's latency and the final status are recorded.
+
+``call_replica`` runs rules 3-5 for the model RPCs answered by a ready replica (ModelReady,
+ModelMetadata, ModelConfig): the replicas of the routing table in turn, no policy, no
+reservation.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import anyio
 
-from kserve_trio.client.errors import RpcError
+from kserve_trio.client.errors import RpcError, is_stale_registration
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.errors import NotFound, ServingError, StatusCode, Unavailable
 from kserve_trio.gateway.metrics import GatewayMetrics
-from kserve_trio.gateway.peek import peek_infer_request
-from kserve_trio.gateway.pool import WorkerPool, forward_deadline
+from kserve_trio.gateway.peek import PeekedRequest, peek_routing
+from kserve_trio.gateway.pool import WorkerClient, WorkerPool, forward_deadline
 from kserve_trio.gateway.prober import RouteRefresher
 from kserve_trio.gateway.routing import (
     Failover,
     RoutingPolicy,
     RoutingState,
-    Selection,
     failover_action,
 )
 
@@ -76,6 +86,11 @@ class RegisterGates:
         return worker in self._held
 
 
+StaleReplay = Callable[[WorkerClient, RpcError], Awaitable[bool]]
+"""``replay(client, error)``: re-register the gateway's regions on ``client`` if ``error`` names
+one of them; True when it did (the request is then retried once on that worker)."""
+
+
 class Forwarder:
     """The ModelInfer request path (the rules are in the module docstring)."""
 
@@ -89,6 +104,7 @@ class Forwarder:
         routable: Callable[[], frozenset[str]],
         metrics: GatewayMetrics | None = None,
         gates: RegisterGates | None = None,
+        replay: StaleReplay | None = None,
     ) -> None:
         self.pool = pool
         self.state = state
@@ -97,34 +113,49 @@ class Forwarder:
         self.routable = routable
         self.metrics = metrics
         self.gates = gates or RegisterGates()
+        self.replay = replay
+        self._cursor = 0
+
+    def peek(self, plain: bytes) -> PeekedRequest:
+        """Rule 1's peek of an uncompressed request (``InvalidArgument`` if malformed)."""
+        return peek_routing(plain, self.policy.batch_input)
 
     async def infer(
         self,
         data: bytes,
         *,
+        plain: bytes | None = None,
+        compressed_with: str | None = None,
+        head: PeekedRequest | None = None,
         deadline: float | None = None,
-        metadata: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         rpc: str = "ModelInfer",
     ) -> bytes:
-        """Forward one ModelInfer request (``data``, the received bytes) and return the
-        worker's reply bytes; ``deadline`` is the client's, absolute on the
-        ``anyio.current_time()`` clock (``None``: it set none)."""
+        """Forward one ModelInfer request and return the worker's reply bytes.
+
+        ``data`` is the request as received (compressed with ``compressed_with`` if set, then
+        ``plain`` is its uncompressed form); ``head`` its peek when the caller already has it;
+        ``deadline`` the client's, absolute on the ``anyio.current_time()`` clock (``None``: it
+        set none)."""
         started = anyio.current_time()
-        model = ""
+        model = "" if head is None else head.model_name
         status = StatusCode.INTERNAL
         try:
-            head = peek_infer_request(data)
-            model = head.model_name
-            batch = self.policy.batch_input(model)
-            shape = peek_infer_request(data, batch[0]).shape if batch is not None else None
-            units = self.policy.request_units(model, shape)
+            if head is None:
+                head = self.peek(data if plain is None else plain)
+                model = head.model_name
+            units = self.policy.request_units(model, head.shape)
             selection = self.policy.select(model, units, self.state.table)
             if not selection.order:
                 selection.reservation.release()
                 await self.refresher.refresh_now()
                 selection = self.policy.select(model, units, self.state.table)
             with selection.reservation:
-                reply = await self._attempts(model, data, selection, deadline, metadata)
+                if not selection.order:
+                    raise NotFound(f"model '{model}' not found on any worker")
+                reply = await self._attempts(
+                    MODEL_INFER, model, data, selection.order, deadline, metadata, compressed_with
+                )
             status = StatusCode.OK
             return reply
         except ServingError as exc:
@@ -134,46 +165,81 @@ class Forwarder:
             if self.metrics is not None:
                 self.metrics.observe_request(rpc, model, status, anyio.current_time() - started)
 
-    async def _attempts(
+    async def call_replica(
         self,
+        method: str,
         model: str,
         data: bytes,
-        selection: Selection,
+        *,
+        deadline: float | None = None,
+    ) -> bytes | None:
+        """``method`` on a ready replica of ``model`` (rules 3-5, replicas in turn); ``None``
+        when no worker has ``model`` ready, even after a refresh."""
+        replicas = self.state.table.replicas(model)
+        if not replicas:
+            await self.refresher.refresh_now()
+            replicas = self.state.table.replicas(model)
+            if not replicas:
+                return None
+        i = self._cursor % len(replicas)
+        self._cursor += 1
+        order = replicas[i:] + replicas[:i]
+        return await self._attempts(method, model, data, order, deadline, None, None)
+
+    async def _attempts(
+        self,
+        method: str,
+        model: str,
+        data: bytes,
+        order: tuple[str, ...],
         deadline: float | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, Any] | None,
+        compressed_with: str | None,
     ) -> bytes:
-        if not selection.order:
-            raise NotFound(f"model '{model}' not found on any worker")
         routable = self.routable()
+        rpc = method[method.rfind("/") + 1 :]
         last: ServingError | None = None
-        for label in selection.order:
+        for label in order:
             client = self.pool.get(label)
             if client is None or label not in routable:
                 continue
-            await self.gates.wait(label)
-            attempt_deadline = forward_deadline(
-                deadline, anyio.current_time(), client.request_timeout, model
-            )
-            sent = anyio.current_time()
-            try:
-                return await client.call_raw(
-                    MODEL_INFER, data, deadline=attempt_deadline, metadata=metadata
+            replayed = False
+            while True:
+                await self.gates.wait(label)
+                attempt_deadline = forward_deadline(
+                    deadline, anyio.current_time(), client.request_timeout, model
                 )
-            except RpcError as exc:
-                action = failover_action(exc.status)
-                if action is Failover.RETURN:
-                    raise
-                if action is Failover.NEXT_AND_REFRESH:
-                    self.refresher.request_refresh()
-                last = exc
-            finally:
-                if self.metrics is not None:
-                    self.metrics.observe_worker_call(
-                        "ModelInfer", label, anyio.current_time() - sent
+                sent = anyio.current_time()
+                try:
+                    return await client.call_raw(
+                        method,
+                        data,
+                        deadline=attempt_deadline,
+                        metadata=metadata,
+                        compressed_with=compressed_with,
                     )
+                except RpcError as exc:
+                    if (
+                        not replayed
+                        and self.replay is not None
+                        and is_stale_registration(exc)
+                        and await self.replay(client, exc)
+                    ):
+                        replayed = True
+                        continue  # rule 5: once more on the same worker
+                    action = failover_action(exc.status)
+                    if action is Failover.RETURN:
+                        raise
+                    if action is Failover.NEXT_AND_REFRESH:
+                        self.refresher.request_refresh()
+                    last = exc
+                    break
+                finally:
+                    if self.metrics is not None:
+                        self.metrics.observe_worker_call(rpc, label, anyio.current_time() - sent)
         if last is not None:
             raise last
         raise Unavailable(f"no ready worker can take model '{model}' now")
 
 
-__all__ = ["MODEL_INFER", "Forwarder", "RegisterGates"]
+__all__ = ["MODEL_INFER", "Forwarder", "RegisterGates", "StaleReplay"]

@@ -17,6 +17,7 @@ UTF-8 in a name) is ``InvalidArgument``; nothing else escapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kserve_trio.core.errors import InvalidArgument
@@ -65,15 +66,12 @@ def _tensor(sub: memoryview, target: bytes) -> tuple[int, ...] | None:
     return tuple(dims) if sub[name[0] : name[1]] == target else None
 
 
-def peek_infer_request(data: _Buffer, input_name: str | None = None) -> PeekedRequest:
-    """``model_name``, ``id`` and (with ``input_name``) that input's shape; see the module
-    docstring. An empty ``model_name`` is ``InvalidArgument`` too: such a request cannot be
-    routed."""
-    buf = memoryview(data).cast("B")
-    target = None if input_name is None else input_name.encode("utf-8")
+def _walk(buf: memoryview) -> tuple[tuple[int, int] | None, tuple[int, int] | None, list]:
+    """One pass over the top-level fields: the spans of ``model_name``, ``id`` and every
+    input tensor (in order)."""
     model: tuple[int, int] | None = None
     ident: tuple[int, int] | None = None
-    shape: tuple[int, ...] | None = None
+    inputs: list[tuple[int, int]] = []
     try:
         for field, wt, value in _fields(buf, 0, len(buf)):
             if wt != 2:
@@ -82,16 +80,52 @@ def peek_infer_request(data: _Buffer, input_name: str | None = None) -> PeekedRe
                 model = value
             elif field == 3:
                 ident = value
-            elif field == 5 and target is not None and shape is None:
-                shape = _tensor(buf[value[0] : value[1]], target)
+            elif field == 5:
+                inputs.append(value)
     except IndexError:  # a varint running off the end of its buffer
         raise InvalidArgument("malformed ModelInferRequest: truncated message") from None
     except ValueError as exc:
         raise InvalidArgument(f"malformed ModelInferRequest: {exc}") from None
+    return model, ident, inputs
+
+
+def _shape(buf: memoryview, inputs: list, name: str) -> tuple[int, ...] | None:
+    """The shape of the first input named ``name`` (inputs after it are not looked into)."""
+    target = name.encode("utf-8")
+    try:
+        for start, end in inputs:
+            shape = _tensor(buf[start:end], target)
+            if shape is not None:
+                return shape
+    except IndexError:
+        raise InvalidArgument("malformed ModelInferRequest: truncated input tensor") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed ModelInferRequest: {exc}") from None
+    return None
+
+
+def peek_routing(
+    data: _Buffer, batch_input: Callable[[str], tuple[str, int] | None]
+) -> PeekedRequest:
+    """``model_name``, ``id`` and, when ``batch_input(model_name)`` names an input, that
+    input's shape, from a single walk over the top-level fields (the routing policy knows
+    which input to read only once it knows the model). An empty ``model_name`` is
+    ``InvalidArgument``: such a request cannot be routed."""
+    buf = memoryview(data).cast("B")
+    model, ident, inputs = _walk(buf)
     model_name = _text(buf, model, "model_name")
     if not model_name:
         raise InvalidArgument("ModelInferRequest has no model_name")
+    batch = batch_input(model_name)
+    shape = _shape(buf, inputs, batch[0]) if batch is not None else None
     return PeekedRequest(model_name, _text(buf, ident, "id"), shape)
+
+
+def peek_infer_request(data: _Buffer, input_name: str | None = None) -> PeekedRequest:
+    """``model_name``, ``id`` and (with ``input_name``) that input's shape; see the module
+    docstring. An empty ``model_name`` is ``InvalidArgument`` too: such a request cannot be
+    routed."""
+    return peek_routing(data, lambda _model: None if input_name is None else (input_name, 0))
 
 
 def peek_region_name(data: _Buffer, rpc: str) -> str:
@@ -112,4 +146,4 @@ def peek_region_name(data: _Buffer, rpc: str) -> str:
     return text
 
 
-__all__ = ["PeekedRequest", "peek_infer_request", "peek_region_name"]
+__all__ = ["PeekedRequest", "peek_infer_request", "peek_region_name", "peek_routing"]

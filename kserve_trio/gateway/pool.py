@@ -232,9 +232,12 @@ class WorkerClient:
         *,
         deadline: float | None = None,
         metadata: Mapping[str, str] | None = None,
+        compressed_with: str | None = None,
     ) -> bytes:
         """Forward ``payload`` to ``method`` and return the reply bytes, within ``deadline``
         (absolute, ``anyio.current_time()`` clock; ``None``: ``request_timeout`` from now).
+        ``compressed_with``: ``payload`` is a message compressed with that ``grpc-encoding``,
+        forwarded as it is.
 
         The wait for a stream slot counts against the deadline; the worker is given exactly
         the time left when the call is sent. Failures are ``RpcError``s: the worker's status
@@ -256,7 +259,12 @@ class WorkerClient:
         try:
             left = deadline - anyio.current_time()
             return await self.transport.unary(
-                method, payload, RawReply, timeout=max(left, 0.0), metadata=metadata
+                method,
+                payload,
+                RawReply,
+                timeout=max(left, 0.0),
+                metadata=metadata,
+                compressed_with=compressed_with,
             )
         finally:
             self._slots.release()

@@ -19,6 +19,11 @@ Rules (``ShmFanout``):
    registration order, on a worker that became ready, before it is routed to; a worker that
    already has a region (ALREADY_EXISTS) counts as done. A failure fails the admission, and the
    prober retries at its next round.
+4. ``replay_stale`` (the request path's hook) handles a worker that restarted between two
+   prober rounds: its ``unregistered shared memory region: r`` for a region ``r`` the gateway
+   registered triggers ``replay`` on that worker (single-flight: requests that hit the same
+   loss together wait for one replay) and says whether the request may be retried there.
+   A region the gateway never registered is the client's own business: no replay.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ class ShmFanout:
         self.gates = gates
         self.registrations = registrations or ShmRegistrations()
         self.metrics = metrics
+        self._replays: dict[str, anyio.Event] = {}
 
     async def _call(
         self, client: WorkerClient, method: str, data: bytes, deadline: float | None
@@ -195,6 +201,27 @@ class ShmFanout:
             return replies[0]
         label, first = failed[0]
         raise _failure(rpc, label, first)
+
+    async def replay_stale(self, client: WorkerClient, exc: RpcError) -> bool:
+        """Rule 4."""
+        _, sep, name = exc.message.partition(": ")
+        if not sep or name not in self.registrations:
+            return False
+        running = self._replays.get(client.label)
+        if running is not None:
+            await running.wait()
+            return True
+        done = self._replays[client.label] = anyio.Event()
+        try:
+            await self.replay(client)
+        except RpcError as failure:
+            _log.warning("shm_replay_failed", worker=client.label, error=str(failure))
+            return False
+        finally:
+            del self._replays[client.label]
+            done.set()
+        _log.info("shm_replayed_after_worker_lost_them", worker=client.label, region=name)
+        return True
 
     async def replay(self, client: WorkerClient) -> None:
         """Rule 3 (raises the first failure)."""

@@ -8,7 +8,7 @@ One request per connection; no keep-alive is needed for scrapers and probes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 import anyio.abc
@@ -18,6 +18,9 @@ from kserve_trio.core.logging import get_logger
 log = get_logger("kserve_trio.serving.admin_http")
 
 MAX_HEADER_BYTES = 16 << 10
+
+Route = Callable[[], Awaitable[tuple[int, str, bytes]]]
+"""An extra endpoint: ``async () -> (status, content type, body)``."""
 
 
 def route(
@@ -45,7 +48,9 @@ _REASONS = {
 }
 
 
-async def _handle(stream: anyio.abc.ByteStream, exposition, ready) -> None:
+async def _handle(
+    stream: anyio.abc.ByteStream, exposition, ready, routes: Mapping[str, Route] | None = None
+) -> None:
     async with stream:
         buf = b""
         with anyio.move_on_after(10):
@@ -61,6 +66,10 @@ async def _handle(stream: anyio.abc.ByteStream, exposition, ready) -> None:
             status, ctype, body = 400, "text/plain", b"bad request"
         elif parts[0] not in ("GET", "HEAD"):
             status, ctype, body = 405, "text/plain", b"method not allowed"
+        elif routes and parts[1].split("?", 1)[0] in routes:
+            status, ctype, body = await routes[parts[1].split("?", 1)[0]]()
+            if parts[0] == "HEAD":
+                body = b""
         else:
             status, ctype, body = route(parts[1], exposition=exposition, ready=ready)
             if parts[0] == "HEAD":
@@ -81,9 +90,12 @@ async def serve_http(
     *,
     exposition: Callable[[], bytes],
     ready: Callable[[], bool],
+    routes: Mapping[str, Route] | None = None,
     task_status=anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; ``task_status.started(bound_port)``."""
+    """Serve until cancelled; ``task_status.started(bound_port)``. ``routes`` adds endpoints
+    (path -> async handler), checked before the built-in ones, so a server can serve its own
+    ``/metrics`` (the gateway merges its workers' expositions into it)."""
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
     bound = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener:
@@ -92,7 +104,7 @@ async def serve_http(
 
         async def handler(stream):
             try:
-                await _handle(stream, exposition, ready)
+                await _handle(stream, exposition, ready, routes)
             except Exception as exc:  # one bad client never stops the endpoint
                 log.warning("metrics_request_failed", error=repr(exc))
 

@@ -496,7 +496,15 @@ def test_prober_knobs_from_the_environment_and_their_ranges():
             load(env={**ONE, W + name: text})
     with raises(W + "WEDGE_EXIT_ROUNDS", "invalid integer value '1.5'"):
         load(env={**ONE, W + "WEDGE_EXIT_ROUNDS": "1.5"})
-    assert set(PROBER_ENV) == {W + n for n in ("STARTUP_WAIT_SECONDS", "HEALTH_INTERVAL_SECONDS", "WEDGE_EXIT_ROUNDS")}  # fmt: skip
+    assert set(PROBER_ENV) == {W + n for n in ("STARTUP_WAIT_SECONDS", "HEALTH_INTERVAL_SECONDS", "WEDGE_EXIT_ROUNDS", "HOSTS_FILE")}  # fmt: skip
+
+
+def test_the_hosts_file_knob_names_an_existing_file(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.2 workers.test\n")
+    assert load(env={**ONE, W + "HOSTS_FILE": f" {hosts} "}).prober.hosts_file == str(hosts)
+    with raises(W + "HOSTS_FILE", "file does not exist"):
+        load(env={**ONE, W + "HOSTS_FILE": str(tmp_path / "missing")})
 
 
 # --------------------------------------------------------------------------------------------

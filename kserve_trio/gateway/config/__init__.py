@@ -11,9 +11,9 @@ and the keys of the ``lpt_packing`` scheduling mode (placement by measured load)
 with a message saying that mode is not available yet, rather than accepted and ignored.
 ``scheduling.work_basis`` is accepted only where it means something (``least_outstanding``).
 
-Three settings are environment-only (runtime knobs, not ``gateway.yml`` keys), in
-``ProberConfig``: ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS``, ``..._HEALTH_INTERVAL_SECONDS``
-and ``..._WEDGE_EXIT_ROUNDS``.
+Four settings are environment-only (runtime knobs, not ``gateway.yml`` keys), in
+``ProberConfig``: ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS``, ``..._HEALTH_INTERVAL_SECONDS``,
+``..._WEDGE_EXIT_ROUNDS`` and ``..._HOSTS_FILE``.
 
 This package states the public names once; the parts live in private modules: ``_types``
 (enums and dataclasses), ``_schema`` (the key schema and the builder), ``_env`` (the

@@ -46,6 +46,7 @@ PROBER_ENV: Mapping[str, str] = {
     ENV_PREFIX + "STARTUP_WAIT_SECONDS": "startup_wait_seconds",
     ENV_PREFIX + "HEALTH_INTERVAL_SECONDS": "health_interval_seconds",
     ENV_PREFIX + "WEDGE_EXIT_ROUNDS": "wedge_exit_rounds",
+    ENV_PREFIX + "HOSTS_FILE": "hosts_file",
 }
 """The environment-only runtime knobs -> their ``ProberConfig`` field."""
 
@@ -101,7 +102,7 @@ def prober_from_env(env: Mapping[str, str]) -> tuple[ProberConfig, list[tuple[st
 
     ``STARTUP_WAIT_SECONDS`` takes a number of seconds or ``inf`` / ``forever`` / ``-1``
     (wait until a worker is ready); ``HEALTH_INTERVAL_SECONDS`` a number; ``WEDGE_EXIT_ROUNDS``
-    an integer. Ranges are checked by ``validate_gateway_config``.
+    an integer; ``HOSTS_FILE`` a path. Ranges are checked by ``validate_gateway_config``.
     """
     values: dict[str, Any] = {}
     applied: list[tuple[str, str]] = []
@@ -109,7 +110,9 @@ def prober_from_env(env: Mapping[str, str]) -> tuple[ProberConfig, list[tuple[st
         if var not in env:
             continue
         text = env[var]
-        if name == "startup_wait_seconds" and text.strip().lower() in _FOREVER:
+        if name == "hosts_file":
+            values[name] = text.strip()
+        elif name == "startup_wait_seconds" and text.strip().lower() in _FOREVER:
             values[name] = math.inf
         else:
             kind = "int" if name == "wedge_exit_rounds" else "float"

@@ -131,11 +131,16 @@ class ProberConfig:
     routing table, routing metadata). ``wedge_exit_rounds``: once any worker has ever answered,
     this many consecutive rounds in which every probe timed out mean the gateway's own client
     stack is wedged, and it exits non-zero so its supervisor restarts it (0 = never).
+    ``hosts_file``: a file in the ``/etc/hosts`` format that the gateway's resolver reads every
+    round before asking the system (names it lists resolve to its addresses only); "" = the
+    system resolver alone. It lets one name stand for a changing set of addresses without a
+    DNS server (tests, and hosts where ``/etc/hosts`` is not the gateway's to edit).
     """
 
     startup_wait_seconds: float = 0.0
     health_interval_seconds: float = 10.0
     wedge_exit_rounds: int = 3
+    hosts_file: str = ""
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,9 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
             f"applies to scheduling mode least_outstanding only (mode is '{sched.mode.value}')",
             "scheduling.work_basis",
         )
+    hosts = pr.hosts_file
+    if hosts and check_files and not os.path.isfile(hosts):
+        raise ConfigError(f"file does not exist: {hosts}", PROBER_ENV_NAME["hosts_file"])
     validate_tls(cfg.tls, check_files=check_files, prefix="tls")
     _validate_worker_tls(wc.tls, check_files=check_files)
     try:

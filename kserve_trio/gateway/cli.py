@@ -1,0 +1,80 @@
+"""``python -m kserve_trio gateway``: one KServe V2 endpoint in front of many workers.
+
+The configuration is ``--config FILE``, else the file ``KSERVE_TRIO_GATEWAY_FILE`` names, else
+the environment alone (``KSERVE_TRIO_GATEWAY_*``); ``--log-level`` and ``--log-format`` override
+its ``logging:`` block. Exit status: 0 after a drained shutdown (SIGTERM, SIGINT), 1 when the
+gateway found itself wedged (its supervisor should restart it), 2 for a configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def configure_parser(parser: argparse.ArgumentParser):
+    """Add the gateway's flags to ``parser``; returns the runner."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="gateway.yml (default: $KSERVE_TRIO_GATEWAY_FILE, else the environment only)",
+    )
+    parser.add_argument(
+        "--log-level", help="debug|info|warning|error|critical (default: logging.level, info)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["json", "console", "auto"],
+        help="log rendering (default: logging.format; auto = console on a TTY, else JSON)",
+    )
+    parser.add_argument(
+        "--no-uvloop",
+        action="store_true",
+        help="run on asyncio's own event loop instead of uvloop (env KSERVE_TRIO_UVLOOP=0)",
+    )
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from kserve_trio.core.errors import ConfigError
+    from kserve_trio.core.logging import configure_logging, get_logger
+    from kserve_trio.gateway.config import (
+        configure_gateway_logging,
+        load_gateway_config,
+        log_gateway_config,
+    )
+
+    if args.no_uvloop:
+        os.environ["KSERVE_TRIO_UVLOOP"] = "0"
+    log = get_logger("kserve_trio.gateway")
+    overrides = {"logging": {"level": args.log_level, "format": args.log_format}}
+    try:
+        loaded = load_gateway_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        configure_logging(args.log_format or "auto", args.log_level or "info")
+        log.error("startup_failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_gateway_logging(loaded.config.logging)
+    log_gateway_config(loaded, log)
+    from kserve_trio.gateway.prober import GatewayWedged
+    from kserve_trio.gateway.server import serve_gateway
+
+    try:
+        serve_gateway(loaded.config, blocking=True)
+    except ConfigError as exc:  # e.g. a certificate that does not load
+        log.error("startup_failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a listen address that cannot be bound
+        log.error("startup_failed", error=str(exc))
+        print(f"error: cannot serve: {exc}", file=sys.stderr)
+        return 2
+    except GatewayWedged as exc:
+        log.error("gateway_wedged", error=str(exc))
+        return 1
+    return 0
+
+
+__all__ = ["configure_parser", "run"]

@@ -1,0 +1,396 @@
+"""``serve_gateway`` / ``RunningGateway`` / ``stop``: one gateway process as one task tree.
+
+``serve_gateway_async`` is the tree::
+
+    serve_gateway_async(config)
+    └─ task group (root)                 cancel = orderly shutdown
+       ├─ route refresher                background table scans (a worker said NOT_FOUND)
+       ├─ prober                         first round before anything serves, then every interval
+       ├─ admin HTTP                     /metrics /healthz /readyz /routing on listen.metrics
+       └─ grpclib server                 listen.grpc (TLS from tls:); started, closed on exit
+
+grpclib runs its handlers as its own tasks; they only await work of this tree (the pool's
+connections, the refresher, the prober's state) and every task a handler starts (a stream's
+per-request tasks) lives in that handler's own task group, so nothing outlives the tree.
+
+Start-up: the first prober round runs before the ports open (discovery, probes, shared-memory
+replay, routing table). If no worker is routable after it, the gateway waits up to
+``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS`` for one (probing every half second meanwhile), then
+serves regardless: ServerReady and ``/readyz`` say not ready until a worker is.
+
+Shutdown (``stop``, SIGTERM, SIGINT) drains: admission stops (new requests are refused
+UNAVAILABLE, ``/readyz`` turns 503, ServerReady false), requests in flight finish within
+``DRAIN_SECONDS``, then the grpclib server closes, the tree is cancelled and the worker
+connections close. A wedged gateway (``prober.GatewayWedged``) ends the tree with that error,
+and the CLI exits 1 so its supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+
+from kserve_trio.core.logging import get_logger
+from kserve_trio.gateway.admin import AdminEndpoints
+from kserve_trio.gateway.admission import Admission
+from kserve_trio.gateway.config import GatewayConfig, load_gateway_config, log_gateway_config
+from kserve_trio.gateway.discovery import (
+    Discovery,
+    Resolver,
+    hosts_file_resolver,
+    system_resolver,
+)
+from kserve_trio.gateway.fanout import Fleet
+from kserve_trio.gateway.forward import Forwarder, RegisterGates
+from kserve_trio.gateway.metrics import GatewayMetrics
+from kserve_trio.gateway.pool import PoolSettings, WorkerPool
+from kserve_trio.gateway.prober import GatewayWedged, Prober
+from kserve_trio.gateway.routing import RoutingState, make_policy
+from kserve_trio.gateway.service import GatewayService
+from kserve_trio.gateway.shm_fanout import ShmFanout
+from kserve_trio.gateway.tls import public_ssl_context
+from kserve_trio.serving.admin_http import serve_http
+from kserve_trio.serving.grpc_adapter import Limits
+from kserve_trio.serving.grpc_server import GrpcServer
+from kserve_trio.serving.h2_settings import server_config
+
+DRAIN_SECONDS = 5.0
+"""How long a stopping gateway lets requests in flight finish (the node supervisor allows it
+10 s before SIGKILL)."""
+STARTUP_POLL_SECONDS = 0.5
+
+_log = get_logger("kserve_trio.gateway")
+
+
+class Gateway:
+    """The gateway's parts, wired together; constructing it does no I/O."""
+
+    def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
+        self.config = config
+        hosts = config.prober.hosts_file
+        if resolver is None:
+            resolver = hosts_file_resolver(hosts) if hosts else system_resolver
+        self.discovery = Discovery.from_config(config, resolver)
+        self.pool = WorkerPool(PoolSettings.from_config(config))
+        self.policy = make_policy(config.scheduling)
+        self.state = RoutingState()
+        self.admission = Admission(
+            config.grpc.max_concurrent_requests_per_worker,
+            lambda: len(self.pool.clients),
+            on_shed=lambda: self.metrics.shed.inc(),
+        )
+        self.metrics = GatewayMetrics(
+            inflight=lambda: self.admission.inflight,
+            max_concurrent=lambda: self.admission.cap,
+            policy=self.policy,
+            workers=lambda: self.pool.clients.keys(),
+        )
+        self.gates = RegisterGates()
+        self.shm = ShmFanout(
+            targets=lambda: self.prober.routable_clients(), gates=self.gates, metrics=self.metrics
+        )
+        self.prober = Prober(
+            discovery=self.discovery,
+            pool=self.pool,
+            state=self.state,
+            policy=self.policy,
+            interval=config.prober.health_interval_seconds,
+            wedge_rounds=config.prober.wedge_exit_rounds,
+            metrics=self.metrics,
+            on_ready=self.shm.replay,
+        )
+        self.forwarder = Forwarder(
+            pool=self.pool,
+            state=self.state,
+            policy=self.policy,
+            refresher=self.prober.refresher,
+            routable=lambda: self.prober.routable_labels,
+            metrics=self.metrics,
+            gates=self.gates,
+            replay=self.shm.replay_stale,
+        )
+        self.fleet = Fleet(
+            routable=self.prober.routable_clients,
+            refresher=self.prober.refresher,
+            metrics=self.metrics,
+        )
+        self.service = GatewayService(
+            forwarder=self.forwarder,
+            shm=self.shm,
+            fleet=self.fleet,
+            admission=self.admission,
+            limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
+            ready=self.has_routable_worker,
+        )
+        self.admin = AdminEndpoints(
+            metrics=self.metrics, pool=self.pool, state=self.state, ready=self.ready
+        )
+
+    def has_routable_worker(self) -> bool:
+        return bool(self.prober.routable_labels)
+
+    def ready(self) -> bool:
+        """``/readyz``: some worker is routable and the gateway is not draining."""
+        return self.has_routable_worker() and not self.admission.draining
+
+
+@dataclass
+class RunningGateway:
+    """A running gateway: its configuration, bound ports and parts (``gateway``)."""
+
+    config: GatewayConfig
+    host: str
+    port: int
+    metrics_port: int
+    gateway: Gateway
+    _stop: anyio.Event | None = None
+    _done: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _token: Any = None
+    _box: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{self.host}:{self.metrics_port}"
+
+
+async def _wait_for_a_worker(gateway: Gateway, wait: float) -> None:
+    if gateway.has_routable_worker() or not wait > 0:
+        return
+    _log.info("waiting_for_a_ready_worker", seconds=wait)
+    with anyio.move_on_after(wait):
+        while not gateway.has_routable_worker():
+            await anyio.sleep(STARTUP_POLL_SECONDS)
+            gateway.prober.wake()
+
+
+async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
+    admission = gateway.admission
+    admission.start_drain()
+    busy = admission.busy
+    if busy:
+        _log.info("gateway_draining", inflight=busy, seconds=DRAIN_SECONDS)
+    if not await admission.drained(DRAIN_SECONDS):
+        _log.warning("gateway_drain_timeout", inflight=admission.busy)
+    if server is not None:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway_async(
+    config: GatewayConfig, *, resolver: Resolver | None = None
+) -> AsyncIterator[RunningGateway]:
+    """Run a gateway for the duration of the ``async with`` block (the whole task tree)."""
+    ssl_context = public_ssl_context(config.tls)  # a bad certificate fails before any port
+    gateway = Gateway(config, resolver=resolver)
+    grpc_host, grpc_port = config.listen.grpc_address
+    metrics_host, metrics_port = config.listen.metrics_address
+    server: GrpcServer | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.prober.refresher.run)
+            await tg.start(gateway.prober.run)
+            await _wait_for_a_worker(gateway, config.prober.startup_wait_seconds)
+            if not gateway.has_routable_worker():
+                _log.warning("serving_without_a_ready_worker", workers=len(gateway.pool.clients))
+            bound_metrics = await tg.start(
+                functools.partial(
+                    serve_http,
+                    metrics_host,
+                    metrics_port,
+                    exposition=gateway.metrics.exposition,
+                    ready=gateway.ready,
+                    routes=gateway.admin.routes(),
+                )
+            )
+            server = GrpcServer([gateway.service], config=server_config())
+            await server.start(grpc_host, grpc_port, ssl=ssl_context)
+            running = RunningGateway(
+                config=config,
+                host=grpc_host,
+                port=server.port,
+                metrics_port=bound_metrics,
+                gateway=gateway,
+            )
+            _log.info(
+                "gateway_up",
+                address=running.address,
+                metrics_port=bound_metrics,
+                tls="mutual" if config.tls.mutual else config.tls.enabled,
+                scheduling=gateway.policy.mode,
+                workers=sorted(gateway.pool.clients),
+                routable=sorted(gateway.prober.routable_labels),
+                models=sorted(gateway.state.table.models),
+            )
+            try:
+                yield running
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if not tg.cancel_scope.cancel_called:
+                        await _drain(gateway, server)
+                    elif server is not None:  # the tree failed (a wedge): no drain
+                        server.close()
+                        await server.wait_closed()
+                    tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise _single(group) from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await gateway.pool.aclose()
+    _log.info("gateway_down", address=f"{grpc_host}:{grpc_port}")
+
+
+def _single(group: BaseExceptionGroup) -> BaseException:
+    """The one error a failed tree raises: a ``GatewayWedged`` if there is one, else the group's
+    only leaf, else the group itself."""
+    wedged = group.subgroup(GatewayWedged)
+    if wedged is not None:
+        return _leaves(wedged)[0]
+    leaves = _leaves(group)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def resolve_gateway_config(
+    path_or_config: str | os.PathLike[str] | GatewayConfig | None = None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """A ``GatewayConfig`` as given, or loaded from a ``gateway.yml`` path (``None``: the file
+    ``KSERVE_TRIO_GATEWAY_FILE`` names, else the environment alone) and logged."""
+    if isinstance(path_or_config, GatewayConfig):
+        return path_or_config
+    loaded = load_gateway_config(path_or_config, env=env, overrides=overrides)
+    log_gateway_config(loaded, _log)
+    return loaded.config
+
+
+def _use_uvloop() -> bool:
+    if os.environ.get("KSERVE_TRIO_UVLOOP", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _run_loop(fn: Any, *args: Any) -> Any:
+    return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": _use_uvloop()})
+
+
+def serve_gateway(
+    path: str | os.PathLike[str] | GatewayConfig | None = None,
+    blocking: bool = True,
+    *,
+    resolver: Resolver | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> RunningGateway | None:
+    """Serve a gateway. Blocking: until SIGINT/SIGTERM (then drain and return ``None``).
+    Non-blocking: on a background thread with its own event loop; returns the
+    ``RunningGateway`` once its ports are open (``stop`` it).
+
+    ``path`` is a ``gateway.yml`` path, a ``GatewayConfig``, or ``None`` (the file
+    ``KSERVE_TRIO_GATEWAY_FILE`` names, else the environment alone); ``overrides`` are raw
+    values in YAML shape applied last (what command-line flags set); ``resolver`` replaces the
+    system resolver of discovery (see ``discovery.Resolver``).
+    """
+    config = resolve_gateway_config(path, overrides=overrides)
+    if blocking:
+        _run_loop(_serve_until_signal, config, resolver)
+        return None
+    return _start_in_thread(config, resolver)
+
+
+async def _serve_until_signal(config: GatewayConfig, resolver: Resolver | None) -> None:
+    async with serve_gateway_async(config, resolver=resolver):
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                _log.info("shutdown_signal", signal=signal.Signals(signum).name)
+                break
+
+
+def _start_in_thread(config: GatewayConfig, resolver: Resolver | None) -> RunningGateway:
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        stop_event = anyio.Event()
+        box["token"] = anyio.lowlevel.current_token()
+        async with serve_gateway_async(config, resolver=resolver) as running:
+            running._stop = stop_event
+            box["gateway"] = running
+            ready.set()
+            await stop_event.wait()
+
+    def target() -> None:
+        try:
+            _run_loop(main)
+        except BaseException as exc:  # surfaced to the caller of serve_gateway()/stop()
+            box["error"] = exc
+        finally:
+            ready.set()
+            if "gateway" in box:
+                box["gateway"]._done.set()
+
+    thread = threading.Thread(target=target, name="kserve_trio-gateway", daemon=True)
+    thread.start()
+    ready.wait()
+    if "gateway" not in box:
+        thread.join()
+        raise box.get("error") or RuntimeError("the gateway failed to start")
+    running: RunningGateway = box["gateway"]
+    running._thread = thread
+    running._token = box["token"]
+    running._box = box
+    return running
+
+
+def stop(gateway: RunningGateway, timeout: float = 30.0) -> None:
+    """Stop a gateway started with ``serve_gateway(..., blocking=False)``: drain, close, and
+    return once everything is released (re-raising what ended it, if it failed)."""
+    if gateway._thread is None or gateway._stop is None:
+        raise ValueError("stop() needs a RunningGateway returned by serve_gateway(blocking=False)")
+    if gateway._thread.is_alive():
+        with contextlib.suppress(RuntimeError):  # its loop may have just ended
+            anyio.from_thread.run_sync(gateway._stop.set, token=gateway._token)
+    gateway._thread.join(timeout)
+    if gateway._thread.is_alive():
+        raise TimeoutError(f"gateway {gateway.address} did not stop within {timeout}s")
+    error = gateway._box.get("error")
+    if error is not None:
+        raise error
+
+
+__all__ = [
+    "DRAIN_SECONDS",
+    "Gateway",
+    "RunningGateway",
+    "resolve_gateway_config",
+    "serve_gateway",
+    "serve_gateway_async",
+    "stop",
+]

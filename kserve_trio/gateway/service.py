@@ -1,0 +1,267 @@
+"""The gateway's gRPC surface: ``inference.GRPCInferenceService`` and the fleet-wide part of
+``reactant_control.ControlService``, as raw-bytes grpclib handlers (``serving.raw``).
+
+Where each answer comes from:
+
+- ServerLive: the gateway itself (live while the process serves). ServerReady: ready while
+  some worker is routable and the gateway is not draining.
+- ServerMetadata: the gateway's own name, version and the extensions it answers.
+- ModelInfer: ``forward.Forwarder`` (the request's bytes, never decoded). ModelStreamInfer:
+  ``stream.StreamInfer``, each message like a ModelInfer.
+- ModelReady, ModelMetadata, ModelConfig: a ready replica of the model, the request forwarded
+  as it is (no ready replica: ModelReady answers not ready, the others NOT_FOUND).
+- RepositoryIndex, ModelStatistics, IsSameIPCNamespace, RepositoryModelLoad / Unload and
+  CompactMemory: every ready worker (``fanout.Fleet``).
+- SystemSharedMemoryRegister / Unregister: every ready worker (``shm_fanout.ShmFanout``);
+  SystemSharedMemoryStatus: the regions the gateway registered.
+- CUDA shared memory, trace and log settings, and the per-worker ControlService RPCs answer
+  UNIMPLEMENTED by name.
+
+Admission (``admission.Admission``): ModelInfer and stream messages count against the inbound
+cap; every other RPC except ServerLive and ServerReady is refused UNAVAILABLE once the gateway
+drains. A compressed request is read uncompressed (``RawCall.plain``) where the gateway must
+read it; ModelInfer and stream messages are forwarded compressed, under their
+``grpc-encoding``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import grpclib.const
+
+import kserve_trio
+from kserve_trio.core.errors import InvalidArgument, NotFound
+from kserve_trio.gateway import aggregate
+from kserve_trio.gateway.admission import Admission
+from kserve_trio.gateway.fanout import Fleet
+from kserve_trio.gateway.forward import Forwarder
+from kserve_trio.gateway.shm_fanout import ShmFanout
+from kserve_trio.gateway.stream import StreamInfer
+from kserve_trio.proto import inference as pb
+from kserve_trio.serving.grpc_adapter import Limits, unimplemented
+from kserve_trio.serving.raw import RawCall, RawMessage, raw_stream, raw_unary
+
+SERVER_NAME = "kserve_trio"
+INFERENCE = "/inference.GRPCInferenceService/"
+CONTROL = "/reactant_control.ControlService/"
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "system_shared_memory",
+    "parameters",
+    "statistics",
+)
+"""What ServerMetadata lists (Triton's names): the extensions the gateway answers."""
+
+_HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "proxy-connection", "upgrade"})
+
+Handler = Callable[[RawCall, RawMessage], Awaitable[bytes]]
+
+
+def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The caller's custom metadata to pass on to the worker (``None`` when there is none):
+    grpclib has already dropped ``grpc-*`` and gRPC's reserved headers; HTTP hop-by-hop
+    headers are dropped here."""
+    if not metadata:
+        return None
+    out = {k: v for k, v in metadata.items() if k not in _HOP_HEADERS}
+    return out or None
+
+
+def _parse(cls: type, data: bytes, rpc: str) -> Any:
+    try:
+        return cls.parse(data)
+    except Exception as exc:
+        raise InvalidArgument(f"malformed {rpc} request: {exc}") from None
+
+
+class GatewayService:
+    """The grpclib servable (``__mapping__``) of the gateway (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        forwarder: Forwarder,
+        shm: ShmFanout,
+        fleet: Fleet,
+        admission: Admission,
+        limits: Limits,
+        ready: Callable[[], bool],
+    ) -> None:
+        self.forwarder = forwarder
+        self.shm = shm
+        self.fleet = fleet
+        self.admission = admission
+        self.limits = limits
+        self._ready = ready
+        self.stream_infer = StreamInfer(forwarder, admission)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        lim = self.limits
+        inference: dict[str, Handler] = {
+            "ModelInfer": self.model_infer,
+            "ModelReady": self.model_ready,
+            "ModelMetadata": self.model_metadata,
+            "ModelConfig": self.model_config,
+            "ModelStatistics": self.model_statistics,
+            "RepositoryIndex": self.repository_index,
+            "RepositoryModelLoad": self.repository_model_load,
+            "RepositoryModelUnload": self.repository_model_unload,
+            "SystemSharedMemoryStatus": self.shm_status,
+            "SystemSharedMemoryRegister": self.shm_register,
+            "SystemSharedMemoryUnregister": self.shm_unregister,
+            "IsSameIPCNamespace": self.is_same_ipc_namespace,
+            "ServerMetadata": self.server_metadata,
+        }
+        mapping = {
+            INFERENCE + rpc: raw_unary(fn if rpc == "ModelInfer" else self._admitted(fn), lim, rpc)
+            for rpc, fn in inference.items()
+        }
+        mapping[INFERENCE + "ServerLive"] = raw_unary(self.server_live, lim, "ServerLive")
+        mapping[INFERENCE + "ServerReady"] = raw_unary(self.server_ready, lim, "ServerReady")
+        mapping[INFERENCE + "ModelStreamInfer"] = raw_stream(
+            self.stream_infer, lim, "ModelStreamInfer"
+        )
+        mapping[CONTROL + "CompactMemory"] = raw_unary(
+            self._admitted(self.compact_memory), lim, "CompactMemory"
+        )
+        later = {
+            "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
+            "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
+            "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
+            "TraceSetting": "trace settings are not supported",
+            "LogSettings": "the gateway's log settings are its configuration's",
+        }
+        for rpc, reason in later.items():
+            mapping[INFERENCE + rpc] = unimplemented(rpc, reason)
+        for rpc in ("ModelControlStatus", "SetModelResidency", "SetModelPolicy"):
+            mapping[CONTROL + rpc] = unimplemented(
+                rpc, "it acts on one worker: call that worker's own port"
+            )
+        return mapping
+
+    def _admitted(self, fn: Handler) -> Handler:
+        async def run(call: RawCall, message: RawMessage) -> bytes:
+            with self.admission.call():
+                return await fn(call, message)
+
+        return run
+
+    # -- the gateway's own answers -----------------------------------------------------------
+
+    async def server_live(self, call: RawCall, message: RawMessage) -> bytes:
+        return bytes(pb.ServerLiveResponse(live=True))
+
+    async def server_ready(self, call: RawCall, message: RawMessage) -> bytes:
+        ready = self._ready() and not self.admission.draining
+        return bytes(pb.ServerReadyResponse(ready=ready))
+
+    async def server_metadata(self, call: RawCall, message: RawMessage) -> bytes:
+        return bytes(
+            pb.ServerMetadataResponse(
+                name=SERVER_NAME, version=kserve_trio.__version__, extensions=list(EXTENSIONS)
+            )
+        )
+
+    async def shm_status(self, call: RawCall, message: RawMessage) -> bytes:
+        request = _parse(pb.SystemSharedMemoryStatusRequest, call.plain(message), "status")
+        registered = [data for _, data in self.shm.registrations.items()]
+        return bytes(aggregate.shm_status(registered, request.name))
+
+    # -- inference ---------------------------------------------------------------------------
+
+    async def model_infer(self, call: RawCall, message: RawMessage) -> bytes:
+        with self.admission.inference():
+            if message.compressed:
+                return await self.forwarder.infer(
+                    message.data,
+                    plain=call.plain(message),
+                    compressed_with=call.encoding,
+                    deadline=call.deadline,
+                    metadata=forwarded_metadata(call.metadata),
+                )
+            return await self.forwarder.infer(
+                message.data,
+                deadline=call.deadline,
+                metadata=forwarded_metadata(call.metadata),
+            )
+
+    # -- from a ready replica ----------------------------------------------------------------
+
+    async def _from_replica(self, call: RawCall, message: RawMessage, rpc: str, cls: type):
+        data = call.plain(message)
+        request = _parse(cls, data, rpc)
+        reply = await self.forwarder.call_replica(
+            INFERENCE + rpc, request.name, data, deadline=call.deadline
+        )
+        return request, reply
+
+    async def model_ready(self, call: RawCall, message: RawMessage) -> bytes:
+        _, reply = await self._from_replica(call, message, "ModelReady", pb.ModelReadyRequest)
+        return bytes(pb.ModelReadyResponse(ready=False)) if reply is None else reply
+
+    async def model_metadata(self, call: RawCall, message: RawMessage) -> bytes:
+        request, reply = await self._from_replica(
+            call, message, "ModelMetadata", pb.ModelMetadataRequest
+        )
+        if reply is None:
+            raise NotFound(f"model '{request.name}' not found on any worker")
+        return reply
+
+    async def model_config(self, call: RawCall, message: RawMessage) -> bytes:
+        request, reply = await self._from_replica(
+            call, message, "ModelConfig", pb.ModelConfigRequest
+        )
+        if reply is None:
+            raise NotFound(f"model '{request.name}' not found on any worker")
+        return reply
+
+    # -- fan-outs ----------------------------------------------------------------------------
+
+    async def repository_index(self, call: RawCall, message: RawMessage) -> bytes:
+        data = call.plain(message)
+        _parse(pb.RepositoryIndexRequest, data, "RepositoryIndex")
+        return await self.fleet.repository_index(data, call.deadline)
+
+    async def model_statistics(self, call: RawCall, message: RawMessage) -> bytes:
+        data = call.plain(message)
+        request = _parse(pb.ModelStatisticsRequest, data, "ModelStatistics")
+        return await self.fleet.model_statistics(data, request.name, call.deadline)
+
+    async def repository_model_load(self, call: RawCall, message: RawMessage) -> bytes:
+        return await self._load_or_unload(
+            call, message, "RepositoryModelLoad", pb.RepositoryModelLoadRequest
+        )
+
+    async def repository_model_unload(self, call: RawCall, message: RawMessage) -> bytes:
+        return await self._load_or_unload(
+            call, message, "RepositoryModelUnload", pb.RepositoryModelUnloadRequest
+        )
+
+    async def _load_or_unload(
+        self, call: RawCall, message: RawMessage, rpc: str, cls: type
+    ) -> bytes:
+        data = call.plain(message)
+        request = _parse(cls, data, rpc)
+        if not request.model_name:
+            raise InvalidArgument(f"{rpc} needs a model_name")
+        return await self.fleet.load_or_unload(rpc, data, request.model_name, call.deadline)
+
+    async def is_same_ipc_namespace(self, call: RawCall, message: RawMessage) -> bytes:
+        data = call.plain(message)
+        _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace")
+        return await self.fleet.same_ipc_namespace(data)
+
+    async def compact_memory(self, call: RawCall, message: RawMessage) -> bytes:
+        return await self.fleet.compact_memory(call.plain(message))
+
+    async def shm_register(self, call: RawCall, message: RawMessage) -> bytes:
+        return await self.shm.register(call.plain(message), deadline=call.deadline)
+
+    async def shm_unregister(self, call: RawCall, message: RawMessage) -> bytes:
+        return await self.shm.unregister(call.plain(message), deadline=call.deadline)
+
+
+__all__ = ["CONTROL", "EXTENSIONS", "INFERENCE", "SERVER_NAME", "GatewayService"]
