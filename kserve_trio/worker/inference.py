@@ -50,7 +50,9 @@ from kserve_trio.worker.registry import ModelBundle
 from kserve_trio.worker.scheduler import RequestTrace
 
 if TYPE_CHECKING:
-    from kserve_trio.core.wire import InferRequestView
+    # The parsed ModelInfer request a transport hands over (the codec reads it; the core
+    # itself reads only model_name, model_version and id).
+    from kserve_trio.core.wire import InferRequestView as ParsedInferRequest
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.worker.hooks import Hook
@@ -94,7 +96,7 @@ class InferenceCore:
         self._scratch: BufferPool | None = None
 
     async def infer(
-        self, request: InferRequestView, *, transport_deadline_ns: int = 0
+        self, request: ParsedInferRequest, *, transport_deadline_ns: int = 0
     ) -> InferReply:
         """Serve one parsed ModelInfer request (see the module docstring for the steps).
 
@@ -142,7 +144,7 @@ class InferenceCore:
             )
 
     async def _serve(
-        self, request: InferRequestView, transport_deadline_ns: int, trace: RequestTrace
+        self, request: ParsedInferRequest, transport_deadline_ns: int, trace: RequestTrace
     ) -> InferReply:
         state = self._state
         bundle = state.repository.lookup(request.model_name, request.model_version)

@@ -19,6 +19,8 @@ unpins it (``control_service.set_model_residency``), so ``tritonclient.load_mode
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import kserve_trio
 from kserve_trio.core import codec
 from kserve_trio.core.config import ModelControlMode, ResidencyState
@@ -26,7 +28,6 @@ from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFoun
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
-from kserve_trio.core.wire import InferRequestView
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc_adapter import CallContext, unary, unimplemented
 from kserve_trio.worker.control_service import set_model_residency
@@ -34,6 +35,9 @@ from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.registry import check_version
 from kserve_trio.worker.state import WorkerState
 from kserve_trio.worker.triton_views import PLATFORM, model_config, model_statistics
+
+if TYPE_CHECKING:
+    from kserve_trio.worker.inference import ParsedInferRequest
 
 log = get_logger("kserve_trio.worker.service")
 
@@ -194,7 +198,7 @@ class InferenceService:
             raise Unavailable("shared memory is not available on this server")
         return self.state.shm_registry
 
-    async def model_infer(self, request: InferRequestView, ctx: CallContext) -> InferReply:
+    async def model_infer(self, request: ParsedInferRequest, ctx: CallContext) -> InferReply:
         """The inference core does the work; the reply goes back to the adapter untouched."""
         return await self.core.infer(request, transport_deadline_ns=ctx.deadline_ns)
 
