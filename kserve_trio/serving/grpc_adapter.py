@@ -31,6 +31,7 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving import compression
 from kserve_trio.serving.grpc_server import header_value
+from kserve_trio.serving.message_check import wrong_field
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -130,9 +131,13 @@ def _parse(data: bytes, message_type):
     try:
         if message_type is pb.ModelInferRequest:
             return wire.parse_infer_request(data)
-        return message_type.parse(data)
+        message = message_type.parse(data)
     except Exception as exc:
         raise InvalidArgument(f"malformed request message: {exc}") from exc
+    bad = wrong_field(message)
+    if bad is not None:
+        raise InvalidArgument(f"malformed request message: field '{bad}' has the wrong wire type")
+    return message
 
 
 def reply_encoding(stream, ctx_encoding: str, limits: Limits) -> str:
