@@ -28,10 +28,10 @@ from kserve_trio.client.io import (
 )
 from kserve_trio.client.runtime import get_state, refuse_in_event_loop
 from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset
+from kserve_trio.core.bundle import MANIFEST_FILE, load_manifest
 from kserve_trio.core.codec import encode_model_metadata
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.manifest import load_manifest
 from kserve_trio.proto import inference as pb
 
 log = get_logger("kserve_trio.client")
@@ -100,7 +100,7 @@ def manifest_io_spec(path: str | os.PathLike[str]) -> ModelIOSpec:
     model name is the bundle directory's name, as a worker would serve it."""
     p = Path(path)
     if p.is_dir():
-        p = p / "manifest.yaml"
+        p = p / MANIFEST_FILE
     manifest = load_manifest(p)
     return io_spec_from_metadata(encode_model_metadata(manifest.name, manifest, ""))
 

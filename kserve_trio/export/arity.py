@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from kserve_trio.core.bundle import MANIFEST_FILE, WEIGHTS_FILE, load_manifest, module_files
 from kserve_trio.core.errors import BundleError
-from kserve_trio.core.manifest import MANIFEST_FILE, load_manifest
-from kserve_trio.runtime import _xla
-from kserve_trio.runtime.weights import WEIGHTS_FILE
+from kserve_trio.runtime import entry_signature
 
 
 @dataclass(frozen=True)
@@ -48,10 +46,10 @@ class ArityReport:
 def bundle_entry_arity(mlir_path: str | os.PathLike[str]) -> int:
     """The number of arguments the ``main`` function in ``mlir_path`` takes.
 
-    Raises ``ValueError`` (``_xla.ModuleFormatError``) when the file is not a readable
+    Raises ``ValueError`` (``runtime.ModuleFormatError``) when the file is not a readable
     StableHLO module with a ``main``.
     """
-    return _xla.entry_signature(Path(mlir_path).read_bytes()).arity
+    return entry_signature(Path(mlir_path).read_bytes()).arity
 
 
 def _tensor_count(path: Path) -> int:
@@ -65,20 +63,6 @@ def _tensor_count(path: Path) -> int:
     return len([k for k in header if k != "__metadata__"]) if isinstance(header, dict) else 0
 
 
-def _natural(name: str) -> list[object]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
-def _module_files(d: Path) -> list[str]:
-    """Every ``model*.mlir`` in ``d``, in natural order (``model.b8`` before ``model.b32``)."""
-    names = [
-        e.name
-        for e in os.scandir(d)
-        if e.is_file() and e.name.startswith("model") and e.name.endswith(".mlir")
-    ]
-    return sorted(names, key=_natural)
-
-
 def bundle_arity_report(dir: str | os.PathLike[str]) -> ArityReport:
     """Compare every ``model*.mlir`` in ``dir`` with its manifest inputs + weights; never raises
     for a mismatch (a missing or unparsable ``manifest.yaml`` still raises its error)."""
@@ -88,7 +72,7 @@ def bundle_arity_report(dir: str | os.PathLike[str]) -> ArityReport:
     n_weights = _tensor_count(d / WEIGHTS_FILE)
     expected = n_inputs + n_weights
     mods: list[ModuleArity] = []
-    for f in _module_files(d):
+    for f in module_files(d):
         try:
             args: int | None = bundle_entry_arity(d / f)
             err = None

@@ -19,13 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from kserve_trio.core.manifest import (
+from kserve_trio.core.bundle import (
     MANIFEST_FILE,
-    Manifest,
-    TensorSpec,
+    WEIGHTS_FILE,
     discover_modules,
+    is_bundle_dir,
+    sidecar_path,
     validate_manifest,
 )
+from kserve_trio.core.manifest import Manifest, TensorSpec
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -115,9 +117,7 @@ def inspect_bundle(d: Path, *, out: TextIO) -> bool:
     """Print one bundle's report; returns whether it is servable."""
     from kserve_trio.core.errors import BundleError
     from kserve_trio.export.arity import bundle_arity_report
-    from kserve_trio.runtime import _xla
-    from kserve_trio.runtime.model import JAXEXPORT_SUFFIX, check_module_signature
-    from kserve_trio.runtime.weights import WEIGHTS_FILE, read_weights_index
+    from kserve_trio.runtime import check_module_signature, entry_signature, read_weights_index
 
     print(f"bundle {d.name} ({d})", file=out)
     problems: list[str] = []
@@ -166,7 +166,7 @@ def inspect_bundle(d: Path, *, out: TextIO) -> bool:
         file=out,
     )
     for mod in report.modules:
-        sidecar = (d / mod.module_file).with_suffix(JAXEXPORT_SUFFIX).is_file()
+        sidecar = sidecar_path(d / mod.module_file).is_file()
         if mod.entry_args is None:
             state = f"UNREADABLE ({mod.error})"
         else:
@@ -181,7 +181,7 @@ def inspect_bundle(d: Path, *, out: TextIO) -> bool:
             modules = discover_modules(d, m)
             for variant, by_key in modules.items():
                 for key, path in by_key.items():
-                    sig = _xla.entry_signature(path.read_bytes())
+                    sig = entry_signature(path.read_bytes())
                     check_module_signature(
                         sig,
                         manifest=m,
@@ -207,10 +207,10 @@ def inspect_command(target: Path, *, out: TextIO) -> int:
     if not target.is_dir():
         print(f"error: {target} is not a directory", file=sys.stderr)
         return 2
-    if (target / MANIFEST_FILE).is_file():
+    if is_bundle_dir(target):
         bundles = [target]
     else:
-        bundles = sorted(p for p in target.iterdir() if (p / MANIFEST_FILE).is_file())
+        bundles = sorted(p for p in target.iterdir() if is_bundle_dir(p))
         if not bundles:
             print(f"error: {target} holds no bundle (no {MANIFEST_FILE})", file=sys.stderr)
             return 2

@@ -17,6 +17,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from kserve_trio.core.bundle import MODEL_PY
 from kserve_trio.export.frontends import export_bundle
 from kserve_trio.export.iospec import IOSpec
 from kserve_trio.export.writer import write_bundle
@@ -178,7 +179,7 @@ def write_mlp_bf16(d: Path) -> Path:
 
 def write_mlp_softmax(d: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    (d / "model.py").write_text(SOFTMAX_MODEL_PY)  # before the manifest that needs it
+    (d / MODEL_PY).write_text(SOFTMAX_MODEL_PY)  # before the manifest that needs it
     x = np.zeros((1, 16), np.float32)
     return export_bundle(
         "jax",

@@ -5,7 +5,8 @@ server loads: ``manifest.yaml``, ``model[.v{i}][.b{N}].mlir`` portable artifacts
 ``.jaxexport`` sidecar for every module handed over as a ``jax.export.Exported``),
 ``weights.safetensors`` with its ``argument_order``, and ``working_tree.patch`` when the
 provenance carries a git diff. Everything is checked before the first byte is written: the name,
-the layout, the manifest rules (through ``core.manifest``), and every module's entry signature --
+the layout, the manifest rules (through ``core.manifest``; the file names are ``core.bundle``'s),
+and every module's entry signature --
 its arity first (the "UNSERVABLE" gate), then each argument's and result's shape and dtype.
 Files are written under temporary names and renamed into place, the manifest last, so a watcher
 never sees a half-written bundle.
@@ -22,14 +23,24 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.manifest import MANIFEST_FILE, parse_manifest
+from kserve_trio.core.bundle import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    PATCH_FILE,
+    WEIGHTS_FILE,
+    is_program_file,
+    module_file,
+    sidecar_file,
+)
+from kserve_trio.core.manifest import parse_manifest
 from kserve_trio.export.iospec import IOSpec
-from kserve_trio.runtime import _xla
-from kserve_trio.runtime.model import check_module_signature
-from kserve_trio.runtime.weights import WEIGHTS_FILE, WeightEntry, WeightsIndex, write_weights
-
-PATCH_FILE = "working_tree.patch"
-FORMAT_VERSION = "2.0"
+from kserve_trio.runtime import (
+    ModuleFormatError,
+    as_portable_artifact,
+    check_module_signature,
+    entry_signature,
+)
+from kserve_trio.runtime.weights import WeightEntry, WeightsIndex, write_weights
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,8 @@ def _module_bytes(m: object, what: str) -> tuple[bytes, bytes | None]:
     if _is_exported(m):
         return bytes(m.mlir_module_serialized), bytes(m.serialize())  # type: ignore[attr-defined]
     try:
-        return _xla.as_portable_artifact(m), None
-    except _xla.ModuleFormatError as exc:
+        return as_portable_artifact(m), None
+    except ModuleFormatError as exc:
         raise ValueError(f"{what}: {exc}") from None
 
 
@@ -84,7 +95,7 @@ def _layout(
 ) -> tuple[list[tuple[str, Any, int | None, int]], list[int]]:
     """``(file, module, variant, key)`` for every module, and the compiled batch sizes."""
 
-    def batch_files(by_key: Mapping[Any, Any], prefix: str, variant: int | None, what: str):
+    def batch_files(by_key: Mapping[Any, Any], variant: int | None, what: str):
         keys = list(by_key)
         for k in keys:
             if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
@@ -97,13 +108,13 @@ def _layout(
                     f"{what}: key 0 (one module for any batch size) cannot be mixed with batch "
                     f"sizes {sorted(k for k in keys if k)}"
                 )
-            return [(f"{prefix}.mlir", by_key[0], variant, 0)], []
+            return [(module_file(variant, 0), by_key[0], variant, 0)], []
         return [
-            (f"{prefix}.b{int(k)}.mlir", by_key[k], variant, int(k)) for k in sorted(keys)
+            (module_file(variant, int(k)), by_key[k], variant, int(k)) for k in sorted(keys)
         ], sorted(int(k) for k in keys)
 
     if input_shapes is None:
-        files, sizes = batch_files(modules, "model", None, "modules")
+        files, sizes = batch_files(modules, None, "modules")
     else:
         variants = [tuple(int(s) for s in v) for v in input_shapes]
         if not variants:
@@ -117,7 +128,7 @@ def _layout(
             )
         files, sizes = [], None
         for i, v in enumerate(variants):
-            f, s = batch_files(given[v], f"model.v{i}", i, f"modules[{v}]")
+            f, s = batch_files(given[v], i, f"modules[{v}]")
             if sizes is not None and s != sizes:
                 raise ValueError(
                     f"every variant must have the same batch sizes: {variants[0]} has {sizes}, "
@@ -333,8 +344,8 @@ def write_bundle(
     where = f"bundle '{name}' ({d})"
     for mod in mods:
         try:
-            sig = _xla.entry_signature(mod.artifact)
-        except _xla.ModuleFormatError as exc:
+            sig = entry_signature(mod.artifact)
+        except ModuleFormatError as exc:
             raise ValueError(f"{where}: {mod.file}: {exc}") from None
         if sig.arity != len(ins) + len(pairs):
             raise _arity_refusal(name, mod, sig.arity, len(ins), len(pairs))
@@ -365,7 +376,7 @@ def write_bundle(
     for mod in mods:
         put(mod.file, mod.artifact)
         if mod.sidecar is not None:
-            put(mod.file[: -len(".mlir")] + ".jaxexport", mod.sidecar)
+            put(sidecar_file(mod.file), mod.sidecar)
     if patch is not None:
         put(PATCH_FILE, patch)
     for fname, content in (extra_files or {}).items():
@@ -373,9 +384,7 @@ def write_bundle(
             raise ValueError(f"extra file name {fname!r} must be a plain file name of its own")
         put(fname, content)
     for entry in os.scandir(d):
-        stale = (
-            entry.name.startswith("model") and entry.name.endswith((".mlir", ".jaxexport"))
-        ) or entry.name == PATCH_FILE
+        stale = is_program_file(entry.name) or entry.name == PATCH_FILE
         if stale and entry.name not in written:
             os.unlink(entry.path)
     put(MANIFEST_FILE, text)
@@ -394,8 +403,6 @@ def _dtype_of(name: str, a: np.ndarray):
 
 
 __all__ = [
-    "FORMAT_VERSION",
-    "PATCH_FILE",
     "build_manifest",
     "dump_manifest",
     "normalize_weights",

@@ -8,11 +8,22 @@ cheap. Public surface:
   protocol; ``Executable``; ``compile_count()``; ``transfer_to_device``/``free_weights``;
   the pure planners ``plan_numerics`` and ``plan_jax_settings``;
 * ``load_compiled_model(bundle_dir, backend, *, name=None)`` -> ``CompiledModel``;
-* the weights-file helpers ``read_weights_index``, ``write_weights``, ``WeightsIndex``.
+* the weights-file helpers ``read_weights_index``, ``write_weights``, ``WeightsIndex``;
+* the StableHLO module questions a bundle producer asks too: ``as_portable_artifact`` (text or
+  an ``ir.Module`` -> a portable artifact), ``entry_signature`` (-> ``EntrySignature`` of
+  ``TensorType``) and ``check_module_signature`` (a module against its manifest and weights),
+  all raising ``ModuleFormatError`` (a ``ValueError``) for an unreadable module.
 """
 
 from __future__ import annotations
 
+from kserve_trio.runtime._xla import (
+    EntrySignature,
+    ModuleFormatError,
+    TensorType,
+    as_portable_artifact,
+    entry_signature,
+)
 from kserve_trio.runtime.backend import (
     Backend,
     Executable,
@@ -25,18 +36,24 @@ from kserve_trio.runtime.backend import (
     plan_numerics,
     transfer_to_device,
 )
-from kserve_trio.runtime.model import CompiledModel, load_compiled_model
+from kserve_trio.runtime.model import CompiledModel, check_module_signature, load_compiled_model
 from kserve_trio.runtime.weights import WeightsIndex, read_weights_index, write_weights
 
 __all__ = [
     "Backend",
     "CompiledModel",
+    "EntrySignature",
     "Executable",
     "JaxBackend",
     "JaxSettings",
+    "ModuleFormatError",
     "NumericsPlan",
+    "TensorType",
     "WeightsIndex",
+    "as_portable_artifact",
+    "check_module_signature",
     "compile_count",
+    "entry_signature",
     "free_weights",
     "load_compiled_model",
     "plan_jax_settings",

@@ -2,7 +2,7 @@
 
 ``load_compiled_model`` turns a bundle directory into a ``CompiledModel``:
 
-1. validate the manifest and find the modules (``core.manifest``);
+1. validate the manifest and find the modules (``core.bundle``);
 2. read the ``weights.safetensors`` header (order from ``argument_order``, footprint from the
    header alone) and memory-map the tensors;
 3. for every module, read its entry signature and check it against the manifest and the weights
@@ -26,22 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from kserve_trio.core.bundle import WEIGHTS_FILE, discover_modules, sidecar_path, validate_manifest
 from kserve_trio.core.errors import BundleError, FailedPrecondition, Internal
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.manifest import (
-    DimKind,
-    Manifest,
-    TensorSpec,
-    discover_modules,
-    validate_manifest,
-)
+from kserve_trio.core.manifest import DimKind, Manifest, TensorSpec
 from kserve_trio.runtime import _xla
 from kserve_trio.runtime.backend import Backend, Executable
-from kserve_trio.runtime.weights import WEIGHTS_FILE, WeightsIndex, read_weights_index
+from kserve_trio.runtime.weights import WeightsIndex, read_weights_index
 
 log = get_logger(__name__)
-
-JAXEXPORT_SUFFIX = ".jaxexport"
 
 ModuleKey = tuple[int | None, int]
 
@@ -371,7 +364,7 @@ def load_compiled_model(
     executables: dict[ModuleKey, Executable] = {}
     for mkey, path, data, sig in plan:
         exe = None
-        sidecar = path.with_suffix(JAXEXPORT_SUFFIX)
+        sidecar = sidecar_path(path)
         if prefer_jaxexport and sidecar.is_file():
             exe = _compile_sidecar(backend, sidecar, sig, where)
         if exe is None:
@@ -411,4 +404,4 @@ def _compile_sidecar(
     return exe
 
 
-__all__ = ["JAXEXPORT_SUFFIX", "CompiledModel", "check_module_signature", "load_compiled_model"]
+__all__ = ["CompiledModel", "check_module_signature", "load_compiled_model"]

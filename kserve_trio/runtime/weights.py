@@ -27,7 +27,6 @@ import numpy as np
 from kserve_trio.core.dtypes import DType, dtype_of
 from kserve_trio.core.errors import BundleError
 
-WEIGHTS_FILE = "weights.safetensors"
 ARGUMENT_ORDER_KEY = "argument_order"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -267,7 +266,6 @@ def write_weights(
 __all__ = [
     "ARGUMENT_ORDER_KEY",
     "SAFETENSORS_DTYPES",
-    "WEIGHTS_FILE",
     "WeightEntry",
     "WeightsIndex",
     "read_weights_index",

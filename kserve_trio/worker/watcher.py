@@ -31,8 +31,8 @@ from typing import Literal
 import anyio
 import anyio.abc
 
+from kserve_trio.core.bundle import MANIFEST_FILE, bundle_signature_files
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.manifest import MANIFEST_FILE, bundle_signature_files
 
 log = get_logger("kserve_trio.worker.watcher")
 

@@ -1,6 +1,6 @@
-"""Tests for ``kserve_trio.core.manifest``: parsing, the bundle validation rules (each
-provoked with its exact message), the row-major reversal, shape variants, module discovery and the
-derived batch questions."""
+"""Tests for ``kserve_trio.core.manifest`` and ``kserve_trio.core.bundle``: parsing, the bundle
+validation rules (each provoked with its exact message), the row-major reversal, shape variants,
+module discovery, the bundle file names and the derived batch questions."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ from typing import Any
 
 import pytest
 
+from kserve_trio.core.bundle import (
+    bundle_signature_files,
+    discover_modules,
+    load_manifest,
+    validate_manifest,
+)
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import BundleError, InvalidArgument, ManifestError
 from kserve_trio.core.manifest import (
@@ -19,15 +25,11 @@ from kserve_trio.core.manifest import (
     DimKind,
     Manifest,
     VariableAxis,
-    bundle_signature_files,
-    discover_modules,
     executable_batch_spec,
     is_meta,
-    load_manifest,
     parse_manifest,
     parse_tensor_spec,
     request_rows,
-    validate_manifest,
     wire_batch_spec,
 )
 
@@ -906,3 +908,107 @@ def test_bundle_signature_files_include_variant_modules(tmp_path: Path) -> None:
     ]
     assert all(p.parent == d for p in bundle_signature_files(d))
     assert bundle_signature_files(tmp_path / "gone") == []
+
+
+# --------------------------------------------------------------------------------------------
+# The bundle module's file names (one home for every name of the format)
+# --------------------------------------------------------------------------------------------
+
+
+def test_module_file_names_follow_the_variant_and_batch_rule() -> None:
+    from kserve_trio.core import bundle
+
+    assert bundle.module_file(None, 0) == "model.mlir"
+    assert bundle.module_file(None, 8) == "model.b8.mlir"
+    assert bundle.module_file(2, 0) == "model.v2.mlir"
+    assert bundle.module_file(0, 32) == "model.v0.b32.mlir"
+    assert bundle.sidecar_file("model.v1.b4.mlir") == "model.v1.b4.jaxexport"
+    assert bundle.sidecar_path(Path("/b/net/model.mlir")) == Path("/b/net/model.jaxexport")
+    assert bundle.serving_name("/repo/net/") == "net"
+
+
+def test_discovery_finds_exactly_the_files_module_file_names(tmp_path: Path) -> None:
+    """What a producer names with ``module_file`` is what ``discover_modules`` finds."""
+    from kserve_trio.core.bundle import module_file
+
+    raw = base(batching={"compiled_batch_sizes": [1, 4]})
+    files = [module_file(None, 1), module_file(None, 4), "weights.safetensors"]
+    d = write_bundle(tmp_path, "net", raw, files)
+    assert discover_modules(d, validate_manifest(d)) == {
+        None: {1: d / "model.b1.mlir", 4: d / "model.b4.mlir"}
+    }
+
+
+def test_program_files_and_module_files(tmp_path: Path) -> None:
+    from kserve_trio.core.bundle import is_bundle_dir, is_program_file, module_files
+
+    for name in ("model.mlir", "model.v1.b2.mlir", "model.b4.jaxexport"):
+        assert is_program_file(name)
+    for name in ("model.py", "manifest.yaml", "weights.safetensors", "other.mlir"):
+        assert not is_program_file(name)
+    d = tmp_path / "net"
+    d.mkdir()
+    for name in ("model.b32.mlir", "model.b8.mlir", "model.b8.jaxexport", "x.mlir", "model.py"):
+        (d / name).write_text("")
+    assert module_files(d) == ["model.b8.mlir", "model.b32.mlir"]
+    assert not is_bundle_dir(d)
+    (d / "manifest.yaml").write_text("")
+    assert is_bundle_dir(d)
+    assert not is_bundle_dir(d / "manifest.yaml")
+
+
+def test_manifest_and_bundle_state_their_public_surfaces() -> None:
+    import kserve_trio.core.bundle as bundle
+    import kserve_trio.core.manifest as manifest
+
+    assert sorted(manifest.__all__) == [
+        "BATCH_LETTERS",
+        "BatchingSpec",
+        "Dim",
+        "DimKind",
+        "Manifest",
+        "SUPPORTED_FORMAT_VERSIONS",
+        "SUPPORTED_KINDS",
+        "TensorSpec",
+        "VariableAxis",
+        "executable_batch_spec",
+        "is_meta",
+        "parse_manifest",
+        "parse_manifest_text",
+        "parse_tensor_spec",
+        "request_rows",
+        "wire_batch_spec",
+    ]
+    assert sorted(bundle.__all__) == [
+        "FORMAT_VERSION",
+        "JAXEXPORT_SUFFIX",
+        "MANIFEST_FILE",
+        "MODEL_PY",
+        "MODULE_PREFIX",
+        "MODULE_SUFFIX",
+        "PATCH_FILE",
+        "WEIGHTS_FILE",
+        "bundle_signature_files",
+        "discover_modules",
+        "is_bundle_dir",
+        "is_program_file",
+        "load_manifest",
+        "module_file",
+        "module_files",
+        "serving_name",
+        "sidecar_file",
+        "sidecar_path",
+        "validate_manifest",
+    ]
+    for mod in (manifest, bundle):
+        for name in mod.__all__:
+            assert getattr(mod, name) is not None
+
+
+def test_manifest_text_parses_without_touching_the_filesystem() -> None:
+    from kserve_trio.core.manifest import parse_manifest_text
+
+    text = "format_version: '2'\nexecutable_inputs: []\nexecutable_outputs: []\n"
+    assert parse_manifest_text(text, "net").name == "net"
+    with pytest.raises(ManifestError, match=r"^manifest 'net' \(<manifest>\): invalid YAML: "):
+        parse_manifest_text("a: [", "net")

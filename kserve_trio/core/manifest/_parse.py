@@ -1,22 +1,14 @@
-"""Bundle manifests: parsing ``manifest.yaml`` and the bundle-level validation rules.
-
-This module owns the in-memory form of a bundle's manifest (``Manifest``, ``TensorSpec``, ``Dim``),
-the rules a manifest must satisfy, the discovery of a bundle's compiled modules on disk, and the
-small derived questions every layer asks of a manifest (which tensor carries the batch axis, how
-many rows a request has, which shape variant a prepared request selects).
+"""Parsing ``manifest.yaml`` into a ``Manifest``: YAML text or an already-loaded mapping in, a
+validated ``Manifest`` or a ``ManifestError`` out, with no filesystem access (the bundle
+directory's rules are ``kserve_trio.core.bundle``'s).
 
 Axis order. The manifest's letter strings keep the upstream column-major convention (batch letter
 last, ``whcn``) so bundles stay interchangeable. This module reverses them exactly once, when it
-parses a tensor entry: every ``TensorSpec`` field except ``letters`` is row-major (numpy C order =
-wire order), so ``shape: whcn`` becomes dims ``(n, c, h, w)`` with ``batch_axis == 0``. No other
-module reverses an axis.
+parses a tensor entry: ``shape: whcn`` becomes dims ``(n, c, h, w)`` with ``batch_axis == 0``.
+No other module reverses an axis.
 
-Error wording. Every error is a ``ManifestError`` (the YAML breaks a rule) or a ``BundleError`` (the
-directory around it does). The message starts with where the problem is, then the rule broken in
-the upstream wording::
-
-    manifest '<serving name>' (<source>): <rule>
-    bundle '<serving name>' (<bundle dir>): <rule>
+Error wording. Every error is a ``ManifestError`` whose message starts with where the problem is,
+then the rule broken in the upstream wording: ``manifest '<serving name>' (<source>): <rule>``.
 
 Null values. A key whose value is YAML ``null`` counts as absent, so ``client_inputs:`` with nothing
 after it means "no client specs", and ``executable_inputs:`` alone is reported as missing.
@@ -24,204 +16,30 @@ after it means "no client specs", and ``executable_inputs:`` alone is reported a
 
 from __future__ import annotations
 
-import enum
-import os
-import re
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from kserve_trio.core.dtypes import DType, dtype_from_token
-from kserve_trio.core.errors import BundleError, InvalidArgument, ManifestError
+from kserve_trio.core.dtypes import dtype_from_token
+from kserve_trio.core.errors import ManifestError
+from kserve_trio.core.manifest._types import (
+    BatchingSpec,
+    Dim,
+    DimKind,
+    Manifest,
+    TensorSpec,
+    VariableAxis,
+)
 
 SUPPORTED_FORMAT_VERSIONS: tuple[str, ...] = ("2.0", "2")
 SUPPORTED_KINDS: tuple[str, ...] = ("model", "meta")
 BATCH_LETTERS = frozenset("nb")
 """Lowercase ``n`` and ``b`` are the reserved batch markers (uppercase ``N``/``B`` are ordinary)."""
 
-MANIFEST_FILE = "manifest.yaml"
-WEIGHTS_FILE = "weights.safetensors"
-MODEL_PY = "model.py"
-
 _LETTERS = frozenset(string.ascii_letters)
-
-
-# --------------------------------------------------------------------------------------------
-# Value types
-# --------------------------------------------------------------------------------------------
-
-
-class DimKind(enum.Enum):
-    """What an axis is: a fixed size, the batch axis (``n``/``b``), or a dynamic non-batch axis."""
-
-    FIXED = "fixed"
-    BATCH = "batch"
-    VARIABLE = "variable"
-
-
-@dataclass(frozen=True, slots=True)
-class Dim:
-    """One axis of a tensor. ``size`` is meaningful only for ``FIXED`` (it is 0 otherwise);
-    ``letter`` is the manifest letter naming the axis, kept for messages and variant lookup."""
-
-    kind: DimKind
-    size: int = 0
-    letter: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """One tensor of a manifest section, in row-major (wire) axis order.
-
-    ``batch_axis`` is the 0-based row-major index of the batch dim, or ``None``. ``letters`` is the
-    letter string exactly as the manifest wrote it (column-major), kept so a spec can be written
-    back unchanged; ``row_letters`` is the same string in the order of ``dims``.
-    """
-
-    name: str
-    dtype: DType
-    dims: tuple[Dim, ...]
-    batch_axis: int | None
-    letters: str
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
-
-    @property
-    def row_letters(self) -> str:
-        """The axis letters in row-major order (one per entry of ``dims``)."""
-        return self.letters[::-1]
-
-    @property
-    def is_batched(self) -> bool:
-        return self.batch_axis is not None
-
-    def wire_shape(self, rows: int | None = None) -> list[int]:
-        """The KServe metadata shape: fixed sizes, ``-1`` for batch and variable axes.
-
-        With ``rows`` the batch axis carries that count instead of ``-1`` (a concrete request
-        shape for a model whose other axes are all fixed).
-        """
-        out: list[int] = []
-        for d in self.dims:
-            if d.kind is DimKind.FIXED:
-                out.append(d.size)
-            elif d.kind is DimKind.BATCH and rows is not None:
-                out.append(rows)
-            else:
-                out.append(-1)
-        return out
-
-    def matches(self, shape: Sequence[int]) -> str | None:
-        """Why ``shape`` (row-major) does not fit this spec, or ``None`` when it does.
-
-        The reason reads after the tensor's name, e.g. ``"input 'x' " + reason``:
-        ``has 3 dims, expected 4`` or ``dim 1 has extent 5, expected 3`` (0-based wire axis).
-        Batch and variable axes accept any non-negative extent.
-        """
-        if len(shape) != len(self.dims):
-            return f"has {len(shape)} dims, expected {len(self.dims)}"
-        for axis, (extent, d) in enumerate(zip(shape, self.dims, strict=True)):
-            if extent < 0:
-                return f"dim {axis} has negative extent {extent}"
-            if d.kind is DimKind.FIXED and extent != d.size:
-                return f"dim {axis} has extent {extent}, expected {d.size}"
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class BatchingSpec:
-    """The batch sizes the bundle was compiled for, as written (possibly empty)."""
-
-    compiled_batch_sizes: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class VariableAxis:
-    """A variable (``-1``) axis of an executable input: one component of the variant key."""
-
-    input_name: str
-    axis: int
-    letter: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A parsed and validated ``manifest.yaml``; every shape-bearing field is row-major.
-
-    ``name`` is the serving name (the bundle directory's basename), not the manifest's own
-    ``name`` key. ``variable_axes`` lists the variable axes of the executable inputs in (input
-    order, row-major axis order); that order defines the variant key, and ``variant_keys[i]`` is
-    the key of ``input_shapes[i]`` (compiled as ``model.v{i}.*``).
-    """
-
-    format_version: str
-    name: str
-    description: str
-    kind: str
-    executable_inputs: tuple[TensorSpec, ...]
-    executable_outputs: tuple[TensorSpec, ...]
-    client_inputs: tuple[TensorSpec, ...] | None
-    client_outputs: tuple[TensorSpec, ...] | None
-    batching: BatchingSpec
-    input_shapes: tuple[dict[str, int], ...] = field(hash=False)
-    variable_axes: tuple[VariableAxis, ...]
-    variant_keys: tuple[tuple[int, ...], ...]
-    meta_calls: tuple[str, ...]
-    provenance: dict[str, Any] = field(hash=False)
-    input_batch_dim: int | None
-
-    @property
-    def is_meta(self) -> bool:
-        return self.kind == "meta"
-
-    @property
-    def wire_inputs(self) -> tuple[TensorSpec, ...]:
-        """What a client sends: ``client_inputs`` when a model.py transforms them, else the
-        executable inputs."""
-        return self.client_inputs if self.client_inputs is not None else self.executable_inputs
-
-    @property
-    def wire_outputs(self) -> tuple[TensorSpec, ...]:
-        """What a client receives: ``client_outputs`` if present, else the executable outputs."""
-        return self.client_outputs if self.client_outputs is not None else self.executable_outputs
-
-    def variant_index(self, shapes: Mapping[str, Sequence[int]]) -> int | None:
-        """The ``input_shapes`` index matching prepared executable inputs' (row-major) shapes.
-
-        ``None`` when the model has a single shape. A shape with no compiled variant is the
-        request's fault: ``InvalidArgument`` naming the key and the keys that exist.
-        """
-        if not self.variant_keys:
-            return None
-        key: list[int] = []
-        for va in self.variable_axes:
-            shape = shapes.get(va.input_name)
-            if shape is None:
-                raise InvalidArgument(
-                    f"model '{self.name}': input '{va.input_name}' is missing; "
-                    "cannot select an input shape variant"
-                )
-            if va.axis >= len(shape):
-                raise InvalidArgument(
-                    f"model '{self.name}': input '{va.input_name}' has {len(shape)} dims; "
-                    f"variable axis '{va.letter}' is dim {va.axis}"
-                )
-            key.append(int(shape[va.axis]))
-        for i, vk in enumerate(self.variant_keys):
-            if tuple(key) == vk:
-                return i
-        have = [list(vk) for vk in self.variant_keys]
-        raise InvalidArgument(
-            f"no compiled program for input shape variant {key} (have {have}) "
-            f"in model '{self.name}'"
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -582,230 +400,12 @@ def parse_manifest(raw: Mapping[str, Any], name: str, *, source: str = "<manifes
     )
 
 
-def _serving_name(directory: Path) -> str:
-    return os.path.basename(os.path.normpath(os.path.abspath(directory)))
-
-
-def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read and parse a manifest file; the serving name is its directory's basename.
-
-    Runs ``parse_manifest`` only, not the bundle-directory checks of ``validate_manifest``, so a
-    client can derive a model's I/O spec from a lone manifest.
-    """
-    p = Path(path)
-    name = _serving_name(p.parent)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ManifestError(
-            f"manifest '{name}' ({p}): cannot read: {exc.strerror or exc}"
-        ) from None
+def parse_manifest_text(text: str, name: str, *, source: str = "<manifest>") -> Manifest:
+    """Parse ``manifest.yaml`` text: invalid YAML is a ``ManifestError`` carrying the parser's
+    message on one line, then ``parse_manifest``'s rules apply."""
     try:
         raw = YAML(typ="safe").load(text)
     except YAMLError as exc:
         detail = " ".join(str(exc).split())
-        raise ManifestError(f"manifest '{name}' ({p}): invalid YAML: {detail}") from None
-    return parse_manifest(raw, name, source=str(p))
-
-
-# --------------------------------------------------------------------------------------------
-# The bundle directory
-# --------------------------------------------------------------------------------------------
-
-
-def _bundle_error(m_name: str, bundle_dir: Path, rule: str) -> BundleError:
-    return BundleError(f"bundle '{m_name}' ({bundle_dir}): {rule}")
-
-
-def validate_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
-    """Load a bundle's manifest and check the rules that involve the directory around it.
-
-    1. ``manifest.yaml`` exists and parses (``parse_manifest``'s rules);
-    2. a meta model ships ``model.py``;
-    3. ``client_inputs``/``client_outputs`` appear only when ``model.py`` is present;
-    4. a regular model's compiled modules are all present (``discover_modules``), and it ships
-       ``weights.safetensors``.
-
-    Whether ``model.py`` calls the right registration function is checked by whoever executes it.
-    """
-    d = Path(bundle_dir)
-    name = _serving_name(d)
-    mpath = d / MANIFEST_FILE
-    if not mpath.is_file():
-        raise _bundle_error(name, d, f"missing {MANIFEST_FILE}")
-    m = load_manifest(mpath)
-    has_py = (d / MODEL_PY).is_file()
-    where = _Where.manifest(name, str(mpath))
-    if m.is_meta and not has_py:
-        raise where.error(f"meta model requires a {MODEL_PY} that calls register_meta_model")
-    if not has_py and (m.client_inputs is not None or m.client_outputs is not None):
-        raise where.error(f"client_inputs/client_outputs are only valid when {MODEL_PY} is present")
-    if m.is_meta:
-        return m
-    discover_modules(d, m)
-    if not (d / WEIGHTS_FILE).is_file():
-        raise _bundle_error(name, d, f"missing {WEIGHTS_FILE}")
-    return m
-
-
-def _batch_modules(d: Path, files: Sequence[str], m: Manifest, prefix: str) -> dict[int, Path]:
-    """One variant's modules: ``<prefix>.b{N}.mlir`` keyed by N, else ``<prefix>.mlir`` under 0.
-
-    If any ``.b{N}`` file exists, each compiled batch size needs one (extra ones still load).
-    """
-    rx = re.compile("^" + re.escape(prefix) + r"\.b(\d+)\.mlir$")
-    found: dict[int, Path] = {}
-    for f in files:
-        mt = rx.match(f)
-        if mt is None:
-            continue
-        digits = mt.group(1)
-        if digits != str(int(digits)) or int(digits) == 0:
-            raise _bundle_error(
-                m.name,
-                d,
-                f"module file '{f}' must name a positive batch size without leading zeros",
-            )
-        found[int(digits)] = d / f
-    if not found:
-        if f"{prefix}.mlir" not in files:
-            raise _bundle_error(m.name, d, f"has no {prefix}.mlir or {prefix}.b{{N}}.mlir")
-        return {0: d / f"{prefix}.mlir"}
-    for size in m.batching.compiled_batch_sizes:
-        if size not in found:
-            raise _bundle_error(
-                m.name, d, f"declares batch size {size} but has no {prefix}.b{size}.mlir"
-            )
-    return dict(sorted(found.items()))
-
-
-def discover_modules(
-    bundle_dir: str | os.PathLike[str], manifest: Manifest
-) -> dict[int | None, dict[int, Path]]:
-    """Find a regular bundle's compiled StableHLO modules.
-
-    Returns variant index -> batch key -> path. A single-shape bundle has the one variant
-    ``None`` (``model.b{N}.mlir`` or ``model.mlir``); a multi-shape bundle has variant ``i`` for
-    each ``input_shapes`` entry (``model.v{i}.b{N}.mlir`` or ``model.v{i}.mlir``). Batch key 0
-    means "one module for any batch size". ``*.jaxexport`` sidecars are not modules. A meta
-    bundle has none (``{}``). A variant with several batch sizes needs an input with a batch axis
-    to choose between them.
-    """
-    d = Path(bundle_dir)
-    if manifest.is_meta:
-        return {}
-    try:
-        files = sorted(e.name for e in os.scandir(d) if e.is_file())
-    except OSError as exc:
-        raise _bundle_error(
-            manifest.name, d, f"cannot list directory: {exc.strerror or exc}"
-        ) from None
-    out: dict[int | None, dict[int, Path]] = {}
-    if not manifest.input_shapes:
-        out[None] = _batch_modules(d, files, manifest, "model")
-    else:
-        for i in range(len(manifest.input_shapes)):
-            out[i] = _batch_modules(d, files, manifest, f"model.v{i}")
-    if manifest.input_batch_dim is None and any(len(v) > 1 for v in out.values()):
-        raise _bundle_error(
-            manifest.name,
-            d,
-            "multiple compiled batch sizes but no input with a batch axis ('n'/'b')",
-        )
-    return out
-
-
-def bundle_signature_files(bundle_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every existing file that defines a bundle's version, sorted by name.
-
-    ``manifest.yaml``, ``weights.safetensors``, ``model.py`` and every ``model*.mlir`` /
-    ``model*.jaxexport`` (variant files included). The watcher stats these
-    to notice that a bundle changed.
-    """
-    d = Path(bundle_dir)
-    fixed = {MANIFEST_FILE, WEIGHTS_FILE, MODEL_PY}
-    try:
-        entries = [e for e in os.scandir(d) if e.is_file()]
-    except OSError:
-        return []
-    names = sorted(
-        e.name
-        for e in entries
-        if e.name in fixed
-        or (e.name.startswith("model") and e.name.endswith((".mlir", ".jaxexport")))
-    )
-    return [d / n for n in names]
-
-
-# --------------------------------------------------------------------------------------------
-# Derived questions
-# --------------------------------------------------------------------------------------------
-
-
-def is_meta(m: Manifest) -> bool:
-    """True for a meta model (a model.py orchestration over other models)."""
-    return m.is_meta
-
-
-def _first_batched(specs: Sequence[TensorSpec]) -> tuple[str, int] | None:
-    for t in specs:
-        if t.batch_axis is not None:
-            return t.name, t.batch_axis
-    return None
-
-
-def wire_batch_spec(m: Manifest) -> tuple[str, int] | None:
-    """``(name, row-major axis)`` of the first wire-facing input with a batch axis, or ``None``.
-
-    The gateway counts a request's rows from this without decoding it; the first input need not
-    be batched (a cross-encoder's query is not), so the name is what it matches on.
-    """
-    return _first_batched(m.wire_inputs)
-
-
-def executable_batch_spec(m: Manifest) -> tuple[str, int] | None:
-    """``(name, row-major axis)`` of the first executable input with a batch axis, or ``None``."""
-    return _first_batched(m.executable_inputs)
-
-
-def request_rows(m: Manifest, inputs: Mapping[str, Sequence[int]]) -> int:
-    """Rows of a request: the extent of the first wire-facing batched input at its
-    batch axis, read from ``inputs`` (name -> row-major shape); 1 when nothing is batched."""
-    spec = wire_batch_spec(m)
-    if spec is None:
-        return 1
-    tensor, axis = spec
-    shape = inputs.get(tensor)
-    if shape is None:
-        raise InvalidArgument(f"model '{m.name}': required input '{tensor}' is missing")
-    if axis >= len(shape):
-        raise InvalidArgument(
-            f"model '{m.name}': input '{tensor}' has {len(shape)} dims; its batch axis is dim {axis}"
-        )
-    return int(shape[axis])
-
-
-__all__ = [
-    "BATCH_LETTERS",
-    "MANIFEST_FILE",
-    "MODEL_PY",
-    "SUPPORTED_FORMAT_VERSIONS",
-    "SUPPORTED_KINDS",
-    "WEIGHTS_FILE",
-    "BatchingSpec",
-    "Dim",
-    "DimKind",
-    "Manifest",
-    "TensorSpec",
-    "VariableAxis",
-    "bundle_signature_files",
-    "discover_modules",
-    "executable_batch_spec",
-    "is_meta",
-    "load_manifest",
-    "parse_manifest",
-    "parse_tensor_spec",
-    "request_rows",
-    "validate_manifest",
-    "wire_batch_spec",
-]
+        raise ManifestError(f"manifest '{name}' ({source}): invalid YAML: {detail}") from None
+    return parse_manifest(raw, name, source=source)
