@@ -189,3 +189,84 @@ def live_node(demo_repo, tmp_path_factory) -> Iterator[LiveNode]:
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0, f"node exited {proc.returncode} after SIGTERM:\n{node.logs()}"
+
+
+@dataclass
+class LiveGateway:
+    """The fleet's gateway (the gateway Deployment's container: the CPU image's entrypoint in
+    role gateway with deploy/k8s/base/config/gateway.yaml) in front of the live node, the
+    headless Service name resolving to it through a hosts file."""
+
+    proc: subprocess.Popen
+    grpc: str
+    admin: str
+    env: dict[str, str]
+    log: Path
+    healthcheck: list[str]
+
+    logs = LiveNode.logs
+    get = LiveNode.get
+    run_healthcheck = LiveNode.run_healthcheck
+
+
+def _fleet_gateway_env() -> dict[str, str]:
+    from tests.deploy.manifests import container_env, find, load_yaml_file
+
+    (deployment,) = find(
+        load_yaml_file(DEPLOY / "k8s" / "base" / "gateway-deployment.yaml"), "Deployment"
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container_env(container)
+
+
+@pytest.fixture(scope="session")
+def live_gateway(live_node, tmp_path_factory) -> Iterator[LiveGateway]:
+    df = parse_dockerfile(DOCKERFILES["cpu"])
+    tmp = tmp_path_factory.mktemp("live-gateway")
+    hosts = tmp / "hosts"
+    hosts.write_text("127.0.0.1 kserve-trio-workers\n")
+    grpc, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    fleet = _fleet_gateway_env()
+    assert fleet["KSERVE_TRIO_GATEWAY_FILE"] == "/etc/kserve_trio/gateway/gateway.yaml"
+    worker_port = live_node.grpc.rsplit(":", 1)[1]
+    env = {
+        **os.environ,
+        **{k: v for k, v in df.env().items() if k not in ("PATH", "HOME")},
+        **fleet,
+        "KSERVE_TRIO_NODE_FILE": str(ROOT / "deploy" / "container" / "node.yaml"),
+        "KSERVE_TRIO_GATEWAY_FILE": str(DEPLOY / "k8s" / "base" / "config" / "gateway.yaml"),
+        "KSERVE_TRIO_RUNTIME_DIR": str(tmp / "run"),
+        # The file's endpoint, the headless Service's name, on the live worker's port.
+        "KSERVE_TRIO_GATEWAY_WORKERS": f"kserve-trio-workers:{worker_port}",
+        "KSERVE_TRIO_GATEWAY_HOSTS_FILE": str(hosts),
+        "KSERVE_TRIO_GATEWAY_HEALTH_INTERVAL_SECONDS": "1",
+        "KSERVE_TRIO_GATEWAY_LISTEN_GRPC": grpc,
+        "KSERVE_TRIO_GATEWAY_LISTEN_METRICS": admin,
+        "KSERVE_TRIO_SUPERVISOR_MAX_RESTARTS": "1",
+    }
+    log = tmp / "gateway.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(
+            image_command(df.entry_argv()), stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=tmp
+        )
+    gw = LiveGateway(proc, grpc, admin, env, log, image_command(df.healthcheck_argv()))
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited early ({proc.returncode}):\n{gw.logs()}")
+            if gw.run_healthcheck().returncode == 0 and gw.get("/readyz")[0] == 200:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gateway not ready within 120 s:\n{gw.logs()}")
+            time.sleep(0.5)
+        yield gw
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, f"gateway exited {proc.returncode} after SIGTERM:\n{gw.logs()}"

@@ -268,3 +268,26 @@ def test_the_demo_models_job_writes_the_repository_the_workers_serve(rendered, t
     assert find(
         rendered["base"], "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]
     )
+
+
+@pytest.mark.slow
+def test_the_fleet_gateway_routes_through_the_headless_service_name(live_gateway):
+    """The gateway Deployment's container (role gateway, the base's gateway.yaml, the name
+    kserve-trio-workers resolving to the live worker): its healthcheck passes, its probes
+    answer, /routing lists the worker's model, and a stock client infers through it."""
+    import json
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    health = live_gateway.run_healthcheck()
+    assert health.returncode == 0 and health.stdout.startswith("ready: ")
+    assert live_gateway.get("/readyz") == (200, "ok")
+    assert live_gateway.get("/healthz") == (200, "ok")
+    status, body = live_gateway.get("/routing")
+    assert status == 200 and json.loads(body)["models"] == {"mlp": ["gpu0"]}
+    client = grpcclient.InferenceServerClient(live_gateway.grpc)
+    inp = grpcclient.InferInput("input_0", [4, 16], "FP32")
+    inp.set_data_from_numpy(np.ones((4, 16), np.float32))
+    assert client.infer("mlp", [inp]).as_numpy("output").shape == (4, 8)
+    assert "role=gateway children=gateway" in live_gateway.logs()

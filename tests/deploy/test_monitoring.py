@@ -1,7 +1,8 @@
 """The monitoring assets (deploy/monitoring/): the dashboards are what their builder writes,
-every query parses as PromQL and names a metric that a live worker or the gateway's metric
-registry really exposes (GPU-only device-memory series aside, in a list checked against the
-worker's own code), and the scrape configuration keeps exactly the admin ports."""
+every query parses as PromQL and names a metric that a live worker or a live gateway really
+exposes (GPU-only device-memory series aside, in a list checked against the worker's own
+code; the gateway's also against its metric registry, without starting anything), and the
+scrape configuration keeps exactly the admin ports."""
 
 from __future__ import annotations
 
@@ -200,15 +201,16 @@ def test_the_gpu_only_metrics_are_the_ones_only_a_gpu_allocator_yields():
 
 
 @pytest.mark.slow
-def test_every_worker_metric_is_exposed_by_a_live_worker(live_node, parsed):
-    """After a few requests (one of them failing), the live worker's /metrics has every
-    worker series the dashboards query, with the labels they filter on; the GPU-only ones are
-    absent on this CPU worker, and every other dashboard series is the gateway's."""
+def test_every_metric_is_exposed_by_the_live_worker_and_gateway(live_node, live_gateway, parsed):
+    """After a few requests through the fleet's gateway to the live worker (one of them
+    failing), the worker's /metrics has every worker series the dashboards query and the
+    gateway's /metrics every gateway series, with the labels they filter on; the GPU-only ones
+    are absent on this CPU worker and nothing else is left unaccounted for."""
     import numpy as np
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    client = grpcclient.InferenceServerClient(live_node.grpc)
+    client = grpcclient.InferenceServerClient(live_gateway.grpc)
     for rows in (1, 3, 5):
         x = np.ones((rows, 16), np.float32)
         inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
@@ -220,19 +222,26 @@ def test_every_worker_metric_is_exposed_by_a_live_worker(live_node, parsed):
         client.infer("mlp", [bad])
     status, text = live_node.get("/metrics")
     assert status == 200
-    exposed = sample_names(text)
-    check_selectors(parsed, exposed, "worker_")
-    assert not GPU_ONLY_METRICS & exposed.keys()
-    gateway = gateway_exposition()
+    worker = sample_names(text)
+    check_selectors(parsed, worker, "worker_")
+    assert not GPU_ONLY_METRICS & worker.keys()
+    status, gateway_text = live_gateway.get("/metrics")
+    assert status == 200
+    gateway = sample_names(gateway_text)
+    check_selectors(parsed, gateway, "gateway_")
     for name in dashboard_metrics(parsed):
-        assert name in exposed or name in gateway or name in GPU_ONLY_METRICS, name
-    statuses = {
-        s.labels["status"]
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "worker_requests_total"
-    }
-    assert "OK" in statuses and len(statuses) == 2  # the error-ratio panel's status!="OK"
+        assert name in worker or name in gateway or name in GPU_ONLY_METRICS, name
+    for exposition, family in (
+        (text, "worker_requests_total"),
+        (gateway_text, "gateway_requests_total"),
+    ):
+        statuses = {
+            s.labels["status"]
+            for f in text_string_to_metric_families(exposition)
+            for s in f.samples
+            if s.name == family
+        }
+        assert "OK" in statuses and len(statuses) == 2, statuses  # the error-ratio panels
 
 
 # ---------------------------------------------------------------------------------------------

@@ -486,14 +486,10 @@ GATEWAY = Dashboard(
                     "The least_outstanding policy's load counters, on its work basis.",
                 ),
                 Panel(
-                    "Workers ready, metrics scraped, routable models",
+                    "Workers ready and routable models",
                     "short",
                     (
                         (f"min by (worker) (gateway_worker_ready{{{G}}})", "ready {{worker}}"),
-                        (
-                            f"min by (worker) (gateway_worker_metrics_up{{{G}}})",
-                            "metrics up {{worker}}",
-                        ),
                         (f"max(gateway_routing_table_size{{{G}}})", "routable models"),
                     ),
                 ),
