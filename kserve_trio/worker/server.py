@@ -50,6 +50,7 @@ from kserve_trio.worker import heartbeat
 
 if TYPE_CHECKING:
     from kserve_trio.runtime.backend import Backend
+    from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.grpc_server import GrpcServer
     from kserve_trio.worker.registry import ModelBundle
     from kserve_trio.worker.repository import ModelRepository
@@ -98,18 +99,20 @@ def resolve_config(
     return cfg
 
 
-def _make_backend(config: ServerConfig):
+def _make_backend(config: ServerConfig) -> Backend:
     from kserve_trio.runtime.backend import JaxBackend
 
     return JaxBackend.from_config(config.runtime, config.cache_dir)
 
 
-def _platform(backend) -> str:
+def _platform(backend: Backend) -> str:
     return str(getattr(backend, "platform", "cpu"))
 
 
 @contextlib.asynccontextmanager
-async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[RunningServer]:
+async def serve_async(
+    config: ServerConfig, *, backend: Backend | None = None
+) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
@@ -222,7 +225,7 @@ async def serve_async(config: ServerConfig, *, backend=None) -> AsyncIterator[Ru
 
 
 @contextlib.asynccontextmanager
-async def _weights_released(cache, repository: ModelRepository) -> AsyncIterator[None]:
+async def _weights_released(cache: WeightCache, repository: ModelRepository) -> AsyncIterator[None]:
     """Once the tree has stopped (or failed to start): free every model's device buffers and
     release the host copies, so shared regions are unlinked by their last holder."""
     try:
@@ -235,7 +238,9 @@ async def _weights_released(cache, repository: ModelRepository) -> AsyncIterator
         repository.close()
 
 
-def _make_cache(cache_cls, backend, config: ServerConfig):
+def _make_cache(
+    cache_cls: type[WeightCache], backend: Backend, config: ServerConfig
+) -> WeightCache:
     """The worker's weight cache; warns about settings that cannot take effect."""
     cache = cache_cls.from_config(backend, config)
     rt = config.runtime
@@ -338,7 +343,7 @@ def _use_uvloop() -> bool:
 def serve(
     node_path_or_config=None,
     worker: str | None = None,
-    backend=None,
+    backend: Backend | None = None,
     blocking: bool = True,
     **overrides,
 ) -> RunningServer | None:
@@ -355,12 +360,14 @@ def serve(
     return _start_in_thread(config, backend)
 
 
-def serve_worker(node_path, worker, backend=None, blocking: bool = True) -> RunningServer | None:
+def serve_worker(
+    node_path: str, worker: str, backend: Backend | None = None, blocking: bool = True
+) -> RunningServer | None:
     """``serve`` with the worker named positionally."""
     return serve(node_path, worker, backend=backend, blocking=blocking)
 
 
-async def _serve_until_signal(config: ServerConfig, backend) -> None:
+async def _serve_until_signal(config: ServerConfig, backend: Backend | None) -> None:
     async with serve_async(config, backend=backend):
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -368,7 +375,7 @@ async def _serve_until_signal(config: ServerConfig, backend) -> None:
                 break
 
 
-def _start_in_thread(config: ServerConfig, backend) -> RunningServer:
+def _start_in_thread(config: ServerConfig, backend: Backend | None) -> RunningServer:
     ready = threading.Event()
     box: dict = {}
 
