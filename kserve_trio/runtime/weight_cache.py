@@ -15,9 +15,10 @@ eviction). Who moves floors is fixed at startup (``ResidencyMode``): a self-mana
 and evicts by itself; an externally-managed one (explicit mode) never loads on its own and
 refuses to run a model that is not resident (``NotResidentError``).
 
-The module is split like the planners: the budget arithmetic
-(``weight_budget``) and the LRU bookkeeping (``plan_eviction``, ``CacheBook``) are pure and
-tested plainly; ``WeightCache`` drives them with the device operations. Every mutating call of
+The module is split like the planners: the budget arithmetic (``weight_budget``) and the LRU
+bookkeeping (``plan_eviction``, ``CacheBook``) are pure and tested plainly
+(``runtime/_budget.py``); the moves of weights between file, host and device are
+``runtime/_tiers.py``; ``WeightCache`` here drives both. Every mutating call of
 ``WeightCache`` is made on the scheduler's device thread (the single residency mutator); an
 internal lock still serialises them, and a second short lock guards the counters so that
 ``stats()`` (read at scrape time on the event loop) never waits for a transfer.
@@ -28,30 +29,33 @@ for the device arena and everything behaves as on a GPU.
 
 from __future__ import annotations
 
-import collections
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
 
-import numpy as np
-
-from kserve_trio.core.config import ResidencyMode, ResidencyState
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from kserve_trio.core.config import ResidencyMode, ResidencyState, ServerConfig
+from kserve_trio.core.errors import FailedPrecondition, NotFound, Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.weight_store import (
-    PrivateWeightStore,
-    WeightStore,
-    make_weight_store,
-    weights_digest,
-    weights_file_token,
+from kserve_trio.core.weight_store import PrivateWeightStore, WeightStore, make_weight_store
+from kserve_trio.runtime._budget import (
+    CacheBook,
+    EvictionPlan,
+    ModelResidency,
+    ProbeResult,
+    Program,
+    WeightBudget,
+    WeightCacheStats,
+    least_resident,
+    plan_eviction,
+    residency_target,
+    resolve_floor,
+    weight_budget,
 )
+from kserve_trio.runtime._probe import MIN_COST_SECONDS, measure_scratch
+from kserve_trio.runtime._tiers import DeviceMemory, ManagedModel, Record, Tiers
 
 log = get_logger("kserve_trio.runtime.weight_cache")
-
-MIN_COST_SECONDS = 1e-6
 
 NEEDS_CACHE = (
     "residency control requires the on-demand weight cache (runtime.weight_cache_fraction > 0 "
@@ -71,191 +75,6 @@ class NotResidentError(FailedPrecondition):
 
 
 # ----------------------------------------------------------------------------------------------
-# Pure: the budget formula and the LRU bookkeeping
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WeightBudget:
-    """The solved memory model (bytes)."""
-
-    on_demand_budget: int
-    weight_pool: int
-    scratch_ceiling: int
-    pinned_over_commit: bool
-
-
-def weight_budget(
-    *, arena: int, fraction: float, wiggle: float, max_scratch: int, pinned_bytes: int
-) -> WeightBudget:
-    """Solve the on-demand budget. The arena holds, at the worst instant, pinned weights +
-    on-demand weights + one execution's scratch + a wiggle fraction of free slack:
-
-    1. ``scratch_ceiling = floor((1 - wiggle) * arena)``;
-    2. ``weight_pool = max(0, min(floor(fraction * arena), scratch_ceiling - max_scratch))``
-       (pinned + on-demand weights together);
-    3. ``on_demand_budget = clamp(weight_pool - pinned_bytes, 0, weight_pool)``;
-    4. ``pinned_over_commit = pinned_bytes > weight_pool`` (no sizing can fix that).
-    """
-    scratch_ceiling = math.floor((1.0 - wiggle) * arena)
-    weight_pool = max(0, min(math.floor(fraction * arena), scratch_ceiling - max_scratch))
-    on_demand = min(max(weight_pool - pinned_bytes, 0), weight_pool)
-    return WeightBudget(on_demand, weight_pool, scratch_ceiling, pinned_bytes > weight_pool)
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionPlan:
-    """Which LRU models to evict (least recent first) and whether the load then fits."""
-
-    victims: tuple[str, ...]
-    fits: bool
-
-
-def plan_eviction(
-    lru: Iterable[tuple[str, int]], resident_bytes: int, need: int, max_bytes: int
-) -> EvictionPlan:
-    """Walk the LRU from its least recently used end, collecting victims until
-    ``resident_bytes - victims + need <= max_bytes``. When even evicting everything leaves it
-    over, every model is a victim and ``fits`` is False (the caller loads anyway: a model larger
-    than the whole budget must still run)."""
-    victims: list[str] = []
-    freed = 0
-    for name, nbytes in lru:
-        if resident_bytes - freed + need <= max_bytes:
-            break
-        victims.append(name)
-        freed += nbytes
-    return EvictionPlan(tuple(victims), resident_bytes - freed + need <= max_bytes)
-
-
-@dataclass
-class CacheBook:
-    """Budget bookkeeping: the LRU of device-resident on-demand models and the counters.
-
-    Only device-resident models that are *not* device-pinned are in ``lru``/``resident_bytes``;
-    ``pinned_bytes`` counts the device-pinned ones.
-    """
-
-    max_bytes: int = 0
-    lru: collections.OrderedDict[str, int] = field(default_factory=collections.OrderedDict)
-    resident_bytes: int = 0
-    pinned_bytes: int = 0
-    loads: int = 0
-    evicts: int = 0
-    load_seconds: float = 0.0
-    compactions: int = 0
-
-    def touch(self, name: str) -> bool:
-        """Move ``name`` to the most-recently-used end; False when it is not in the LRU."""
-        if name not in self.lru:
-            return False
-        self.lru.move_to_end(name)
-        return True
-
-    def plan(self, need: int) -> EvictionPlan:
-        return plan_eviction(self.lru.items(), self.resident_bytes, need, self.max_bytes)
-
-    def add(self, name: str, nbytes: int) -> None:
-        """Count ``name`` as resident at the MRU end (re-adding moves it)."""
-        self.remove(name)
-        self.lru[name] = nbytes
-        self.resident_bytes += nbytes
-
-    def remove(self, name: str) -> bool:
-        nbytes = self.lru.pop(name, None)
-        if nbytes is None:
-            return False
-        self.resident_bytes -= nbytes
-        return True
-
-    def rename(self, old: str, new: str) -> None:
-        """Rekey in place, keeping the LRU position."""
-        if old not in self.lru:
-            return
-        items = [(new if k == old else k, v) for k, v in self.lru.items()]
-        self.lru = collections.OrderedDict(items)
-
-    def clear(self) -> list[str]:
-        names = list(self.lru)
-        self.lru.clear()
-        self.resident_bytes = 0
-        return names
-
-
-def resolve_floor(configured: ResidencyState | None, cache_enabled: bool) -> ResidencyState:
-    """Unspecified residency: PINNED_SYSTEM with the cache on, else UNPINNED."""
-    if configured is not None:
-        return ResidencyState(configured)
-    return ResidencyState.PINNED_SYSTEM if cache_enabled else ResidencyState.UNPINNED
-
-
-def least_resident(states: Iterable[ResidencyState]) -> ResidencyState:
-    """The weakest floor of a group (a meta's sub-models); UNPINNED for an empty group."""
-    return min(states, default=ResidencyState.UNPINNED)
-
-
-# ----------------------------------------------------------------------------------------------
-# Snapshots
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ModelResidency:
-    """One model's residency as reported to operators."""
-
-    floor: ResidencyState
-    device_resident: bool
-    host_resident: bool
-    weight_nbytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class WeightCacheStats:
-    """A snapshot of the cache counters (``weight_cache_stats``)."""
-
-    enabled: bool
-    mode: ResidencyMode
-    arena_bytes: int
-    max_bytes: int
-    resident_bytes: int
-    pinned_bytes: int
-    max_scratch_bytes: int
-    weight_pool_bytes: int
-    loads: int
-    evicts: int
-    load_seconds: float
-    compactions: int
-    lru: tuple[str, ...]
-    probed: bool
-
-
-Program = tuple[Any, Sequence[np.ndarray], Callable[[Sequence[Any]], Any]]
-"""One compiled program of a model for the probe: ``(label, zero inputs, run(inputs))``."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """What the startup isolation probe measured and resolved."""
-
-    budget: WeightBudget
-    max_scratch: int
-    max_weight: int
-    costs: dict[str, dict[Any, float]]
-    failures: dict[str, list[str]]
-
-
-@dataclass(eq=False)
-class _Record:
-    """A model the cache manages; ``host`` is its host tier (None when not materialised)."""
-
-    name: str
-    entry: Any  # runtime.model.CompiledModel
-    nbytes: int
-    floor: ResidencyState
-    host: list[np.ndarray] | None = None
-
-
-# ----------------------------------------------------------------------------------------------
 # The cache
 # ----------------------------------------------------------------------------------------------
 
@@ -271,7 +90,7 @@ class WeightCache:
 
     def __init__(
         self,
-        backend: Any,
+        backend: DeviceMemory,
         *,
         store: WeightStore | None = None,
         mode: ResidencyMode = ResidencyMode.SELF_MANAGED,
@@ -283,6 +102,7 @@ class WeightCache:
     ) -> None:
         self.backend = backend
         self.store: WeightStore = store if store is not None else PrivateWeightStore()
+        self._tiers = Tiers(backend, self.store)
         self.mode = ResidencyMode(mode)
         self.arena = max(int(arena), 0)
         self.fraction = float(fraction)
@@ -290,7 +110,7 @@ class WeightCache:
         self.enabled = self.arena > 0 and self.fraction > 0
         self.compaction_interval = int(compaction_interval)
         self._clock = clock
-        self._records: dict[str, _Record] = {}
+        self._records: dict[str, Record] = {}
         self._op = threading.RLock()  # serialises residency operations (device work inside)
         self._book_lock = threading.Lock()  # short: counters and LRU, for stats()
         provisional = math.floor(self.fraction * self.arena) if self.enabled else 0
@@ -301,7 +121,7 @@ class WeightCache:
         self._compact_mark = 0
 
     @classmethod
-    def from_config(cls, backend: Any, config: Any) -> WeightCache:
+    def from_config(cls, backend: DeviceMemory, config: ServerConfig) -> WeightCache:
         """Build from a ``ServerConfig``: arena from the backend's ``bytes_limit``."""
         rt = config.runtime
         try:
@@ -381,7 +201,7 @@ class WeightCache:
 
     # -- admission and removal -------------------------------------------------------------
 
-    def admit(self, entry: Any, floor: ResidencyState | None = None) -> ResidencyState:
+    def admit(self, entry: ManagedModel, floor: ResidencyState | None = None) -> ResidencyState:
         """Manage a compiled model and apply its initial residency.
 
         Rules: ``floor`` None resolves per ``resolve_floor``. Cache disabled: load the weights
@@ -395,14 +215,14 @@ class WeightCache:
             if name in self._records:
                 raise FailedPrecondition(f"model '{name}' is already managed by the weight cache")
             target = self.resolve_floor(floor)
-            rec = _Record(name, entry, int(entry.weight_nbytes), target)
+            rec = Record(name, entry, int(entry.weight_nbytes), target)
             self._records[name] = rec
             if not self.enabled:
                 if not entry.weights_resident():
-                    self._load(rec)
+                    self._tiers.load(rec)
                 return target
             if target is ResidencyState.PINNED_DEVICE:
-                self._load(rec)
+                self._tiers.load(rec)
                 with self._book_lock:
                     self._book.pinned_bytes += rec.nbytes
                 self._rebudget()
@@ -412,13 +232,13 @@ class WeightCache:
                         self._book.add(name, rec.nbytes)
                 if target is ResidencyState.PINNED_SYSTEM:
                     try:
-                        self._materialize(rec)
+                        self._tiers.materialize(rec)
                     except Exception as exc:
                         log.error("host_weights_failed", model=name, error=repr(exc))
             log.debug("residency_initial", model=name, residency=target.name.lower())
             return target
 
-    def replace(self, entry: Any) -> ResidencyState:
+    def replace(self, entry: ManagedModel) -> ResidencyState:
         """A reloaded model: release the old version's tiers, admit the new one at the floor
         the old one had (what the operator set survives a reload)."""
         with self._op:
@@ -428,7 +248,7 @@ class WeightCache:
                 self._release(old)
             return self.admit(entry, floor)
 
-    def release(self, name: str, entry: Any = None) -> bool:
+    def release(self, name: str, entry: ManagedModel | None = None) -> bool:
         """Drop a model (unload): out of the LRU, device buffers freed, host tier released.
         With ``entry``, only if the managed version is that one. Returns whether it was."""
         with self._op:
@@ -465,7 +285,7 @@ class WeightCache:
 
     # -- the hot path ------------------------------------------------------------------------
 
-    def acquire(self, entry: Any) -> None:
+    def acquire(self, entry: ManagedModel) -> None:
         """Guarantee ``entry``'s weights are on the device before it runs.
 
         Rules:
@@ -488,7 +308,7 @@ class WeightCache:
                 raise Unavailable(f"model '{entry.name}' was reloaded; retry")
             if not self.enabled or rec.floor is ResidencyState.PINNED_DEVICE:
                 if not entry.weights_resident():
-                    self._load(rec)
+                    self._tiers.load(rec)
                 return
             if entry.weights_resident():
                 with self._book_lock:
@@ -511,7 +331,7 @@ class WeightCache:
             for victim in plan.victims:
                 self._evict(self._records[victim])
             t0 = self._clock()
-            self._load(rec)
+            self._tiers.load(rec)
             dt = self._clock() - t0
             with self._book_lock:
                 self._book.add(rec.name, rec.nbytes)
@@ -573,7 +393,7 @@ class WeightCache:
         with self._op:
             for name in reload:
                 self._record(name)
-            before = self._in_use()
+            before = self._tiers.in_use()
             with self._book_lock:
                 freed = self._book.clear()
                 self._book.compactions += 1
@@ -593,7 +413,7 @@ class WeightCache:
                 reloaded=reloaded,
                 resident_bytes_after=self._book.resident_bytes,
                 device_in_use_before=before,
-                device_in_use_after=self._in_use(),
+                device_in_use_after=self._tiers.in_use(),
             )
             return reloaded
 
@@ -602,86 +422,41 @@ class WeightCache:
         solve the budget.
 
         Rules:
-        1. for each non-device-pinned model with programs, in ascending weight size: free every
-           on-demand device buffer, load this model (whatever the mode: nothing is served yet,
-           and explicit mode needs the measurement too), ``max_weight = max(max_weight, nbytes)``;
-        2. run each program once on its zero inputs (timed: the costs seed the scheduler);
-        3. scratch: with an allocator peak (GPU), ``peak_in_use - (pinned + max_weight)``; without
-           one (CPU), the live bytes while the inputs and outputs exist minus those before the
-           inputs were transferred; ``max_scratch`` is the largest, at least 0;
-        4. free everything on-demand again; ``max_bytes`` becomes the solved on-demand budget.
+        1. every non-device-pinned model, in ascending weight size, is measured alone on the
+           device whatever the mode (nothing is served yet, and explicit mode needs the
+           measurement too): ``_probe.measure_scratch``'s rules;
+        2. free everything on-demand again; ``max_bytes`` becomes the solved on-demand budget.
         Failures of a program only warn. Loads here are not counted in ``loads``.
         """
-        costs: dict[str, dict[Any, float]] = {}
-        failures: dict[str, list[str]] = {}
         with self._op:
             if not self.enabled:
-                budget = WeightBudget(0, 0, 0, False)
-                return ProbeResult(budget, 0, 0, costs, failures)
-            use_peak = "peak_bytes_in_use" in self._stats()
-            max_weight = 0
-            max_scratch = 0
+                return ProbeResult(WeightBudget(0, 0, 0, False), 0, 0, {}, {})
             order = sorted(
                 (r for r in self._records.values() if r.floor is not ResidencyState.PINNED_DEVICE),
                 key=lambda r: (r.nbytes, r.name),
             )
-            for rec in order:
-                progs = list(programs(rec.name))
-                if not progs:
-                    continue
-                self._free_on_demand()
-                try:
-                    self._load(rec)
-                except Exception as exc:
-                    failures.setdefault(rec.name, []).append(f"load: {exc!r}")
-                    continue
-                max_weight = max(max_weight, rec.nbytes)
-                pinned = self._book.pinned_bytes
-                for label, inputs, run in progs:
-                    try:
-                        base = self._in_use()
-                        dev_inputs = self.backend.transfer_to_device(list(inputs))
-                        t0 = self._clock()
-                        outs = run(dev_inputs)
-                        dt = self._clock() - t0
-                        if use_peak:
-                            peak = int(self._stats().get("peak_bytes_in_use", 0))
-                            scratch = peak - (pinned + max_weight)
-                        else:
-                            scratch = self._in_use() - base
-                        del outs, dev_inputs
-                    except Exception as exc:
-                        failures.setdefault(rec.name, []).append(f"{label}: {exc!r}")
-                        continue
-                    max_scratch = max(max_scratch, scratch)
-                    costs.setdefault(rec.name, {})[label] = max(dt, MIN_COST_SECONDS)
+            m = measure_scratch(
+                order,
+                programs,
+                self._tiers,
+                pinned_bytes=self._book.pinned_bytes,
+                free_on_demand=self._free_on_demand,
+                clock=self._clock,
+            )
             self._free_on_demand()
-            max_scratch = max(max_scratch, 0)
-            self._max_scratch = max_scratch
+            self._max_scratch = m.max_scratch
             self._probed = True
             budget = self._rebudget()
-            self._log_budget(budget, max_weight)
-            return ProbeResult(budget, max_scratch, max_weight, costs, failures)
+            self._log_budget(budget, m.max_weight)
+            return ProbeResult(budget, m.max_scratch, m.max_weight, m.costs, m.failures)
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _record(self, name: str) -> _Record:
+    def _record(self, name: str) -> Record:
         rec = self._records.get(name)
         if rec is None:
             raise NotFound(f"unknown model: {name}")
         return rec
-
-    def _stats(self) -> dict[str, int]:
-        try:
-            return dict(self.backend.memory_stats())
-        except Exception:
-            return {}
-
-    def _in_use(self) -> int:
-        try:
-            return int(self.backend.memory_in_use())
-        except Exception:
-            return int(self._stats().get("bytes_in_use", 0))
 
     def _rebudget(self) -> WeightBudget:
         """Re-solve the budget after the pinned bytes changed (probe done) and apply it."""
@@ -727,16 +502,7 @@ class WeightCache:
                 detail="non-pinned models reload on every dispatch",
             )
 
-    def _file_arrays(self, rec: _Record) -> list[np.ndarray]:
-        log.debug("weights_file_read", model=rec.name, path=str(rec.entry.weights.path))
-        return rec.entry.weights.host_arrays()
-
-    def _load(self, rec: _Record) -> None:
-        """Device copy from the host tier, else from the weights file (no counters)."""
-        hosts = rec.host if rec.host is not None else self._file_arrays(rec)
-        rec.entry.load_weights(hosts)
-
-    def _evict(self, rec: _Record) -> None:
+    def _evict(self, rec: Record) -> None:
         rec.entry.free_weights()
         with self._book_lock:
             self._book.remove(rec.name)
@@ -751,24 +517,7 @@ class WeightCache:
             if rec.floor is not ResidencyState.PINNED_DEVICE and rec.entry.weights_resident():
                 rec.entry.free_weights()
 
-    def _materialize(self, rec: _Record) -> None:
-        """Build the host tier through the store (reads the file only when this worker is
-        the one that must fill it)."""
-        entries = rec.entry.weights.entries
-        specs = [(e.dtype.numpy, e.shape) for e in entries]
-        digest = weights_digest(rec.name, specs, content=weights_file_token(rec.entry.weights.path))
-
-        def fill(arrays: list[np.ndarray]) -> None:
-            for dst, src in zip(arrays, self._file_arrays(rec), strict=True):
-                np.copyto(dst, src)
-
-        rec.host = self.store.materialize(rec.name, digest, specs, fill)
-
-    def _drop_host(self, rec: _Record) -> None:
-        rec.host = None
-        self.store.release(rec.name)
-
-    def _release(self, rec: _Record) -> None:
+    def _release(self, rec: Record) -> None:
         with self._book_lock:
             self._book.remove(rec.name)
             if rec.floor is ResidencyState.PINNED_DEVICE and self.enabled:
@@ -776,11 +525,11 @@ class WeightCache:
         self._records.pop(rec.name, None)
         rec.entry.free_weights()
         if rec.host is not None:
-            self._drop_host(rec)
+            self._tiers.drop_host(rec)
         if rec.floor is ResidencyState.PINNED_DEVICE and self.enabled:
             self._rebudget()
 
-    def _transition(self, rec: _Record, target: ResidencyState) -> ResidencyState:
+    def _transition(self, rec: Record, target: ResidencyState) -> ResidencyState:
         """Rules:
         1. to PINNED_SYSTEM without a host tier: materialise it;
         2. to UNPINNED with a host tier: release it;
@@ -793,11 +542,11 @@ class WeightCache:
         entry = rec.entry
         before = rec.floor
         if target is ResidencyState.PINNED_SYSTEM and rec.host is None:
-            self._materialize(rec)
+            self._tiers.materialize(rec)
         if target is ResidencyState.UNPINNED and rec.host is not None:
-            self._drop_host(rec)
+            self._tiers.drop_host(rec)
         if target is ResidencyState.PINNED_DEVICE and not entry.weights_resident():
-            self._load(rec)
+            self._tiers.load(rec)
         leaving = before is ResidencyState.PINNED_DEVICE and target is not before
         if leaving and self.externally_managed:
             entry.free_weights()
@@ -822,28 +571,13 @@ class WeightCache:
         return target
 
 
-def residency_target(value: ResidencyState | int) -> ResidencyState:
-    """A residency target from an enum member or its number; anything but UNPINNED,
-    PINNED_SYSTEM or PINNED_DEVICE (e.g. the proto's RESIDENCY_UNSPECIFIED) is
-    INVALID_ARGUMENT."""
-    try:
-        target = ResidencyState(int(value))
-    except (ValueError, TypeError):
-        target = None
-    if target is None:
-        raise InvalidArgument(
-            "residency target must be UNPINNED, PINNED_SYSTEM or PINNED_DEVICE "
-            f"(got {getattr(value, 'name', value)})"
-        )
-    return target
-
-
 def weight_cache_stats(cache: WeightCache) -> WeightCacheStats:
     """Function spelling of ``cache.stats()``."""
     return cache.stats()
 
 
 __all__ = [
+    "MIN_COST_SECONDS",
     "NEEDS_CACHE",
     "SELF_MANAGED",
     "CacheBook",
