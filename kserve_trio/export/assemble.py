@@ -27,6 +27,7 @@ import numpy as np
 
 from kserve_trio.core.dtypes import DType
 from kserve_trio.export.iospec import AXIS_LETTERS, IOSpec, as_dtype
+from kserve_trio.export.provenance import kserve_trio_version
 from kserve_trio.export.writer import write_bundle
 
 MATMUL_PRECISIONS: tuple[str, ...] = (
@@ -351,12 +352,10 @@ def jax_versions() -> dict[str, str]:
     import jax
     import jaxlib
 
-    from kserve_trio.export.provenance import _kserve_trio_version
-
     return {
         "jax_version": jax.__version__,
         "jaxlib_version": jaxlib.__version__,
-        "kserve_trio_version": _kserve_trio_version(),
+        "kserve_trio_version": kserve_trio_version(),
     }
 
 

@@ -196,13 +196,4 @@ def export_jax(
     )
 
 
-def __getattr__(name: str) -> Any:
-    # ``export_bundle`` moved to export.frontends; this spelling keeps older imports working.
-    if name == "export_bundle":
-        from kserve_trio.export.frontends import export_bundle
-
-        return export_bundle
-    raise AttributeError(name)
-
-
 __all__ = ["export_jax", "precision_scope", "split_weights"]

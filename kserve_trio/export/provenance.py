@@ -24,7 +24,8 @@ MAX_DIFF_BYTES = 20 * 1024 * 1024
 """A larger diff is left out (``git_diff_omitted`` says why) rather than bloating the bundle."""
 
 
-def _kserve_trio_version() -> str:
+def kserve_trio_version() -> str:
+    """The installed kserve_trio version (``unknown`` when it is not installed as a package)."""
     try:
         from importlib.metadata import version
 
@@ -68,7 +69,7 @@ def collect_provenance(
     out: dict[str, Any] = {
         "exported_at": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python_version": platform.python_version(),
-        "kserve_trio_version": _kserve_trio_version(),
+        "kserve_trio_version": kserve_trio_version(),
     }
     inside = _git(repo, "rev-parse", "--is-inside-work-tree")
     if inside is None or inside.strip() != "true":
@@ -103,4 +104,4 @@ def collect_provenance(
     return out
 
 
-__all__ = ["MAX_DIFF_BYTES", "collect_provenance"]
+__all__ = ["MAX_DIFF_BYTES", "collect_provenance", "kserve_trio_version"]

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from kserve_trio.export.inspection import inspect_bundle
+
 DTYPE_TOKENS: tuple[str, ...] = (
     "f16",
     "bf16",
@@ -200,8 +202,6 @@ def export_torch_command(args: argparse.Namespace, *, out: TextIO) -> int:
     except (ValueError, TypeError, ImportError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    from kserve_trio.export.cli import inspect_bundle
-
     print(f"wrote {d}", file=out)
     return 0 if inspect_bundle(Path(d), out=out) else 1
 

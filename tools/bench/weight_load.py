@@ -33,7 +33,7 @@ import numpy as np
 
 
 def _bundle(root: Path, name: str, nbytes: int) -> Path:
-    from kserve_trio.export.jax_frontend import export_bundle
+    from kserve_trio.export import export_bundle
 
     w = np.arange(nbytes // 4, dtype=np.float32) % 251
     return export_bundle(
