@@ -6,9 +6,11 @@ A driver cuts ``range(len(io))`` into chunks of at most ``chunk`` items and, per
    server is shared memory, the heap pool otherwise), within the chunk's deadline;
 2. lets ``io.encode_chunk`` stage the inputs in the slot and, on the shared-memory path, carves
    the declared outputs (``output_specs``) after them;
-3. builds the ``ModelInferRequest``: inputs in the shared-memory pool by reference (region,
-   offset, size), anything else inline in ``raw_input_contents``; declared outputs by reference
-   into their carved buffers (shm) or by name (inline);
+3. builds the ``ModelInferRequest`` (a ``core.infer_wire`` message, encoded straight from the
+   descriptors): inputs in the shared-memory pool by reference (region, offset, size), anything
+   else inline in ``raw_input_contents`` as a view of its bytes (copied only into the wire
+   message itself); declared outputs by reference into their carved buffers (shm) or by name
+   (inline);
 4. sends it: retry inside the deadline budget, wrapped in stale-registration recovery (a
    FAILED_PRECONDITION "unregistered shared memory region..." re-registers once, coalesced over
    concurrent chunks, and retries once; a second failure latches the endpoint inline and the
@@ -30,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import numpy as np
 
 from kserve_trio.client.errors import RpcError, ShmUnrecoverableError, is_stale_registration
 from kserve_trio.client.io import (
@@ -58,12 +59,21 @@ from kserve_trio.core.codec import (
     SHM_BYTE_SIZE_PARAM,
     SHM_OFFSET_PARAM,
     SHM_REGION_PARAM,
+    ShmRef,
     raw_output_indices,
+    shm_params,
 )
 from kserve_trio.core.dtypes import dtype_from_wire, dtype_of
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.infer_wire import (
+    InferInputTensor,
+    InferOutputTensor,
+    InferRequestedOutput,
+    InferRequestMessage,
+    InferResponseMessage,
+)
 from kserve_trio.core.logging import get_logger
-from kserve_trio.proto import inference as pb
+from kserve_trio.core.wire import Params, byte_view
 
 log = get_logger("kserve_trio.client")
 
@@ -109,12 +119,8 @@ def chunks(n: int, size: int) -> list[range]:
     return [range(start, min(n, start + size)) for start in range(0, n, size)]
 
 
-def _shm_params(region: str, offset: int, nbytes: int) -> dict[str, pb.InferParameter]:
-    return {
-        SHM_REGION_PARAM: pb.InferParameter(string_param=region),
-        SHM_OFFSET_PARAM: pb.InferParameter(int64_param=int(offset)),
-        SHM_BYTE_SIZE_PARAM: pb.InferParameter(int64_param=int(nbytes)),
-    }
+def _shm_params(region: str, offset: int, nbytes: int) -> Params:
+    return shm_params(ShmRef(region, int(offset), int(nbytes)))
 
 
 def build_chunk_request(
@@ -126,19 +132,19 @@ def build_chunk_request(
     outputs: Sequence[OutputSpec] = (),
     out_bufs: Sequence[ScratchBuffer] = (),
     id: str = "",
-) -> pb.ModelInferRequest:
+) -> InferRequestMessage:
     """The ``ModelInferRequest`` of one chunk (no deadline parameter; the sender adds it).
 
     1. A ``scratch`` descriptor must come from ``pool``: with ``shm`` it is sent by reference
        (``pool.region_name``, its absolute offset, its bytes), else inline: its
        ``raw_input_contents`` entry is a memoryview of the slot, copied only when serialized.
     2. An ``InferInput`` over a view of ``pool`` is sent like a descriptor; any other array is
-       sent inline.
+       sent inline, its entry a view of the array (C-contiguous arrays are not copied).
     3. Requested outputs: with ``out_bufs`` (shm), each declared output by reference into its
        buffer; else the declared outputs by name; nothing declared -> every output, inline.
     4. ``raw_input_contents`` holds the inline inputs in input order.
     """
-    request = pb.ModelInferRequest(model_name=model_name, id=id)
+    request = InferRequestMessage(model_name=model_name, id=id)
     seen: set[str] = set()
     for d in descs:
         if d.name in seen:
@@ -150,40 +156,36 @@ def build_chunk_request(
                     f"scratch descriptor '{d.name}' was carved from another pool than the "
                     "chunk's slot"
                 )
-            msg = pb.ModelInferRequestInferInputTensor(
-                name=d.name, datatype=dtype_of(d.dtype).wire, shape=list(d.shape)
-            )
+            msg = InferInputTensor(d.name, dtype_of(d.dtype).wire, d.shape)
             if shm:
                 msg.parameters = _shm_params(pool.region_name, d.offset, d.nbytes)
             else:  # a view of the slot, valid while the chunk holds it (the whole send)
                 request.raw_input_contents.append(pool.view(d.offset, d.nbytes))
         else:
             assert isinstance(d, InferInput)
-            msg = pb.ModelInferRequestInferInputTensor(
-                name=d.name, datatype=d.datatype, shape=list(d.shape)
-            )
+            msg = InferInputTensor(d.name, d.datatype, d.shape)
             offset = pool_offset(pool, d.array) if shm else None
             if offset is not None:
                 msg.parameters = _shm_params(pool.region_name, offset, d.nbytes)
             else:
-                request.raw_input_contents.append(np.ascontiguousarray(d.array).tobytes())
+                request.raw_input_contents.append(byte_view(d.array))
         request.inputs.append(msg)
     if out_bufs:
         for buf in out_bufs:
             request.outputs.append(
-                pb.ModelInferRequestInferRequestedOutputTensor(
-                    name=buf.name, parameters=_shm_params(pool.region_name, buf.offset, buf.nbytes)
+                InferRequestedOutput(
+                    buf.name, _shm_params(pool.region_name, buf.offset, buf.nbytes)
                 )
             )
     else:
         for spec in outputs:
-            request.outputs.append(pb.ModelInferRequestInferRequestedOutputTensor(name=spec.name))
+            request.outputs.append(InferRequestedOutput(spec.name))
     return request
 
 
 def rehydrate(
-    response: pb.ModelInferResponse, pool: BufferPool, out_bufs: Sequence[ScratchBuffer]
-) -> pb.ModelInferResponse:
+    response: InferResponseMessage, pool: BufferPool, out_bufs: Sequence[ScratchBuffer]
+) -> InferResponseMessage:
     """Copy every output the server wrote to shared memory into ``raw_output_contents`` (in
     place, before the slot is released) and strip its shm parameters, so the response reads
     like an inline one: ``raw_output_contents`` aligned with the raw-carried outputs.
@@ -203,7 +205,7 @@ def rehydrate(
             "entries, which match none of its outputs' layouts",
             method="ModelInfer",
         )
-    merged: list[bytes] = []
+    merged: list[bytes | memoryview] = []
     for out, index in zip(response.outputs, indices, strict=True):
         region = string_param(out.parameters, SHM_REGION_PARAM)
         if region is None:
@@ -237,8 +239,8 @@ def rehydrate(
 
 
 def _reserved_bytes(
-    response: pb.ModelInferResponse,
-    out: pb.ModelInferResponseInferOutputTensor,
+    response: InferResponseMessage,
+    out: InferOutputTensor,
     pool: BufferPool,
     buf: ScratchBuffer,
 ) -> bytes:
@@ -323,7 +325,7 @@ async def _send_chunk(
     descs: list[Descriptor],
     out_bufs: list[ScratchBuffer],
     deadline_at: float | None,
-) -> pb.ModelInferResponse:
+) -> InferResponseMessage:
     model, pool, state, ep = drive.model, drive.pool, drive.state, drive.endpoint
     transport = model.transport()
     if pool.use_shm and state.use_shm(ep, drive.route):
@@ -434,7 +436,7 @@ async def _sync_entry(flag: bool, fn, *args):
         _BOUNDS_CHECKS.reset(token)
 
 
-def infer_sync(model: KServeModel, inputs_or_io: Any) -> pb.ModelInferResponse | None:
+def infer_sync(model: KServeModel, inputs_or_io: Any) -> InferResponseMessage | None:
     """Blocking inference from a plain thread.
 
     Given a list of ``InferInput``: one inline request (with retry); returns the

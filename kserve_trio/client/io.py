@@ -5,8 +5,9 @@ This module owns:
 - ``InferInput(name, array)``: a named input for a one-shot request (every wire dtype, FP16 and
   BF16 included: the bytes travel in ``raw_input_contents``), or, built over a ``pool_view``, a
   hand-made descriptor an ``InferenceIO`` may return from ``encode_chunk``.
-- ``InferOutput(name, response, dtype=None)``: an output of a ``ModelInferResponse`` as a numpy
-  array viewing the received bytes (no copy).
+- ``InferOutput(name, response, dtype=None)``: an output of a ``ModelInferResponse`` (the
+  ``core.infer_wire.InferResponseMessage`` a call returns) as a numpy array viewing the received
+  bytes (no copy).
 - ``InferenceIO``: the protocol a dataset implements to be streamed through ``infer_async`` /
   ``infer_sync`` in chunks, and ``OutputSpec``, the outputs it wants read back through shared
   memory.
@@ -41,6 +42,7 @@ from kserve_trio.core.codec import (
     string_param,
 )
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
+from kserve_trio.core.infer_wire import InferResponseMessage
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
@@ -261,12 +263,15 @@ Descriptor = ScratchBuffer | InferInput
 """What ``encode_chunk`` returns (one, or a list): ``scratch`` descriptors or ``InferInput``."""
 
 
-def _output_names(response: pb.ModelInferResponse) -> str:
+def _output_names(response: InferResponseMessage | pb.ModelInferResponse) -> str:
     return ", ".join(o.name for o in response.outputs) or "none"
 
 
-def InferOutput(name: str, response: pb.ModelInferResponse, dtype: Any = None) -> np.ndarray:
-    """The output ``name`` of ``response`` as a read-only array of its wire shape.
+def InferOutput(
+    name: str, response: InferResponseMessage | pb.ModelInferResponse, dtype: Any = None
+) -> np.ndarray:
+    """The output ``name`` of ``response`` as a read-only array of its wire shape (a
+    betterproto2 ``ModelInferResponse`` built by hand reads the same).
 
     Raw bytes are viewed in place (``np.frombuffer``, no copy); typed ``contents`` become a new
     array. Entries of ``raw_output_contents`` are matched to outputs by position, in Triton's
@@ -397,8 +402,9 @@ class InferenceIO(Protocol):
     - ``encode_chunk(items, slot)``: stage the chunk's inputs in ``slot`` (``scratch`` +
       ``pool_view``) and return one descriptor or a list. Keep no reference to the slot or its
       views afterwards: the pool reuses it.
-    - ``decode_chunk(items, response)``: consume the chunk's ``ModelInferResponse`` (read it with
-      ``InferOutput``; copy what you keep).
+    - ``decode_chunk(items, response)``: consume the chunk's ``ModelInferResponse`` (an
+      ``InferResponseMessage``: read it with ``InferOutput``; copy what you keep, its buffers
+      are the received message's).
     - ``output_specs()`` (optional, default ``[]``): outputs to read back through shared memory.
       Declaring any puts the request in explicit-output mode: the server returns exactly those
       outputs, in that order. The driver copies them into the response before ``decode_chunk``,
@@ -411,7 +417,7 @@ class InferenceIO(Protocol):
 
     def encode_chunk(self, items: range, slot: PoolSlot) -> Descriptor | list[Descriptor]: ...
 
-    def decode_chunk(self, items: range, response: pb.ModelInferResponse) -> None: ...
+    def decode_chunk(self, items: range, response: InferResponseMessage) -> None: ...
 
     def output_specs(self) -> list[OutputSpec]:
         return []

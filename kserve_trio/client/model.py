@@ -15,7 +15,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from kserve_trio.client._wire import EncodedInferRequest, InferResponseReader
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
@@ -39,6 +38,11 @@ from kserve_trio.core.codec import (
     encode_infer_request,
 )
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.infer_wire import (
+    InferRequestMessage,
+    InferResponseMessage,
+    parse_infer_request,
+)
 from kserve_trio.proto import inference as pb
 
 R = TypeVar("R")
@@ -265,10 +269,13 @@ class KServeModel:
         *,
         outputs: Sequence[str] = (),
         id: str = "",
-        parameters: Mapping[str, pb.InferParameter] | None = None,
-    ) -> pb.ModelInferResponse:
+        parameters: Mapping[str, Any] | None = None,
+    ) -> InferResponseMessage:
         """One inline ``ModelInfer`` with retry inside the deadline budget; returns the response
-        (read it with ``InferOutput``). ``outputs`` names the outputs wanted (default: all)."""
+        (read it with ``InferOutput``). ``outputs`` names the outputs wanted (default: all);
+        ``parameters`` are request parameters as plain values (``bool``, ``int``, ``float``,
+        ``str``; betterproto2 ``InferParameter``s are accepted too). The input arrays are sent
+        from their own memory: leave them unchanged until the call returns."""
         tensors = []
         for item in inputs:
             if not isinstance(item, InferInput):
@@ -283,9 +290,12 @@ class KServeModel:
         )
         return await self.infer_request(request)
 
-    async def infer_request(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """Send a prepared ``ModelInferRequest`` with retry; each attempt carries the remaining
-        budget as the gRPC timeout and as ``reactant_timeout_ns``."""
+    async def infer_request(
+        self, request: InferRequestMessage | pb.ModelInferRequest
+    ) -> InferResponseMessage:
+        """Send a prepared ``ModelInferRequest`` (``codec.encode_infer_request``'s, or a
+        betterproto2 one) with retry; each attempt carries the remaining budget as the gRPC
+        timeout and as ``reactant_timeout_ns``."""
         transport = self.transport()
         return await send_infer(transport, request, self.retry, self.deadline)
 
@@ -333,15 +343,19 @@ class KServeModel:
 
 async def send_infer(
     transport: Transport,
-    request: pb.ModelInferRequest,
+    request: InferRequestMessage | pb.ModelInferRequest,
     policy: RetryPolicy,
     deadline: float,
     *,
     deadline_at: float | None = None,
-) -> pb.ModelInferResponse:
+) -> InferResponseMessage:
     """``ModelInfer`` with ``policy`` inside ``deadline`` seconds (or until the absolute
     ``time.monotonic()`` ``deadline_at``); the request's ``reactant_timeout_ns`` is set to each
-    attempt's budget (removed when there is none)."""
+    attempt's budget (removed when there is none). Each attempt encodes the request once
+    (``core.infer_wire``); the reply is parsed with its payloads as views of the received
+    bytes."""
+    if isinstance(request, pb.ModelInferRequest):
+        request = parse_infer_request(bytes(request))
     if deadline_at is not None:
         deadline = deadline_at - time.monotonic()
         if deadline <= 0:
@@ -351,14 +365,12 @@ async def send_infer(
                 method="ModelInfer",
             )
 
-    wire = EncodedInferRequest(request)
-
-    async def attempt(budget: float | None) -> pb.ModelInferResponse:
+    async def attempt(budget: float | None) -> InferResponseMessage:
         request.parameters.pop(TIMEOUT_NS_PARAM, None)
         if budget is not None:
             request.parameters.update(deadline_params(int(budget * 1e9)))
         return await transport.unary(
-            method_path("ModelInfer"), wire, InferResponseReader, timeout=budget
+            method_path("ModelInfer"), request, InferResponseMessage, timeout=budget
         )
 
     return await call_with_retry(attempt, policy, deadline)

@@ -1,32 +1,44 @@
-"""Direct protobuf coding of the two messages on the serving hot path.
+"""Protobuf wire primitives for the messages the serving hot path codes by hand.
 
 betterproto2 parses and serializes field by field through generic machinery (tens of
-microseconds for a small ``ModelInferRequest`` here) and copies every ``bytes`` field twice on
-parse (notes/stack_probe.md section 1). For ``ModelInferRequest`` in and ``ModelInferResponse``
-out this module reads and writes the wire format directly, for exactly the fields KServe V2 uses:
+microseconds for a small ``ModelInferRequest``) and copies every ``bytes`` field on parse. The
+ModelInfer messages are therefore coded directly (``core.infer_wire``) from the pieces defined
+here, which the gateway's request peek reads with too:
 
-- ``parse_infer_request(data)`` returns an ``InferRequestView`` with the attributes of
-  ``pb.ModelInferRequest`` the codec reads; every ``raw_input_contents`` entry is a
-  ``memoryview`` slice of ``data`` (zero copy); parameters are real ``pb.InferParameter``s;
-  typed ``contents`` are handed to betterproto2 (rare, small). Unknown fields are skipped, as
-  protobuf requires.
-- ``infer_response_pieces(msg)`` serializes a ``pb.ModelInferResponse`` into pieces whose
-  concatenation is its protobuf encoding, with each payload as the buffer itself.
+- varints (``encode_varint``, ``_varint``, ``signed``) and the field walker ``_fields``;
+- length-delimited fields (``len_field``);
+- ``InferParameter`` values as plain Python values (``ParamValue``): ``bool``, ``int``,
+  ``float``, ``str``, ``Uint64`` (an ``int`` that travels as ``uint64_param``) or ``None`` for
+  a parameter with no member set; ``param_bytes`` / ``parse_param`` code one, ``plain_param``
+  turns a betterproto2 ``InferParameter`` into one;
+- ``TensorContents``, the typed ``InferTensorContents`` of a tensor, with its parser and
+  encoder.
 
-Equivalence with betterproto2 and Google protobuf is pinned by tests/core/test_wire.py.
+Rules shared by every reader here: unknown fields, and known fields of an unexpected wire type,
+are skipped as protobuf requires; a truncated value or an invalid wire type raises
+``ValueError``; a repeated scalar is read packed or unpacked.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import betterproto2
+import numpy as np
 
 from kserve_trio.proto import inference as pb
 
 _SMALL = [bytes([i]) for i in range(128)]
 _MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 _DOUBLE = struct.Struct("<d")
+_INT64_MIN = -(1 << 63)
+_UINT64_END = 1 << 64
+
+# --------------------------------------------------------------------------------------------
+# varints and fields
 
 
 def encode_varint(n: int) -> bytes:
@@ -100,150 +112,9 @@ def _fields(buf, start: int, end: int):
             raise ValueError(f"unsupported wire type {wt}")
 
 
-def _text(buf, span: tuple[int, int]) -> str:
-    return bytes(buf[span[0] : span[1]]).decode("utf-8")
-
-
-def _parameter(buf, span: tuple[int, int]) -> pb.InferParameter:
-    param = pb.InferParameter()
-    for field, wt, value in _fields(buf, *span):
-        if field == 1 and wt == 0:
-            param = pb.InferParameter(bool_param=bool(value))
-        elif field == 2 and wt == 0:
-            param = pb.InferParameter(int64_param=signed(value))
-        elif field == 3 and wt == 2:
-            param = pb.InferParameter(string_param=_text(buf, value))
-        elif field == 4 and wt == 1:
-            param = pb.InferParameter(double_param=_DOUBLE.unpack(buf[value[0] : value[1]])[0])
-        elif field == 5 and wt == 0:
-            param = pb.InferParameter(uint64_param=value)
-    return param
-
-
-def _map_entry(buf, span: tuple[int, int], into: dict) -> None:
-    key = ""
-    value = pb.InferParameter()
-    for field, wt, v in _fields(buf, *span):
-        if field == 1 and wt == 2:
-            key = _text(buf, v)
-        elif field == 2 and wt == 2:
-            value = _parameter(buf, v)
-    into[key] = value
-
-
-def _shape(buf, wt: int, value, into: list[int]) -> None:
-    if wt == 0:  # unpacked element
-        into.append(signed(value))
-        return
-    pos, end = value
-    while pos < end:
-        v, pos = _varint(buf, pos)
-        into.append(signed(v))
-    if pos != end:
-        raise ValueError("truncated packed shape")
-
-
-class InferTensorView:
-    """An input tensor of an ``InferRequestView`` (the fields of InferInputTensor)."""
-
-    __slots__ = ("contents", "datatype", "name", "parameters", "shape")
-
-    def __init__(self) -> None:
-        self.name = ""
-        self.datatype = ""
-        self.shape: list[int] = []
-        self.parameters: dict[str, pb.InferParameter] = {}
-        self.contents: pb.InferTensorContents | None = None
-
-
-class RequestedOutputView:
-    """A requested output of an ``InferRequestView``."""
-
-    __slots__ = ("name", "parameters")
-
-    def __init__(self) -> None:
-        self.name = ""
-        self.parameters: dict[str, pb.InferParameter] = {}
-
-
-class InferRequestView:
-    """A parsed ``ModelInferRequest``: the attributes of ``pb.ModelInferRequest``, payloads as
-    zero-copy ``memoryview`` slices of the received buffer."""
-
-    __slots__ = (
-        "id",
-        "inputs",
-        "model_name",
-        "model_version",
-        "outputs",
-        "parameters",
-        "raw_input_contents",
-    )
-
-    def __init__(self) -> None:
-        self.model_name = ""
-        self.model_version = ""
-        self.id = ""
-        self.parameters: dict[str, pb.InferParameter] = {}
-        self.inputs: list[InferTensorView] = []
-        self.outputs: list[RequestedOutputView] = []
-        self.raw_input_contents: list[memoryview] = []
-
-
-def _input(buf, span: tuple[int, int]) -> InferTensorView:
-    t = InferTensorView()
-    for field, wt, v in _fields(buf, *span):
-        if field == 1 and wt == 2:
-            t.name = _text(buf, v)
-        elif field == 2 and wt == 2:
-            t.datatype = _text(buf, v)
-        elif field == 3:
-            _shape(buf, wt, v, t.shape)
-        elif field == 4 and wt == 2:
-            _map_entry(buf, v, t.parameters)
-        elif field == 5 and wt == 2:
-            t.contents = pb.InferTensorContents.parse(bytes(buf[v[0] : v[1]]))
-    return t
-
-
-def _output(buf, span: tuple[int, int]) -> RequestedOutputView:
-    o = RequestedOutputView()
-    for field, wt, v in _fields(buf, *span):
-        if field == 1 and wt == 2:
-            o.name = _text(buf, v)
-        elif field == 2 and wt == 2:
-            _map_entry(buf, v, o.parameters)
-    return o
-
-
-def parse_infer_request(data: bytes | bytearray | memoryview) -> InferRequestView:
-    """Parse a ``ModelInferRequest`` (raises ``ValueError`` on malformed input)."""
-    buf = memoryview(data).cast("B")
-    req = InferRequestView()
-    try:
-        for field, wt, v in _fields(buf, 0, len(buf)):
-            if wt != 2:
-                continue
-            if field == 7:
-                req.raw_input_contents.append(buf[v[0] : v[1]])
-            elif field == 5:
-                req.inputs.append(_input(buf, v))
-            elif field == 1:
-                req.model_name = _text(buf, v)
-            elif field == 3:
-                req.id = _text(buf, v)
-            elif field == 4:
-                _map_entry(buf, v, req.parameters)
-            elif field == 6:
-                req.outputs.append(_output(buf, v))
-            elif field == 2:
-                req.model_version = _text(buf, v)
-    except IndexError:
-        raise ValueError("truncated message") from None
-    return req
-
-
-# ---------------------------------------------------------------------------- response encode
+def text(buf, span: tuple[int, int]) -> str:
+    """A string field (proto3 strings are UTF-8; anything else raises ``ValueError``)."""
+    return str(buf[span[0] : span[1]], "utf-8")
 
 
 def len_field(num: int, data: bytes) -> bytes:
@@ -251,75 +122,303 @@ def len_field(num: int, data: bytes) -> bytes:
     return encode_varint(num << 3 | 2) + encode_varint(len(data)) + data
 
 
-def param_bytes(param: pb.InferParameter) -> bytes:
-    """The encoding of an ``InferParameter`` (its oneof member is always written)."""
-    kind, value = betterproto2.which_one_of(param, "parameter_choice")
-    if kind == "bool_param":
-        return b"\x08" + encode_varint(int(value))
-    if kind == "int64_param":
-        return b"\x10" + encode_varint(value)
-    if kind == "string_param":
+def str_field(num: int, value: str) -> bytes:
+    """A string field, omitted when empty (proto3 default)."""
+    return len_field(num, value.encode()) if value else b""
+
+
+def packed_varints(num: int, values: Sequence[int]) -> bytes:
+    """A packed repeated varint field (``int64``/``int32``/``uint*``/``bool``), omitted when
+    empty; negative values as 64-bit two's complement, as protobuf writes them."""
+    if not values:
+        return b""
+    return len_field(num, b"".join([encode_varint(int(v)) for v in values]))
+
+
+def read_varints(buf, wt: int, value, into: list[int]) -> None:
+    """Append a repeated varint field's raw values: one unpacked element or a packed run."""
+    if wt == 0:
+        into.append(value)
+        return
+    pos, end = value
+    while pos < end:
+        v, pos = _varint(buf, pos)
+        into.append(v)
+    if pos != end:
+        raise ValueError("truncated packed field")
+
+
+def byte_view(arr: np.ndarray) -> memoryview:
+    """A flat ``B`` view of an array's bytes for a payload field (copied once only if the array
+    is not C-contiguous; works for dtypes numpy cannot export, such as bfloat16)."""
+    return memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+
+
+class Uint64(int):
+    """An ``int`` that travels as ``uint64_param`` (a plain ``int`` travels as ``int64_param``
+    when it fits, which is what every parameter KServe and Triton define uses)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Uint64({int(self)})"
+
+
+ParamValue = bool | int | float | str | None
+"""An ``InferParameter`` as a plain value; ``None`` is a parameter with no member set."""
+
+Params = dict[str, ParamValue]
+
+
+def plain_param(value: Any) -> ParamValue:
+    """``value`` as a ``ParamValue``: a betterproto2 ``InferParameter`` becomes its member's
+    value (``uint64_param`` as ``Uint64``), numpy scalars become Python ones, anything else is
+    returned as it is."""
+    if isinstance(value, pb.InferParameter):
+        kind, member = betterproto2.which_one_of(value, "parameter_choice")
+        if kind == "uint64_param":
+            return Uint64(member)
+        return member if kind else None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def plain_params(params: Mapping[str, Any] | None) -> Params:
+    """A parameter map with every value as a ``ParamValue`` (see ``plain_param``)."""
+    if not params:
+        return {}
+    return {k: plain_param(v) for k, v in params.items()}
+
+
+def param_bytes(value: ParamValue) -> bytes:
+    """The ``InferParameter`` encoding of ``value`` (its oneof member is always written).
+
+    ``bool`` -> ``bool_param``; ``Uint64`` -> ``uint64_param``; any other ``int`` ->
+    ``int64_param`` when it fits, else ``uint64_param`` up to 2**64 - 1; ``float`` ->
+    ``double_param``; ``str`` -> ``string_param``; ``None`` -> no member. Anything else (or an
+    integer outside both ranges) raises ``ValueError``.
+    """
+    if value.__class__ is str:
         return len_field(3, value.encode())
-    if kind == "double_param":
+    if value.__class__ is int and _INT64_MIN <= value < 1 << 63:
+        return b"\x10" + encode_varint(value)
+    value = plain_param(value)
+    if value is None:
+        return b""
+    if isinstance(value, bool):
+        return b"\x08\x01" if value else b"\x08\x00"
+    if isinstance(value, int):
+        if not isinstance(value, Uint64) and _INT64_MIN <= value < 1 << 63:
+            return b"\x10" + encode_varint(value)
+        if 0 <= value < _UINT64_END:
+            return b"\x28" + encode_varint(value)
+        raise ValueError(f"parameter value {value} is outside the int64 and uint64 ranges")
+    if isinstance(value, float):
         return b"\x21" + _DOUBLE.pack(value)
-    if kind == "uint64_param":
-        return b"\x28" + encode_varint(value)
-    return b""
+    if isinstance(value, str):
+        return len_field(3, value.encode())
+    raise ValueError(
+        f"a parameter value must be bool, int, float or str, got {type(value).__name__}"
+    )
 
 
-def _params_bytes(num: int, params) -> bytes:
-    out = []
-    for key, param in params.items():
-        entry = len_field(1, key.encode()) + len_field(2, param_bytes(param))
-        out.append(len_field(num, entry))
-    return b"".join(out)
+def params_bytes(num: int, params: Mapping[str, Any]) -> bytes:
+    """A ``map<string, InferParameter>`` field: one entry per key, in the map's order."""
+    return b"".join(
+        [
+            len_field(num, str_field(1, key) + len_field(2, param_bytes(v)))
+            for key, v in params.items()
+        ]
+    )
 
 
-def _output_tensor(t: pb.ModelInferResponseInferOutputTensor) -> bytes:
-    parts = []
-    if t.name:
-        parts.append(len_field(1, t.name.encode()))
-    if t.datatype:
-        parts.append(len_field(2, t.datatype.encode()))
-    if t.shape:
-        parts.append(len_field(3, b"".join(encode_varint(d) for d in t.shape)))
-    if t.parameters:
-        parts.append(_params_bytes(4, t.parameters))
-    if t.contents is not None:
-        parts.append(len_field(5, bytes(t.contents)))
-    return b"".join(parts)
+def parse_param(buf, start: int, end: int) -> ParamValue:
+    """An ``InferParameter`` (the last member on the wire wins, as protobuf's oneof does)."""
+    value: ParamValue = None
+    for field, wt, v in _fields(buf, start, end):
+        if wt == 0:
+            if field == 1:
+                value = v != 0
+            elif field == 2:
+                value = signed(v)
+            elif field == 5:
+                value = Uint64(v)
+        elif field == 3 and wt == 2:
+            value = text(buf, v)
+        elif field == 4 and wt == 1:
+            value = _DOUBLE.unpack_from(buf, v[0])[0]
+    return value
 
 
-def infer_response_pieces(msg: pb.ModelInferResponse) -> list[bytes | memoryview]:
-    """``msg`` serialized as pieces whose concatenation is its protobuf encoding; each
-    ``raw_output_contents`` payload is the buffer itself (never copied here)."""
-    head = []
-    if msg.model_name:
-        head.append(len_field(1, msg.model_name.encode()))
-    if msg.model_version:
-        head.append(len_field(2, msg.model_version.encode()))
-    if msg.id:
-        head.append(len_field(3, msg.id.encode()))
-    if msg.parameters:
-        head.append(_params_bytes(4, msg.parameters))
-    for out in msg.outputs:
-        head.append(len_field(5, _output_tensor(out)))
-    pieces: list[bytes | memoryview] = [b"".join(head)]
-    for raw in msg.raw_output_contents:
-        view = raw if isinstance(raw, bytes) else memoryview(raw).cast("B")
-        pieces.append(b"\x32" + encode_varint(len(view)))
-        pieces.append(view)
-    return pieces
+def parse_map_entry(buf, span: tuple[int, int], into: Params) -> None:
+    """One ``map<string, InferParameter>`` entry into ``into`` (a later key replaces)."""
+    key = ""
+    value: ParamValue = None
+    for field, wt, v in _fields(buf, span[0], span[1]):
+        if wt == 2:
+            if field == 1:
+                key = text(buf, v)
+            elif field == 2:
+                value = parse_param(buf, v[0], v[1])
+    into[key] = value
+
+
+# --------------------------------------------------------------------------------------------
+# typed contents
+
+
+class TensorContents:
+    """``InferTensorContents``: a tensor's data as typed repeated fields (values as Python
+    ``bool``/``int``/``float``/``bytes``, in row-major order)."""
+
+    __slots__ = (
+        "bool_contents",
+        "bytes_contents",
+        "fp32_contents",
+        "fp64_contents",
+        "int64_contents",
+        "int_contents",
+        "uint64_contents",
+        "uint_contents",
+    )
+
+    def __init__(
+        self,
+        *,
+        bool_contents: Sequence[bool] = (),
+        int_contents: Sequence[int] = (),
+        int64_contents: Sequence[int] = (),
+        uint_contents: Sequence[int] = (),
+        uint64_contents: Sequence[int] = (),
+        fp32_contents: Sequence[float] = (),
+        fp64_contents: Sequence[float] = (),
+        bytes_contents: Sequence[bytes] = (),
+    ) -> None:
+        self.bool_contents = list(bool_contents)
+        self.int_contents = list(int_contents)
+        self.int64_contents = list(int64_contents)
+        self.uint_contents = list(uint_contents)
+        self.uint64_contents = list(uint64_contents)
+        self.fp32_contents = list(fp32_contents)
+        self.fp64_contents = list(fp64_contents)
+        self.bytes_contents = list(bytes_contents)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorContents):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self) -> str:
+        set_ = ", ".join(f"{n}={getattr(self, n)!r}" for n in CONTENTS_FIELDS if getattr(self, n))
+        return f"TensorContents({set_})"
+
+
+CONTENTS_FIELDS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+    "bytes_contents",
+)
+"""The fields of ``InferTensorContents`` in field-number order (1..8)."""
+
+
+def _int32(v: int) -> int:
+    v &= _MASK32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _fixed(buf, wt: int, value, want_wt: int, fmt: str, into: list) -> None:
+    size = 4 if want_wt == 5 else 8
+    start, end = value
+    if wt == 2:  # packed
+        if (end - start) % size:
+            raise ValueError("truncated packed field")
+        into.extend(np.frombuffer(buf[start:end], dtype=fmt).tolist())
+    elif wt == want_wt:
+        into.append(np.frombuffer(buf[start:end], dtype=fmt)[0].item())
+
+
+def parse_contents(buf, start: int, end: int) -> TensorContents:
+    """An ``InferTensorContents`` message."""
+    c = TensorContents()
+    for field, wt, v in _fields(buf, start, end):
+        if field == 6:
+            if wt in (2, 5):
+                _fixed(buf, wt, v, 5, "<f4", c.fp32_contents)
+        elif field == 7:
+            if wt in (2, 1):
+                _fixed(buf, wt, v, 1, "<f8", c.fp64_contents)
+        elif field == 8:
+            if wt == 2:
+                c.bytes_contents.append(bytes(buf[v[0] : v[1]]))
+        elif 1 <= field <= 5 and wt in (0, 2):
+            raw: list[int] = []
+            read_varints(buf, wt, v, raw)
+            if field == 1:
+                c.bool_contents.extend([x != 0 for x in raw])
+            elif field == 2:
+                c.int_contents.extend([_int32(x) for x in raw])
+            elif field == 3:
+                c.int64_contents.extend([signed(x) for x in raw])
+            elif field == 4:
+                c.uint_contents.extend([x & _MASK32 for x in raw])
+            else:
+                c.uint64_contents.extend(raw)
+    return c
+
+
+def _packed_fixed(num: int, values: Sequence[float], fmt: str) -> bytes:
+    if not len(values):
+        return b""
+    return len_field(num, np.asarray(values, dtype=fmt).tobytes())
+
+
+def contents_bytes(c: Any) -> bytes:
+    """The encoding of a ``TensorContents`` (or anything with its eight list attributes, such
+    as a betterproto2 ``InferTensorContents``): packed scalars, one entry per ``bytes``."""
+    return b"".join(
+        [
+            packed_varints(1, [1 if x else 0 for x in c.bool_contents]),
+            packed_varints(2, c.int_contents),
+            packed_varints(3, c.int64_contents),
+            packed_varints(4, c.uint_contents),
+            packed_varints(5, c.uint64_contents),
+            _packed_fixed(6, c.fp32_contents, "<f4"),
+            _packed_fixed(7, c.fp64_contents, "<f8"),
+            *[len_field(8, bytes(b)) for b in c.bytes_contents],
+        ]
+    )
 
 
 __all__ = [
-    "InferRequestView",
-    "InferTensorView",
-    "RequestedOutputView",
+    "CONTENTS_FIELDS",
+    "ParamValue",
+    "Params",
+    "TensorContents",
+    "Uint64",
+    "byte_view",
+    "contents_bytes",
     "encode_varint",
-    "infer_response_pieces",
     "len_field",
+    "packed_varints",
     "param_bytes",
-    "parse_infer_request",
+    "params_bytes",
+    "parse_contents",
+    "parse_map_entry",
+    "parse_param",
+    "plain_param",
+    "plain_params",
+    "read_varints",
     "signed",
+    "str_field",
+    "text",
 ]

@@ -6,7 +6,10 @@ Handlers are mapped by hand so they see the raw stream: its deadline
 of its own) and again on the decompressed size of a gzip or deflate message (``compression``);
 ``send_reply`` sends pre-encoded bytes so the reply is serialized exactly once, checked against
 ``grpc.max_send_msg_bytes`` and compressed only when the request was (or ``compress_responses``
-says so). ``status_error`` maps our exception family to ``GRPCError`` in one place.
+says so). ModelInfer messages are coded by ``core.infer_wire`` both ways: a request is parsed
+with its payloads as views of the received bytes, and a response's ``WirePieces`` are written
+with each large payload sent from its own buffer, never joined into a copy first.
+``status_error`` maps our exception family to ``GRPCError`` in one place.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from typing import Any
 import grpclib.const
 from grpclib.exceptions import GRPCError
 
-from kserve_trio.core import wire
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
     ResourceExhausted,
     ServingError,
+)
+from kserve_trio.core.infer_wire import (
+    InferRequestMessage,
+    InferResponseMessage,
+    WirePieces,
+    parse_infer_request,
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
@@ -129,8 +137,8 @@ async def recv_request(stream, message_type, max_bytes: int):
 
 def _parse(data: bytes, message_type):
     try:
-        if message_type is pb.ModelInferRequest:
-            return wire.parse_infer_request(data)
+        if message_type is pb.ModelInferRequest or message_type is InferRequestMessage:
+            return parse_infer_request(data)
         message = message_type.parse(data)
     except Exception as exc:
         raise InvalidArgument(f"malformed request message: {exc}") from exc
@@ -167,35 +175,100 @@ async def _send_initial(stream, encoding: str) -> None:
     stream._send_initial_metadata_done = True
 
 
+_JOIN_BYTES = 256 << 10
+"""Up to this size a reply is joined into one ``bytes`` and sent in one call; from this size up
+a payload is sent from its own buffer. Measured here: one h2 ``send_data`` + ``data_to_send``
+costs about 9 us (before the socket write), joining 64 KiB 2.6 us, 256 KiB 11 us, 1 MiB 59 us,
+so below about 256 KiB a copy is cheaper than another call."""
+
+
 async def send_reply(
     stream, message, max_bytes: int, *, encoding: str = compression.IDENTITY
 ) -> None:
     """Serialize once, check the send cap (on the uncompressed size), compress with
     ``encoding`` when it is not identity, and send.
 
-    A ``ModelInferResponse`` is assembled from ``core.wire`` pieces with the gRPC length prefix
-    in one join (its payload buffers are never serialized through betterproto2) and written to
-    the HTTP/2 stream directly.
+    A ``ModelInferResponse`` comes as ``WirePieces`` (or an ``InferResponseMessage``): with the
+    gRPC length prefix it is joined into one write when it is small (``_JOIN_BYTES``); a larger
+    one is written piece by piece, runs of small pieces joined, each large payload sent in DATA
+    frames sliced from its own buffer.
     """
-    if isinstance(message, pb.ModelInferResponse):
-        pieces: list[Any] = wire.infer_response_pieces(message)
+    if isinstance(message, InferResponseMessage):
+        message = message.pieces()
+    if isinstance(message, WirePieces):
+        pieces: list[Any] = message.pieces
+        length = message.nbytes
     else:
-        pieces = [bytes(message)]
-    length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+        data = bytes(message)
+        pieces, length = [data], len(data)
     if length > max_bytes:
         raise ResourceExhausted(f"response larger than max ({length} vs. {max_bytes})")
     if encoding != compression.IDENTITY:
         packed = compression.compress(b"".join(pieces), encoding)
-        data = struct.pack(">?I", True, len(packed)) + packed
-    elif len(pieces) == 1 and not isinstance(message, pb.ModelInferResponse):
+        segments: list[Any] = [struct.pack(">?I", True, len(packed)) + packed]
+    elif not isinstance(message, WirePieces):
         await stream.send_message(EncodedMessage(pieces[0]))
         return
+    elif length <= _JOIN_BYTES:
+        segments = [b"".join([struct.pack(">?I", False, length), *pieces])]
     else:
-        data = b"".join([struct.pack(">?I", False, length), *pieces])
+        segments = _segments([struct.pack(">?I", False, length), *pieces])
     await _send_initial(stream, encoding)
-    await stream._stream.send_data(data)
+    await _send_segments(stream._stream, segments)
     stream._send_message_done = True
     stream._messages_sent += 1
+
+
+def _segments(pieces: list[Any]) -> list[Any]:
+    """Pieces regrouped for sending: each run of pieces under ``_JOIN_BYTES`` joined into one
+    ``bytes``, each larger piece kept as it is."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for piece in pieces:
+        size = len(piece) if piece.__class__ is bytes else memoryview(piece).nbytes
+        if size < _JOIN_BYTES:
+            run.append(piece)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(piece)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
+async def _send_segments(h2_stream, segments: list[Any]) -> None:
+    """Write ``segments`` to grpclib's HTTP/2 stream as DATA frames, each frame a slice of its
+    segment's buffer (grpclib's own ``send_data`` would first copy a ``memoryview`` whole).
+
+    The rules of grpclib's loop, per frame: wait until the transport accepts writes; a stream
+    window at or below zero waits for a WINDOW_UPDATE, then everything is checked again; a
+    frame is at most the window, the peer's frame size and what is left.
+    """
+    conn = h2_stream._h2_connection
+    connection = h2_stream.connection
+    transport = h2_stream._transport
+    sid = h2_stream.id
+    for segment in segments:
+        view = memoryview(segment)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        pos, end = 0, view.nbytes
+        while pos < end:
+            await connection.write_ready.wait()
+            window = conn.local_flow_control_window(sid)
+            if not window > 0:
+                h2_stream.window_updated.clear()
+                await h2_stream.window_updated.wait()
+                continue
+            n = min(window, conn.max_outbound_frame_size, end - pos)
+            conn.send_data(sid, view[pos : pos + n])
+            transport.write(conn.data_to_send())
+            pos += n
+            h2_stream.data_sent += n
+            connection.data_sent += n
+            connection.data_send_process()
 
 
 def deadline_from_stream(stream) -> int:

@@ -22,6 +22,7 @@ from kserve_trio.core import codec
 from kserve_trio.core.codec import SHM_REGION_PARAM
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import ServingError, StatusCode
+from kserve_trio.core.infer_wire import parse_infer_request
 from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
@@ -146,8 +147,11 @@ class FakeTransport:
         rpc = method.rsplit("/", 1)[-1]
         if timeout is not None and timeout <= 0:
             raise RpcError(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded", method=rpc)
-        request_type = getattr(pb, _REQUEST_TYPES.get(rpc, rpc + "Request"))
-        parsed = request_type.FromString(bytes(request))
+        if rpc == "ModelInfer":  # parsed as the worker parses it
+            parsed = parse_infer_request(bytes(request))
+        else:
+            request_type = getattr(pb, _REQUEST_TYPES.get(rpc, rpc + "Request"))
+            parsed = request_type.FromString(bytes(request))
         try:
             with anyio.fail_after(timeout):
                 reply = await self.server.handle(rpc, parsed, timeout)

@@ -16,8 +16,14 @@ from kserve_trio.client.driver import (
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import int64_param, string_param
 from kserve_trio.core import codec
+from kserve_trio.core.infer_wire import (
+    InferOutputTensor,
+    InferRequestedOutput,
+    InferResponseMessage,
+    parse_infer_request,
+    parse_infer_response,
+)
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.proto import inference as pb
 
 
 @pytest.fixture
@@ -95,7 +101,7 @@ def test_inline_descriptors_copy_the_slot_bytes(heap_pool):
     _slot, x, m = carve(heap_pool)
     req = build_chunk_request("mlp", [x, m], heap_pool, shm=False)
     assert all(not t.parameters for t in req.inputs)
-    decoded = codec.decode_infer_request(pb.ModelInferRequest.FromString(bytes(req)))
+    decoded = codec.decode_infer_request(parse_infer_request(bytes(req)))
     np.testing.assert_array_equal(decoded.inputs[0].data, np.arange(8).reshape(2, 4))
     np.testing.assert_array_equal(decoded.inputs[1].data, [7, 7])
 
@@ -144,10 +150,10 @@ def served(request, registry_pool, outputs):
             registry_pool.view(offset, data.nbytes)[:] = data.tobytes()
 
     requested = [
-        codec.RequestedOutput(o.name, codec._shm_ref(o.name, o.parameters)) for o in request.outputs
+        codec.RequestedOutput(o.name, codec.shm_ref(o.name, o.parameters)) for o in request.outputs
     ]
     tensors = [NamedTensor.from_array(n, a) for n, a in outputs.items()]
-    return pb.ModelInferResponse.FromString(
+    return parse_infer_response(
         bytes(codec.encode_infer_response("m", "", tensors, requested or None, Registry()))
     )
 
@@ -172,8 +178,8 @@ def test_rehydrate_mixed_shared_memory_and_inline(shm_pool):
     slot, x, m = carve(shm_pool)
     (ybuf,) = scratch(slot, [("y", (2, 3), np.float32)])
     req = build_chunk_request("m", [x, m], shm_pool, shm=True, out_bufs=[ybuf])
-    req.outputs.insert(0, pb.ModelInferRequestInferRequestedOutputTensor(name="a"))
-    req.outputs.append(pb.ModelInferRequestInferRequestedOutputTensor(name="b"))
+    req.outputs.insert(0, InferRequestedOutput("a"))
+    req.outputs.append(InferRequestedOutput("b"))
     a, y, b = np.ones(2, np.int64), np.full((2, 3), 2.5, np.float32), np.zeros(1, np.float64)
     response = served(req, shm_pool, {"a": a, "y": y, "b": b})
     assert len(response.raw_output_contents) == 3  # positional: y's entry is empty
@@ -187,38 +193,25 @@ def test_rehydrate_falls_back_to_the_wire_shape_and_checks_sizes(shm_pool):
     slot, _x, _m = carve(shm_pool)
     (ybuf,) = scratch(slot, [("y", (2,), np.float32)])
     pool_view(ybuf)[...] = [1.5, 2.5]
-    out = pb.ModelInferResponseInferOutputTensor(
-        name="y",
-        datatype="FP32",
-        shape=[2],
-        parameters={codec.SHM_REGION_PARAM: pb.InferParameter(string_param=shm_pool.region_name)},
-    )
-    response = pb.ModelInferResponse(model_name="m", outputs=[out])
+    out = InferOutputTensor("y", "FP32", [2], {codec.SHM_REGION_PARAM: shm_pool.region_name})
+    response = InferResponseMessage(model_name="m", outputs=[out])
     rehydrate(response, shm_pool, [ybuf])
     np.testing.assert_array_equal(InferOutput("y", response), [1.5, 2.5])
 
-    big = pb.ModelInferResponseInferOutputTensor(
-        name="y",
-        datatype="FP32",
-        shape=[4],
-        parameters={
-            codec.SHM_REGION_PARAM: pb.InferParameter(string_param=shm_pool.region_name),
-            codec.SHM_BYTE_SIZE_PARAM: pb.InferParameter(int64_param=16),
-        },
+    big = InferOutputTensor(
+        "y",
+        "FP32",
+        [4],
+        {codec.SHM_REGION_PARAM: shm_pool.region_name, codec.SHM_BYTE_SIZE_PARAM: 16},
     )
     with pytest.raises(
         RpcError,
         match="output 'y' of model 'm' reports 16 bytes in shared memory but 8 were reserved",
     ):
-        rehydrate(pb.ModelInferResponse(model_name="m", outputs=[big]), shm_pool, [ybuf])
-    other = pb.ModelInferResponseInferOutputTensor(
-        name="q",
-        datatype="FP32",
-        shape=[1],
-        parameters={codec.SHM_REGION_PARAM: pb.InferParameter(string_param="elsewhere")},
-    )
+        rehydrate(InferResponseMessage(model_name="m", outputs=[big]), shm_pool, [ybuf])
+    other = InferOutputTensor("q", "FP32", [1], {codec.SHM_REGION_PARAM: "elsewhere"})
     with pytest.raises(RpcError, match="output 'q' came back in shared memory region 'elsewhere'"):
-        rehydrate(pb.ModelInferResponse(model_name="m", outputs=[other]), shm_pool, [ybuf])
+        rehydrate(InferResponseMessage(model_name="m", outputs=[other]), shm_pool, [ybuf])
 
 
 def test_rehydrate_reads_a_reserved_output_answered_with_an_empty_inline_entry(shm_pool):
@@ -229,11 +222,8 @@ def test_rehydrate_reads_a_reserved_output_answered_with_an_empty_inline_entry(s
     pool_view(ybuf)[...] = [1.5, 2.5]
 
     def triton_like(entries):
-        outs = [
-            pb.ModelInferResponseInferOutputTensor(name="y", datatype="FP32", shape=[2]),
-            pb.ModelInferResponseInferOutputTensor(name="a", datatype="INT8", shape=[1]),
-        ]
-        return pb.ModelInferResponse(model_name="m", outputs=outs, raw_output_contents=entries)
+        outs = [InferOutputTensor("y", "FP32", [2]), InferOutputTensor("a", "INT8", [1])]
+        return InferResponseMessage(model_name="m", outputs=outs, raw_output_contents=entries)
 
     response = rehydrate(triton_like([b"", b"\x07"]), shm_pool, [ybuf])
     np.testing.assert_array_equal(InferOutput("y", response), [1.5, 2.5])

@@ -23,14 +23,21 @@ from kserve_trio.client.driver import _shm_params as shm_params
 from kserve_trio.client.io import as_descriptors, bounds_checks_enabled, checked, output_specs
 from kserve_trio.core import codec
 from kserve_trio.core.dtypes import DType
-from kserve_trio.proto import inference as pb
+from kserve_trio.core.infer_wire import (
+    InferOutputTensor,
+    InferResponseMessage,
+    parse_infer_request,
+    parse_infer_response,
+)
+from kserve_trio.core.wire import TensorContents
 
 WIRE_DTYPES = [d for d in DType if d.has_wire]
 
 
-def response_of(**arrays) -> pb.ModelInferResponse:
+def response_of(**arrays) -> InferResponseMessage:
+    """What the client reads back when a server answers with ``arrays``."""
     tensors = [InferInput(n, a).to_tensor() for n, a in arrays.items()]
-    return codec.encode_infer_response("m", "", tensors)
+    return parse_infer_response(bytes(codec.encode_infer_response("m", "", tensors)))
 
 
 @pytest.mark.parametrize("dtype", WIRE_DTYPES, ids=lambda d: d.wire)
@@ -41,9 +48,9 @@ def test_every_wire_dtype_round_trips_through_a_request_and_a_response(dtype):
     request = codec.encode_infer_request("m", [inp.to_tensor()])
     assert request.inputs[0].datatype == dtype.wire
     assert list(request.inputs[0].shape) == [3, 4]
-    decoded = codec.decode_infer_request(pb.ModelInferRequest.FromString(bytes(request)))
+    decoded = codec.decode_infer_request(parse_infer_request(bytes(request)))
     np.testing.assert_array_equal(decoded.inputs[0].data, x)
-    out = InferOutput("x", pb.ModelInferResponse.FromString(bytes(response_of(x=x))))
+    out = InferOutput("x", response_of(x=x))
     assert out.dtype == dtype.numpy and out.shape == (3, 4)
     np.testing.assert_array_equal(out, x)
 
@@ -67,7 +74,7 @@ def test_infer_input_refuses_types_without_a_wire_datatype():
 
 
 def test_infer_output_views_the_received_bytes_without_copying():
-    response = pb.ModelInferResponse.FromString(bytes(response_of(y=np.arange(6, dtype=np.int32))))
+    response = response_of(y=np.arange(6, dtype=np.int32))
     out = InferOutput("y", response)
     assert out.base is not None
     buf = response.raw_output_contents[0]
@@ -79,12 +86,7 @@ def test_infer_output_picks_the_right_raw_entry_past_typed_contents():
     response = response_of(a=np.zeros(2, np.float32), b=np.arange(3, dtype=np.int64))
     response.outputs.insert(
         0,
-        pb.ModelInferResponseInferOutputTensor(
-            name="t",
-            datatype="INT32",
-            shape=[2],
-            contents=pb.InferTensorContents(int_contents=[4, 5]),
-        ),
+        InferOutputTensor("t", "INT32", [2], contents=TensorContents(int_contents=[4, 5])),
     )
     np.testing.assert_array_equal(InferOutput("t", response), [4, 5])
     np.testing.assert_array_equal(InferOutput("b", response), [0, 1, 2])

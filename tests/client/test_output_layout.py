@@ -10,7 +10,7 @@ from kserve_trio.client import BufferPool, InferOutput, pool_view, scratch
 from kserve_trio.client.driver import rehydrate
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core import codec
-from kserve_trio.proto import inference as pb
+from kserve_trio.core.infer_wire import InferOutputTensor, InferResponseMessage
 
 A = np.array([1, -2], np.int64)
 Y = np.full((2, 3), 2.5, np.float32)
@@ -24,19 +24,17 @@ def pool():
     pool.close()
 
 
-def response(pool: BufferPool, ybuf, *, positional: bool) -> pb.ModelInferResponse:
+def response(pool: BufferPool, ybuf, *, positional: bool) -> InferResponseMessage:
     def out(name, datatype, shape, **kw):
-        return pb.ModelInferResponseInferOutputTensor(
-            name=name, datatype=datatype, shape=shape, **kw
-        )
+        return InferOutputTensor(name, datatype, shape, **kw)
 
     shm = {
-        codec.SHM_REGION_PARAM: pb.InferParameter(string_param=pool.region_name),
-        codec.SHM_OFFSET_PARAM: pb.InferParameter(int64_param=ybuf.offset),
-        codec.SHM_BYTE_SIZE_PARAM: pb.InferParameter(int64_param=Y.nbytes),
+        codec.SHM_REGION_PARAM: pool.region_name,
+        codec.SHM_OFFSET_PARAM: ybuf.offset,
+        codec.SHM_BYTE_SIZE_PARAM: Y.nbytes,
     }
     raw = [A.tobytes(), b"", B.tobytes()] if positional else [A.tobytes(), B.tobytes()]
-    return pb.ModelInferResponse(
+    return InferResponseMessage(
         model_name="m",
         outputs=[
             out("a", "INT64", [2]),

@@ -37,6 +37,12 @@ from kserve_trio.core.errors import (
     InvalidArgument,
     UnregisteredRegionError,
 )
+from kserve_trio.core.infer_wire import (
+    InferRequestMessage,
+    WirePieces,
+    parse_infer_request,
+    parse_infer_response,
+)
 from kserve_trio.core.manifest import parse_manifest, parse_tensor_spec
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.core.validation import validate_inputs
@@ -92,8 +98,14 @@ class FakeRegistry:
 
 
 def wire(msg):
-    """Serialize and parse back, as the transport does."""
-    return type(msg).parse(bytes(msg))
+    """Serialize and parse back, as the transports do: a request as the server reads it, a
+    response as the client does."""
+    data = bytes(msg)
+    if isinstance(msg, InferRequestMessage | pb.ModelInferRequest):
+        return parse_infer_request(data)
+    if isinstance(msg, WirePieces):
+        return parse_infer_response(data)
+    return type(msg).parse(data)
 
 
 def raw_request(
@@ -179,7 +191,7 @@ def test_shapes_are_row_major_on_the_wire_never_reversed():
     req = encode_infer_request("m", [t])
     assert list(req.inputs[0].shape) == [2, 3, 5]
     assert decode_infer_request(wire(req)).inputs[0].shape == (2, 3, 5)
-    resp = encode_infer_response("m", "", [t])
+    resp = wire(encode_infer_response("m", "", [t]))
     assert list(resp.outputs[0].shape) == [2, 3, 5]
 
 
@@ -203,10 +215,14 @@ def test_raw_inputs_are_views_of_the_received_bytes():
 
 
 def test_echoed_input_is_sent_back_without_a_copy():
-    msg = wire(encode_infer_request("m", [NamedTensor.from_array("x", F32)]))
-    decoded = decode_infer_request(msg)
-    resp = encode_infer_response("m", "", decoded.inputs)
-    assert resp.raw_output_contents[0] is msg.raw_input_contents[0]
+    data = bytes(encode_infer_request("m", [NamedTensor.from_array("x", F32)]))
+    decoded = decode_infer_request(parse_infer_request(data))
+    resp = encode_infer_response("m", "", decoded.inputs, zero_copy=True)
+    payload = resp.pieces[1]  # header, payload
+    assert bytes(payload) == F32.tobytes()
+    assert np.shares_memory(np.frombuffer(payload, np.uint8), np.frombuffer(data, np.uint8))
+    copied = encode_infer_response("m", "", decoded.inputs)  # zero_copy=False: bytes of its own
+    assert type(copied.pieces[1]) is bytes and copied.pieces[1] == F32.tobytes()
 
 
 def test_partial_views_and_strided_arrays_are_copied_in_c_order():
@@ -214,7 +230,7 @@ def test_partial_views_and_strided_arrays_are_copied_in_c_order():
     arr = decode_infer_request(base).inputs[0].data
     part = NamedTensor.from_array("p", arr[1:])
     strided = NamedTensor.from_array("t", F32.T)
-    resp = encode_infer_response("m", "", [part, strided])
+    resp = wire(encode_infer_response("m", "", [part, strided], zero_copy=True))
     assert resp.raw_output_contents[0] == F32[1:].tobytes()
     assert resp.raw_output_contents[1] == np.ascontiguousarray(F32.T).tobytes()
     assert list(resp.outputs[1].shape) == [3, 2]
@@ -480,7 +496,7 @@ def test_deadline_from_parameters(params, expected):
 
 
 def test_decode_uses_the_monotonic_clock_by_default():
-    msg = raw_request(("x", "FP32", [2, 3]), raw=[F32.tobytes()])
+    msg = wire(raw_request(("x", "FP32", [2, 3]), raw=[F32.tobytes()]))
     msg.parameters = deadline_params(10**9)
     before = time.monotonic_ns()
     deadline = decode_infer_request(wire(msg)).deadline_ns
@@ -492,10 +508,10 @@ def test_deadline_params_round_trip_and_non_positive_budget():
     assert deadline_params(0) == {}
     assert deadline_params(-7) == {}
     params = deadline_params(123)
-    assert list(params) == [TIMEOUT_NS_PARAM] and params[TIMEOUT_NS_PARAM].int64_param == 123
+    assert params == {TIMEOUT_NS_PARAM: 123} and type(params[TIMEOUT_NS_PARAM]) is int
     req = wire(encode_infer_request("m", [NamedTensor.from_array("x", F32)], budget_ns=123))
     assert deadline_from_parameters(req.parameters, now_ns=10) == 133
-    assert deadline_params(2**70)[TIMEOUT_NS_PARAM].int64_param == INT64_MAX
+    assert deadline_params(2**70)[TIMEOUT_NS_PARAM] == INT64_MAX
 
 
 def test_combine_deadlines_smallest_non_zero_wins():
@@ -513,7 +529,8 @@ def test_encode_request_merges_parameters_with_the_budget():
     assert req.id == "q"
     assert set(req.parameters) == {"priority", TIMEOUT_NS_PARAM}
     decoded = decode_infer_request(wire(req), now_ns=0)
-    assert decoded.parameters["priority"].int64_param == 2 and decoded.deadline_ns == 50
+    assert decoded.parameters["priority"] == 2 and decoded.deadline_ns == 50
+    assert type(decoded.parameters["priority"]) is int  # an int64_param
 
 
 # --------------------------------------------------------------------------------------------
@@ -528,16 +545,20 @@ OUTS = [
 
 
 def test_no_requested_outputs_returns_all_in_model_order():
-    resp = encode_infer_response("m", "id-1", OUTS, None, model_version="3")
+    resp = wire(encode_infer_response("m", "id-1", OUTS, None, model_version="3"))
     assert (resp.model_name, resp.id, resp.model_version) == ("m", "id-1", "3")
     assert [o.name for o in resp.outputs] == ["a", "b", "c"]
     assert [o.datatype for o in resp.outputs] == ["INT32", "FP64", "BF16"]
     assert resp.raw_output_contents == [t.data.tobytes() for t in OUTS]
-    assert [o.name for o in encode_infer_response("m", "", OUTS, []).outputs] == ["a", "b", "c"]
+    assert [o.name for o in wire(encode_infer_response("m", "", OUTS, [])).outputs] == [
+        "a",
+        "b",
+        "c",
+    ]
 
 
 def test_requested_outputs_subset_in_request_order():
-    resp = encode_infer_response("m", "", OUTS, [RequestedOutput("c"), RequestedOutput("a")])
+    resp = wire(encode_infer_response("m", "", OUTS, [RequestedOutput("c"), RequestedOutput("a")]))
     assert [o.name for o in resp.outputs] == ["c", "a"]
     assert resp.raw_output_contents == [OUTS[2].data.tobytes(), OUTS[0].data.tobytes()]
 
@@ -583,7 +604,7 @@ def test_shm_inputs_are_zero_copy_and_leases_released_once():
     offsets = stage_shm(reg, [a, b])
     req = encode_infer_request_shm("m", [a, b], "in", offsets, budget_ns=5)
     assert req.raw_input_contents == []
-    assert req.inputs[0].parameters["shared_memory_byte_size"].int64_param == 24
+    assert req.inputs[0].parameters["shared_memory_byte_size"] == 24
     decoded = decode_infer_request(wire(req), reg, now_ns=0)
     assert decoded.deadline_ns == 5
     assert reg.active == 2 and len(decoded.leases) == 2
@@ -729,9 +750,11 @@ def test_shm_output_is_written_with_params_and_an_empty_raw_entry():
     assert [o.name for o in resp.outputs] == ["b", "a"]
     assert resp.raw_output_contents == [b"", OUTS[0].data.tobytes()]  # positional
     params = resp.outputs[0].parameters
-    assert params["shared_memory_region"].string_param == "out"
-    assert params["shared_memory_offset"].int64_param == 16
-    assert params["shared_memory_byte_size"].int64_param == 32
+    assert params == {
+        "shared_memory_region": "out",
+        "shared_memory_offset": 16,
+        "shared_memory_byte_size": 32,
+    }
     assert not resp.outputs[1].parameters
     assert bytes(buf[16:48]) == OUTS[1].data.tobytes()
     assert reg.writes == [("out", 16, 32)]
