@@ -69,8 +69,6 @@ def check_requested_outputs(
 ) -> None:
     """Refuse an unknown requested output before any device work is spent on the request:
     ``model 'm' has no output 'x' (outputs: a, b)``."""
-    if not requested:
-        return
     known = {spec.name for spec in specs}
     for out in requested:
         if out.name not in known:
@@ -82,10 +80,11 @@ def check_requested_outputs(
 
 def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
     """The request's one validation pass against the model's client-facing specs: its inputs
-    (``core.validation.validate_inputs``), then its requested outputs."""
+    (``core.validation.validate_inputs``), then the outputs it asks for, if any."""
     manifest = bundle.manifest
     validation.validate_inputs(bundle.name, manifest.wire_inputs, request.inputs)
-    check_requested_outputs(bundle.name, manifest.wire_outputs, request.requested_outputs)
+    if request.requested_outputs:
+        check_requested_outputs(bundle.name, manifest.wire_outputs, request.requested_outputs)
 
 
 class InferenceCore:
@@ -93,6 +92,7 @@ class InferenceCore:
 
     def __init__(self, state: WorkerState) -> None:
         self._state = state
+        self._scheduler = state.scheduler
         self._scratch: BufferPool | None = None
 
     async def infer(
@@ -120,7 +120,35 @@ class InferenceCore:
                 )
             state.inflight += 1
             try:
-                reply = await self._serve(request, transport_deadline_ns, trace)
+                # One coroutine from admission to encode: every frame on this path is paid
+                # per request (docs/benchmarks.md counts them).
+                bundle = state.repository.lookup(request.model_name, request.model_version)
+                decoded = codec.decode_infer_request(request, state.shm_registry)
+                try:
+                    validate_request(bundle, decoded)
+                    deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
+                    if bundle.is_meta:
+                        outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
+                    else:
+                        outputs = await self._scheduler.infer(
+                            bundle.name,
+                            decoded.inputs,
+                            deadline_ns=deadline,
+                            request_id=decoded.id,
+                            trace=trace,
+                            validated_for=bundle.manifest,
+                        )
+                    reply = codec.encode_infer_response(
+                        request.model_name,
+                        decoded.id,
+                        outputs,
+                        decoded.requested_outputs,
+                        state.shm_registry,
+                        model_version=codec.BUNDLE_VERSION,
+                        zero_copy=True,
+                    )
+                finally:
+                    decoded.release()  # exactly once, cancelled or not
             finally:
                 state.inflight -= 1
             status = "OK"
@@ -142,38 +170,6 @@ class InferenceCore:
                 trace,
                 request.id,
             )
-
-    async def _serve(
-        self, request: ParsedInferRequest, transport_deadline_ns: int, trace: RequestTrace
-    ) -> InferReply:
-        state = self._state
-        bundle = state.repository.lookup(request.model_name, request.model_version)
-        decoded = codec.decode_infer_request(request, state.shm_registry)
-        try:
-            validate_request(bundle, decoded)
-            deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
-            if bundle.is_meta:
-                outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
-            else:
-                outputs = await state.scheduler.infer(
-                    bundle.name,
-                    decoded.inputs,
-                    deadline_ns=deadline,
-                    request_id=decoded.id,
-                    trace=trace,
-                    validated_for=bundle.manifest,
-                )
-            return codec.encode_infer_response(
-                request.model_name,
-                decoded.id,
-                outputs,
-                decoded.requested_outputs,
-                state.shm_registry,
-                model_version=codec.BUNDLE_VERSION,
-                zero_copy=True,
-            )
-        finally:
-            decoded.release()
 
     # ---------------------------------------------------------------- meta models
 
@@ -224,7 +220,7 @@ class InferenceCore:
             started.append(time.monotonic_ns())
             return run_meta(bundle.name, run, list(inputs), call, bundle.manifest.wire_outputs)
 
-        outputs = await state.scheduler.run_on_device(unit)
+        outputs = await self._scheduler.run_on_device(unit)
         trace.queue_ns = (started[0] - queued) if started else 0
         trace.compute_ns = int(call.subcall_seconds * 1e9)
         trace.batch_size = 0

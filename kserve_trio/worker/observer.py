@@ -29,7 +29,7 @@ class RequestObserver:
     """Folds finished requests into the metrics, the Triton statistics and the heartbeat."""
 
     def __init__(self, repository: ModelRepository, metrics: WorkerMetrics | None = None) -> None:
-        self._repository = repository
+        self._loaded = repository.bundles
         self._metrics = metrics
         self.stats: dict[str, RequestStats] = {}
         """Triton statistics by model name (kept for a model that was unloaded since)."""
@@ -57,8 +57,10 @@ class RequestObserver:
         """
         if self._metrics is not None:
             self._metrics.observe_request(model, status, elapsed_ns / 1e9)
-        if model in self._repository:
-            stats = self.stats_of(model)
+        if model in self._loaded:
+            stats = self.stats.get(model)
+            if stats is None:
+                stats = self.stats[model] = RequestStats()
             if status == "OK":
                 stats.success.add(elapsed_ns)
                 stats.queue.add(trace.queue_ns)

@@ -401,7 +401,9 @@ class ModelLayout:
 
     ``keys`` maps each variant (``None`` for a single-shape model) to its sorted compiled batch
     keys (0 = the unbatched module). ``batched`` (every executable input and output has a batch
-    axis) is what makes a model coalescable; ``inputs_batched`` says whether requests have rows.
+    axis) is what makes a model coalescable; ``inputs_batched`` says whether requests have rows;
+    ``wire_is_executable`` whether a client sends the executable inputs themselves (no
+    ``client_inputs``).
     """
 
     name: str
@@ -412,6 +414,7 @@ class ModelLayout:
     output_axes: tuple[int | None, ...]
     inputs_batched: bool
     batched: bool
+    wire_is_executable: bool
 
     @classmethod
     def build(
@@ -433,6 +436,7 @@ class ModelLayout:
             out_axes,
             inputs_batched,
             inputs_batched and all(a is not None for a in out_axes),
+            manifest.client_inputs is None,
         )
 
     def output_name(self, k: int) -> str:
@@ -489,11 +493,6 @@ class ModelLayout:
             raise InvalidArgument(
                 f"model '{self.name}' accepts at most {most} rows per request (got {rows})"
             )
-
-    @property
-    def wire_is_executable(self) -> bool:
-        """Whether a client sends the executable inputs themselves (no ``client_inputs``)."""
-        return self.manifest.client_inputs is None
 
     def prepare(
         self, tensors: Sequence[NamedTensor], *, validated: bool = False

@@ -19,6 +19,7 @@ unpins it (``control_service.set_model_residency``), so ``tritonclient.load_mode
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import kserve_trio
@@ -198,9 +199,11 @@ class InferenceService:
             raise Unavailable("shared memory is not available on this server")
         return self.state.shm_registry
 
-    async def model_infer(self, request: ParsedInferRequest, ctx: CallContext) -> InferReply:
-        """The inference core does the work; the reply goes back to the adapter untouched."""
-        return await self.core.infer(request, transport_deadline_ns=ctx.deadline_ns)
+    def model_infer(self, request: ParsedInferRequest, ctx: CallContext) -> Awaitable[InferReply]:
+        """The inference core does the work; its encoded reply goes back to the adapter as it
+        is. A plain method handing the adapter the core's coroutine (one frame less per
+        request than awaiting it here)."""
+        return self.core.infer(request, transport_deadline_ns=ctx.deadline_ns)
 
     # ---- Triton extensions: configuration and statistics -----------------------------
 

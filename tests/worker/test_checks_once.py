@@ -151,7 +151,6 @@ def test_model_with_hooks_checks_what_the_hook_returned_once(server, demo_repo, 
         "decode": 1,
         "validate_request": 1,
         "validate_inputs": 1,  # the wire inputs, before the hook
-        "check_requested_outputs": 1,
         "check_wire": 1,  # admission before the hook runs
         "prepare": 1,
         "check_executable_input": 1,  # the hook's output, the model's one executable input
