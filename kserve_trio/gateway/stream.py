@@ -82,29 +82,42 @@ class StreamInfer:
         model = request_id = ""
         forwarder = self.forwarder
         try:
-            with self.admission.inference():
-                started = anyio.current_time()
-                try:
-                    plain = call.plain(message)
-                    head = forwarder.peek(plain)
-                except ServingError as exc:
-                    if forwarder.metrics is not None:
-                        elapsed = anyio.current_time() - started
-                        forwarder.metrics.observe_request(self.rpc, "", exc.status, elapsed)
-                    raise
-                model, request_id = head.model_name, head.id
-                reply = await forwarder.infer(
-                    message.data,
-                    plain=plain,
-                    compressed_with=call.encoding if message.compressed else None,
-                    head=head,
-                    deadline=call.deadline,
-                    rpc=self.rpc,
-                )
+            self.admission.admit_inference()
+        except ServingError as exc:
+            await call.send(stream_error(exc.message, *self._ids(call, message)))
+            return
+        try:
+            started = anyio.current_time()
+            try:
+                plain = call.plain(message)
+                head = forwarder.peek(plain)
+            except ServingError as exc:
+                if forwarder.metrics is not None:
+                    elapsed = anyio.current_time() - started
+                    forwarder.metrics.observe_request(self.rpc, "", exc.status, elapsed)
+                raise
+            model, request_id = head.model_name, head.id
+            reply = await forwarder.infer(
+                message.data,
+                plain=plain,
+                compressed_with=call.encoding if message.compressed else None,
+                head=head,
+                deadline=call.deadline,
+                rpc=self.rpc,
+            )
+            await call.send(stream_response(reply))
         except ServingError as exc:
             await call.send(stream_error(exc.message or exc.status.name, model, request_id))
-            return
-        await call.send(stream_response(reply))
+        finally:
+            self.admission.release_inference()
+
+    def _ids(self, call: RawCall, message: RawMessage) -> tuple[str, str]:
+        """Model and id of a request that was not admitted (best effort: malformed -> "")."""
+        try:
+            head = self.forwarder.peek(call.plain(message))
+        except ServingError:
+            return "", ""
+        return head.model_name, head.id
 
 
 __all__ = ["StreamInfer", "stream_error", "stream_response"]
