@@ -1,0 +1,167 @@
+"""Real processes for the gateway's end-to-end tests: CLI workers bound to any loopback address
+(127.0.0.1, 127.0.0.2, ... on one port: one name behind several addresses) and the gateway
+CLI, each logging to a file next to the test's temporary directory."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import tritonclient.grpc as grpcclient
+
+
+def free_port(*hosts: str) -> int:
+    """A port free on every one of ``hosts`` (127.0.0.1 by default)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((hosts[0] if hosts else "127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as t:
+                    t.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no port free on all of {hosts}")
+
+
+class Proc:
+    """A child process with its log file; ``stop`` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, argv: list[str], log: pathlib.Path, env: dict[str, str]) -> None:
+        self.argv, self.log_path, self.env = argv, log, env
+        self._log = open(log, "ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env}
+        )
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Worker(Proc):
+    """``python -m kserve_trio worker`` on ``host:port`` (metrics on ``metrics_port``)."""
+
+    def __init__(
+        self,
+        repo: pathlib.Path,
+        host: str,
+        port: int,
+        *,
+        metrics_port: int = 0,
+        models: str = "mlp",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.host, self.port, self.metrics_port = host, port, metrics_port
+        self.repo, self.models, self.extra_env = repo, models, env or {}
+        self.url = f"{host}:{port}"
+        super().__init__(self._argv(), repo.parent / f"worker-{host}-{port}.log", self._env())
+
+    def _argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "kserve_trio", "worker", "--model-repo", str(self.repo),
+            "--host", self.host, "--port", str(self.port), "--metrics-port",
+            str(self.metrics_port), "--model-control-mode", "static", "--log-format", "json",
+        ]  # fmt: skip
+
+    def _env(self) -> dict[str, str]:
+        return {"INFERENCE_SERVER_MODELS_INCLUDE": self.models, **self.extra_env}
+
+    def restart(self) -> None:
+        """A new process on the same address and port (the old one must be gone)."""
+        self._log.close()
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self._argv(), stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **self._env()},
+        )  # fmt: skip
+
+    def client(self, **kw) -> grpcclient.InferenceServerClient:
+        return grpcclient.InferenceServerClient(self.url, **kw)
+
+    def wait_ready(self, timeout: float = 300.0, **client_kw) -> float:
+        """Block until ServerReady; returns the monotonic time it was first seen ready."""
+        c = self.client(**client_kw)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"worker exited ({self.proc.returncode}):\n{self.logs()}")
+            try:
+                if c.is_server_ready():
+                    return time.monotonic()
+            except Exception:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"worker {self.url} not ready within {timeout}s:\n{self.logs()}")
+
+
+class Gateway(Proc):
+    """``python -m kserve_trio gateway`` configured by ``KSERVE_TRIO_GATEWAY_*`` variables."""
+
+    def __init__(self, workdir: pathlib.Path, env: dict[str, str], *args: str) -> None:
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        g = "KSERVE_TRIO_GATEWAY_"
+        full = {
+            g + "LISTEN_GRPC": self.url,
+            g + "LISTEN_METRICS": f"127.0.0.1:{self.metrics_port}",
+            g + "HEALTH_INTERVAL_SECONDS": "1",
+            g + "STARTUP_WAIT_SECONDS": "60",
+            **env,
+        }
+        argv = [sys.executable, "-m", "kserve_trio", "gateway", "--log-format", "json", *args]
+        super().__init__(argv, workdir / f"gateway-{self.port}.log", full)
+
+    def admin(self, path: str) -> tuple[int, str]:
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}{path}"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"gateway exited ({self.proc.returncode}):\n{self.logs()}")
+            try:
+                if self.admin("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"gateway not ready within {timeout}s:\n{self.logs()}")
+
+    def client(self, **kw) -> grpcclient.InferenceServerClient:
+        return grpcclient.InferenceServerClient(self.url, **kw)
