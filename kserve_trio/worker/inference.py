@@ -42,9 +42,9 @@ from kserve_trio.core.errors import (
     ServingError,
     Unavailable,
 )
+from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.manifest import Manifest, TensorSpec
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.proto import inference as pb
 from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle
 from kserve_trio.worker.scheduler import RequestTrace
@@ -52,13 +52,13 @@ from kserve_trio.worker.scheduler import RequestTrace
 if TYPE_CHECKING:
     # The parsed ModelInfer request a transport hands over (the codec reads it; the core
     # itself reads only model_name, model_version and id).
-    from kserve_trio.core.wire import InferRequestView as ParsedInferRequest
+    from kserve_trio.core.infer_wire import InferRequestMessage as ParsedInferRequest
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.worker.hooks import Hook
     from kserve_trio.worker.state import WorkerState
 
-InferReply = pb.ModelInferResponse
+InferReply = WirePieces
 """What ``codec.encode_infer_response`` returns and a transport sends as it is."""
 
 SHUTTING_DOWN = "server is shutting down"
