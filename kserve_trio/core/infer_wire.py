@@ -32,13 +32,13 @@ from kserve_trio.core.wire import (
     Params,
     TensorContents,
     _fields,
+    _varint,
     contents_bytes,
     encode_varint,
     len_field,
     params_bytes,
     parse_contents,
     parse_map_entry,
-    read_varints,
     signed,
     str_field,
     text,
@@ -168,13 +168,27 @@ def _tensor_bytes(t: Any) -> bytes:
     return b"".join(parts)
 
 
+def _read_shape(buf, pos: int, end: int, shape: list[int]) -> None:
+    """A packed ``int64`` run (one-byte dimensions read inline)."""
+    while pos < end:
+        d = buf[pos]
+        if d < 0x80:
+            shape.append(d)
+            pos += 1
+        else:
+            d, pos = _varint(buf, pos)
+            shape.append(d - (1 << 64) if d >= 1 << 63 else d)
+    if pos != end:
+        raise ValueError("truncated packed shape")
+
+
 def _parse_tensor(buf, start: int, end: int, t: _Tensor) -> _Tensor:
     for field, wt, v in _fields(buf, start, end):
         if field == 3:
-            if wt == 0 or wt == 2:
-                dims: list[int] = []
-                read_varints(buf, wt, v, dims)
-                t.shape.extend([signed(d) for d in dims])
+            if wt == 2:
+                _read_shape(buf, v[0], v[1], t.shape)
+            elif wt == 0:
+                t.shape.append(signed(v))
         elif wt != 2:
             continue
         elif field == 1:
