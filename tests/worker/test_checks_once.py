@@ -5,18 +5,25 @@ preprocess and a postprocess hook. Every function that looks a model up, decodes
 re-checks dtype and shape is wrapped with a counter, then one tritonclient request is sent and
 the exact counts are asserted: one repository lookup, one decode, one validation pass, one
 encode; the scheduler's dtype/shape check on executable inputs runs only where a hook produced
-them. Start-up validates each manifest once (not again in the runtime loader).
+them. Start-up validates each manifest once (not again in the runtime loader). A request
+cancelled while it queues releases its shared-memory leases exactly once and is recorded once.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import shutil
+import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 
+import anyio.from_thread
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.core import codec, validation
@@ -184,3 +191,75 @@ def test_an_unknown_model_is_looked_up_once_and_never_decoded(server, monkeypatc
     assert err.value.status() == "StatusCode.NOT_FOUND"
     assert err.value.message() == "unknown model: nope"
     assert dict(counts.n) == {"lookup": 1}
+
+
+def block_device(running: RunningServer, seconds: float) -> threading.Thread:
+    """Occupy the device thread for ``seconds`` so that new requests queue up."""
+
+    def target() -> None:
+        anyio.from_thread.run(
+            running.scheduler.run_on_device, time.sleep, seconds, token=running._portal
+        )
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    time.sleep(0.1)
+    return t
+
+
+def requests_with_status(running: RunningServer, status: str) -> float:
+    assert running.state.metrics is not None
+    return running.state.metrics.requests.labels(model="mlp", status=status)._value.get()
+
+
+def test_a_cancelled_shm_request_releases_its_leases_once(server, monkeypatch):
+    released: collections.Counter[int] = collections.Counter()
+    leased: list[int] = []
+    decode = codec.decode_infer_request
+
+    def decode_counting_leases(*args, **kwargs):
+        request = decode(*args, **kwargs)
+
+        def counted(release: Callable[[], None], key: int) -> Callable[[], None]:
+            def run() -> None:
+                released[key] += 1
+                release()
+
+            return run
+
+        request.leases = [counted(r, len(leased) + i) for i, r in enumerate(request.leases)]
+        leased.extend(range(len(leased), len(leased) + len(request.leases)))
+        return request
+
+    monkeypatch.setattr(codec, "decode_infer_request", decode_counting_leases)
+    x = np.random.default_rng(2).standard_normal((1, 16), dtype=np.float32)
+    name, key = f"lease_{os.getpid()}_{uuid.uuid4().hex[:8]}", f"/lease_{uuid.uuid4().hex[:8]}"
+    handle = shm.create_shared_memory_region(name, key, x.nbytes)
+    c = grpcclient.InferenceServerClient(server.address)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        c.register_system_shared_memory(name, key, x.nbytes)
+        cancelled_before = requests_with_status(server, "CANCELLED")
+        served_before = server.scheduler.scheduler_metrics()["mlp"].requests_served
+        blocker = block_device(server, 1.5)
+        inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+        inp.set_shared_memory(name, x.nbytes)
+        call = c.async_infer("mlp", [inp], callback=lambda result, error: None)
+        deadline = time.monotonic() + 5
+        while not leased and time.monotonic() < deadline:  # decoded and queued
+            time.sleep(0.01)
+        assert leased == [0]
+        call.cancel()
+        while requests_with_status(server, "CANCELLED") == cancelled_before:
+            assert time.monotonic() < deadline, "the cancelled request was never recorded"
+            time.sleep(0.01)
+        blocker.join()
+        assert dict(released) == {0: 1}
+        assert requests_with_status(server, "CANCELLED") == cancelled_before + 1
+        assert server.scheduler.scheduler_metrics()["mlp"].requests_served == served_before
+        c.unregister_system_shared_memory(name)
+        out = c.infer("mlp", [mlp_input(x)])  # and the worker serves on
+        assert out.as_numpy("output").shape == (1, 8)
+    finally:
+        c.close()
+        shm.destroy_shared_memory_region(handle)
