@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_gateway_logging(loaded.config.logging)
     log_gateway_config(loaded, log)
+    from kserve_trio.serving.process_tuning import tune_allocator, tuning_enabled
+
+    if tuning_enabled():  # large messages are copied several times: keep the heap warm
+        tune_allocator()
     from kserve_trio.gateway.prober import GatewayWedged
     from kserve_trio.gateway.server import serve_gateway
 

@@ -1,0 +1,286 @@
+"""What the gateway costs: the same load against a worker directly and through the gateway,
+side by side in one run, plus the echo server (the floor of our gRPC stack) in the same run.
+
+Cases (identity bundles, f32, built once into ``--repo``): [1,16] at concurrency 1 and 32,
+[1,3,224,224] (0.6 MB) at 1, and [1,2621440] (10 MiB) at 1. For each case the load generator
+(tools/bench/loadgen.py: tritonclient's aio client, closed loop, its own process) runs against
+the worker, then against the gateway in front of that worker, ``--rounds`` times alternately.
+Reported: p50/p99 of each path, the added latency (gateway minus direct, per round, then the
+median over rounds), and CPU time per request of the gateway and of the worker (utime+stime of
+every thread from /proc over the measured window).
+
+Placement: with 3 or more CPUs the worker, the gateway and the load generator each get their
+own CPU; with 2 the worker gets CPU 0 and the gateway shares CPU 1 with the load generator
+(closed-loop at concurrency 1 they take turns, so this costs little there; at 32 they contend).
+
+Targets checked: added p50 at c=1 on [1,16] <= the echo server's p50; added p50 on the 0.6 MB
+and 10 MiB tensors <= 0.5x the direct call's p50; gateway CPU per request <= the worker's at
+c=1 and c=32 on [1,16].
+
+Usage: python tools/bench/gateway.py [--duration 4] [--rounds 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCH = ROOT / "tools" / "bench"
+PY = sys.executable
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(BENCH))
+
+from run import cpu_seconds, free_port  # noqa: E402  (the hot-path bench's helpers)
+
+MODELS = {  # name: (example shape, compiled batch sizes)
+    "identity16": ((1, 16), [1, 8, 32]),
+    "identity224": ((1, 3, 224, 224), [1]),
+    "identity10m": ((1, 2621440), [1]),
+}
+CASES = [  # name, model, shape, concurrency
+    ("[1,16] c=1", "identity16", "1,16", 1),
+    ("[1,16] c=32", "identity16", "1,16", 32),
+    ("[1,3,224,224] c=1", "identity224", "1,3,224,224", 1),
+    ("10 MiB c=1", "identity10m", "1,2621440", 1),
+]
+
+
+def build_repository(path: pathlib.Path) -> pathlib.Path:
+    marker = path / ".complete"
+    if marker.exists():
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    for name, (shape, sizes) in MODELS.items():
+        code = (
+            "import numpy as np, sys\n"
+            "from kserve_trio.export import export_bundle\n"
+            f"export_bundle('jax', lambda x: x, np.zeros({shape!r}, np.float32), [],"
+            f" dir=sys.argv[1], batch_sizes={sizes!r})\n"
+        )
+        subprocess.run([PY, "-c", code, str(path / name)], check=True)
+    marker.write_text("ok")
+    return path
+
+
+def pin(cpu: int | None) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
+
+
+def wait_ready(url: str, proc: subprocess.Popen, what: str, timeout: float = 300.0) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if client.is_server_ready():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not ready")
+
+
+def start(cmd: list[str], env: dict[str, str], url: str, what: str) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+    wait_ready(url, proc, what)
+    return proc
+
+
+def load(url: str, model: str, shape: str, conc: int, duration: float, cpu, pids) -> dict:
+    output = "input_0" if model == "echo" else "output"
+    cmd = [
+        *pin(cpu), PY, str(BENCH / "loadgen.py"), "--url", url, "--model", model,
+        "--shape", shape, "--output-shape", shape, "--output", output,
+        "--concurrency", str(conc), "--duration", str(duration), "--warmup", "1",
+    ]  # fmt: skip
+    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert gen.stdout is not None
+    cpu0: dict[str, float] = {}
+    result = None
+    for line in gen.stdout:
+        if line.startswith("WINDOW_START"):
+            cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        elif line.startswith("{"):
+            cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
+            result = json.loads(line)
+    gen.wait()
+    if result is None:
+        raise RuntimeError(f"the load generator failed ({model} c={conc} on {url})")
+    n = max(result["requests"], 1)
+    for k in pids:
+        result[f"{k}_cpu_ms"] = (cpu1[k] - cpu0[k]) / n * 1e3
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default="")
+    p.add_argument("--repo", default=str(ROOT / "build" / "bench-gateway-models"))
+    args = p.parse_args()
+    repo = build_repository(pathlib.Path(args.repo))
+    ncpu = os.cpu_count() or 1
+    cpus = (0, 1, 2) if ncpu >= 3 else (0, 1, 1) if ncpu == 2 else (None, None, None)
+    worker_cpu, gateway_cpu, load_cpu = cpus
+    wport, gport, gmetrics, eport = free_port(), free_port(), free_port(), free_port()
+    wurl, gurl, eurl = (f"127.0.0.1:{x}" for x in (wport, gport, eport))
+    procs: list[subprocess.Popen] = []
+    try:
+        echo = start(
+            [*pin(worker_cpu), PY, str(BENCH / "echo_server.py"), "--port", str(eport)],
+            {}, eurl, "echo server",
+        )  # fmt: skip
+        procs.append(echo)
+        r = load(eurl, "echo", "1,16", 1, args.duration, load_cpu, {})
+        echo_p50 = r["p50_ms"]
+        echo.terminate()
+        echo.wait(15)
+        worker = start(
+            [
+                *pin(worker_cpu), PY, "-m", "kserve_trio", "worker", "--model-repo", str(repo),
+                "--port", str(wport), "--model-control-mode", "static", "--log-level", "warning",
+            ],
+            {}, wurl, "worker",
+        )  # fmt: skip
+        procs.append(worker)
+        g = "KSERVE_TRIO_GATEWAY_"
+        gateway = start(
+            [*pin(gateway_cpu), PY, "-m", "kserve_trio", "gateway", "--log-level", "warning"],
+            {
+                g + "WORKERS": wurl,
+                g + "LISTEN_GRPC": gurl,
+                g + "LISTEN_METRICS": f"127.0.0.1:{gmetrics}",
+                g + "STARTUP_WAIT_SECONDS": "60",
+            },
+            gurl,
+            "gateway",
+        )
+        procs.append(gateway)
+        pids = {"worker": worker.pid, "gateway": gateway.pid}
+        rows = []
+        for name, model, shape, conc in CASES:
+            runs: dict[str, list[dict]] = {"direct": [], "gateway": []}
+            for _ in range(args.rounds):
+                runs["direct"].append(load(wurl, model, shape, conc, args.duration, load_cpu, pids))
+                runs["gateway"].append(
+                    load(gurl, model, shape, conc, args.duration, load_cpu, pids)
+                )
+            rows.append(summarize(name, conc, runs))
+            print_row(rows[-1])
+        text = urllib.request.urlopen(f"http://127.0.0.1:{gmetrics}/metrics").read().decode()
+        errors = [
+            ln for ln in text.splitlines() if "gateway_requests_total" in ln and "OK" not in ln
+        ]
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    report(rows, echo_p50, errors)
+    if args.json:
+        pathlib.Path(args.json).write_text(
+            json.dumps({"echo_p50_ms": echo_p50, "cases": rows}, indent=1)
+        )
+    return 0
+
+
+def summarize(name: str, conc: int, runs: dict[str, list[dict]]) -> dict:
+    med = statistics.median
+    d, g = runs["direct"], runs["gateway"]
+    return {
+        "case": name,
+        "concurrency": conc,
+        "direct_p50_ms": med(r["p50_ms"] for r in d),
+        "direct_p99_ms": med(r["p99_ms"] for r in d),
+        "gateway_p50_ms": med(r["p50_ms"] for r in g),
+        "gateway_p99_ms": med(r["p99_ms"] for r in g),
+        "added_p50_ms": med(b["p50_ms"] - a["p50_ms"] for a, b in zip(d, g, strict=True)),
+        "added_p99_ms": med(b["p99_ms"] - a["p99_ms"] for a, b in zip(d, g, strict=True)),
+        "direct_rps": med(r["rps"] for r in d),
+        "gateway_rps": med(r["rps"] for r in g),
+        "worker_cpu_ms": med(r["worker_cpu_ms"] for r in g),
+        "gateway_cpu_ms": med(r["gateway_cpu_ms"] for r in g),
+        "worker_cpu_ms_direct": med(r["worker_cpu_ms"] for r in d),
+        "errors": [r["errors"] for r in (*d, *g) if r["errors"]],
+    }
+
+
+HEADER = (
+    "| case | direct p50 / p99 ms | gateway p50 / p99 ms | added p50 / p99 ms | "
+    "req/s direct / gateway | gateway CPU ms/req | worker CPU ms/req |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def print_row(r: dict) -> None:
+    if r is None:
+        return
+    print(
+        f"| {r['case']} | {r['direct_p50_ms']:.3f} / {r['direct_p99_ms']:.3f} | "
+        f"{r['gateway_p50_ms']:.3f} / {r['gateway_p99_ms']:.3f} | "
+        f"{r['added_p50_ms']:+.3f} / {r['added_p99_ms']:+.3f} | "
+        f"{r['direct_rps']:.0f} / {r['gateway_rps']:.0f} | {r['gateway_cpu_ms']:.3f} | "
+        f"{r['worker_cpu_ms']:.3f} |",
+        flush=True,
+    )
+    if r["errors"]:
+        print(f"  errors: {r['errors']}", flush=True)
+
+
+def report(rows: list[dict], echo_p50: float, errors: list[str]) -> None:
+    print()
+    print(HEADER)
+    for r in rows:
+        print_row(r)
+    print(f"\necho server p50 ([1,16], c=1), same run: {echo_p50:.3f} ms")
+    by = {r["case"]: r for r in rows}
+    small1, small32 = by["[1,16] c=1"], by["[1,16] c=32"]
+    checks = [
+        (
+            "added p50 at c=1 on [1,16] <= echo p50",
+            small1["added_p50_ms"],
+            echo_p50,
+        ),
+        (
+            "added p50 on [1,3,224,224] <= 0.5x direct p50",
+            by["[1,3,224,224] c=1"]["added_p50_ms"],
+            0.5 * by["[1,3,224,224] c=1"]["direct_p50_ms"],
+        ),
+        (
+            "added p50 on 10 MiB <= 0.5x direct p50",
+            by["10 MiB c=1"]["added_p50_ms"],
+            0.5 * by["10 MiB c=1"]["direct_p50_ms"],
+        ),
+        ("gateway CPU/req <= worker's at c=1", small1["gateway_cpu_ms"], small1["worker_cpu_ms"]),
+        (
+            "gateway CPU/req <= worker's at c=32",
+            small32["gateway_cpu_ms"],
+            small32["worker_cpu_ms"],
+        ),
+    ]
+    for text, value, bound in checks:
+        verdict = "met" if value <= bound else "NOT met"
+        print(f"- {text}: {value:.3f} vs {bound:.3f} -> {verdict}")
+    if errors:
+        print("gateway non-OK requests:", *errors, sep="\n  ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
