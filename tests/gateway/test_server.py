@@ -402,3 +402,54 @@ def test_the_admin_metrics_merge_the_workers_expositions(tmp_path):
                 assert "worker_requests_total" not in text
     finally:
         http_server.server_close()
+
+
+def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
+    with fleet(1) as (a,):
+        a.echo = True
+        a.infer_delay = 1.0
+        cfg = GatewayConfig(
+            listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
+            endpoints=(f"{a.host}:{a.port}",),
+            prober=ProberConfig(health_interval_seconds=0.3),
+        )
+        gw = serve_gateway(cfg, blocking=False)
+        answers: queue.Queue = queue.Queue()
+        c = client(gw)
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        c.async_stream_infer("m", [tensor(np.ones((1, 4), np.float32))], request_id="in-flight")
+        wait_for(lambda: a.in_flight == 1)
+        stopper = threading.Thread(target=stop, args=(gw,))
+        stopper.start()
+        result, error = answers.get(timeout=10)
+        assert error is None and result.get_response().id == "in-flight"  # answered first
+        result, error = answers.get(timeout=10)  # then the stream ends, UNAVAILABLE
+        assert result is None and "gateway is shutting down" in str(error)
+        stopper.join(10)
+        assert not stopper.is_alive()
+        c.stop_stream()
+
+
+def test_a_wedged_gateway_stops_with_gateway_wedged(monkeypatch):
+    from kserve_trio.gateway import prober as prober_module
+
+    calls = []
+    original = prober_module.Prober.round
+
+    async def round_then_wedge(self):
+        calls.append(1)
+        if len(calls) > 1:
+            raise prober_module.GatewayWedged("every probe timed out (test)")
+        return await original(self)
+
+    monkeypatch.setattr(prober_module.Prober, "round", round_then_wedge)
+    with FakeWorker() as a:
+        cfg = GatewayConfig(
+            listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
+            endpoints=(f"{a.host}:{a.port}",),
+            prober=ProberConfig(health_interval_seconds=0.2),
+        )
+        gw = serve_gateway(cfg, blocking=False)
+        gw._thread.join(10)  # the tree ends by itself
+        with pytest.raises(prober_module.GatewayWedged, match="every probe timed out"):
+            stop(gw)
