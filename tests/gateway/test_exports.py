@@ -10,9 +10,13 @@ EXPECTED = {
     "GatewayConfig",
     "Resolver",
     "RoutingPolicy",
+    "RunningGateway",
     "SchedulingMode",
     "WorkBasis",
+    "hosts_file_resolver",
     "load_gateway_config",
+    "serve_gateway",
+    "stop",
     "system_resolver",
 }
 
