@@ -7,8 +7,9 @@ own event loop, sequentially, ``--requests`` times per round (no transport, no c
 - calls per request: cProfile over one round on the event-loop thread (the service, the
   inference core, the scheduler's dispatch loop and the codec; the device thread's own work is
   not in it). Deterministic, so it compares commits exactly;
-- wall microseconds per request of each of ``--rounds`` unprofiled rounds (noisy on a shared VM:
-  compare interleaved runs only).
+- wall and event-loop-thread CPU microseconds per request of each of ``--rounds`` unprofiled
+  rounds (wall is noisy on a shared VM; the loop thread's CPU time less so, as waiting for a
+  core does not count; compare interleaved runs only).
 
 Usage: ``python tools/bench/service_calls.py [--requests 3000] [--rounds 3] [--json]``. To
 compare commits, run it from a ``git archive`` of each one, alternating.
@@ -67,38 +68,42 @@ def main(argv: list[str] | None = None) -> int:
     data = bytes(codec.encode_infer_request("mlp", [NamedTensor.from_array("input_0", x)]))
     ctx = CallContext(stream=None, deadline_ns=0)
 
-    async def round_(n: int, profile: cProfile.Profile | None) -> float:
+    async def round_(n: int, profile: cProfile.Profile | None) -> tuple[float, float]:
         requests = [parse_infer_request(data) for _ in range(n)]
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         if profile is not None:
             profile.enable()
         for request in requests:
             await svc.model_infer(request, ctx)
         if profile is not None:
             profile.disable()
-        return (time.perf_counter_ns() - t0) / n / 1e3
+        return (time.perf_counter_ns() - t0) / n / 1e3, (time.thread_time_ns() - c0) / n / 1e3
 
     try:
         anyio.from_thread.run(round_, 500, None, token=running._portal)  # warm-up
         prof = cProfile.Profile()
         anyio.from_thread.run(round_, args.requests, prof, token=running._portal)
         calls = pstats.Stats(prof).total_calls / args.requests
-        walls = [
+        timed = [
             anyio.from_thread.run(round_, args.requests, None, token=running._portal)
             for _ in range(args.rounds)
         ]
     finally:
         stop(running)
+    walls, cpus = [w for w, _ in timed], [c for _, c in timed]
     result = {
         "calls_per_request": round(calls, 1),
         "wall_us_per_request": [round(w, 1) for w in walls],
         "wall_us_median": round(statistics.median(walls), 1) if walls else None,
+        "loop_cpu_us_per_request": [round(c, 1) for c in cpus],
+        "loop_cpu_us_median": round(statistics.median(cpus), 1) if cpus else None,
     }
     if args.json:
         print(json.dumps(result))
     else:
         print(f"calls per request: {result['calls_per_request']}")
         print(f"wall us per request: {result['wall_us_per_request']}")
+        print(f"loop-thread CPU us per request: {result['loop_cpu_us_per_request']}")
     return 0
 
 
