@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
+from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
 
 
 def start(repo, **overrides):
@@ -188,15 +189,21 @@ def test_byte_length_mismatch_is_invalid_argument(server, demo_repo):
     assert_still_serving(server.address, demo_repo)
 
 
-def test_compressed_request_is_unimplemented(server, demo_repo):
+def test_compressed_requests_are_served_and_an_unknown_encoding_is_unimplemented(server, demo_repo):
     c = grpcclient.InferenceServerClient(server.address)
-    code, msg = status_of(
-        lambda: c.infer(
-            "mlp", [mlp_input(np.ones((1, 16), np.float32))], compression_algorithm="gzip"
-        )
+    x = np.ones((1, 16), np.float32)
+    plain = c.infer("mlp", [mlp_input(x)]).as_numpy("output")
+    for algorithm in ("gzip", "deflate"):
+        packed = c.infer("mlp", [mlp_input(x)], compression_algorithm=algorithm)
+        np.testing.assert_array_equal(packed.as_numpy("output"), plain)
+    reply = raw_grpc_call(
+        server.address,
+        "/inference.GRPCInferenceService/ServerLive",
+        grpc_frame(b"", flag=1),
+        headers=(("grpc-encoding", "lz4"),),
     )
-    assert code == "StatusCode.UNIMPLEMENTED"
-    assert "compression is not supported" in msg
+    assert reply.status == 12  # UNIMPLEMENTED
+    assert "grpc-encoding 'lz4' is not supported" in reply.message
     assert_still_serving(server.address, demo_repo)
 
 
