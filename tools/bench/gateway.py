@@ -10,8 +10,8 @@ median over rounds), and CPU time per request of the gateway and of the worker (
 every thread from /proc over the measured window).
 
 Placement: with 3 or more CPUs the worker, the gateway and the load generator each get their
-own CPU; with 2 the worker gets CPU 0 and the gateway shares CPU 1 with the load generator
-(closed-loop at concurrency 1 they take turns, so this costs little there; at 32 they contend).
+own CPU (``taskset``); with fewer, nothing is pinned and the kernel places the three processes
+(pinning two of them to one CPU measured worse: the pair preempt each other on every hop).
 
 Targets checked: added p50 at c=1 on [1,16] <= the echo server's p50; added p50 on the 0.6 MB
 and 10 MiB tensors <= 0.5x the direct call's p50; gateway CPU per request <= the worker's at
@@ -134,7 +134,7 @@ def main() -> int:
     args = p.parse_args()
     repo = build_repository(pathlib.Path(args.repo))
     ncpu = os.cpu_count() or 1
-    cpus = (0, 1, 2) if ncpu >= 3 else (0, 1, 1) if ncpu == 2 else (None, None, None)
+    cpus = (0, 1, 2) if ncpu >= 3 else (None, None, None)
     worker_cpu, gateway_cpu, load_cpu = cpus
     wport, gport, gmetrics, eport = free_port(), free_port(), free_port(), free_port()
     wurl, gurl, eurl = (f"127.0.0.1:{x}" for x in (wport, gport, eport))
