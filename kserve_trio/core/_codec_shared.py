@@ -90,7 +90,7 @@ def int64_param(params: Mapping[str, Any], key: str) -> int | None:
     """The ``int64_param`` value of ``params[key]``; absent or another kind (``bool``,
     ``Uint64``, ``float``, ``str``) -> None."""
     value = params.get(key)
-    if value.__class__ is int:
+    if value.__class__ is int or value is None:
         return value
     value = plain_param(value)
     return value if value.__class__ is int else None
@@ -99,7 +99,7 @@ def int64_param(params: Mapping[str, Any], key: str) -> int | None:
 def string_param(params: Mapping[str, Any], key: str) -> str | None:
     """The ``string_param`` value of ``params[key]``; absent or another kind -> None."""
     value = params.get(key)
-    if value.__class__ is str:
+    if value.__class__ is str or value is None:
         return value
     value = plain_param(value)
     return value if value.__class__ is str else None
@@ -126,15 +126,16 @@ def deadline_from_parameters(params: Mapping[str, Any], now_ns: int | None = Non
     """
     if not params:
         return 0
-    now = time.monotonic_ns() if now_ns is None else now_ns
-    found = []
     budget = int64_param(params, TIMEOUT_NS_PARAM)
-    if budget is not None and budget > 0:
-        found.append(_saturating_deadline(now, budget))
     micros = int64_param(params, TRITON_TIMEOUT_PARAM)
-    if micros is not None and micros > 0:
-        found.append(_saturating_deadline(now, micros * 1000))
-    return combine_deadlines(*found)
+    has_budget = budget is not None and budget > 0
+    has_micros = micros is not None and micros > 0
+    if not (has_budget or has_micros):
+        return 0
+    now = time.monotonic_ns() if now_ns is None else now_ns
+    a = _saturating_deadline(now, budget) if has_budget else INT64_MAX  # type: ignore[operator]
+    b = _saturating_deadline(now, micros * 1000) if has_micros else INT64_MAX  # type: ignore[operator]
+    return a if a < b else b
 
 
 def deadline_params(budget_ns: int) -> Params:

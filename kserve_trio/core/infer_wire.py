@@ -42,6 +42,7 @@ from kserve_trio.core.wire import (
     signed,
     str_field,
     text,
+    varints,
 )
 
 Buffer = bytes | bytearray | memoryview
@@ -57,9 +58,11 @@ class WirePieces:
 
     __slots__ = ("nbytes", "pieces")
 
-    def __init__(self, pieces: list[Buffer]) -> None:
+    def __init__(self, pieces: list[Buffer], nbytes: int | None = None) -> None:
         self.pieces = pieces
-        self.nbytes = sum(len(p) if p.__class__ is bytes else memoryview(p).nbytes for p in pieces)
+        if nbytes is None:
+            nbytes = sum(len(p) if p.__class__ is bytes else memoryview(p).nbytes for p in pieces)
+        self.nbytes = nbytes
 
     def __bytes__(self) -> bytes:
         return b"".join(self.pieces)
@@ -75,6 +78,8 @@ def _flat(buf: Buffer) -> Buffer:
     """``buf`` as a flat byte buffer (``bytes`` as it is, anything else as a ``B`` view)."""
     if buf.__class__ is bytes:
         return buf
+    if buf.__class__ is memoryview and buf.ndim == 1 and buf.format == "B":
+        return buf
     view = memoryview(buf)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
@@ -83,16 +88,22 @@ def _pieces(head: list[bytes], tag: bytes, payloads: Sequence[Buffer]) -> WirePi
     """``head`` fields, then each payload as a ``tag`` field: the prefix of each payload is
     joined onto the bytes before it."""
     pieces: list[Buffer] = []
+    total = 0
     for raw in payloads:
         flat = _flat(raw)
+        size = len(flat) if flat.__class__ is bytes else flat.nbytes
         head.append(tag)
-        head.append(encode_varint(len(flat) if flat.__class__ is bytes else flat.nbytes))
-        pieces.append(b"".join(head))
+        head.append(encode_varint(size))
+        joined = b"".join(head)
+        pieces.append(joined)
         pieces.append(flat)
+        total += len(joined) + size
         head = []
     if head or not pieces:
-        pieces.append(b"".join(head))
-    return WirePieces(pieces)
+        joined = b"".join(head)
+        pieces.append(joined)
+        total += len(joined)
+    return WirePieces(pieces, total)
 
 
 class _Message:
@@ -160,7 +171,7 @@ class InferRequestedOutput(_Message):
 def _tensor_bytes(t: Any) -> bytes:
     parts = [str_field(1, t.name), str_field(2, t.datatype)]
     if t.shape:
-        parts.append(len_field(3, b"".join([encode_varint(int(d)) for d in t.shape])))
+        parts.append(len_field(3, varints(t.shape)))
     if t.parameters:
         parts.append(params_bytes(4, t.parameters))
     if t.contents is not None:

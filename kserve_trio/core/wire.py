@@ -128,14 +128,28 @@ def text(buf, span: tuple[int, int]) -> str:
     return str(buf[span[0] : span[1]], "utf-8")
 
 
+_LEN_KEYS = [encode_varint(num << 3 | 2) for num in range(16)]
+
+
 def len_field(num: int, data: bytes) -> bytes:
     """A length-delimited field: tag, length, bytes."""
-    return encode_varint(num << 3 | 2) + encode_varint(len(data)) + data
+    n = len(data)
+    key = _LEN_KEYS[num] if num < 16 else encode_varint(num << 3 | 2)
+    return key + (_SMALL[n] if n < 128 else encode_varint(n)) + data
 
 
 def str_field(num: int, value: str) -> bytes:
     """A string field, omitted when empty (proto3 default)."""
-    return len_field(num, value.encode()) if value else b""
+    if not value:
+        return b""
+    data = value.encode()
+    n = len(data)
+    return _LEN_KEYS[num] + (_SMALL[n] if n < 128 else encode_varint(n)) + data
+
+
+def varints(values: Sequence[int]) -> bytes:
+    """The body of a packed repeated varint field (small non-negative values looked up)."""
+    return b"".join([_SMALL[v] if 0 <= v < 128 else encode_varint(int(v)) for v in values])
 
 
 def packed_varints(num: int, values: Sequence[int]) -> bytes:
@@ -143,7 +157,7 @@ def packed_varints(num: int, values: Sequence[int]) -> bytes:
     empty; negative values as 64-bit two's complement, as protobuf writes them."""
     if not values:
         return b""
-    return len_field(num, b"".join([encode_varint(int(v)) for v in values]))
+    return len_field(num, varints(values))
 
 
 def read_varints(buf, wt: int, value, into: list[int]) -> None:
@@ -456,4 +470,5 @@ __all__ = [
     "signed",
     "str_field",
     "text",
+    "varints",
 ]

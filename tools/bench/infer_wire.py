@@ -13,6 +13,9 @@ What one request costs, per stage (microseconds, median of the rounds):
 - client ``parse``: the reply bytes -> the response (the transport's reply type) plus
   ``InferOutput`` of its output.
 
+Times are thread CPU time (the best of 5 runs per round); the table gives the median of the
+rounds and their range.
+
 Two payloads: mlp (FP32 [1, 16] in, [1, 8] out) and an identity on FP32 [64, 3, 224, 224]
 (38.5 MB each way). Each tree runs in its own process (``--tree``) so both import their own
 ``kserve_trio``; the orchestrator alternates them.
@@ -34,13 +37,14 @@ import time
 
 
 def _per_call_us(fn, n: int, repeats: int = 5) -> float:
-    """The fastest of ``repeats`` runs of ``n`` calls, per call (the least disturbed run)."""
+    """The fastest of ``repeats`` runs of ``n`` calls, per call, in this thread's CPU time (on a
+    shared box wall time also counts the time other processes held the core)."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(n):
             fn()
-        best = min(best, (time.perf_counter() - t0) / n)
+        best = min(best, (time.thread_time() - t0) / n)
     return best * 1e6
 
 
