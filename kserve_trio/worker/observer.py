@@ -17,6 +17,10 @@ from kserve_trio.core.logging import debug_enabled, get_logger
 from kserve_trio.worker import heartbeat
 from kserve_trio.worker.triton_views import RequestStats
 
+UNKNOWN_MODEL = "<unknown>"
+"""The ``model`` label of a request for a model this worker does not have: one fixed value, so
+made-up names cannot add label sets (each costs memory for the life of the process)."""
+
 if TYPE_CHECKING:
     from kserve_trio.worker.metrics import WorkerMetrics
     from kserve_trio.worker.repository import ModelRepository
@@ -47,17 +51,21 @@ class RequestObserver:
         """Record one finished request.
 
         Rules:
-        1. The Prometheus request counter and latency histogram get ``model``/``status`` as
-           the client named them (an unknown model is counted under its name too).
+        1. The Prometheus request counter and latency histogram get ``model``/``status``:
+           ``model`` is the name the client sent when the worker has that model, and
+           ``UNKNOWN_MODEL`` otherwise (empty, made-up, unloaded since), so a hostile client
+           cannot grow the label sets; ``status`` is one of the gRPC status names.
         2. Triton statistics are kept only for a loaded model, so a client cannot grow them
            with made-up names: success time plus the trace's queue and compute split when
            ``status`` is ``OK``, fail time otherwise.
         3. With debug logging on, ``request_done`` carries the id, status, batch and timings.
         4. The ``request`` heartbeat fires with the model name.
         """
+        loaded = model in self._loaded
         if self._metrics is not None:
-            self._metrics.observe_request(model, status, elapsed_ns / 1e9)
-        if model in self._loaded:
+            label = model if loaded else UNKNOWN_MODEL
+            self._metrics.observe_request(label, status, elapsed_ns / 1e9)
+        if loaded:
             stats = self.stats.get(model)
             if stats is None:
                 stats = self.stats[model] = RequestStats()
@@ -84,4 +92,4 @@ class RequestObserver:
         heartbeat.fire("request", model)
 
 
-__all__ = ["RequestObserver"]
+__all__ = ["UNKNOWN_MODEL", "RequestObserver"]

@@ -13,6 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from kserve_trio.serving.admin_http import route
 from kserve_trio.worker.metrics import LATENCY_BUCKETS, gpu_label, inject_labels
+from kserve_trio.worker.observer import UNKNOWN_MODEL
 from tests.e2e.conftest import free_port
 
 
@@ -90,14 +91,26 @@ def test_metrics_endpoint_counts_requests_and_reports_readiness(demo_repo):
             inp = grpcclient.InferInput("input_0", [2, 16], "FP32")
             inp.set_data_from_numpy(np.ones((2, 16), np.float32))
             c.infer("mlp", [inp])
-        with pytest.raises(InferenceServerException):
-            c.infer("nope", [inp])
+        made_up = [f"nope-{i}" for i in range(5)]
+        for name in made_up:
+            with pytest.raises(InferenceServerException):
+                c.infer(name, [inp])
         status, text = _get(port, "/metrics")
         assert status == 200
         after = _samples(text)
         key = ("worker_requests_total", (("model", "mlp"), ("status", "OK")))
         assert after[key] - before.get(key, 0.0) == 7
-        assert after[("worker_requests_total", (("model", "nope"), ("status", "NOT_FOUND")))] == 1
+        # Models the worker does not have share one fixed label value: made-up names add no
+        # label sets (the label cardinality a client can cause is bounded).
+        unknown = ("worker_requests_total", (("model", UNKNOWN_MODEL), ("status", "NOT_FOUND")))
+        assert after[unknown] - before.get(unknown, 0.0) == 5
+        assert not any(name in text for name in made_up)
+        models = {
+            dict(labels)["model"] for name, labels in after if name == "worker_requests_total"
+        }
+        assert models == {"mlp", UNKNOWN_MODEL}
+        unknown_latency = ("worker_request_latency_seconds_count", (("model", UNKNOWN_MODEL),))
+        assert after[unknown_latency] - before.get(unknown_latency, 0.0) == 5
         served = ("worker_requests_served_total", (("model", "mlp"),))
         assert after[served] - before.get(served, 0.0) == 7
         rows = ("worker_rows_served_total", (("model", "mlp"),))
