@@ -183,7 +183,9 @@ def main() -> int:
             print_row(rows[-1])
         text = urllib.request.urlopen(f"http://127.0.0.1:{gmetrics}/metrics").read().decode()
         errors = [
-            ln for ln in text.splitlines() if "gateway_requests_total" in ln and "OK" not in ln
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("gateway_requests_total") and 'status="OK"' not in ln
         ]
     finally:
         for proc in reversed(procs):
