@@ -1,9 +1,9 @@
 """The admin HTTP endpoints of a server process (the worker's ``endpoints.metrics_port``).
 
-A small HTTP/1.1 server on anyio streams, run inside the worker's nursery tree:
+Served by the project's HTTP stack (``serving.http``) inside the caller's task tree:
 ``GET /metrics`` (Prometheus text), ``/healthz`` (200 ``ok`` while the process is up),
-``/readyz`` (200 ``ok`` / 503 ``not ready`` with ServerReady semantics), 404 otherwise.
-One request per connection; no keep-alive is needed for scrapers and probes.
+``/readyz`` (200 ``ok`` / 503 ``not ready`` with ServerReady semantics), 404 otherwise; any
+method but GET and HEAD is 405. Connections are kept alive like any HTTP/1.1 client expects.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 import anyio.abc
 
-from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 
-log = get_logger("kserve_trio.serving.admin_http")
-
-MAX_HEADER_BYTES = 16 << 10
+MAX_BODY_BYTES = 64 << 10
+"""Admin requests carry no body; anything larger is refused before it is read."""
 
 Route = Callable[[], Awaitable[tuple[int, str, bytes]]]
 """An extra endpoint: ``async () -> (status, content type, body)``."""
@@ -39,49 +38,24 @@ def route(
     return 404, "text/plain; charset=utf-8", b"not found"
 
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    503: "Service Unavailable",
-}
+def admin_app(
+    exposition: Callable[[], bytes],
+    ready: Callable[[], bool],
+    routes: Mapping[str, Route] | None = None,
+) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
+    """The admin endpoints as an ``App``: ``routes`` first, then ``route``."""
 
-
-async def _handle(
-    stream: anyio.abc.ByteStream, exposition, ready, routes: Mapping[str, Route] | None = None
-) -> None:
-    async with stream:
-        buf = b""
-        with anyio.move_on_after(10):
-            while b"\r\n\r\n" not in buf and len(buf) < MAX_HEADER_BYTES:
-                try:
-                    chunk = await stream.receive(4096)
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    return
-                buf += chunk
-        line = buf.split(b"\r\n", 1)[0].decode("latin-1")
-        parts = line.split()
-        if len(parts) < 2:
-            status, ctype, body = 400, "text/plain", b"bad request"
-        elif parts[0] not in ("GET", "HEAD"):
-            status, ctype, body = 405, "text/plain", b"method not allowed"
-        elif routes and parts[1].split("?", 1)[0] in routes:
-            status, ctype, body = await routes[parts[1].split("?", 1)[0]]()
-            if parts[0] == "HEAD":
-                body = b""
+    async def app(request: HttpRequest) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponse(405, b"method not allowed", "text/plain; charset=utf-8")
+        extra = routes.get(request.path) if routes else None
+        if extra is not None:
+            status, ctype, body = await extra()
         else:
-            status, ctype, body = route(parts[1], exposition=exposition, ready=ready)
-            if parts[0] == "HEAD":
-                body = b""
-        head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
-            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        try:
-            await stream.send(head + body)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+            status, ctype, body = route(request.path, exposition=exposition, ready=ready)
+        return HttpResponse(status, body, ctype)
+
+    return app
 
 
 async def serve_http(
@@ -91,24 +65,19 @@ async def serve_http(
     exposition: Callable[[], bytes],
     ready: Callable[[], bool],
     routes: Mapping[str, Route] | None = None,
-    task_status=anyio.TASK_STATUS_IGNORED,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; ``task_status.started(bound_port)``. ``routes`` adds endpoints
     (path -> async handler), checked before the built-in ones, so a server can serve its own
     ``/metrics`` (the gateway merges its workers' expositions into it)."""
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
-    bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener:
-        log.info("metrics_endpoint_up", host=host, port=bound)
-        task_status.started(bound)
-
-        async def handler(stream):
-            try:
-                await _handle(stream, exposition, ready, routes)
-            except Exception as exc:  # one bad client never stops the endpoint
-                log.warning("metrics_request_failed", error=repr(exc))
-
-        await listener.serve(handler)
+    await serve_app(
+        host,
+        port,
+        admin_app(exposition, ready, routes),
+        max_body_bytes=MAX_BODY_BYTES,
+        name="metrics",
+        task_status=task_status,
+    )
 
 
-__all__ = ["route", "serve_http"]
+__all__ = ["Route", "admin_app", "route", "serve_http"]

@@ -1,0 +1,42 @@
+"""The project's one HTTP/1.1 stack: the REST endpoints of the worker and the gateway and the
+admin endpoints (``/metrics``, ``/healthz``, ``/readyz``) all stand on it.
+
+- ``serve_app``: serve an ``App`` (``HttpRequest`` -> ``HttpResponse``) on a port, inside the
+  caller's task tree, optionally over TLS (``_server``: httptools' parser, anyio streams);
+- ``http_status`` / ``error_body`` / ``error_response``: one HTTP status per gRPC status and the
+  ``{"error": ...}`` body, so a fault reads the same on both transports (``_status``).
+"""
+
+from __future__ import annotations
+
+from kserve_trio.serving.http._server import (
+    App,
+    HttpRequest,
+    HttpResponse,
+    error_response,
+    serve_app,
+    serve_connection,
+)
+from kserve_trio.serving.http._status import (
+    HTTP_STATUS,
+    JSON_TYPE,
+    error_body,
+    error_of,
+    grpc_status,
+    http_status,
+)
+
+__all__ = [
+    "HTTP_STATUS",
+    "JSON_TYPE",
+    "App",
+    "HttpRequest",
+    "HttpResponse",
+    "error_body",
+    "error_of",
+    "error_response",
+    "grpc_status",
+    "http_status",
+    "serve_app",
+    "serve_connection",
+]

@@ -1,0 +1,302 @@
+"""The project's HTTP/1.1 server: httptools' parser driven by one anyio task per connection.
+
+Chosen by measurement (docs/benchmarks.md, "HTTP stack"): httptools (llhttp, the parser uvicorn
+uses) on anyio streams cost the least CPU per request of the candidates, and it runs inside the
+caller's own task tree: each connection is a child task of the listener, cancellation is the
+shutdown path, TLS is anyio's, and nothing installs signal handlers or runs tasks of its own.
+
+What the connection loop owns (the parser owns the syntax: request line, headers, chunked
+bodies):
+
+1. keep-alive: requests on one connection are answered in order, one at a time (a pipelined
+   request waits for the one before it); the connection closes when the request asks
+   (``Connection: close``, HTTP/1.0 without keep-alive), after an error that leaves the stream
+   unreadable, or after ``IDLE_SECONDS`` without a request;
+2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431); the body at most
+   ``max_body_bytes``, checked on ``Content-Length`` before the body is read and again on the
+   bytes of a chunked body (else RESOURCE_EXHAUSTED ``received message larger than max (N vs.
+   M)``, the gRPC message, and the connection closes);
+3. ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the caps;
+4. ``HEAD`` is answered with the headers of ``GET`` and no body;
+5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
+   server keeps serving.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import httptools
+from anyio.streams.tls import TLSListener
+
+from kserve_trio.core.errors import ResourceExhausted
+from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
+
+log = get_logger("kserve_trio.serving.http")
+
+MAX_HEAD_BYTES = 64 << 10
+IDLE_SECONDS = 120.0
+READ_BYTES = 256 << 10
+_JOIN_BYTES = 256 << 10
+"""Up to this size a reply is joined into one write; a larger payload is written from its own
+buffer (the same trade-off as the gRPC adapter's replies)."""
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass
+class HttpRequest:
+    """One parsed request: ``path`` without the query (still percent-encoded), ``query`` the
+    raw text after ``?``, header names lower-case."""
+
+    method: str
+    path: str
+    query: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+@dataclass
+class HttpResponse:
+    """One reply: ``body`` is one buffer or a list of pieces sent in order."""
+
+    status: int = 200
+    body: Buffer | Sequence[Buffer] = b""
+    content_type: str = JSON_TYPE
+    headers: Sequence[tuple[str, str]] = ()
+
+
+App = Callable[[HttpRequest], Awaitable[HttpResponse]]
+"""What a server serves: one request in, one reply out."""
+
+
+def error_response(exc: BaseException) -> HttpResponse:
+    """The JSON error reply for an exception (status from ``_status.error_of``)."""
+    status, message = error_of(exc)
+    return HttpResponse(status, error_body(message))
+
+
+def _size(piece: Buffer) -> int:
+    return len(piece) if piece.__class__ is bytes else memoryview(piece).nbytes
+
+
+def encode_head(response: HttpResponse, length: int, *, close: bool) -> bytes:
+    """The status line and headers of ``response`` with its ``content-length``."""
+    lines = [
+        f"HTTP/1.1 {response.status} {REASONS.get(response.status, '')}",
+        f"content-type: {response.content_type}",
+        f"content-length: {length}",
+    ]
+    lines.extend(f"{k}: {v}" for k, v in response.headers)
+    if close:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _pieces_of(body: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
+    return [body] if isinstance(body, bytes | bytearray | memoryview) else body
+
+
+def segments(head: bytes, pieces: Sequence[Buffer], length: int) -> list[Buffer]:
+    """``head`` and the body's ``pieces`` (``length`` bytes) regrouped for writing: joined
+    into one write up to ``_JOIN_BYTES``, else runs of small pieces joined and each large piece
+    kept as it is."""
+    if length <= _JOIN_BYTES:
+        return [b"".join([head, *pieces])]
+    out: list[Buffer] = []
+    run: list[Buffer] = [head]
+    for piece in pieces:
+        if _size(piece) < _JOIN_BYTES:
+            run.append(piece)
+            continue
+        out.append(b"".join(run))
+        run = []
+        view = memoryview(piece)
+        out.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
+class _Parsed:
+    """httptools' callbacks: collects requests as they complete (the parser calls back
+    synchronously from ``feed_data``)."""
+
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        self.ready: list[tuple[HttpRequest, bool]] = []
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.head_bytes = 0
+        self.too_large: int = 0  # the announced or received size past the cap (0 = within)
+        self.expect_continue = False
+        self.parser: httptools.HttpRequestParser | None = None
+
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.body, self.body_bytes, self.head_bytes = b"", {}, [], 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            self.too_large = int(length)
+        elif self.headers.get("expect", "").lower() == "100-continue":
+            self.expect_continue = True
+
+    def on_body(self, data: bytes) -> None:
+        self.body_bytes += len(data)
+        if self.body_bytes > self.max_body:
+            self.too_large = self.too_large or self.body_bytes
+            self.body = []
+        elif not self.too_large:
+            self.body.append(data)
+
+    def on_message_complete(self) -> None:
+        assert self.parser is not None
+        method = self.parser.get_method().decode("latin-1")
+        url = self.url.decode("latin-1")
+        path, _, query = url.partition("?")
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        request = HttpRequest(method, path, query, self.headers, body)
+        self.ready.append((request, self.parser.should_keep_alive()))
+        self.body = []
+
+
+async def _reply(
+    stream: anyio.abc.ByteStream, response: HttpResponse, *, head_only: bool, close: bool
+) -> None:
+    pieces = _pieces_of(response.body)
+    length = sum(_size(p) for p in pieces)
+    head = encode_head(response, length, close=close)
+    if head_only:
+        await stream.send(head)
+        return
+    for segment in segments(head, pieces, length):
+        await stream.send(segment)  # type: ignore[arg-type]  # any buffer is written as is
+
+
+async def _answer(app: App, request: HttpRequest) -> HttpResponse:
+    try:
+        return await app(request)
+    except Exception as exc:  # one bad request never stops the server
+        if not isinstance(exc, ResourceExhausted | TimeoutError) and error_of(exc)[0] == 500:
+            log.error("http_request_failed", path=request.path, error=repr(exc), exc_info=exc)
+        return error_response(exc)
+
+
+async def serve_connection(stream: anyio.abc.ByteStream, app: App, max_body_bytes: int) -> None:
+    """Serve one connection until it closes (see the module docstring for the rules)."""
+    parsed = _Parsed(max_body_bytes)
+    parser = httptools.HttpRequestParser(parsed)
+    parsed.parser = parser
+    async with stream:
+        while True:
+            idle = not parsed.head_bytes and not parsed.body_bytes
+            data = b""
+            with anyio.move_on_after(IDLE_SECONDS if idle else IDLE_SECONDS * 2):
+                try:
+                    data = await stream.receive(READ_BYTES)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+            if not data:
+                return
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                await _close_with(stream, HttpResponse(501, error_body("upgrades are not served")))
+                return
+            except httptools.HttpParserError as exc:
+                message = f"malformed HTTP request: {exc}"
+                await _close_with(stream, HttpResponse(400, error_body(message)))
+                return
+            if parsed.head_bytes > MAX_HEAD_BYTES:
+                message = f"request head larger than {MAX_HEAD_BYTES} bytes"
+                await _close_with(stream, HttpResponse(431, error_body(message)))
+                return
+            if parsed.too_large:
+                exc = ResourceExhausted(
+                    f"received message larger than max ({parsed.too_large} vs. {max_body_bytes})"
+                )
+                await _close_with(stream, error_response(exc))
+                return
+            if parsed.expect_continue:
+                parsed.expect_continue = False
+                await stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            while parsed.ready:
+                request, keep_alive = parsed.ready.pop(0)
+                response = await _answer(app, request)
+                close = not keep_alive
+                try:
+                    await _reply(stream, response, head_only=request.method == "HEAD", close=close)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+                if close:
+                    return
+
+
+async def _close_with(stream: anyio.abc.ByteStream, response: HttpResponse) -> None:
+    try:
+        await _reply(stream, response, head_only=False, close=True)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+
+
+async def serve_app(
+    host: str,
+    port: int,
+    app: App,
+    *,
+    max_body_bytes: int,
+    ssl_context: ssl.SSLContext | None = None,
+    name: str = "http",
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``host:port`` until cancelled; ``task_status.started(bound_port)``.
+
+    With ``ssl_context`` every connection is TLS (a failed handshake drops that connection
+    only). Each connection is a task of this call's own task group.
+    """
+    tcp = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    bound = tcp.extra(anyio.abc.SocketAttribute.local_port)
+    listener: anyio.abc.Listener[anyio.abc.ByteStream] = (
+        tcp if ssl_context is None else TLSListener(tcp, ssl_context, standard_compatible=False)
+    )
+    async with listener:
+        log.info(f"{name}_endpoint_up", host=host, port=bound, tls=ssl_context is not None)
+        task_status.started(bound)
+
+        async def handle(stream: anyio.abc.ByteStream) -> None:
+            try:
+                await serve_connection(stream, app, max_body_bytes)
+            except Exception as exc:  # one broken connection never stops the endpoint
+                log.warning(f"{name}_connection_failed", error=repr(exc))
+
+        await listener.serve(handle)
+
+
+__all__ = [
+    "App",
+    "HttpRequest",
+    "HttpResponse",
+    "encode_head",
+    "error_response",
+    "segments",
+    "serve_app",
+    "serve_connection",
+]
