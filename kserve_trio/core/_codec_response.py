@@ -55,6 +55,21 @@ def encode_infer_response(
        which tritonclient reads by position): the payload of an inline output, an empty entry
        for an output written to shared memory.
     """
+    tensors, raw = response_outputs(model_name, outputs, requested, registry, zero_copy=zero_copy)
+    return infer_response_pieces(model_name, model_version, request_id, None, tensors, raw)
+
+
+def response_outputs(
+    model_name: str,
+    outputs: Sequence[NamedTensor],
+    requested: Sequence[RequestedOutput] | None = None,
+    registry: ShmRegistryLike | None = None,
+    *,
+    zero_copy: bool = False,
+) -> tuple[list[InferOutputTensor], list[bytes | memoryview]]:
+    """Rules 1-4 of ``encode_infer_response`` without the encoding: the response's output
+    tensors and their payloads (an empty one for an output written to shared memory). Every
+    response encoder (the gRPC message, the REST JSON and binary body) starts here."""
     if requested:
         by_name = {t.name: t for t in outputs}
         chosen: list[tuple[NamedTensor, ShmRef | None]] = []
@@ -95,4 +110,4 @@ def encode_infer_response(
             params = shm_params(ShmRef(shm.region, shm.offset, arr.nbytes))
             raw.append(b"")
         tensors.append(InferOutputTensor(tensor.name, tensor.dtype.wire, tensor.shape, params))
-    return infer_response_pieces(model_name, model_version, request_id, None, tensors, raw)
+    return tensors, raw

@@ -7,7 +7,8 @@ private modules implement:
 
 - ``_codec_shared``: the boundary types (``RequestedOutput``, ``ShmRef``, ``ShmRegistryLike``),
   the request parameters (deadlines, Triton's ``timeout``, shared memory) and their accessors;
-- ``_codec_response``: ``encode_infer_response``, outputs straight to ``WirePieces``;
+- ``_codec_response``: ``encode_infer_response``, outputs straight to ``WirePieces``, and
+  ``response_outputs``, the output selection and shared-memory writes every encoder shares;
 - ``_codec_client``: the client's request encoders and response decoder;
 - ``_codec_meta``: the ModelMetadata and RepositoryIndex encoders.
 
@@ -34,7 +35,7 @@ from kserve_trio.core._codec_client import (
     raw_output_indices,
 )
 from kserve_trio.core._codec_meta import encode_model_metadata, encode_repository_index
-from kserve_trio.core._codec_response import encode_infer_response
+from kserve_trio.core._codec_response import encode_infer_response, response_outputs
 from kserve_trio.core._codec_shared import (
     BUNDLE_VERSION,
     INT64_MAX,
@@ -299,6 +300,7 @@ __all__ = [
     "in_shared_memory",
     "int64_param",
     "raw_output_indices",
+    "response_outputs",
     "shm_params",
     "shm_ref",
     "string_param",
