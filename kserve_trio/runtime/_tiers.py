@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,9 +36,11 @@ class DeviceMemory(Protocol):
     def transfer_to_device(self, hosts: Sequence[np.ndarray]) -> list[Any]: ...
 
 
+@runtime_checkable
 class ManagedModel(Protocol):
     """The residency surface of a compiled model (``CompiledModel`` is one): its weights file
-    and its device buffers."""
+    and its device buffers. Runtime-checkable so that a model handed to the cache can be
+    checked once, when it is admitted."""
 
     name: str
     weight_nbytes: int

@@ -582,6 +582,7 @@ __all__ = [
     "SELF_MANAGED",
     "CacheBook",
     "EvictionPlan",
+    "ManagedModel",
     "ModelResidency",
     "NotResidentError",
     "ProbeResult",

@@ -3,7 +3,7 @@
 ``DeviceThread`` executes callables handed to it one at a time (exactly one device execution at
 a time); ``execute_plan`` is the body of one coalesced batch (weights
 acquired, inputs coalesced and padded, the execution timed, outputs sliced per request) and
-``warm_model`` the body of a warmup. The scheduler (``worker/scheduler.py``) decides what runs.
+``warm_model`` the body of a warmup. The dispatch loop (``worker/dispatch.py``) decides what runs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from kserve_trio.core.errors import Internal
 from kserve_trio.runtime.weight_cache import NotResidentError
+from kserve_trio.worker.model_state import ModelEntry, ModelState
 from kserve_trio.worker.planner import (
     MIN_COST_SECONDS,
     BatchPlan,
@@ -31,8 +32,6 @@ from kserve_trio.worker.planner import (
 
 if TYPE_CHECKING:
     from kserve_trio.runtime.weight_cache import WeightCache
-
-ModelEntry = Any  # scheduler.ModelEntry (a Protocol; kept there to avoid an import cycle)
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,8 +101,7 @@ class DeviceThread:
 
 
 def execute_plan(
-    entry: ModelEntry,
-    layout: ModelLayout,
+    state: ModelState,
     plan: BatchPlan,
     arrays: list[list[np.ndarray]],
     rows: list[int],
@@ -113,9 +111,9 @@ def execute_plan(
     """Device-thread body of one batch: acquire the weights (untimed), coalesce, execute
     (timed), slice per request, then give the cache its auto-compaction turn."""
     if cache is not None:
-        cache.acquire(entry)
+        cache.acquire(state.managed_entry)
     try:
-        return _run_plan(entry, layout, plan, arrays, rows, clock)
+        return _run_plan(state.entry, state.layout, plan, arrays, rows, clock)
     finally:
         if cache is not None:
             cache.after_dispatch()
@@ -152,10 +150,10 @@ def _run_plan(
 
 
 def warm_model(
-    state: Any, clock: Callable[[], int], cache: WeightCache | None = None
+    state: ModelState, clock: Callable[[], int], cache: WeightCache | None = None
 ) -> tuple[dict[tuple[int | None, int], float], list[str]]:
-    """Device-thread body of a warmup: run each compiled (variant, key) of ``state`` (the
-    scheduler's per-model state: ``entry``, ``layout``, ``removed``) once on zeros.
+    """Device-thread body of a warmup: run each compiled (variant, key) of ``state`` once on
+    zeros; it stops early once the model is removed.
 
     With a weight cache the model is acquired first; a model explicit mode may not load is
     simply not warmed."""
@@ -163,7 +161,7 @@ def warm_model(
     failures: list[str] = []
     if cache is not None:
         try:
-            cache.acquire(state.entry)
+            cache.acquire(state.managed_entry)
         except NotResidentError:
             return costs, failures
         except Exception as exc:

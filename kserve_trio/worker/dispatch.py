@@ -1,0 +1,411 @@
+"""The dispatch loop: its lifecycle, the device units, and the choice of the next batch.
+
+``DispatchLoop`` owns the live model table, the queue of device units and the one device
+thread. Its loop serves units first (meta models, control and residency operations, warmups),
+then asks the configured discipline (fifo, edf, fair) for the next (model, batch plan), admits
+the batch against deadlines, executes it on the device thread and delivers each request's slice.
+The request path and the model admin (``worker/scheduler.py``, ``worker/model_admin.py``) queue
+work here and wait on it; everything runs on the event loop thread, so nothing is locked.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from kserve_trio.core.errors import DeadlineExceeded, Internal, ServingError, Unavailable
+from kserve_trio.core.logging import get_logger
+from kserve_trio.worker.device import DeviceThread, execute_plan, warm_model
+from kserve_trio.worker.model_state import (
+    DeviceUnit,
+    ItemState,
+    ModelState,
+    QueuedRequest,
+    decay,
+    finish,
+    record_batch,
+)
+from kserve_trio.worker.planner import (
+    BatchPlan,
+    Candidate,
+    deadline_expired,
+    effective_cost,
+    laxity_margin_ns,
+    plan_batch,
+    select_edf,
+    select_fair,
+    select_fifo,
+)
+
+if TYPE_CHECKING:
+    from kserve_trio.core.config import SchedulerConfig
+    from kserve_trio.runtime.weight_cache import WeightCache
+
+log = get_logger("kserve_trio.worker.scheduler")
+
+SHUTTING_DOWN = "server is shutting down"
+
+
+class Phase(enum.Enum):
+    """The loop's lifecycle: built, serving, refusing new work, returned."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class DispatchLoop:
+    """The model table, the unit queue and the loop that drains both onto the device thread.
+
+    ``run`` is the task (started once), ``stop`` ends it. ``models`` is the live table the
+    admin mutates and the request path reads; ``submit`` queues a device unit and waits for it.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        warmup: bool,
+        clock: Callable[[], int],
+        cache: WeightCache | None,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.clock = clock
+        self.discipline: str = config.discipline.value
+        self.warmup = warmup and self.discipline == "fair"
+        self.phase = Phase.NEW
+        self.models: dict[str, ModelState] = {}
+        self.pending_warmups: list[ModelState] = []
+        self._units: collections.deque[DeviceUnit] = collections.deque()
+        self._wake: anyio.Event | None = None
+        self._stopped: anyio.Event | None = None
+        self._device: DeviceThread | None = None
+        self._inflight: ModelState | None = None
+        self._inflight_done: anyio.Event | None = None
+        self._looping = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The dispatch loop. Warms models added before it started, then serves until stop()."""
+        if self.phase is Phase.STOPPED:  # stopped before it ever ran
+            task_status.started()
+            return
+        if self.phase is not Phase.NEW:
+            raise RuntimeError("Scheduler.run() can only be started once")
+        stopped = self._stopped = self._stopped or anyio.Event()
+        self._wake = anyio.Event()
+        device = self._device = DeviceThread(anyio.lowlevel.current_token())
+        self.phase = Phase.RUNNING
+        try:
+            for state in self.pending_warmups:
+                await self.warm(state)
+            self.pending_warmups.clear()
+            task_status.started()
+            await self._loop()
+        finally:
+            with anyio.CancelScope(shield=True):
+                self.phase = Phase.STOPPED
+                self._reject_everything()
+                await device.close()
+                stopped.set()
+
+    async def stop(self) -> None:
+        """Refuse new work, answer everything queued UNAVAILABLE, let the running unit finish.
+
+        Returns once ``run()`` has returned (at once if it never started).
+        """
+        if self._stopped is None:
+            self._stopped = anyio.Event()
+        if self.phase is Phase.NEW:
+            self.phase = Phase.STOPPED
+            self._reject_everything()
+            self._stopped.set()
+            return
+        if self.phase is Phase.RUNNING:
+            self.phase = Phase.STOPPING
+            self._reject_everything()
+            self.wake()
+        await self._stopped.wait()
+
+    def _reject_everything(self) -> None:
+        for state in self.models.values():
+            while state.queue:
+                finish(state.queue.popleft(), error=Unavailable(SHUTTING_DOWN))
+        while self._units:
+            finish(self._units.popleft(), error=Unavailable(SHUTTING_DOWN))
+
+    def require_running(self) -> None:
+        """UNAVAILABLE unless the loop serves (not started yet, or shutting down)."""
+        if self.phase is Phase.RUNNING:
+            return
+        if self.phase is Phase.NEW:
+            raise Unavailable("scheduler is not running yet")
+        raise Unavailable(SHUTTING_DOWN)
+
+    def refuse_if_stopping(self) -> None:
+        """UNAVAILABLE once a stop began; a loop not started yet still takes models."""
+        if self.phase in (Phase.STOPPING, Phase.STOPPED):
+            raise Unavailable(SHUTTING_DOWN)
+
+    def wake(self) -> None:
+        """Tell an idle loop that a request or a unit was queued."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---------------------------------------------------------------- device work
+
+    async def submit(self, unit: DeviceUnit) -> Any:
+        """Queue ``unit`` and return its result. A caller cancelled while the unit waits
+        removes it (it never runs); once running it completes before the caller returns."""
+        self._units.append(unit)
+        self.wake()
+        try:
+            await unit.done.wait()
+        finally:
+            if unit.state is ItemState.QUEUED:
+                self._units.remove(unit)
+                unit.state = ItemState.ABANDONED
+            elif unit.state is ItemState.RUNNING:
+                with anyio.CancelScope(shield=True):
+                    await unit.done.wait()
+        if unit.error is not None:
+            raise unit.error
+        return unit.result
+
+    async def cache_op(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a residency operation on the device thread (a unit while the loop serves; a
+        direct call before the loop started or once it stopped)."""
+        if self.phase is Phase.RUNNING:
+            if self._looping:
+                try:
+                    return await self.submit(DeviceUnit(fn, args))
+                except Unavailable:
+                    if self.phase is Phase.RUNNING:
+                        raise
+                    return fn(*args)  # rejected by a stop: the loop no longer runs units
+            if self._device is not None:
+                return await self._device_call(None, fn, *args)
+        return fn(*args)
+
+    async def warm(self, state: ModelState) -> None:
+        """Run each compiled program of ``state`` once; seed its learned costs, log failures."""
+        args = (state, self.clock, self.cache)
+        if self._looping:
+            costs, failures = await self.submit(DeviceUnit(warm_model, args, model=state))
+        else:  # from run(), before the loop serves anything
+            costs, failures = await self._device_call(state, warm_model, *args)
+        for key, cost in costs.items():
+            state.cost.setdefault(key, cost)
+        for failure in failures:
+            log.warning("warmup_failed", model=state.name, detail=failure)
+        log.debug("model_warmed", model=state.name, programs=len(costs))
+
+    async def wait_idle(self, state: ModelState) -> None:
+        """Return once no device work of ``state`` (a batch, its warmup) is running."""
+        while self._inflight is state:
+            if self._inflight_done is None:
+                self._inflight_done = anyio.Event()
+            await self._inflight_done.wait()
+
+    async def _device_call(
+        self, state: ModelState | None, fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        device = self._device
+        assert device is not None, "device work before run() started the device thread"
+        self._inflight = state
+        try:
+            return await device.call(fn, *args)
+        finally:
+            self._inflight = None
+            if self._inflight_done is not None:  # someone waits for this unit (wait_idle)
+                self._inflight_done.set()
+                self._inflight_done = None
+
+    # ---------------------------------------------------------------- the loop
+
+    async def _loop(self) -> None:
+        self._looping = True
+        try:
+            while self.phase is Phase.RUNNING:
+                if self._units:
+                    await self._run_unit(self._units.popleft())
+                    continue
+                picked = self._select()
+                if picked is None:
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
+                await self._dispatch(*picked)
+        finally:
+            self._looping = False
+
+    async def _run_unit(self, unit: DeviceUnit) -> None:
+        unit.state = ItemState.RUNNING
+        try:
+            unit.result = await self._device_call(unit.model, unit.fn, *unit.args)
+        except Exception as exc:
+            unit.error = exc
+        except BaseException:  # still answer the waiter, then let it propagate
+            unit.error = Internal("a device unit was interrupted")
+            raise
+        finally:
+            finish(unit)
+
+    def _plan(self, state: ModelState) -> BatchPlan | None:
+        try:
+            return plan_batch(
+                state.queue,
+                state.layout.keys.__getitem__,
+                batched=state.layout.batched,
+                max_batch_size=state.max_batch_size,
+            )
+        except Exception as exc:  # a bug: fail the front request rather than the loop
+            log.exception("plan_failed", model=state.name)
+            finish(
+                state.queue.popleft(), error=Internal(f"cannot plan model '{state.name}': {exc}")
+            )
+            return None
+
+    def _select(self) -> tuple[ModelState, BatchPlan] | None:
+        """Pick the next (model, plan) under the configured discipline."""
+        ready = [s for s in self.models.values() if s.queue]
+        if not ready:
+            return None
+        if len(ready) == 1:
+            plan = self._plan(ready[0])
+            return None if plan is None else (ready[0], plan)
+        if self.discipline == "fair":
+            return self._select_fair(ready)
+        if self.discipline == "edf":
+            cands = [
+                Candidate(
+                    s.name,
+                    s.queue[0].enqueued_ns,
+                    earliest_deadline_ns=min(
+                        (r.deadline_ns for r in s.queue if r.deadline_ns), default=0
+                    ),
+                )
+                for s in ready
+            ]
+            chosen = self.models[select_edf(cands).name]
+        else:
+            chosen = self.models[
+                select_fifo([Candidate(s.name, s.queue[0].enqueued_ns) for s in ready]).name
+            ]
+        plan = self._plan(chosen)
+        return None if plan is None else (chosen, plan)
+
+    def _select_fair(self, ready: list[ModelState]) -> tuple[ModelState, BatchPlan] | None:
+        now = self.clock()
+        cfg = self.config
+        for s in self.models.values():
+            decay(s, now, cfg.ema_halflife_seconds)
+        total_ema = sum(s.ema for s in self.models.values())
+        total_weight = sum(s.weight for s in self.models.values())
+        plans: dict[str, BatchPlan] = {}
+        cands: list[Candidate] = []
+        for s in ready:
+            plan = self._plan(s)
+            if plan is None:
+                continue
+            plans[s.name] = plan
+            cost = effective_cost(
+                s.cost.get((plan.variant, plan.batch_key)),
+                coalescing_discount=cfg.coalescing_discount,
+                coalesced_requests=plan.take,
+            )
+            cands.append(Candidate(s.name, s.queue[0].enqueued_ns, s.weight, s.ema, cost))
+        if not cands:
+            return None
+        chosen = select_fair(
+            cands, total_weight=total_weight, total_ema=total_ema, cap=cfg.recency_penalty_cap
+        )
+        return self.models[chosen.name], plans[chosen.name]
+
+    async def _dispatch(self, state: ModelState, plan: BatchPlan) -> None:
+        """Admit (deadlines, edf laxity), execute on the device thread, record, deliver."""
+        now = self.clock()
+        taken = [state.queue[i] for i in range(plan.take)]
+        margin = 0
+        if self.discipline == "edf":
+            margin = laxity_margin_ns(state.cost.get((plan.variant, plan.batch_key)))
+        expired = [r for r in taken if deadline_expired(r.deadline_ns, now, margin)]
+        if expired:
+            # Refuse them and re-plan from the queue as it now stands.
+            for r in expired:
+                state.queue.remove(r)
+                if now >= r.deadline_ns:
+                    err = DeadlineExceeded(state.name)
+                else:
+                    err = DeadlineExceeded(
+                        state.name,
+                        f"deadline for model '{state.name}' cannot be met "
+                        f"(estimated compute {margin / 1e9:.6f}s)",
+                    )
+                finish(r, error=err)
+            return
+        for _ in range(plan.take):
+            state.queue.popleft()
+        for r in taken:
+            r.state = ItemState.RUNNING
+        try:
+            await self._execute(state, plan, taken, now)
+        finally:  # whatever happened, no waiter is left hanging on a RUNNING request
+            for r in taken:
+                finish(r, error=Internal(f"execution of model '{state.name}' was interrupted"))
+
+    async def _execute(
+        self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
+    ) -> None:
+        try:
+            elapsed_ns, slices = await self._device_call(
+                state,
+                execute_plan,
+                state,
+                plan,
+                [r.arrays for r in taken],
+                [r.rows for r in taken],
+                self.clock,
+                self.cache,
+            )
+        except Exception as exc:
+            if not isinstance(exc, ServingError):
+                log.error(
+                    "execution_failed",
+                    model=state.name,
+                    batch_size=plan.batch_key,
+                    error=f"{type(exc).__name__}: {exc}",
+                    request_ids=[r.request_id for r in taken],
+                )
+                exc = Internal(f"execution of model '{state.name}' failed: {exc}")
+            for r in taken:
+                finish(r, error=exc)
+            return
+        cfg = self.config
+        record_batch(
+            state,
+            plan,
+            taken,
+            now,
+            elapsed_ns,
+            now_ns=self.clock(),
+            halflife_seconds=cfg.ema_halflife_seconds,
+            cost_alpha=cfg.cost_ema_alpha,
+        )
+        for r, outs in zip(taken, slices, strict=True):
+            r.outputs = outs
+            finish(r)
+
+
+__all__ = ["SHUTTING_DOWN", "DispatchLoop", "Phase"]
