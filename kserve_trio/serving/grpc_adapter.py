@@ -9,7 +9,10 @@ of its own) and again on the decompressed size of a gzip or deflate message (``c
 says so). ModelInfer messages are coded by ``core.infer_wire`` both ways: a request is parsed
 with its payloads as views of the received bytes, and a response's ``WirePieces`` are written
 with each large payload sent from its own buffer, never joined into a copy first.
-``status_error`` maps our exception family to ``GRPCError`` in one place.
+``unary`` wraps a one-message handler; ``stream_stream`` wraps a stream handler, which reads the
+client's messages through a ``StreamCall`` (each decompressed on its own, a bad one not ending
+the stream) and writes its replies with the same ``send_reply``. ``status_error`` maps our
+exception family to ``GRPCError`` in one place.
 """
 
 from __future__ import annotations
@@ -94,6 +97,35 @@ async def _recv_exactly(h2_stream, size: int, what: str, *, may_end: bool = Fals
     return data
 
 
+async def _recv_frame(stream, max_bytes: int, *, may_end: bool) -> tuple[int, bytes] | None:
+    """One message's compressed flag and payload, as sent (the framing rules of
+    ``recv_message``); ``None`` when ``may_end`` and the stream ended before a new message."""
+    h2_stream = stream._stream
+    meta = await _recv_exactly(h2_stream, 5, "5-byte gRPC message prefix", may_end=True)
+    if not meta:
+        if may_end:
+            return None
+        raise InvalidArgument("empty request: no message was sent")
+    flag, length = struct.unpack(">BI", meta)
+    if flag > 1:
+        raise InvalidArgument(f"malformed gRPC message prefix: compressed flag {flag}")
+    if length > max_bytes:
+        raise ResourceExhausted(f"received message larger than max ({length} vs. {max_bytes})")
+    data = b""
+    if length:
+        data = await _recv_exactly(h2_stream, length, f"{length}-byte message its prefix announced")
+    return flag, data
+
+
+def _decode(stream, flag: int, data: bytes, message_type, max_bytes: int) -> tuple[Any, str]:
+    """A received payload decompressed (when flagged) and parsed, and its algorithm."""
+    encoding = compression.IDENTITY
+    if flag:
+        encoding = compression.parse_encoding(header_value(stream, "grpc-encoding"))
+        data = compression.decompress(data, encoding, max_bytes)
+    return _parse(data, message_type), encoding
+
+
 async def recv_message(
     stream, message_type, max_bytes: int, *, may_end: bool = False
 ) -> tuple[Any, str]:
@@ -107,26 +139,10 @@ async def recv_message(
     RESOURCE_EXHAUSTED). ``may_end``: a stream that ends before a new message gives
     ``(None, "identity")`` (the end of a client stream).
     """
-    h2_stream = stream._stream
-    meta = await _recv_exactly(h2_stream, 5, "5-byte gRPC message prefix", may_end=True)
-    if not meta:
-        if may_end:
-            return None, compression.IDENTITY
-        raise InvalidArgument("empty request: no message was sent")
-    flag, length = struct.unpack(">BI", meta)
-    if flag > 1:
-        raise InvalidArgument(f"malformed gRPC message prefix: compressed flag {flag}")
-    encoding = compression.IDENTITY
-    if flag:
-        encoding = compression.parse_encoding(header_value(stream, "grpc-encoding"))
-    if length > max_bytes:
-        raise ResourceExhausted(f"received message larger than max ({length} vs. {max_bytes})")
-    data = b""
-    if length:
-        data = await _recv_exactly(h2_stream, length, f"{length}-byte message its prefix announced")
-    if flag:
-        data = compression.decompress(data, encoding, max_bytes)
-    return _parse(data, message_type), encoding
+    frame = await _recv_frame(stream, max_bytes, may_end=may_end)
+    if frame is None:
+        return None, compression.IDENTITY
+    return _decode(stream, frame[0], frame[1], message_type, max_bytes)
 
 
 async def recv_request(stream, message_type, max_bytes: int):
@@ -325,6 +341,107 @@ def unary(fn: Handler, request_type, limits: Limits, rpc: str) -> grpclib.const.
     )
 
 
+class MessageError(Exception):
+    """One message of a client stream that could not be used (it does not decompress or
+    parse); the stream itself is intact and can be read on. ``error`` is why."""
+
+    def __init__(self, error: ServingError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class StreamCall:
+    """A stream-stream call as its handler sees it: ``receive`` the client's messages one at a
+    time, ``send`` replies (from one task at a time: frames of two replies must not
+    interleave), ``end`` the call with a status.
+
+    Rules:
+    1. ``receive`` returns the next parsed message, ``None`` once the client has ended its
+       side. A framing error (a prefix or payload cut short, a bad flag, an announced length
+       over ``grpc.max_recv_msg_bytes``) raises its ``ServingError``: the stream cannot be
+       read past it. A message that does not decompress (a bomb included) or parse raises
+       ``MessageError``: the next message can still be read.
+    2. Replies are compressed with the algorithm of the call's ``grpc-encoding`` when the
+       client accepts it back, or under ``grpc.compress_responses`` (``reply_encoding``);
+       each reply is checked against ``grpc.max_send_msg_bytes`` before anything is sent.
+    3. ``deadline_ns`` is the call's ``grpc-timeout`` as an absolute ``time.monotonic_ns()``
+       (0 = none): the deadline of every request on the stream.
+    4. ``end`` sends the trailers now (OK, or the status ``status_error`` maps ``error`` to),
+       so the call is over on the wire when it returns; a handler that returns without it
+       ends OK (grpclib sends the trailers).
+    """
+
+    def __init__(self, stream, request_type, limits: Limits, rpc: str) -> None:
+        self.stream = stream
+        self.rpc = rpc
+        self.limits = limits
+        self._request_type = request_type
+        self.deadline_ns = deadline_from_stream(stream)
+        self.reply_encoding = reply_encoding(
+            stream, compression.parse_encoding(header_value(stream, "grpc-encoding")), limits
+        )
+
+    @property
+    def metadata(self):
+        return self.stream.metadata
+
+    async def receive(self) -> Any | None:
+        """The next message (rule 1)."""
+        max_bytes = self.limits.max_recv_bytes
+        frame = await _recv_frame(self.stream, max_bytes, may_end=True)
+        if frame is None:
+            return None
+        try:
+            message, _ = _decode(self.stream, frame[0], frame[1], self._request_type, max_bytes)
+        except ServingError as exc:
+            raise MessageError(exc) from None
+        return message
+
+    async def send(self, reply) -> None:
+        """Send one reply message (rule 2)."""
+        await send_reply(
+            self.stream, reply, self.limits.max_send_bytes, encoding=self.reply_encoding
+        )
+
+    async def end(self, error: BaseException | None = None) -> None:
+        """End the call now (rule 4); a second call does nothing."""
+        stream = self.stream
+        if stream._send_trailing_metadata_done:
+            return
+        if error is None:
+            await stream.send_trailing_metadata()
+            return
+        grpc_error = status_error(error, rpc=self.rpc)
+        await stream.send_trailing_metadata(
+            status=grpc_error.status, status_message=grpc_error.message
+        )
+
+
+StreamHandler = Callable[[StreamCall], Awaitable[None]]
+
+
+def stream_stream(
+    fn: StreamHandler, request_type, limits: Limits, rpc: str
+) -> grpclib.const.Handler:
+    """Wrap ``fn(call)`` as a grpclib stream-stream handler: the call ends when ``fn`` returns
+    (OK, unless it ended the call itself) or raises (the status ``status_error`` maps the
+    exception to)."""
+
+    async def handle(stream) -> None:
+        try:
+            await fn(StreamCall(stream, request_type, limits, rpc))
+        except GRPCError:
+            raise
+        except (ServingError, TimeoutError) as exc:
+            raise status_error(exc, rpc=rpc) from None
+        except Exception as exc:
+            raise status_error(exc, rpc=rpc) from exc
+
+    return grpclib.const.Handler(
+        handle, grpclib.const.Cardinality.STREAM_STREAM, request_type, EncodedMessage
+    )
+
+
 def unimplemented(rpc: str, reason: str) -> grpclib.const.Handler:
     """A handler answering UNIMPLEMENTED with a message naming the RPC."""
 
@@ -340,12 +457,16 @@ __all__ = [
     "CallContext",
     "EncodedMessage",
     "Limits",
+    "MessageError",
+    "StreamCall",
+    "StreamHandler",
     "deadline_from_stream",
     "recv_message",
     "recv_request",
     "reply_encoding",
     "send_reply",
     "status_error",
+    "stream_stream",
     "unary",
     "unimplemented",
 ]

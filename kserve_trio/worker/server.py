@@ -312,12 +312,13 @@ async def _run_watcher(
 
 async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:
     state.shutting_down = True
+    state.streams.close()  # open ModelStreamInfer calls stop reading and end UNAVAILABLE
     await scheduler.stop()
     deadline = time.monotonic() + DRAIN_SECONDS
-    while state.inflight > 0 and time.monotonic() < deadline:
+    while (state.inflight > 0 or state.streams.count > 0) and time.monotonic() < deadline:
         await anyio.sleep(0.01)
-    if state.inflight:
-        log.warning("shutdown_drain_timeout", inflight=state.inflight)
+    if state.inflight or state.streams.count:
+        log.warning("shutdown_drain_timeout", inflight=state.inflight, streams=state.streams.count)
     server.close()
     await server.wait_closed()
     if state.shm_registry is not None:

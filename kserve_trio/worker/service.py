@@ -3,7 +3,8 @@
 Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. ``ModelInfer`` is
 a thin adapter: the parsed request goes to the transport-free ``InferenceCore``
 (``worker/inference.py``) with the call's ``grpc-timeout`` deadline, and its encoded reply goes
-back to the adapter as it is. Models are found in the ``ModelRepository``. Statuses: unknown
+back to the adapter as it is; ``ModelStreamInfer`` serves each message of a stream the same way
+(``worker/stream.py``). Models are found in the ``ModelRepository``. Statuses: unknown
 model or version NOT_FOUND; malformed or mismatching input INVALID_ARGUMENT; queue full or
 concurrency cap RESOURCE_EXHAUSTED; expired deadline DEADLINE_EXCEEDED; shutting down
 UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
@@ -30,11 +31,12 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc_adapter import CallContext, unary, unimplemented
+from kserve_trio.serving.grpc_adapter import CallContext, stream_stream, unary, unimplemented
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.registry import check_version
 from kserve_trio.worker.state import WorkerState
+from kserve_trio.worker.stream import StreamInfer
 from kserve_trio.worker.triton_views import PLATFORM, model_config, model_statistics
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class InferenceService:
         self.state = state
         self.repository = state.repository
         self.core = core
+        self.stream_infer = StreamInfer(core, state.streams)
 
     def __mapping__(self) -> dict:
         lim = self.state.limits
@@ -90,8 +93,10 @@ class InferenceService:
             ),
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+        mapping[_PREFIX + "ModelStreamInfer"] = stream_stream(
+            self.stream_infer, pb.ModelInferRequest, lim, "ModelStreamInfer"
+        )
         later = {
-            "ModelStreamInfer": "streaming inference is not supported",
             "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
             "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
             "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",

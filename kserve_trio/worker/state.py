@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kserve_trio.serving.grpc_adapter import Limits
+from kserve_trio.worker.stream import OpenStreams
 
 if TYPE_CHECKING:
     from kserve_trio.core.config import ServerConfig
@@ -39,6 +40,7 @@ class WorkerState:
     loading: bool = True  # start-up loading (and the weight probe) still running: not ready
     shutting_down: bool = False
     inflight: int = 0  # requests inside the inference core right now
+    streams: OpenStreams = field(default_factory=OpenStreams)  # open ModelStreamInfer calls
     metrics: WorkerMetrics | None = None
     cache: WeightCache | None = None
     backend: Backend | None = None  # device memory statistics
