@@ -3,8 +3,9 @@
 Everything here is a plain function of plain values: no clocks, no locks, no
 I/O, so every scheduling rule is pinned by a plain test. That includes what a
 request is to the planner (``ModelLayout``: admission rows, executable inputs, variant, warmup
-inputs), derived once per model from its manifest and compiled keys. ``worker/scheduler.py`` is
-the async shell that feeds these functions the state of its queues and applies their answers.
+inputs), derived once per model from its manifest and compiled keys. The dispatch loop
+(``worker/dispatch.py``) is the async shell that feeds these functions the state of its queues
+and applies their answers.
 
 Conventions: times are seconds (float) for compute costs and EMAs, nanoseconds (int) for
 enqueue stamps and deadlines; a deadline of 0 means none. Shapes and batch axes are row-major.
