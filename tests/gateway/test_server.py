@@ -453,3 +453,51 @@ def test_a_wedged_gateway_stops_with_gateway_wedged(monkeypatch):
         gw._thread.join(10)  # the tree ends by itself
         with pytest.raises(prober_module.GatewayWedged, match="every probe timed out"):
             stop(gw)
+
+
+def test_startup_waits_for_a_ready_worker_within_the_bound():
+    with FakeWorker() as a:
+        a.ready = False
+
+        def start(wait: float):
+            cfg = GatewayConfig(
+                listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
+                endpoints=(f"{a.host}:{a.port}",),
+                prober=ProberConfig(health_interval_seconds=30.0, startup_wait_seconds=wait),
+            )
+            t0 = time.monotonic()
+            return serve_gateway(cfg, blocking=False), time.monotonic() - t0
+
+        gw, took = start(0.6)  # nobody becomes ready: it serves anyway after the wait
+        try:
+            assert 0.5 <= took < 3.0
+            assert not client(gw).is_server_ready()
+            assert admin(gw, "/readyz") == (503, "not ready")
+        finally:
+            stop(gw)
+        threading.Timer(0.7, lambda: setattr(a, "ready", True)).start()
+        gw, took = start(30.0)  # ready during the wait: it opens its ports then, not at 30 s
+        try:
+            assert 0.6 <= took < 5.0
+            assert client(gw).is_server_ready()
+        finally:
+            stop(gw)
+
+
+def test_compressed_stream_messages_are_forwarded_compressed():
+    with fleet(1) as (a,):
+        a.echo = True
+        with running([a]) as gw:
+            c = client(gw)
+            answers: queue.Queue = queue.Queue()
+            c.start_stream(
+                callback=lambda result, error: answers.put((result, error)),
+                compression_algorithm="gzip",
+            )
+            x = np.arange(32, dtype=np.float32).reshape(1, 32)
+            c.async_stream_infer("m", [tensor(x)], request_id="z")
+            result, error = answers.get(timeout=10)
+            c.stop_stream()
+            assert error is None and result.get_response().id == "z"
+            np.testing.assert_array_equal(result.as_numpy("x"), x)
+            assert a.encodings == ["gzip"]
