@@ -29,6 +29,9 @@ def configure_parser(parser: argparse.ArgumentParser):
         "--metrics-port", type=int, help="Prometheus /metrics, /healthz, /readyz port (0 = off)"
     )
     parser.add_argument(
+        "--http-port", type=int, help="KServe V2 HTTP/REST port (0 = off; docs/rest.md)"
+    )
+    parser.add_argument(
         "--model-control-mode",
         choices=["static", "dynamic", "explicit"],
         help="model lifecycle mode",
@@ -63,6 +66,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         endpoints["port"] = args.port
     if args.metrics_port is not None:
         endpoints["metrics_port"] = args.metrics_port
+    if getattr(args, "http_port", None) is not None:
+        endpoints["http_port"] = args.http_port
     if endpoints:
         raw["endpoints"] = endpoints
     return raw

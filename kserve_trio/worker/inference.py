@@ -17,7 +17,7 @@ A request's path, each step once:
 5. the effective deadline: the smallest of the request's own (parameters) and the transport's;
 6. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
    shape where wire inputs are executable inputs) or a meta model's ``run`` as one device unit;
-7. encode;
+7. encode (the transport's encoder: the gRPC message, or REST's JSON and binary body);
 8. always, cancellation included: the decoded request's shared-memory leases are released once,
    and the observer records the outcome once (metrics, Triton statistics, heartbeat, log).
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
 from anyio import get_cancelled_exc_class
@@ -60,6 +60,27 @@ if TYPE_CHECKING:
 
 InferReply = WirePieces
 """What ``codec.encode_infer_response`` returns and a transport sends as it is."""
+
+_Reply = TypeVar("_Reply", covariant=True)
+_R = TypeVar("_R")
+
+
+class ResponseEncoder(Protocol[_Reply]):
+    """How a transport's reply is written from a request's outputs: called like
+    ``codec.encode_infer_response`` (which is the gRPC one)."""
+
+    def __call__(
+        self,
+        model_name: str,
+        request_id: str,
+        outputs: Sequence[NamedTensor],
+        requested: Sequence[codec.RequestedOutput] | None = None,
+        registry: codec.ShmRegistryLike | None = None,
+        *,
+        model_version: str = "",
+        zero_copy: bool = False,
+    ) -> _Reply: ...
+
 
 SHUTTING_DOWN = "server is shutting down"
 
@@ -95,14 +116,34 @@ class InferenceCore:
         self._scheduler = state.scheduler
         self._scratch: BufferPool | None = None
 
+    @overload
     async def infer(
         self, request: ParsedInferRequest, *, transport_deadline_ns: int = 0
-    ) -> InferReply:
+    ) -> InferReply: ...
+
+    @overload
+    async def infer(
+        self,
+        request: ParsedInferRequest,
+        *,
+        transport_deadline_ns: int = 0,
+        encode: ResponseEncoder[_R],
+    ) -> _R: ...
+
+    async def infer(
+        self,
+        request: ParsedInferRequest,
+        *,
+        transport_deadline_ns: int = 0,
+        encode: ResponseEncoder[Any] = codec.encode_infer_response,
+    ) -> Any:
         """Serve one parsed ModelInfer request (see the module docstring for the steps).
 
         ``transport_deadline_ns`` is the transport's absolute ``time.monotonic_ns()`` deadline
-        (gRPC's ``grpc-timeout``; 0 = none). Raises the ``ServingError`` whose status the
-        transport answers with; the observer has recorded the outcome by then.
+        (gRPC's ``grpc-timeout``; 0 = none). ``encode`` writes the reply (the gRPC message by
+        default; the REST adapter passes its JSON and binary encoder, called the same way).
+        Raises the ``ServingError`` whose status the transport answers with; the observer has
+        recorded the outcome by then.
         """
         state = self._state
         started = time.perf_counter_ns()
@@ -138,7 +179,7 @@ class InferenceCore:
                             trace=trace,
                             validated_for=bundle.manifest,
                         )
-                    reply = codec.encode_infer_response(
+                    reply = encode(
                         request.model_name,
                         decoded.id,
                         outputs,
@@ -250,6 +291,7 @@ class _Acquiring:
 __all__ = [
     "InferReply",
     "InferenceCore",
+    "ResponseEncoder",
     "check_requested_outputs",
     "validate_request",
 ]

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import signal
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -52,9 +53,11 @@ if TYPE_CHECKING:
     from kserve_trio.runtime.backend import Backend
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.grpc_server import GrpcServer
+    from kserve_trio.worker.inference import InferenceCore
     from kserve_trio.worker.registry import ModelBundle
     from kserve_trio.worker.repository import ModelRepository
     from kserve_trio.worker.scheduler import Scheduler
+    from kserve_trio.worker.service import InferenceService
     from kserve_trio.worker.state import WorkerState
 
 log = get_logger("kserve_trio.worker")
@@ -72,6 +75,7 @@ class RunningServer:
     state: WorkerState
     scheduler: Scheduler
     metrics_port: int = 0
+    http_port: int = 0
     _stop: anyio.Event | None = None
     _done: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -189,12 +193,14 @@ async def serve_async(
         watcher_scope = anyio.CancelScope()
         if config.model_control_mode is ModelControlMode.DYNAMIC:
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
-        server = GrpcServer(
-            [InferenceService(state, InferenceCore(state)), ControlService(state)],
-            config=server_config(),
-        )
+        core = InferenceCore(state)
+        service = InferenceService(state, core)
+        server = GrpcServer([service, ControlService(state)], config=server_config())
         await server.start(config.endpoints.host, config.endpoints.port, ssl=ssl_context)
         port = server.port
+        http_port = 0
+        if config.endpoints.http_port:
+            http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
         running = RunningServer(
             config=config,
             port=port,
@@ -202,11 +208,13 @@ async def serve_async(
             state=state,
             scheduler=scheduler,
             metrics_port=metrics_port,
+            http_port=http_port,
         )
         log.info(
             "server_up",
             address=running.address,
             metrics_port=metrics_port or None,
+            http_port=http_port or None,
             tls="mutual" if config.endpoints.tls.mutual else config.endpoints.tls.enabled,
             models=sorted(bundles),
             failed=sorted(failures),
@@ -308,6 +316,30 @@ async def _run_watcher(
             detector,
             task_status=task_status,
         )
+
+
+async def _serve_rest(
+    config: ServerConfig,
+    service: InferenceService,
+    core: InferenceCore,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """The KServe V2 REST endpoint (``endpoints.http_port``, TLS like the gRPC port): the
+    same service and inference core behind ``worker.rest``; bodies capped like gRPC messages."""
+    from kserve_trio.serving.http import serve_app
+    from kserve_trio.worker.rest import WorkerRest
+
+    await serve_app(
+        config.endpoints.host,
+        config.endpoints.http_port,
+        WorkerRest(service, core),
+        max_body_bytes=config.grpc.max_recv_msg_bytes,
+        ssl_context=ssl_context,
+        name="rest",
+        task_status=task_status,
+    )
 
 
 async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:

@@ -35,6 +35,7 @@ import time
 STACKS = ("h11", "httptools", "uvicorn-httptools", "uvicorn-h11", "hypercorn")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ECHO_BYTES = 1024
+ERRORS: list[str] = []
 
 
 # ---------------------------------------------------------------------------------- servers
@@ -204,22 +205,25 @@ def _request(kind: str) -> bytes:
 
 
 async def _one_conn(port: int, request: bytes, stop_at: float, counts: list[int]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     n = 0
-    try:
-        while time.perf_counter() < stop_at:
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
-            n += 1
-    finally:
-        counts.append(n)
-        writer.close()
+    while time.perf_counter() < stop_at:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < stop_at:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                if length:
+                    await reader.readexactly(length)
+                n += 1
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            ERRORS.append(repr(exc))
+        finally:
+            writer.close()
+    counts.append(n)
 
 
 async def _load(port: int, kind: str, concurrency: int, seconds: float) -> int:
@@ -267,6 +271,9 @@ def measure(stack: str, cases, seconds: float) -> dict[str, tuple[float, float]]
             n = asyncio.run(_load(port, kind, c, seconds))
             wall, cpu = time.perf_counter() - t0, _cpu(proc.pid) - cpu0
             out[f"{kind} c={c}"] = (n / wall, cpu / max(n, 1) * 1e6)
+            if ERRORS:
+                print(f"{stack} {kind} c={c}: {len(ERRORS)} dropped connections", ERRORS[0])
+                ERRORS.clear()
         return out
     finally:
         proc.terminate()

@@ -48,6 +48,7 @@ SCHEDULER_COMPACTION_INTERVAL          scheduler.compaction_interval       int
 ENDPOINTS_HOST                         endpoints.host                      str
 ENDPOINTS_PORT                         endpoints.port                      int
 ENDPOINTS_METRICS_PORT                 endpoints.metrics_port              int
+ENDPOINTS_HTTP_PORT                    endpoints.http_port                 int
 ENDPOINTS_MAX_CONCURRENT_REQUESTS      endpoints.max_concurrent_requests   int
 ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str
 ENDPOINTS_TLS_KEY_FILE                 endpoints.tls.key_file              str

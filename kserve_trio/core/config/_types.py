@@ -218,11 +218,13 @@ class TlsConfig:
 @dataclass(frozen=True)
 class EndpointsConfig:
     """Listen addresses; port 0 binds an ephemeral port, ``metrics_port`` 0 disables metrics,
-    ``max_concurrent_requests`` 0 means uncapped; ``tls`` secures the gRPC port."""
+    ``http_port`` 0 disables the KServe V2 REST endpoint, ``max_concurrent_requests`` 0 means
+    uncapped; ``tls`` secures the gRPC and REST ports."""
 
     host: str = "127.0.0.1"
     port: int = 8001
     metrics_port: int = 0
+    http_port: int = 0
     max_concurrent_requests: int = 64
     tls: TlsConfig = TlsConfig()
 

@@ -23,6 +23,7 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
         ("model_poll_seconds", cfg.model_poll_seconds >= 0, "must be >= 0"),
         ("endpoints.port", 0 <= ep.port <= 65535, "must be in 0..65535 (0 = ephemeral)"),
         ("endpoints.metrics_port", 0 <= ep.metrics_port <= 65535, "must be in 0..65535 (0 = off)"),
+        ("endpoints.http_port", 0 <= ep.http_port <= 65535, "must be in 0..65535 (0 = off)"),
         (
             "endpoints.max_concurrent_requests",
             ep.max_concurrent_requests >= 0,
@@ -85,6 +86,12 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
         )
     if ep.metrics_port != 0 and ep.metrics_port == ep.port:
         raise ConfigError(f"must differ from endpoints.port ({ep.port})", "endpoints.metrics_port")
+    if ep.http_port != 0 and ep.http_port in (ep.port, ep.metrics_port):
+        raise ConfigError(
+            f"must differ from endpoints.port ({ep.port}) and endpoints.metrics_port "
+            f"({ep.metrics_port})",
+            "endpoints.http_port",
+        )
     validate_tls(ep.tls, check_files=check_dirs)
     if rt.numerics is NumericsMode.TF32 and rt.backend == "cpu":
         raise ConfigError(

@@ -73,7 +73,8 @@ def error_of(exc: BaseException) -> tuple[int, str]:
     """(HTTP status, message) for an exception: a ``ServingError`` by its status, a
     ``TimeoutError`` as DEADLINE_EXCEEDED, anything else 500 ``internal error: ...``."""
     if isinstance(exc, ServingError):
-        return http_status(exc.status), exc.message
+        override = getattr(exc, "http_status", None)  # an HTTP-only fault (405)
+        return override or http_status(exc.status), exc.message
     if isinstance(exc, TimeoutError):
         return 504, str(exc) or "deadline exceeded"
     return 500, f"internal error: {exc!r}"

@@ -1,0 +1,335 @@
+"""The KServe V2 REST surface as gRPC calls: paths to RPCs, JSON bodies to request messages,
+reply messages to JSON (pure).
+
+The worker and the gateway answer a REST request by running the gRPC RPC it stands for, so both
+transports share every rule, message and status; this module is the translation both use.
+
+Routes (``{m}`` a model, ``{v}`` a version, ``{r}`` a shared-memory region; every segment
+percent-decoded):
+
+=======  ==================================================  ==============================
+GET      ``/v2``                                             ServerMetadata
+GET      ``/v2/health/live``, ``/v2/health/ready``           ServerLive, ServerReady
+GET      ``/v2/models/{m}[/versions/{v}]``                   ModelMetadata
+GET      ``.../ready``, ``.../config``, ``.../stats``        ModelReady, ModelConfig,
+                                                             ModelStatistics
+GET      ``/v2/models/stats``                                ModelStatistics (every model)
+POST     ``.../infer``                                       ModelInfer
+POST     ``/v2/repository/index``                            RepositoryIndex
+POST     ``/v2/repository/models/{m}/load``, ``/unload``     RepositoryModelLoad / Unload
+GET      ``/v2/systemsharedmemory[/region/{r}]/status``      SystemSharedMemoryStatus
+POST     ``/v2/systemsharedmemory/region/{r}/register``      SystemSharedMemoryRegister
+POST     ``/v2/systemsharedmemory[/region/{r}]/unregister``  SystemSharedMemoryUnregister
+=======  ==================================================  ==============================
+
+GET and POST ``/v2/logging`` are LogSettings (read; change and read) where the server answers it.
+CUDA shared memory and trace settings answer 501 by the RPC's name. An unknown path is
+404, a known path with another method 405. Health and readiness answer 200 when true and 503
+when false, with ``{"live"|"ready": bool}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from kserve_trio.core.errors import InvalidArgument, NotFound, ServingError, StatusCode
+from kserve_trio.core.rest_codec import load_json
+from kserve_trio.proto import inference as pb
+from kserve_trio.serving.http import HttpResponse
+
+
+class MethodNotAllowed(ServingError):
+    """A known path asked with a method it does not serve (HTTP 405)."""
+
+    status = StatusCode.INVALID_ARGUMENT
+    http_status = 405
+
+
+UNSUPPORTED = {
+    "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
+    "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
+    "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
+    "TraceSetting": "trace settings are not supported",
+    "LogSettings": "log settings are not supported",
+}
+"""RPCs a REST path names that the server does not answer, with the reason 501 gives."""
+
+
+@dataclass(frozen=True)
+class RestCall:
+    """What a request path asks: the RPC, and the model, version or region it names."""
+
+    rpc: str
+    method: str
+    model: str = ""
+    version: str = ""
+    region: str = ""
+
+
+_MODEL_TAILS = {
+    "": ("GET", "ModelMetadata"),
+    "ready": ("GET", "ModelReady"),
+    "config": ("GET", "ModelConfig"),
+    "stats": ("GET", "ModelStatistics"),
+    "infer": ("POST", "ModelInfer"),
+    "trace/setting": ("GET", "TraceSetting"),
+}
+
+
+def _call(method: str, want: str, rpc: str, **names: str) -> RestCall:
+    # Trace and log settings are read with GET and written with POST.
+    if method != want and not (rpc in ("TraceSetting", "LogSettings") and method == "POST"):
+        if not (method == "HEAD" and want == "GET"):
+            raise MethodNotAllowed(f"{method} is not allowed here; {rpc} is served on {want}")
+    return RestCall(rpc, method, **names)
+
+
+def route(method: str, path: str) -> RestCall:
+    """The RPC a request stands for (``NotFound`` for an unknown path, ``MethodNotAllowed``
+    for a known one asked with the wrong method)."""
+    parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
+    if not parts or parts[0] != "v2":
+        raise NotFound(f"no such endpoint: {method} {path}")
+    rest = parts[1:]
+    if not rest:
+        return _call(method, "GET", "ServerMetadata")
+    head = rest[0]
+    if head == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+        return _call(method, "GET", "ServerLive" if rest[1] == "live" else "ServerReady")
+    if head == "models" and len(rest) >= 2:
+        if rest[1:] == ["stats"]:
+            return _call(method, "GET", "ModelStatistics")
+        model, tail, version = rest[1], rest[2:], ""
+        if len(tail) >= 2 and tail[0] == "versions":
+            version, tail = tail[1], tail[2:]
+        found = _MODEL_TAILS.get("/".join(tail))
+        if found is not None:
+            return _call(method, found[0], found[1], model=model, version=version)
+    if head == "repository":
+        if rest[1:] == ["index"]:
+            return _call(method, "POST", "RepositoryIndex")
+        if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
+            rpc = "RepositoryModelLoad" if rest[3] == "load" else "RepositoryModelUnload"
+            return _call(method, "POST", rpc, model=rest[2])
+    if head in ("systemsharedmemory", "cudasharedmemory"):
+        kind = "SystemSharedMemory" if head == "systemsharedmemory" else "CudaSharedMemory"
+        tail, region = rest[1:], ""
+        if len(tail) >= 2 and tail[0] == "region":
+            region, tail = tail[1], tail[2:]
+        verbs = {"status": "GET", "unregister": "POST"}
+        if region:
+            verbs["register"] = "POST"
+        if len(tail) == 1 and tail[0] in verbs:
+            return _call(method, verbs[tail[0]], kind + tail[0].capitalize(), region=region)
+    if head == "trace" and rest[1:] == ["setting"]:
+        return _call(method, "GET", "TraceSetting")
+    if head == "logging" and len(rest) == 1:
+        return _call(method, "GET", "LogSettings")
+    raise NotFound(f"no such endpoint: {method} {path}")
+
+
+# ----------------------------------------------------------------------------- request bodies
+
+
+def _body_object(body: bytes, rpc: str) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    doc = load_json(body, f"the {rpc} request")
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"the {rpc} request must be a JSON object")
+    return doc
+
+
+def _int_field(doc: dict[str, Any], key: str, rpc: str) -> int:
+    value = doc.get(key, 0)
+    if value.__class__ is not int or value < 0:
+        raise InvalidArgument(f"the {rpc} request's '{key}' must be a non-negative integer")
+    return value
+
+
+def _repository_parameters(doc: dict[str, Any], rpc: str) -> dict[str, pb.ModelRepositoryParameter]:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidArgument(f"the {rpc} request's 'parameters' must be a JSON object")
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, bool):
+            out[key] = pb.ModelRepositoryParameter(bool_param=value)
+        elif isinstance(value, int):
+            out[key] = pb.ModelRepositoryParameter(int64_param=value)
+        elif isinstance(value, str):
+            out[key] = pb.ModelRepositoryParameter(string_param=value)
+        else:
+            raise InvalidArgument(
+                f"the {rpc} request's parameter '{key}' must be a boolean, integer or string"
+            )
+    return out
+
+
+def grpc_request(call: RestCall, body: bytes) -> Any:
+    """The request message of ``call``'s RPC (any RPC but ModelInfer), from the path and the
+    JSON body."""
+    rpc = call.rpc
+    if rpc == "ServerLive":
+        return pb.ServerLiveRequest()
+    if rpc == "ServerReady":
+        return pb.ServerReadyRequest()
+    if rpc == "ServerMetadata":
+        return pb.ServerMetadataRequest()
+    if rpc == "ModelMetadata":
+        return pb.ModelMetadataRequest(name=call.model, version=call.version)
+    if rpc == "ModelReady":
+        return pb.ModelReadyRequest(name=call.model, version=call.version)
+    if rpc == "ModelConfig":
+        return pb.ModelConfigRequest(name=call.model, version=call.version)
+    if rpc == "ModelStatistics":
+        return pb.ModelStatisticsRequest(name=call.model, version=call.version)
+    if rpc == "RepositoryIndex":
+        doc = _body_object(body, rpc)
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument("the RepositoryIndex request's 'ready' must be a boolean")
+        return pb.RepositoryIndexRequest(ready=ready)
+    if rpc in ("RepositoryModelLoad", "RepositoryModelUnload"):
+        params = _repository_parameters(_body_object(body, rpc), rpc)
+        cls = pb.RepositoryModelLoadRequest
+        if rpc == "RepositoryModelUnload":
+            cls = pb.RepositoryModelUnloadRequest
+        return cls(model_name=call.model, parameters=params)
+    if rpc == "SystemSharedMemoryStatus":
+        return pb.SystemSharedMemoryStatusRequest(name=call.region)
+    if rpc == "SystemSharedMemoryRegister":
+        doc = _body_object(body, rpc)
+        key = doc.get("key", "")
+        if not isinstance(key, str):
+            raise InvalidArgument("the SystemSharedMemoryRegister request's 'key' must be a string")
+        return pb.SystemSharedMemoryRegisterRequest(
+            name=call.region,
+            key=key,
+            offset=_int_field(doc, "offset", rpc),
+            byte_size=_int_field(doc, "byte_size", rpc),
+        )
+    if rpc == "SystemSharedMemoryUnregister":
+        return pb.SystemSharedMemoryUnregisterRequest(name=call.region)
+    if rpc == "LogSettings":
+        settings = {}
+        for key, value in (_body_object(body, rpc) if call.method == "POST" else {}).items():
+            if isinstance(value, bool):
+                settings[key] = pb.LogSettingsRequestSettingValue(bool_param=value)
+            elif isinstance(value, int) and value >= 0:
+                settings[key] = pb.LogSettingsRequestSettingValue(uint32_param=value)
+            elif isinstance(value, str):
+                settings[key] = pb.LogSettingsRequestSettingValue(string_param=value)
+            else:
+                raise InvalidArgument(
+                    f"log setting '{key}' must be a boolean, a non-negative integer or a string"
+                )
+        return pb.LogSettingsRequest(settings=settings)
+    raise InvalidArgument(f"{rpc} has no REST request body")  # pragma: no cover
+
+
+def unsupported(rpc: str) -> str:
+    """The 501 message for an RPC the server does not answer (the gRPC adapter's wording)."""
+    return f"{rpc} is not implemented: {UNSUPPORTED.get(rpc, 'not supported')}"
+
+
+# ------------------------------------------------------------------------------ reply bodies
+
+
+def message_json(message: Any) -> Any:
+    """A reply message as Triton's REST JSON: fields by their proto names, every field present,
+    64-bit integers as JSON numbers, enums by name, unset message fields left out."""
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):
+        out = {}
+        for f in dataclasses.fields(message):
+            value = getattr(message, f.name)
+            if value is None:
+                continue
+            out[f.name] = message_json(value)
+        return out
+    if isinstance(message, list):
+        return [message_json(v) for v in message]
+    if isinstance(message, dict):
+        return {k: message_json(v) for k, v in message.items()}
+    if isinstance(message, enum.Enum):
+        return message.name
+    return message
+
+
+def _json(doc: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(status, json.dumps(doc, separators=(",", ":")).encode())
+
+
+def _setting(value: Any) -> Any:
+    for name in ("bool_param", "uint32_param", "string_param"):
+        member = getattr(value, name, None)
+        if member is not None:
+            return member
+    return None
+
+
+def _flag(key: str, value: bool) -> HttpResponse:
+    return _json({key: value}, 200 if value else 503)
+
+
+_REPLIES: dict[str, Callable[[Any, RestCall], HttpResponse]] = {
+    "ServerLive": lambda r, c: _flag("live", r.live),
+    "ServerReady": lambda r, c: _flag("ready", r.ready),
+    "ModelReady": lambda r, c: _json({"name": c.model, "ready": r.ready}, 200 if r.ready else 503),
+    "ServerMetadata": lambda r, c: _json(message_json(r)),
+    "ModelMetadata": lambda r, c: _json(message_json(r)),
+    "ModelConfig": lambda r, c: _json(message_json(r.config) if r.config is not None else {}),
+    "ModelStatistics": lambda r, c: _json(message_json(r)),
+    "RepositoryIndex": lambda r, c: _json(message_json(r.models)),
+    "LogSettings": lambda r, c: _json({k: _setting(v) for k, v in sorted(r.settings.items())}),
+    "SystemSharedMemoryStatus": lambda r, c: _json(
+        [message_json(v) for _, v in sorted(r.regions.items())]
+    ),
+}
+
+
+def reply_response(call: RestCall, reply: Any) -> HttpResponse:
+    """The REST reply for ``call``'s RPC reply message (an empty 200 for the RPCs whose reply
+    carries nothing: load, unload, register, unregister)."""
+    make = _REPLIES.get(call.rpc)
+    if make is None:
+        return HttpResponse(200, b"")
+    return make(reply, call)
+
+
+REPLY_TYPES: dict[str, type] = {
+    "ServerLive": pb.ServerLiveResponse,
+    "ServerReady": pb.ServerReadyResponse,
+    "ServerMetadata": pb.ServerMetadataResponse,
+    "ModelMetadata": pb.ModelMetadataResponse,
+    "ModelReady": pb.ModelReadyResponse,
+    "ModelConfig": pb.ModelConfigResponse,
+    "ModelStatistics": pb.ModelStatisticsResponse,
+    "RepositoryIndex": pb.RepositoryIndexResponse,
+    "RepositoryModelLoad": pb.RepositoryModelLoadResponse,
+    "RepositoryModelUnload": pb.RepositoryModelUnloadResponse,
+    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusResponse,
+    "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterResponse,
+    "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterResponse,
+    "LogSettings": pb.LogSettingsResponse,
+}
+"""Each RPC's reply type (what a side that gets reply bytes parses them with)."""
+
+
+__all__ = [
+    "REPLY_TYPES",
+    "UNSUPPORTED",
+    "MethodNotAllowed",
+    "RestCall",
+    "grpc_request",
+    "message_json",
+    "reply_response",
+    "route",
+    "unsupported",
+]

@@ -1,0 +1,134 @@
+"""The worker's KServe V2 REST endpoint (``endpoints.http_port``): a thin adapter.
+
+Every request is the gRPC RPC it stands for (``serving.rest_routes``), answered by the same
+code: ModelInfer goes to the transport-free ``InferenceCore`` (admission, lookup, decode, one
+validation pass, scheduling, metrics and statistics, shared-memory leases, all shared with
+gRPC) with the REST encoder in place of the gRPC one; every other RPC is the
+``InferenceService`` method gRPC calls. So a fault has the same message on both transports,
+and its HTTP status is the gRPC status mapped (``serving.http``).
+
+REST's own parts: the body is JSON, or JSON plus Triton's binary section
+(``core.rest_codec``), optionally compressed (``Content-Encoding: gzip|deflate``, decompressed
+under ``grpc.max_recv_msg_bytes``); outputs come back as JSON ``data`` or, on request, binary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from kserve_trio.core import codec, rest_codec
+from kserve_trio.core.errors import InvalidArgument, Unimplemented
+from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.serving import compression
+from kserve_trio.serving.grpc_adapter import CallContext
+from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
+from kserve_trio.serving.rest_routes import (
+    RestCall,
+    grpc_request,
+    reply_response,
+    route,
+    unsupported,
+)
+from kserve_trio.worker.inference import InferenceCore
+from kserve_trio.worker.service import InferenceService
+
+RpcMethod = Callable[[Any, CallContext], Awaitable[Any]]
+
+
+def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
+    """The request's body, decompressed when ``Content-Encoding`` says gzip or deflate (the
+    decompressed size capped like gRPC's); another encoding is UNIMPLEMENTED."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if not encoding or encoding == compression.IDENTITY:
+        return request.body
+    if encoding not in (compression.GZIP, compression.DEFLATE):
+        raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
+    return compression.decompress(request.body, encoding, max_bytes)
+
+
+def header_length(request: HttpRequest) -> int | None:
+    """``Inference-Header-Content-Length`` as an integer (None when absent)."""
+    text = request.headers.get(rest_codec.HEADER_LENGTH)
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise InvalidArgument(f"Inference-Header-Content-Length '{text}' is not an integer")
+    return int(text)
+
+
+def rest_encoder(parsed: rest_codec.RestInferRequest):
+    """The core's response encoder for one REST request: the outputs the gRPC encoder would
+    write (same selection, same shared-memory writes), as REST JSON and binary."""
+
+    def encode(
+        model_name: str,
+        request_id: str,
+        outputs: Sequence[NamedTensor],
+        requested: Sequence[codec.RequestedOutput] | None = None,
+        registry: codec.ShmRegistryLike | None = None,
+        *,
+        model_version: str = "",
+        zero_copy: bool = False,
+    ) -> rest_codec.RestReply:
+        tensors, payloads = codec.response_outputs(
+            model_name, outputs, requested, registry, zero_copy=zero_copy
+        )
+        return rest_codec.encode_infer_response(
+            model_name, model_version, request_id, tensors, payloads, parsed.wants_binary
+        )
+
+    return encode
+
+
+class WorkerRest:
+    """The REST ``App`` of one worker (``serving.http.serve_app`` serves it)."""
+
+    def __init__(self, service: InferenceService, core: InferenceCore) -> None:
+        self.service = service
+        self.core = core
+        self.max_recv_bytes = service.state.limits.max_recv_bytes
+        s = service
+        self._rpcs: dict[str, RpcMethod] = {
+            "ServerLive": s.server_live,
+            "ServerReady": s.server_ready,
+            "ServerMetadata": s.server_metadata,
+            "ModelMetadata": s.model_metadata,
+            "ModelReady": s.model_ready,
+            "ModelConfig": s.model_config,
+            "ModelStatistics": s.model_statistics,
+            "RepositoryIndex": s.repository_index,
+            "RepositoryModelLoad": s.repository_model_load,
+            "RepositoryModelUnload": s.repository_model_unload,
+            "SystemSharedMemoryStatus": s.shm_status,
+            "SystemSharedMemoryRegister": s.shm_register,
+            "SystemSharedMemoryUnregister": s.shm_unregister,
+        }
+        log_settings = getattr(s, "log_settings", None)
+        if log_settings is not None:
+            self._rpcs["LogSettings"] = log_settings
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        try:
+            call = route(request.method, request.path)
+            if call.rpc == "ModelInfer":
+                return await self.infer(call, request)
+            method = self._rpcs.get(call.rpc)
+            if method is None:
+                raise Unimplemented(unsupported(call.rpc))
+            message = grpc_request(call, request_body(request, self.max_recv_bytes))
+            reply = await method(message, CallContext(None, 0))
+            return reply_response(call, reply)
+        except Exception as exc:
+            return error_response(exc)
+
+    async def infer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
+        body = request_body(request, self.max_recv_bytes)
+        parsed = rest_codec.parse_infer_request(
+            body, header_length(request), call.model, call.version
+        )
+        reply = await self.core.infer(parsed.message, encode=rest_encoder(parsed))
+        return HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
+
+
+__all__ = ["WorkerRest", "header_length", "request_body", "rest_encoder"]
