@@ -21,6 +21,9 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.client import InferInput, KServeModel, RetryPolicy
+from kserve_trio.client.h2_transport import H2Transport
+from kserve_trio.client.transport import Endpoint, method_path
+from kserve_trio.proto import inference as pb
 from tests.e2e import reference as ref
 from tests.gateway.procs import Gateway, Worker, free_port
 
@@ -178,6 +181,31 @@ def test_worker_statuses_reach_the_client_unchanged(e2e):
         c.infer("nope", [mlp_input(np.ones((1, 16), np.float32))])
     assert info.value.status() == "StatusCode.NOT_FOUND"
     assert "model 'nope' not found on any worker" in info.value.message()
+    with pytest.raises(InferenceServerException) as info:  # static workers: their own answer
+        c.load_model("mlp")
+    assert info.value.status() == "StatusCode.FAILED_PRECONDITION"
+    assert "requires model_control_mode 'explicit'" in info.value.message()
+
+
+def test_is_same_ipc_namespace_asks_every_worker(e2e):
+    host, port = e2e.gw.url.rsplit(":", 1)
+
+    async def same(key: str) -> bool:
+        async with H2Transport(Endpoint(host=host, port=int(port))) as t:
+            reply = await t.unary(
+                method_path("IsSameIPCNamespace"),
+                pb.IsSameIpcNamespaceRequest(name=key),
+                pb.IsSameIpcNamespaceResponse,
+                timeout=10.0,
+            )
+        return reply.same
+
+    handle = shm.create_shared_memory_region("gw_e2e_ipc", "/gw_e2e_ipc", 64)
+    try:
+        assert anyio.run(same, "/gw_e2e_ipc") is True  # both workers can open it
+    finally:
+        shm.destroy_shared_memory_region(handle)
+    assert anyio.run(same, "/gw_e2e_ipc") is False  # gone: no worker can
 
 
 def test_the_inbound_cap_sheds_and_our_retry_policy_recovers(e2e):
