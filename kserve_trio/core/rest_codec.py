@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from kserve_trio.core.bytes_tensor import decode_bytes_tensor
 from kserve_trio.core.dtypes import DType, dtype_from_wire
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import (
@@ -299,11 +300,24 @@ def parse_infer_request(
 # ------------------------------------------------------------------------------------ response
 
 
-def _json_values(datatype: str, payload: Buffer) -> list[Any]:
+def _json_values(tensor: InferOutputTensor, payload: Buffer) -> list[Any]:
+    """An output's payload as a flat JSON list (BYTES elements as UTF-8 strings)."""
     try:
-        dtype = dtype_from_wire(datatype)
+        dtype = dtype_from_wire(tensor.datatype)
     except ValueError:
         return []
+    if dtype.is_bytes:
+        what = f"output '{tensor.name}'"
+        try:
+            return [
+                bytes(v).decode("utf-8")
+                for v in decode_bytes_tensor(payload, tensor.shape, what).reshape(-1)
+            ]
+        except UnicodeDecodeError:
+            raise InvalidArgument(
+                f"{what} holds bytes that are not UTF-8, which JSON cannot carry; "
+                "request it with binary_data"
+            ) from None
     return np.frombuffer(payload, dtype=dtype.numpy).tolist()
 
 
@@ -339,7 +353,7 @@ def encode_infer_response(
         else:
             if params:
                 item["parameters"] = params
-            item["data"] = _json_values(tensor.datatype, payload)
+            item["data"] = _json_values(tensor, payload)
         items.append(item)
     doc["outputs"] = items
     head = json.dumps(doc, separators=(",", ":")).encode()
