@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
 
 from kserve_trio.core.errors import InvalidArgument
 
@@ -91,7 +92,7 @@ _FORMATS = ("json", "console", "ISO8601")
 _state: dict[str, Any] = {"settings": None, "start_format": "json", "stream": None}
 
 
-def _gate(_logger, method: str, event: dict) -> dict:
+def _gate(_logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
     """Drop events whose level is switched off (levels are independent switches)."""
     settings: LogSettings | None = _state["settings"]
     if settings is not None and not settings.allows(_LEVELS.get(method, logging.INFO)):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from kserve_trio.core.config import (
     WORKER_NAME_ENV,
@@ -62,7 +62,7 @@ _DERIVED = {
 _log = get_logger(__name__)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

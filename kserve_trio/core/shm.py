@@ -189,7 +189,7 @@ def _as_bytes(data: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
     """A flat ``'B'`` view of ``data`` (copying only when it is not C-contiguous)."""
     if isinstance(data, np.ndarray):
         arr = np.ascontiguousarray(data)
-        return memoryview(arr.reshape(-1).view(np.uint8))
+        return arr.reshape(-1).view(np.uint8).data
     mv = memoryview(data)
     if not mv.c_contiguous:
         mv = memoryview(mv.tobytes())
@@ -357,10 +357,10 @@ class ShmRegistry:
         r = self._lease(region, offset, byte_size, reading=True)
         try:
             buf = _aligned_empty(byte_size)
-            self._transfer(r, memoryview(buf), offset, reading=True)
+            self._transfer(r, buf.data, offset, reading=True)
         finally:
             self._end_lease(r)
-        return memoryview(buf).toreadonly(), _released
+        return buf.data.toreadonly(), _released
 
     def read(self, region: str, offset: int, byte_size: int) -> bytes:
         """A copy of ``[offset, offset+byte_size)`` of ``region`` as ``bytes``."""

@@ -176,7 +176,7 @@ def read_varints(buf, wt: int, value, into: list[int]) -> None:
 def byte_view(arr: np.ndarray) -> memoryview:
     """A flat ``B`` view of an array's bytes for a payload field (copied once only if the array
     is not C-contiguous; works for dtypes numpy cannot export, such as bfloat16)."""
-    return memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
 
 
 # --------------------------------------------------------------------------------------------

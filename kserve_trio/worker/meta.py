@@ -13,24 +13,55 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import DTypeLike
 
+from kserve_trio.core.buffer_pool import BufferPool, PoolSlot, pool_view
+from kserve_trio.core.buffer_pool import scratch as carve
 from kserve_trio.core.errors import DeadlineExceeded, Internal, InvalidArgument, ServingError
 from kserve_trio.core.manifest import Manifest, request_rows
 from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.worker.hooks import Hook
 from kserve_trio.worker.planner import coalesce_inputs, slice_outputs, smallest_key_at_least
+
+Shape = int | Sequence[int]
+ScratchSpec = tuple[str, Shape, DTypeLike]
+"""One scratch buffer a meta asks for: (name, shape or a bare row count, dtype)."""
+
+
+class SubModel(Protocol):
+    """What a meta's ``call`` runs: a compiled model (``runtime.CompiledModel``), or one that
+    acquires its weights from the cache before each execution."""
+
+    manifest: Manifest
+
+    def batch_keys(self, variant: int | None) -> tuple[int, ...]: ...
+
+    def execute(
+        self, variant: int | None, batch_key: int, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]: ...
+
+
+SubModelResolver = Callable[[str], tuple[SubModel, Hook | None, Hook | None]]
+"""A declared sub-model's name -> (the model, its preprocess hook, its postprocess hook)."""
 
 
 def run_model_direct(
-    name: str, model, inputs: Sequence[NamedTensor], *, preprocess=None, postprocess=None
+    name: str,
+    model: SubModel,
+    inputs: Sequence[NamedTensor],
+    *,
+    preprocess: Hook | None = None,
+    postprocess: Hook | None = None,
 ) -> list[NamedTensor]:
     """Run one request through ``model`` synchronously, outside the scheduler's queues.
 
     Used by meta sub-calls (already on the device thread). Pads the request to the smallest
     compiled size >= its rows and slices the padding back off.
     """
-    manifest: Manifest = model.manifest
+    manifest = model.manifest
     tensors = list(preprocess(list(inputs)) if preprocess else inputs)
     by_name = {t.name: t for t in tensors}
     arrays = []
@@ -88,10 +119,10 @@ class MetaCall:
         self,
         meta_name: str,
         calls: Sequence[str],
-        resolve: Callable[[str], tuple[object, Callable | None, Callable | None]],
+        resolve: SubModelResolver,
         *,
         deadline_ns: int = 0,
-        pool=None,
+        pool: BufferPool | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.meta_name = meta_name
@@ -100,7 +131,7 @@ class MetaCall:
         self.deadline_ns = deadline_ns
         self._pool = pool
         self._clock = clock
-        self._scratch_slot = None
+        self._scratch_slot: PoolSlot | None = None
         self._scratch_used = False
         self.subcall_seconds = 0.0
 
@@ -121,7 +152,12 @@ class MetaCall:
         finally:
             self.subcall_seconds += time.perf_counter() - started
 
-    def scratch(self, specs, shape=None, dtype=None):
+    def scratch(
+        self,
+        specs: str | Sequence[ScratchSpec],
+        shape: Shape | None = None,
+        dtype: DTypeLike = np.float64,
+    ) -> np.ndarray | list[np.ndarray]:
         """Carve buffers once per request: ``scratch(name, shape, dtype)`` or ``scratch([(name,
         shape, dtype), ...])``; returns numpy arrays (one, or a list)."""
         if self._scratch_used:
@@ -130,40 +166,44 @@ class MetaCall:
             )
         self._scratch_used = True
         single = isinstance(specs, str)
-        items = [(specs, shape, dtype)] if single else list(specs)
+        if isinstance(specs, str):
+            if shape is None:
+                raise TypeError(f"meta model '{self.meta_name}': call.scratch(name) needs a shape")
+            requested: list[ScratchSpec] = [(specs, shape, dtype)]
+        else:
+            requested = list(specs)
+        items = [
+            (n, (s,) if isinstance(s, int) else tuple(s), np.dtype(np.float64 if d is None else d))
+            for n, s, d in requested
+        ]
         if self._pool is None:
-            arrays = [np.zeros(s, dtype=np.dtype(d)) for _, s, d in items]
+            arrays = [np.zeros(s, dtype=d) for _, s, d in items]
             return arrays[0] if single else arrays
-        from kserve_trio.core.buffer_pool import pool_view
-        from kserve_trio.core.buffer_pool import scratch as carve
-
-        total = sum(
-            int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize + 64 for _, s, d in items
-        )
+        total = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize + 64 for _, s, d in items)
         span = max(1, -(-total // self._pool.slot_bytes))
         try:
             slot = self._pool.acquire_blocking(span, deadline_ns=self.deadline_ns)
         except TimeoutError as exc:
             raise DeadlineExceeded(self.meta_name, f"meta model '{self.meta_name}': {exc}") from exc
         self._scratch_slot = slot
-        descs = carve(slot, [(n, tuple(s), np.dtype(d)) for n, s, d in items])
+        descs = carve(slot, items)
         views = pool_view(*descs)
-        views = [views] if len(descs) == 1 else list(views)
-        return views[0] if single else views
+        arrays = [views] if isinstance(views, np.ndarray) else list(views)
+        return arrays[0] if single else arrays
 
     def release(self) -> None:
         """Return scratch buffers to the pool (called when ``run`` returns)."""
         if self._scratch_slot is not None:
-            self._pool.release(self._scratch_slot)
+            self._scratch_slot.release()
             self._scratch_slot = None
 
 
 def run_meta(
     meta_name: str,
-    run: Callable,
+    run: Callable[[list[NamedTensor], MetaCall], object],
     inputs: list[NamedTensor],
     call: MetaCall,
-    client_outputs: Sequence,
+    client_outputs: Sequence[object],
 ) -> list[NamedTensor]:
     """Execute a meta's ``run`` (on the device thread) and check what it returns."""
     try:

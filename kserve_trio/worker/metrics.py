@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -306,7 +306,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def gpu_label(backend: str, device_ordinal: int, env: dict | None = None) -> str:
+def gpu_label(backend: str, device_ordinal: int, env: Mapping[str, str] | None = None) -> str:
     """The ``gpu`` label: CUDA only; the visible-devices token at the ordinal, else the ordinal."""
     if backend not in ("cuda", "gpu"):
         return ""

@@ -9,6 +9,7 @@ is served as version ``1`` (``check_version``).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import types
 from collections.abc import Callable, Iterable, Sequence
@@ -106,8 +107,7 @@ def run_model_py(bundle_dir: pathlib.Path, name: str) -> Registration | None:
         return None
     module = types.ModuleType(f"kserve_trio_bundle_{name}")
     module.__file__ = str(path)
-    module.register_model = register_model
-    module.register_meta_model = register_meta_model
+    module.__dict__.update(register_model=register_model, register_meta_model=register_meta_model)
     source = path.read_text()
     with loading_bundle(name) as reg:
         try:
@@ -144,7 +144,7 @@ def _apply_registration(bundle: ModelBundle, reg: Registration | None) -> None:
 
 
 def load_bundle(
-    bundle_dir: str | pathlib.Path, backend: Backend, *, name: str | None = None
+    bundle_dir: str | os.PathLike[str], backend: Backend, *, name: str | None = None
 ) -> ModelBundle:
     """Validate, run ``model.py`` and compile one bundle (compilation happens here, once).
 

@@ -165,9 +165,6 @@ class Change:
         return self.name
 
 
-_ABSENT = None  # a pending/desired state of "no bundle under this name"
-
-
 class ChangeDetector:
     """Turns successive scans into debounced ``Change`` lists; remembers what the worker serves.
 
@@ -182,6 +179,7 @@ class ChangeDetector:
         self._seen: dict[str, Snapshot] = {
             name: snap for name, snap in (seed or {}).items() if snap.readable
         }
+        # A pending or desired state of None means "no bundle under this name".
         self._pending: dict[str, Snapshot | None] = {}
         self._no_rename: set[DirId] = set()
 
@@ -219,10 +217,10 @@ class ChangeDetector:
         next_pending: dict[str, Snapshot | None] = {}
         confirmed: dict[str, Snapshot | None] = {}
         for name in sorted(set(current) | set(seen)):
-            desired = current.get(name, _ABSENT)
-            if desired is not _ABSENT and not desired.readable:
+            desired = current.get(name)
+            if desired is not None and not desired.readable:
                 continue
-            if desired == seen.get(name, _ABSENT):
+            if desired == seen.get(name):
                 continue
             if name in self._pending and self._pending[name] == desired:
                 confirmed[name] = desired
@@ -245,7 +243,7 @@ class ChangeDetector:
             served.add(name)
 
         for name, desired in confirmed.items():
-            if desired is _ABSENT and name not in sources:
+            if desired is None and name not in sources:
                 unload(name)
 
         todo = dict(sorted(renames.items()))  # new -> old
@@ -274,7 +272,7 @@ class ChangeDetector:
                 load(new, snap)
 
         for name, desired in confirmed.items():
-            if desired is not _ABSENT and name not in renames:
+            if desired is not None and name not in renames:
                 load(name, desired)
         return changes
 
@@ -284,12 +282,12 @@ class ChangeDetector:
         leaving = {
             name
             for name, desired in confirmed.items()
-            if name in seen and (desired is _ABSENT or desired.dir_id != seen[name].dir_id)
+            if name in seen and (desired is None or desired.dir_id != seen[name].dir_id)
         }
         renames: dict[str, str] = {}
         claimed: set[str] = set()
         for new, desired in confirmed.items():
-            if desired is _ABSENT or desired.dir_id in self._no_rename:
+            if desired is None or desired.dir_id in self._no_rename:
                 continue
             previous = seen.get(new)
             if previous is not None and previous.dir_id == desired.dir_id:
