@@ -55,6 +55,7 @@ from kserve_trio.client.runtime import (
     refuse_in_event_loop,
 )
 from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
+from kserve_trio.core.bytes_tensor import encode_bytes_tensor
 from kserve_trio.core.codec import (
     SHM_BYTE_SIZE_PARAM,
     SHM_OFFSET_PARAM,
@@ -139,7 +140,8 @@ def build_chunk_request(
        (``pool.region_name``, its absolute offset, its bytes), else inline: its
        ``raw_input_contents`` entry is a memoryview of the slot, copied only when serialized.
     2. An ``InferInput`` over a view of ``pool`` is sent like a descriptor; any other array is
-       sent inline, its entry a view of the array (C-contiguous arrays are not copied).
+       sent inline, its entry a view of the array (C-contiguous arrays are not copied), or a
+       ``BYTES`` input's length-prefixed encoding.
     3. Requested outputs: with ``out_bufs`` (shm), each declared output by reference into its
        buffer; else the declared outputs by name; nothing declared -> every output, inline.
     4. ``raw_input_contents`` holds the inline inputs in input order.
@@ -167,6 +169,8 @@ def build_chunk_request(
             offset = pool_offset(pool, d.array) if shm else None
             if offset is not None:
                 msg.parameters = _shm_params(pool.region_name, offset, d.nbytes)
+            elif d.dtype.is_bytes:  # variable-length elements: their encoding, inline
+                request.raw_input_contents.append(encode_bytes_tensor(d.array))
             else:
                 request.raw_input_contents.append(byte_view(d.array))
         request.inputs.append(msg)

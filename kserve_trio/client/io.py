@@ -34,6 +34,7 @@ import numpy as np
 
 from kserve_trio.core.buffer_pool import PoolSlot, ScratchBuffer, scratch
 from kserve_trio.core.buffer_pool import pool_view as _core_pool_view
+from kserve_trio.core.bytes_tensor import bytes_tensor_from_values, decode_bytes_tensor
 from kserve_trio.core.codec import (
     SHM_REGION_PARAM,
     in_shared_memory,
@@ -42,6 +43,7 @@ from kserve_trio.core.codec import (
     string_param,
 )
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
+from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import InferResponseMessage
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
@@ -220,7 +222,9 @@ def _wire_dtype_of(name: str, dtype: Any, what: str) -> DType:
 
 @dataclass(frozen=True, slots=True, init=False)
 class InferInput:
-    """A named input tensor: ``array`` is sent as is (row-major, batch axis first).
+    """A named input tensor: ``array`` is sent as is (row-major, batch axis first); an
+    ``object`` array of ``bytes``/``str`` is a ``BYTES`` tensor, sent inline in Triton's
+    length-prefixed encoding.
 
     For a one-shot request the bytes go inline in ``raw_input_contents``. Returned from
     ``encode_chunk``, an ``InferInput`` over a ``pool_view`` of the chunk's slot travels through
@@ -274,7 +278,7 @@ def InferOutput(
     betterproto2 ``ModelInferResponse`` built by hand reads the same).
 
     Raw bytes are viewed in place (``np.frombuffer``, no copy); typed ``contents`` become a new
-    array. Entries of ``raw_output_contents`` are matched to outputs by position, in Triton's
+    array; a ``BYTES`` output becomes an ``object`` array of ``bytes``. Entries of ``raw_output_contents`` are matched to outputs by position, in Triton's
     layout or the older inline-only one (``codec.raw_output_indices``). ``dtype``, when given
     (numpy dtype-like, ``DType`` or a wire string), must be the output's datatype: the bytes are
     never reinterpreted as another type. Raises ``KeyError`` for an unknown name, ``TypeError``
@@ -320,7 +324,10 @@ def InferOutput(
             raise ValueError(
                 f"{what} has {len(values)} elements in {field}, expected {math.prod(shape)}"
             )
-        arr = np.array(values, dtype=wire.numpy).reshape(shape)
+        if wire.is_bytes:
+            arr = bytes_tensor_from_values(values, shape, what)
+        else:
+            arr = np.array(values, dtype=wire.numpy).reshape(shape)
     else:
         raw = response.raw_output_contents
         indices = raw_output_indices(response.outputs, len(raw))
@@ -334,12 +341,18 @@ def InferOutput(
         if index is None:
             raise ValueError(f"{what} has no raw_output_contents entry")
         buf = raw[index]
-        if len(buf) != nbytes:
+        if wire.is_bytes:
+            try:
+                arr = decode_bytes_tensor(buf, shape, what)
+            except InvalidArgument as exc:
+                raise ValueError(exc.message) from None
+        elif len(buf) != nbytes:
             raise ValueError(
                 f"{what} has {len(buf)} bytes of raw data, expected {nbytes} "
                 f"(shape {list(shape)} x {wire.wire})"
             )
-        arr = np.frombuffer(buf, dtype=wire.numpy).reshape(shape)
+        else:
+            arr = np.frombuffer(buf, dtype=wire.numpy).reshape(shape)
     if arr.flags.writeable:
         arr.flags.writeable = False
     return checked(arr, name) if bounds_checks_enabled() else arr
@@ -366,6 +379,12 @@ class OutputSpec:
             dt = dtype_from_wire(dtype)
         else:
             dt = _wire_dtype_of(name, dtype, "output")
+        if dt.is_bytes:
+            raise ValueError(
+                f"OutputSpec '{name}' is BYTES: its size is not known ahead, so it cannot be "
+                "read back through shared memory; leave it out of output_specs() (it is then "
+                "returned inline)"
+            )
         dims = (
             (int(per_item_dims),)
             if isinstance(per_item_dims, int | np.integer)

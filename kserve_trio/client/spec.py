@@ -241,7 +241,11 @@ def synthetic_response(
                 name=meta.name, datatype=meta.datatype, shape=shape
             )
         )
-        response.raw_output_contents.append(bytes(math.prod(shape) * dtype.itemsize))
+        count = math.prod(shape)
+        # BYTES: ``count`` empty elements (a 4-byte zero length each)
+        response.raw_output_contents.append(
+            bytes(count * (4 if dtype.is_bytes else dtype.itemsize))
+        )
     return response
 
 

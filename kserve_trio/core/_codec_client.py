@@ -25,6 +25,7 @@ from kserve_trio.core._codec_shared import (
     shm_ref,
     wire_dtype,
 )
+from kserve_trio.core.bytes_tensor import encode_bytes_tensor
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import (
     InferInputTensor,
@@ -75,8 +76,14 @@ def encode_infer_request(
         parameters=request_params(budget_ns, parameters),
         inputs=[_input(t) for t in inputs],
         outputs=requested_tensors(requested_outputs),
-        raw_input_contents=[byte_view(checked_array(model_name, t, "input")) for t in inputs],
+        raw_input_contents=[_payload(model_name, t) for t in inputs],
     )
+
+
+def _payload(model_name: str, tensor: NamedTensor) -> bytes | memoryview:
+    """An input's raw contents: a view of its array, or a ``BYTES`` input's encoding."""
+    arr = checked_array(model_name, tensor, "input")
+    return encode_bytes_tensor(arr) if tensor.dtype.is_bytes else byte_view(arr)
 
 
 def encode_infer_request_shm(
@@ -94,6 +101,9 @@ def encode_infer_request_shm(
     input; the caller wrote the bytes there). No ``raw_input_contents``."""
     if len(offsets) != len(inputs):
         raise ValueError(f"{len(offsets)} offsets given for {len(inputs)} inputs")
+    for t in inputs:
+        if t.dtype.is_bytes:
+            raise ValueError(f"input '{t.name}' is BYTES: send it inline, not in shared memory")
     return InferRequestMessage(
         model_name=model_name,
         id=id,
@@ -176,11 +186,11 @@ def decode_infer_response(msg: Any, *, skip_shm: bool = False) -> list[NamedTens
                     f"{what} has no data: no raw_output_contents entry or contents"
                 )
             size = len(buf) if buf.__class__ is bytes else memoryview(buf).nbytes
-            if size != nbytes:
+            if size != nbytes and not dtype.is_bytes:
                 raise InvalidArgument(
                     f"{what} has {size} bytes of raw data, expected {nbytes} "
                     f"(shape {shape_str(shape)} x {dtype.wire})"
                 )
-            data = from_buffer(buf, dtype, shape)
+            data = from_buffer(buf, dtype, shape, what)
         result.append(NamedTensor(out.name, dtype, shape, data))
     return result

@@ -17,6 +17,7 @@ from kserve_trio.core._codec_shared import (
     ShmRef,
     ShmRegistryLike,
     checked_array,
+    encoded_bytes,
     payload,
     shm_params,
 )
@@ -54,6 +55,9 @@ def encode_infer_response(
     4. ``raw_output_contents`` has one entry per output, in response order (Triton's layout,
        which tritonclient reads by position): the payload of an inline output, an empty entry
        for an output written to shared memory.
+    5. A ``BYTES`` output's payload is its length-prefixed encoding (``core.bytes_tensor``),
+       inline or in shared memory alike; an element that is neither ``bytes`` nor ``str`` is
+       ``Internal`` (the model's bug).
     """
     tensors, raw = response_outputs(model_name, outputs, requested, registry, zero_copy=zero_copy)
     return infer_response_pieces(model_name, model_version, request_id, None, tensors, raw)
@@ -84,6 +88,8 @@ def response_outputs(
     prepared = []
     for tensor, shm in chosen:
         arr = checked_array(model_name, tensor)
+        if tensor.dtype.is_bytes:  # variable-length elements: their encoding is the payload
+            arr = np.frombuffer(encoded_bytes(model_name, tensor, arr), np.uint8)
         if shm is not None:
             what = f"output '{tensor.name}' of model '{model_name}'"
             if arr.nbytes > shm.byte_size:

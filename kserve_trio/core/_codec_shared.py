@@ -19,6 +19,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kserve_trio.core.bytes_tensor import (
+    bytes_tensor_from_values,
+    decode_bytes_tensor,
+    encode_bytes_tensor,
+)
 from kserve_trio.core.dtypes import DType, dtype_from_wire
 from kserve_trio.core.errors import Internal, InvalidArgument
 from kserve_trio.core.tensor import NamedTensor
@@ -194,7 +199,8 @@ def checked_nbytes(what: str, shape: Sequence[int], dtype: DType) -> tuple[int, 
     an oversized shape raises before any allocation (Python ints: the product cannot overflow).
 
     The size limit counts a zero dimension as one, so an empty tensor with huge other dimensions
-    is refused too: numpy itself cannot even describe its shape.
+    is refused too: numpy itself cannot even describe its shape. For ``BYTES`` the bytes are the
+    least its encoding can take (a 4-byte length per element): a bound, not the payload size.
     """
     if len(shape) > MAX_RANK:
         raise InvalidArgument(
@@ -204,8 +210,9 @@ def checked_nbytes(what: str, shape: Sequence[int], dtype: DType) -> tuple[int, 
         if d < 0:
             raise InvalidArgument(f"{what} has a negative dimension in shape {shape_str(shape)}")
     count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    extent = nbytes if count else math.prod(d for d in shape if d) * dtype.itemsize
+    itemsize = 4 if dtype.is_bytes else dtype.itemsize
+    nbytes = count * itemsize
+    extent = nbytes if count else math.prod(d for d in shape if d) * itemsize
     if extent > MAX_TENSOR_BYTES:
         needs = (
             f"needs {nbytes} bytes" if nbytes else f"spans {extent} bytes (zero dimensions aside)"
@@ -224,8 +231,13 @@ def wire_dtype(what: str, datatype: str) -> DType:
         raise InvalidArgument(f"{what}: {exc}") from None
 
 
-def from_buffer(buf: bytes | memoryview, dtype: DType, shape: Sequence[int]) -> np.ndarray:
-    """A read-only array viewing ``buf`` (no copy)."""
+def from_buffer(
+    buf: bytes | memoryview, dtype: DType, shape: Sequence[int], what: str = "tensor"
+) -> np.ndarray:
+    """A read-only array viewing ``buf`` (no copy); a ``BYTES`` tensor is decoded from its
+    length-prefixed encoding instead (``InvalidArgument`` naming ``what`` if malformed)."""
+    if dtype.is_bytes:
+        return decode_bytes_tensor(buf, shape, what)
     arr = np.frombuffer(buf, dtype=dtype.numpy).reshape(tuple(shape))
     if arr.flags.writeable:
         arr.flags.writeable = False
@@ -248,6 +260,8 @@ def from_typed(
                 f"{what} has datatype {dtype.wire} but carries data in {name}; expected {expected}"
             )
     values = getattr(contents, expected)
+    if dtype.is_bytes:
+        return bytes_tensor_from_values(values, shape, what)
     if len(values) != count:
         raise InvalidArgument(
             f"{what} has {len(values)} elements in {expected}, expected {count} "
@@ -293,3 +307,12 @@ def checked_array(model_name: str, tensor: NamedTensor, kind: str = "output") ->
             f"{arr.dtype}{shape_str(arr.shape)}"
         )
     return arr
+
+
+def encoded_bytes(model_name: str, tensor: NamedTensor, arr: np.ndarray) -> bytes:
+    """A ``BYTES`` output's length-prefixed payload; an element that is neither ``bytes`` nor
+    ``str`` is the model's bug (``Internal`` naming the output)."""
+    try:
+        return encode_bytes_tensor(arr)
+    except (TypeError, ValueError) as exc:
+        raise Internal(f"output '{tensor.name}' of model '{model_name}': {exc}") from None

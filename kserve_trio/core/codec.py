@@ -137,7 +137,7 @@ def _plan_input(model_name: str, tensor: Any) -> _InputPlan:
     shape = tuple(int(d) for d in tensor.shape)
     count, nbytes = checked_nbytes(what, shape, dtype)
     shm = shm_ref(what, tensor.parameters)
-    if shm is not None and shm.byte_size != nbytes:
+    if shm is not None and shm.byte_size != nbytes and not dtype.is_bytes:
         raise InvalidArgument(
             f"{what} has {SHM_BYTE_SIZE_PARAM} {shm.byte_size}, expected {nbytes} "
             f"(shape {shape_str(shape)} x {dtype.wire})"
@@ -183,7 +183,10 @@ def decode_infer_request(
        count must match. A raw list covering every non-shm input while some input also has
        typed contents is the "both given" error; an input with no source at all is "no data".
     5. Raw and shm data become read-only ``np.frombuffer`` views (no copy) whose byte length
-       must equal ``prod(shape) * itemsize``; typed data is converted to the exact dtype.
+       must equal ``prod(shape) * itemsize``; typed data is converted to the exact dtype. A
+       ``BYTES`` input is decoded instead, from its length-prefixed encoding (raw or shm, the
+       whole ``shared_memory_byte_size`` range) or from ``bytes_contents``, into an ``object``
+       array of ``bytes`` holding exactly ``prod(shape)`` elements.
     6. Shared memory is read last, through ``registry.read_view``; its leases go to
        ``InferRequest.leases``, and are released again if anything fails on the way.
     """
@@ -223,12 +226,12 @@ def decode_infer_request(
 
     arrays: dict[int, np.ndarray] = {}
     for plan, buf in zip(needs_raw, raw, strict=True):
-        if len(buf) != plan.nbytes:
+        if len(buf) != plan.nbytes and not plan.dtype.is_bytes:
             raise InvalidArgument(
                 f"{plan.what} has {len(buf)} bytes of raw data, expected {plan.nbytes} "
                 f"(shape {shape_str(plan.shape)} x {plan.dtype.wire})"
             )
-        arrays[id(plan)] = from_buffer(buf, plan.dtype, plan.shape)
+        arrays[id(plan)] = from_buffer(buf, plan.dtype, plan.shape, plan.what)
     for plan in typed:
         assert plan.msg.contents is not None
         arrays[id(plan)] = from_typed(
@@ -258,12 +261,12 @@ def decode_infer_request(
                 )
             view, release = registry.read_view(plan.shm.region, plan.shm.offset, plan.shm.byte_size)
             request.leases.append(release)
-            if view.nbytes != plan.nbytes:
+            if view.nbytes != plan.nbytes and not plan.dtype.is_bytes:
                 raise InvalidArgument(
                     f"{plan.what}: shared memory region '{plan.shm.region}' returned "
                     f"{view.nbytes} bytes, expected {plan.nbytes}"
                 )
-            arrays[id(plan)] = from_buffer(view, plan.dtype, plan.shape)
+            arrays[id(plan)] = from_buffer(view, plan.dtype, plan.shape, plan.what)
     except BaseException:
         # The decode error is what the caller must see; a failing release must not mask it.
         with contextlib.suppress(Exception):

@@ -3,6 +3,12 @@
 Each member knows its manifest token (``f32``), its numpy dtype (``ml_dtypes`` for bf16 and
 fp8), its KServe wire string (``FP32``; ``None`` for fp8, which is executable-internal only) and
 the typed ``InferTensorContents`` field a client may use for it (``None`` for raw/shm-only types).
+
+``BYTES`` (token ``bytes``) is the one variable-length type: each element is a byte string, held
+in a numpy ``object`` array, and travels in Triton's length-prefixed encoding
+(``core.bytes_tensor``). It exists only on client-facing tensors (a bundle's ``model.py`` turns
+text into tensors and back); no executable takes or returns it. Its ``itemsize`` is numpy's
+object pointer size, not a payload size: code that sizes payloads asks ``is_bytes`` first.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class DType(enum.Enum):
     F64 = _DTypeInfo("f64", np.dtype(np.float64), "FP64", "fp64_contents")
     F8_E5M2 = _DTypeInfo("f8_e5m2", np.dtype(ml_dtypes.float8_e5m2), None, None)
     F8_E4M3 = _DTypeInfo("f8_e4m3", np.dtype(ml_dtypes.float8_e4m3fn), None, None)
+    BYTES = _DTypeInfo("bytes", np.dtype(object), "BYTES", "bytes_contents")
 
     # Properties read ``_value_`` (a plain attribute) rather than ``value`` (an enum descriptor):
     # these are consulted per tensor on the request path.
@@ -56,8 +63,14 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        """Bytes per element."""
+        """Bytes per element (for ``BYTES``, numpy's object pointer size: see ``is_bytes``)."""
         return self._value_.numpy.itemsize
+
+    @property
+    def is_bytes(self) -> bool:
+        """Whether elements are variable-length byte strings (``BYTES``), so a tensor's payload
+        size does not follow from its shape."""
+        return self is DType.BYTES
 
     @property
     def has_wire(self) -> bool:
@@ -96,21 +109,17 @@ def dtype_from_token(token: str) -> DType:
 
 
 def dtype_from_wire(wire: str) -> DType:
-    """KServe wire string -> DType; ``BYTES`` and anything unknown raise ``ValueError``."""
+    """KServe wire string -> DType; anything unknown raises ``ValueError``."""
     try:
         return _BY_WIRE[wire]
     except (KeyError, TypeError):
-        if wire == "BYTES":
-            raise ValueError(
-                "unknown KServe datatype 'BYTES': string tensors are not supported"
-            ) from None
         raise ValueError(
             f"unknown KServe datatype '{wire}'; expected one of {', '.join(_BY_WIRE)}"
         ) from None
 
 
 def dtype_of(dtype: np.dtype | type | str) -> DType:
-    """numpy dtype (or anything ``np.dtype`` accepts) -> DType."""
+    """numpy dtype (or anything ``np.dtype`` accepts) -> DType (``object`` -> ``BYTES``)."""
     try:
         return _BY_NUMPY[np.dtype(dtype)]
     except (KeyError, TypeError):

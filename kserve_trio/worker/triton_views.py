@@ -20,7 +20,8 @@ in ``ModelMetadata`` alike: the framework that runs it, whatever the device."""
 
 
 def _data_type(spec: TensorSpec) -> pb.DataType:
-    return pb.DataType[f"TYPE_{spec.dtype.wire}"]
+    # Triton's configuration calls the BYTES wire type TYPE_STRING
+    return pb.DataType["TYPE_STRING" if spec.dtype.is_bytes else f"TYPE_{spec.dtype.wire}"]
 
 
 def _batch_leading(specs: Sequence[TensorSpec]) -> bool:

@@ -291,8 +291,13 @@ def test_synthetic_response_shapes():
         "m",
     )
     r = synthetic_response(spec, [], 5)
-    assert [(o.name, list(o.shape)) for o in r.outputs] == [("a", [5, 1, 3]), ("b", [2, 1])]
-    assert [len(b) for b in r.raw_output_contents] == [60, 16]
+    assert [(o.name, list(o.shape)) for o in r.outputs] == [
+        ("a", [5, 1, 3]),
+        ("b", [2, 1]),
+        ("s", [5]),
+    ]
+    assert [len(b) for b in r.raw_output_contents] == [60, 16, 20]  # five empty BYTES elements
+    assert list(InferOutput("s", r)) == [b""] * 5
     r = synthetic_response(spec, [OutputSpec("a", np.float32, (7, 3))], 2)
     assert [(o.name, list(o.shape)) for o in r.outputs] == [("a", [2, 7, 3])]
 

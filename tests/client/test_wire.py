@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import serialize_byte_tensor
 
 from kserve_trio.client import BufferPool, InferInput, InferOutput, RetryPolicy, scratch
 from kserve_trio.client.driver import build_chunk_request
@@ -45,10 +46,25 @@ def named_tensors(draw) -> list[NamedTensor]:
     for i in range(draw(st.integers(0, 3))):
         dtype = draw(st.sampled_from(WIRE))
         shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        data = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), dtype.numpy)
+        count = int(np.prod(shape, dtype=np.int64))
+        if dtype.is_bytes:  # variable-length elements
+            data = np.empty(count, dtype=object)
+            for k, value in enumerate(
+                draw(st.lists(st.binary(max_size=6), min_size=count, max_size=count))
+            ):
+                data[k] = value
+        else:
+            n = count * dtype.itemsize
+            data = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), dtype.numpy)
         out.append(NamedTensor(f"in{i}", dtype, shape, data.reshape(shape)))
     return out
+
+
+def wire_payload(t: NamedTensor) -> bytes:
+    """What tritonclient itself would send for ``t`` (its own BYTES serializer)."""
+    if t.dtype.is_bytes:
+        return serialize_byte_tensor(t.data).item() if t.data.size else b""
+    return t.data.tobytes()
 
 
 def kind_of(value) -> str:
@@ -87,7 +103,7 @@ def test_encoded_requests_read_back_exactly_in_betterproto_and_protobuf(
     assert [(t.name, t.datatype, tuple(t.shape)) for t in theirs.inputs] == [
         (t.name, t.dtype.wire, t.shape) for t in tensors
     ]
-    assert list(theirs.raw_input_contents) == [t.data.tobytes() for t in tensors]
+    assert list(theirs.raw_input_contents) == [wire_payload(t) for t in tensors]
 
 
 def test_betterproto_parameters_are_still_accepted():

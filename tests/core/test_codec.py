@@ -141,6 +141,8 @@ def decode_error(msg: pb.ModelInferRequest, registry=None) -> str:
 
 
 def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype == object or b.dtype == object:  # BYTES: the elements, not the pointers
+        return a.dtype == b.dtype and a.shape == b.shape and a.tolist() == b.tolist()
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
@@ -158,8 +160,15 @@ def tensors(draw) -> list[NamedTensor]:
     for i in range(n):
         dtype = draw(st.sampled_from(WIRE_DTYPES))
         shape = tuple(draw(st.lists(st.integers(0, 3), min_size=0, max_size=4)))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        data = np.frombuffer(draw(st.binary(min_size=nbytes, max_size=nbytes)), dtype.numpy)
+        count = int(np.prod(shape, dtype=np.int64))
+        if dtype.is_bytes:  # variable-length elements, the empty one included
+            data = np.empty(count, dtype=object)
+            elements = draw(st.lists(st.binary(max_size=6), min_size=count, max_size=count))
+            for k, value in enumerate(elements):
+                data[k] = value
+        else:
+            nbytes = count * dtype.itemsize
+            data = np.frombuffer(draw(st.binary(min_size=nbytes, max_size=nbytes)), dtype.numpy)
         out.append(NamedTensor(f"t{i}", dtype, shape, data.reshape(shape)))
     return out
 
@@ -252,6 +261,7 @@ TYPED_VALUES = {
     DType.I64: [-(2**63), 0, 5, 2**63 - 1],
     DType.F32: [0.5, -1.25, 3.0, 1e30],
     DType.F64: [0.5, -1.25, 3.0, 1e300],
+    DType.BYTES: [b"ab", b"", b"\x00\xff", "caf\u00e9".encode()],
 }
 
 
@@ -371,11 +381,7 @@ def test_raw_entry_count_must_match_the_inputs_that_need_raw():
 @pytest.mark.parametrize(
     ("datatype", "message"),
     [
-        (
-            "BYTES",
-            "input 'x' of model 'm': unknown KServe datatype 'BYTES': string tensors are not "
-            "supported",
-        ),
+        ("STRING", "input 'x' of model 'm': unknown KServe datatype 'STRING'; expected one of"),
         ("FLOAT", "input 'x' of model 'm': unknown KServe datatype 'FLOAT'; expected one of BOOL"),
     ],
 )

@@ -59,10 +59,18 @@ def test_unknown_token_is_rejected_with_the_valid_tokens_listed():
         dtype_from_token("float32")
 
 
-def test_bytes_wire_type_is_rejected_clearly():
-    with pytest.raises(ValueError, match="unknown KServe datatype 'BYTES'"):
-        dtype_from_wire("BYTES")
-    with pytest.raises(ValueError, match="unknown KServe datatype 'FLOAT'"):
+def test_bytes_is_the_one_variable_length_wire_type():
+    d = dtype_from_wire("BYTES")
+    assert d is DType.BYTES is dtype_from_token("bytes") is dtype_of(object)
+    assert d.token == "bytes" and d.wire == "BYTES" and d.has_wire
+    assert d.numpy == np.dtype(object) and d.contents_field == "bytes_contents"
+    assert [t for t in DType if t.is_bytes] == [DType.BYTES]
+    t = NamedTensor.from_array("s", np.array([b"a", b"bc"], dtype=object))
+    assert t.dtype is DType.BYTES and t.shape == (2,)
+
+
+def test_unknown_wire_types_are_rejected_clearly():
+    with pytest.raises(ValueError, match="unknown KServe datatype 'FLOAT'; expected one of BOOL"):
         dtype_from_wire("FLOAT")
 
 
@@ -80,6 +88,7 @@ def test_typed_contents_fields_follow_the_kserve_table():
     assert DType.F64.contents_field == "fp64_contents"
     assert DType.BOOL.contents_field == "bool_contents"
     assert DType.F16.contents_field is None and DType.BF16.contents_field is None
+    assert DType.BYTES.contents_field == "bytes_contents"
 
 
 def test_named_tensor_from_array_takes_dtype_and_row_major_shape():

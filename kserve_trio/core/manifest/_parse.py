@@ -308,7 +308,10 @@ def parse_manifest(raw: Mapping[str, Any], name: str, *, source: str = "<manifes
     4. tensor names are unique within each section;
     5. all executable inputs carry a batch axis, or none does (positions may differ);
     6. ``batching.compiled_batch_sizes`` is a list of distinct positive integers;
-    7. every client-facing tensor has a KServe wire dtype (no fp8).
+    7. every client-facing tensor has a KServe wire dtype (no fp8);
+    8. no executable tensor is ``bytes``: string tensors exist only on ``client_inputs`` /
+       ``client_outputs``, which a ``model.py`` turns into tensors and back (so a model without
+       client specs cannot take or return them either).
     """
     where = _Where.manifest(name, source)
     if not isinstance(raw, Mapping):
@@ -378,6 +381,15 @@ def parse_manifest(raw: Mapping[str, Any], name: str, *, source: str = "<manifes
                 raise where.error(
                     f"{section} tensor '{t.name}' has dtype {t.dtype.token} "
                     "which has no KServe wire datatype mapping"
+                )
+
+    for section, specs in (("executable_inputs", exec_in), ("executable_outputs", exec_out)):
+        for t in specs:
+            if t.dtype.is_bytes:
+                raise where.error(
+                    f"{section} tensor '{t.name}' has dtype bytes, which no executable takes or "
+                    "returns; declare string tensors in client_inputs/client_outputs and turn "
+                    "them into tensors in model.py"
                 )
 
     provenance = raw.get("provenance")
