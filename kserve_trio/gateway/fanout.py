@@ -23,7 +23,7 @@ merges the answers with ``aggregate``'s pure functions. Rules per RPC:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import anyio
@@ -87,7 +87,7 @@ def _parse(reply_type: type[R], raw: bytes, label: str) -> R:
         ) from None
 
 
-def _outcomes(results: dict[str, object]) -> dict[str, str]:
+def _outcomes(results: Mapping[str, object]) -> dict[str, str]:
     return {
         label: "ok" if not isinstance(r, RpcError) else f"{r.status.name}: {r.message}"
         for label, r in results.items()

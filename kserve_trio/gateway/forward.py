@@ -116,7 +116,7 @@ class Forwarder:
         self.replay = replay
         self._cursor = 0
 
-    def peek(self, plain: bytes) -> PeekedRequest:
+    def peek(self, plain: bytes | bytearray) -> PeekedRequest:
         """Rule 1's peek of an uncompressed request (``InvalidArgument`` if malformed)."""
         return peek_routing(plain, self.policy.batch_input)
 
@@ -124,7 +124,7 @@ class Forwarder:
         self,
         data: bytes,
         *,
-        plain: bytes | None = None,
+        plain: bytes | bytearray | None = None,
         compressed_with: str | None = None,
         head: PeekedRequest | None = None,
         deadline: float | None = None,

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.wire import _fields, _varint, signed
 
 _MASK64 = (1 << 64) - 1
+_Span = tuple[int, int]
 _Buffer = bytes | bytearray | memoryview
 
 
@@ -52,11 +54,12 @@ def _tensor(sub: memoryview, target: bytes) -> tuple[int, ...] | None:
     dims: list[int] = []
     for field, wt, value in _fields(sub, 0, len(sub)):
         if field == 1 and wt == 2:
-            name = value
+            name = cast(_Span, value)
         elif field == 3 and wt == 0:  # one unpacked element
-            dims.append(signed(value & _MASK64))
+            dims.append(signed(cast(int, value) & _MASK64))
         elif field == 3 and wt == 2:  # packed elements
-            packed = sub[value[0] : value[1]]
+            start, end = cast(_Span, value)
+            packed = sub[start:end]
             pos = 0
             while pos < len(packed):
                 element, pos = _varint(packed, pos)
@@ -77,11 +80,11 @@ def _walk(buf: memoryview) -> tuple[tuple[int, int] | None, tuple[int, int] | No
             if wt != 2:
                 continue
             if field == 1:
-                model = value
+                model = cast(_Span, value)
             elif field == 3:
-                ident = value
+                ident = cast(_Span, value)
             elif field == 5:
-                inputs.append(value)
+                inputs.append(cast(_Span, value))
     except IndexError:  # a varint running off the end of its buffer
         raise InvalidArgument("malformed ModelInferRequest: truncated message") from None
     except ValueError as exc:
@@ -137,7 +140,7 @@ def peek_region_name(data: _Buffer, rpc: str) -> str:
     try:
         for field, wt, value in _fields(buf, 0, len(buf)):
             if field == 1 and wt == 2:
-                name = value
+                name = cast(_Span, value)
         text = "" if name is None else bytes(buf[name[0] : name[1]]).decode("utf-8")
     except IndexError:
         raise InvalidArgument(f"malformed {rpc} request: truncated message") from None

@@ -47,8 +47,9 @@ COMPACT_TIMEOUT_SECONDS = 300.0
 SERVER_READY = method_path("ServerReady")
 
 
-class RawReply:
-    """The reply type of a raw call: the worker's reply message bytes, unparsed."""
+class RawReply(bytes):
+    """The reply type of a raw call: the worker's reply message bytes, unparsed (``FromString``
+    hands them back as they are; the class is a ``bytes`` so that typed callers see bytes)."""
 
     @staticmethod
     def FromString(data: bytes) -> bytes:  # the name the transport calls

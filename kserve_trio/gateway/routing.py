@@ -162,12 +162,20 @@ class Selection:
 class RoutingPolicy(Protocol):
     """What every routing mode provides (see the module docstring)."""
 
-    mode: str
-    """The ``scheduling.mode`` value it implements."""
-    basis: WorkBasis | None
-    """What its load counters count (``None``: it keeps none)."""
-    needs_metadata: bool
-    """Whether the prober must poll ModelControlStatus for it each round."""
+    @property
+    def mode(self) -> str:
+        """The ``scheduling.mode`` value it implements."""
+        ...
+
+    @property
+    def basis(self) -> WorkBasis | None:
+        """What its load counters count (``None``: it keeps none)."""
+        ...
+
+    @property
+    def needs_metadata(self) -> bool:
+        """Whether the prober must poll ModelControlStatus for it each round."""
+        ...
 
     def batch_input(self, model: str) -> tuple[str, int] | None:
         """``(input name, 1-based wire axis)`` whose shape to peek from a request, or ``None``

@@ -121,7 +121,15 @@ def aggregate_poll(replies: Mapping[str, rc.ModelControlStatusResponse]) -> Flee
             t["workers"].append(worker)
     models = {
         name: ModelReport(
-            name, t["c"], t["q"], t["r"], t["w"], t["b"], *t["input"], tuple(t["workers"])
+            name,
+            t["c"],
+            t["q"],
+            t["r"],
+            t["w"],
+            t["b"],
+            batch_input_name=t["input"][0],
+            batch_axis=t["input"][1],
+            workers=tuple(t["workers"]),
         )
         for name, t in sorted(totals.items())
     }

@@ -70,6 +70,13 @@ def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     return out or None
 
 
+def _plain(call: RawCall, message: RawMessage) -> bytes:
+    """A control request's bytes, uncompressed (these are small: a compressed one is copied
+    into ``bytes`` once)."""
+    data = call.plain(message)
+    return data if type(data) is bytes else bytes(data)
+
+
 def _parse(cls: type, data: bytes, rpc: str) -> Any:
     try:
         return cls.parse(data)
@@ -166,7 +173,7 @@ class GatewayService:
         )
 
     async def shm_status(self, call: RawCall, message: RawMessage) -> bytes:
-        request = _parse(pb.SystemSharedMemoryStatusRequest, call.plain(message), "status")
+        request = _parse(pb.SystemSharedMemoryStatusRequest, _plain(call, message), "status")
         registered = [data for _, data in self.shm.registrations.items()]
         return bytes(aggregate.shm_status(registered, request.name))
 
@@ -177,7 +184,7 @@ class GatewayService:
             if message.compressed:
                 return await self.forwarder.infer(
                     message.data,
-                    plain=call.plain(message),
+                    plain=call.plain(message),  # peeked only
                     compressed_with=call.encoding,
                     deadline=call.deadline,
                     metadata=forwarded_metadata(call.metadata),
@@ -191,7 +198,7 @@ class GatewayService:
     # -- from a ready replica ----------------------------------------------------------------
 
     async def _from_replica(self, call: RawCall, message: RawMessage, rpc: str, cls: type):
-        data = call.plain(message)
+        data = _plain(call, message)
         request = _parse(cls, data, rpc)
         reply = await self.forwarder.call_replica(
             INFERENCE + rpc, request.name, data, deadline=call.deadline
@@ -221,12 +228,12 @@ class GatewayService:
     # -- fan-outs ----------------------------------------------------------------------------
 
     async def repository_index(self, call: RawCall, message: RawMessage) -> bytes:
-        data = call.plain(message)
+        data = _plain(call, message)
         _parse(pb.RepositoryIndexRequest, data, "RepositoryIndex")
         return await self.fleet.repository_index(data, call.deadline)
 
     async def model_statistics(self, call: RawCall, message: RawMessage) -> bytes:
-        data = call.plain(message)
+        data = _plain(call, message)
         request = _parse(pb.ModelStatisticsRequest, data, "ModelStatistics")
         return await self.fleet.model_statistics(data, request.name, call.deadline)
 
@@ -243,25 +250,25 @@ class GatewayService:
     async def _load_or_unload(
         self, call: RawCall, message: RawMessage, rpc: str, cls: type
     ) -> bytes:
-        data = call.plain(message)
+        data = _plain(call, message)
         request = _parse(cls, data, rpc)
         if not request.model_name:
             raise InvalidArgument(f"{rpc} needs a model_name")
         return await self.fleet.load_or_unload(rpc, data, request.model_name, call.deadline)
 
     async def is_same_ipc_namespace(self, call: RawCall, message: RawMessage) -> bytes:
-        data = call.plain(message)
+        data = _plain(call, message)
         _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace")
         return await self.fleet.same_ipc_namespace(data)
 
     async def compact_memory(self, call: RawCall, message: RawMessage) -> bytes:
-        return await self.fleet.compact_memory(call.plain(message))
+        return await self.fleet.compact_memory(_plain(call, message))
 
     async def shm_register(self, call: RawCall, message: RawMessage) -> bytes:
-        return await self.shm.register(call.plain(message), deadline=call.deadline)
+        return await self.shm.register(_plain(call, message), deadline=call.deadline)
 
     async def shm_unregister(self, call: RawCall, message: RawMessage) -> bytes:
-        return await self.shm.unregister(call.plain(message), deadline=call.deadline)
+        return await self.shm.unregister(_plain(call, message), deadline=call.deadline)
 
 
 __all__ = ["CONTROL", "EXTENSIONS", "INFERENCE", "SERVER_NAME", "GatewayService"]

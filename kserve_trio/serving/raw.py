@@ -105,7 +105,7 @@ class RawCall:
         self.stream._messages_received += 1
         return RawMessage(data, bool(flag))
 
-    def plain(self, message: RawMessage) -> bytes:
+    def plain(self, message: RawMessage) -> bytes | bytearray:
         """``message`` uncompressed (rule 3's cap applies to what it inflates to)."""
         if not message.compressed:
             return message.data
