@@ -13,9 +13,19 @@ import anyio
 import numpy as np
 
 from kserve_trio.bench._report import BenchConfig, Window, progress_line, report, status_name
-from kserve_trio.client import KServeModel, OutputSpec, infer_async, pool_view, scratch
+from kserve_trio.client import (
+    InferInput,
+    KServeModel,
+    OutputSpec,
+    PoolSlot,
+    ScratchBuffer,
+    infer_async,
+    pool_view,
+    scratch,
+)
 from kserve_trio.client.spec import ModelIOSpec, TensorMeta
 from kserve_trio.client.transport import parse_url
+from kserve_trio.core.infer_wire import InferResponseMessage
 
 # --------------------------------------------------------------------------------------------
 # Synthetic inputs
@@ -39,7 +49,9 @@ def synth_inputs(spec, batch: int) -> dict[str, np.ndarray]:
 class _OneChunkIO:
     """An IO of ``batch`` items sent as exactly one chunk: staged by copy into the slot."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], outputs, batch: int) -> None:
+    def __init__(
+        self, arrays: dict[str, np.ndarray], outputs: list[OutputSpec], batch: int
+    ) -> None:
         self.arrays = arrays
         self.outputs = outputs
         self.batch = batch
@@ -51,17 +63,19 @@ class _OneChunkIO:
     def item_input_bytes(self) -> int:
         return self.per_item
 
-    def encode_chunk(self, items, slot):
+    def encode_chunk(self, items: range, slot: PoolSlot) -> list[ScratchBuffer | InferInput]:
+        staged: list[ScratchBuffer | InferInput] = []
         descs = scratch(slot, [(n, a.shape, a.dtype) for n, a in self.arrays.items()])
         for d, a in zip(descs, self.arrays.values(), strict=True):
             np.copyto(pool_view(d), a)
-        return descs
+            staged.append(d)
+        return staged
 
-    def decode_chunk(self, items, response) -> None:
+    def decode_chunk(self, items: range, response: InferResponseMessage) -> None:
         if len(response.outputs) == 0:
             raise RuntimeError("response without outputs")
 
-    def output_specs(self):
+    def output_specs(self) -> list[OutputSpec]:
         return self.outputs
 
 
@@ -148,7 +162,7 @@ async def _kserve_trio_levels(cfg: BenchConfig) -> list[Window]:
     async with model:
         spec = await model.io_spec()
         arrays = synth_inputs(spec, cfg.batch)
-        outputs = []
+        outputs: list[OutputSpec] = []
         if cfg.transport == "shm":
             for meta in spec.outputs:
                 if meta.shape and meta.shape[0] == -1 and all(d >= 0 for d in meta.shape[1:]):
@@ -168,6 +182,8 @@ async def _tritonclient_levels(cfg: BenchConfig) -> list[Window]:
     client = aioclient.InferenceServerClient(f"{host}:{port}")
     try:
         meta = await client.get_model_metadata(cfg.model, as_json=True)
+        if not isinstance(meta, dict):
+            raise RuntimeError(f"no metadata for model '{cfg.model}'")
         spec = ModelIOSpec(
             [
                 TensorMeta(t["name"], t["datatype"], tuple(int(d) for d in t["shape"]))
@@ -189,6 +205,8 @@ async def _tritonclient_levels(cfg: BenchConfig) -> list[Window]:
                 inp.set_data_from_numpy(arr)
                 inputs.append(inp)
             result = await client.infer(cfg.model, inputs, client_timeout=cfg.deadline)
+            if result is None:
+                raise RuntimeError(f"no response from model '{cfg.model}'")
             for name in names:
                 result.as_numpy(name)
 

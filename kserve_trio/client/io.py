@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
@@ -188,6 +188,12 @@ def _slice_str(s: slice) -> str:
     return ":".join(parts)
 
 
+@overload
+def pool_view(desc: ScratchBuffer, /) -> np.ndarray: ...
+@overload
+def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]: ...
+
+
 def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
     """Writable zero-copy arrays over ``scratch`` descriptors: one array for one descriptor,
     else a tuple in argument order. Inside ``with_bounds_checks`` they are ``CheckedArray``
@@ -196,11 +202,9 @@ def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
         raise TypeError("pool_view() needs at least one scratch descriptor")
     arrays = _core_pool_view(*descs)
     if bounds_checks_enabled():
-        arrays = (
-            checked(arrays, descs[0].name)
-            if len(descs) == 1
-            else tuple(checked(a, d.name) for a, d in zip(arrays, descs, strict=True))
-        )
+        if isinstance(arrays, np.ndarray):  # exactly one descriptor
+            return checked(arrays, descs[0].name)
+        return tuple(checked(a, d.name) for a, d in zip(arrays, descs, strict=True))
     return arrays
 
 
@@ -444,11 +448,12 @@ class InferenceIO(Protocol):
 
 def output_specs(io: Any) -> list[OutputSpec]:
     """The IO's declared outputs (``[]`` when it does not implement ``output_specs``)."""
-    method = getattr(io, "output_specs", None)
-    specs = list(method()) if callable(method) else []
-    for spec in specs:
+    method: Callable[[], Iterable[object]] | None = getattr(io, "output_specs", None)
+    specs: list[OutputSpec] = []
+    for spec in method() if callable(method) else ():
         if not isinstance(spec, OutputSpec):
             raise TypeError(f"output_specs() must return OutputSpec values, got {spec!r}")
+        specs.append(spec)
     return specs
 
 

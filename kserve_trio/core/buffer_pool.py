@@ -234,6 +234,12 @@ def scratch(
     return carved[0] if isinstance(spec, str) else carved
 
 
+@overload
+def pool_view(desc: ScratchBuffer, /) -> np.ndarray: ...
+@overload
+def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]: ...
+
+
 def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
     """Writable zero-copy arrays over scratch buffers: one array for one descriptor, else a
     tuple in argument order (``feats, mask = pool_view(*scratch(slot, [...]))``)."""

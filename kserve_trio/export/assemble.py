@@ -300,8 +300,9 @@ def assemble_bundle(
         shape = list(plan.variants[0][i])
         for k in plan.var_axes[i] if multi else []:
             shape[k] = -1
-        if plan.in_axes[i] is not None and sizes != [0]:
-            shape[plan.in_axes[i]] = sizes[0]
+        axis = plan.in_axes[i]
+        if axis is not None and sizes != [0]:
+            shape[axis] = sizes[0]
         in_specs.append(
             IOSpec(plan.in_names[i], plan.in_dtypes[i], tuple(shape), plan.in_axes[i], letters[i])
         )
@@ -350,11 +351,11 @@ def jax_platform() -> str:
 def jax_versions() -> dict[str, str]:
     """jax, jaxlib and kserve_trio versions for the provenance."""
     import jax
-    import jaxlib
+    import jaxlib.version
 
     return {
         "jax_version": jax.__version__,
-        "jaxlib_version": jaxlib.__version__,
+        "jaxlib_version": jaxlib.version.__version__,
         "kserve_trio_version": kserve_trio_version(),
     }
 

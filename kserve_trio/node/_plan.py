@@ -228,15 +228,18 @@ def gateway_launch(
         add[g + "WORKERS"] = ",".join(format_address(connect_host(w.host), w.port) for w in workers)
         if "worker_names" not in raw and g + "WORKER_NAMES" not in env:
             add[g + "WORKER_NAMES"] = ",".join(w.name for w in workers)
-        metrics = [w.metrics_port for w in workers]
-        if all(metrics) and "worker_metrics" not in raw and g + "WORKER_METRICS" not in env:
+        metrics = [w.metrics_port for w in workers if w.metrics_port]
+        every_metrics = len(metrics) == len(workers)
+        if every_metrics and "worker_metrics" not in raw and g + "WORKER_METRICS" not in env:
             add[g + "WORKER_METRICS"] = ",".join(
-                format_address(connect_host(w.host), int(p))
+                format_address(connect_host(w.host), p)
                 for w, p in zip(workers, metrics, strict=True)
             )
     glob = (node or {}).get("global") or {}
     node_grpc = glob.get("grpc") if isinstance(glob, Mapping) else None
-    raw_grpc = raw.get("grpc") if isinstance(raw.get("grpc"), Mapping) else {}
+    raw_grpc = raw.get("grpc")
+    if not isinstance(raw_grpc, Mapping):
+        raw_grpc = {}
     if isinstance(node_grpc, Mapping):
         for key in ("max_recv_msg_bytes", "max_send_msg_bytes"):
             var = g + "GRPC_" + key.upper()

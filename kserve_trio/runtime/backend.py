@@ -545,6 +545,8 @@ def tf32_capable(device: Any) -> bool:
     if getattr(device, "platform", "") not in ("gpu", "cuda"):
         return False
     cc = getattr(device, "compute_capability", None)
+    if cc is None:
+        return False
     try:
         return float(cc) >= TF32_MIN_COMPUTE_CAPABILITY
     except (TypeError, ValueError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import re
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -143,7 +144,10 @@ class GrpcServer(grpclib.server.Server):
         server: asyncio.AbstractServer | None = self._server
         if server is None:
             raise RuntimeError("the server is not started")
-        sockets = getattr(server, "sockets", None) or ()
+        # asyncio.Server and uvloop's server both have ``sockets``; AbstractServer declares none.
+        sockets: Sequence[socket.socket] = getattr(server, "sockets", None) or ()
+        if not sockets:
+            raise RuntimeError("the server has no listening socket")
         return sockets[0].getsockname()[1]
 
 
