@@ -39,7 +39,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Name
     )
     p_demo.add_argument("dir", type=Path, help="repository directory to write into")
     p_demo.add_argument(
-        "--only", action="append", metavar="NAME", help="write only this demo model (repeatable)"
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="write only this demo model (repeatable); tokenize_sum (BYTES through model.py "
+        "hooks) is written only when named",
     )
     add_export_torch_parser(sub)
     parser.set_defaults(_bundle_parser=parser)

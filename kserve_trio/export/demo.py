@@ -6,6 +6,11 @@ from ``numpy.random.default_rng(0)``): ``mlp`` (four batch sizes), ``cnn`` (NCHW
 any non-jax producer would ship it), ``mlp_bf16`` and ``mlp_softmax`` (a ``model.py`` postprocess
 with a different client output). The ``*_reference`` functions compute the same numbers in numpy
 for tests and examples.
+
+One more is written on request (``bundle demo DIR --only tokenize_sum``; ``EXTRA_DEMO_MODELS``):
+``tokenize_sum``, string tensors through hooks. Its client input is ``BYTES`` text; the
+``model.py`` preprocess tokenizes it into integer tensors, the executable sums them, and the
+postprocess returns an integer output and a ``BYTES`` label.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ from kserve_trio.export.iospec import IOSpec
 from kserve_trio.export.writer import write_bundle
 
 DEMO_MODELS: tuple[str, ...] = ("mlp", "cnn", "scale4", "mlp_bf16", "mlp_softmax")
+"""What ``bundle demo DIR`` writes (the repository the docs and tests are built around)."""
+EXTRA_DEMO_MODELS: tuple[str, ...] = ("tokenize_sum",)
+"""Demo bundles written only when named (``--only NAME``)."""
+TOKENIZE_BATCH_SIZES = (1, 8, 32)
+MAX_TOKENS = 16
 MLP_BATCH_SIZES = (1, 8, 32, 64)
 CNN_BATCH_SIZES = (1, 8, 32)
 
@@ -57,6 +67,44 @@ def postprocess(outputs):
 
 
 register_model("mlp_softmax", postprocess=postprocess)  # noqa: F821 (injected)
+'''
+
+TOKENIZE_SUM_MODEL_PY = '''\
+"""tokenize_sum: string tensors through hooks.
+
+Client input ``text`` BYTES [B] (one string per row). preprocess splits each string on ASCII
+whitespace and writes the byte length of each of its first 16 tokens into ``ids`` i32 [B, 16]
+(0 = no token); the executable sums per row: ``tokens`` (how many) and ``token_bytes`` (their
+bytes). postprocess keeps ``tokens`` and adds ``label`` BYTES [B]: "<n> tokens, <m> bytes".
+``register_model`` is injected by the worker when it runs this file.
+"""
+
+import numpy as np
+
+from kserve_trio.core.tensor import NamedTensor
+
+MAX_TOKENS = 16
+
+
+def preprocess(inputs):
+    (text,) = [t for t in inputs if t.name == "text"]
+    rows = text.data.reshape(-1)  # an object array of bytes
+    ids = np.zeros((len(rows), MAX_TOKENS), np.int32)
+    for i, value in enumerate(rows):
+        lengths = [len(token) for token in value.split()][:MAX_TOKENS]
+        ids[i, : len(lengths)] = lengths
+    return [NamedTensor.from_array("ids", ids)]
+
+
+def postprocess(outputs):
+    by_name = {t.name: t for t in outputs}
+    tokens = by_name["tokens"].data
+    nbytes = by_name["token_bytes"].data
+    label = np.array([f"{n} tokens, {m} bytes" for n, m in zip(tokens, nbytes)], dtype=object)
+    return [by_name["tokens"], NamedTensor.from_array("label", label)]
+
+
+register_model("tokenize_sum", preprocess=preprocess, postprocess=postprocess)  # noqa: F821
 '''
 
 
@@ -117,6 +165,17 @@ def softmax_reference(x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
+def tokenize_sum_reference(texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``tokenize_sum``'s client outputs for an object array of byte strings: the token counts
+    (i32) and the labels (an object array of ``bytes``)."""
+    tokens, labels = [], []
+    for value in np.asarray(texts, dtype=object).reshape(-1):
+        lengths = [len(token) for token in bytes(value).split()][:MAX_TOKENS]
+        tokens.append(len(lengths))
+        labels.append(f"{len(lengths)} tokens, {sum(lengths)} bytes".encode())
+    return np.array(tokens, np.int32), np.array(labels, dtype=object)
+
+
 # ----------------------------------------------------------------------------------------------
 # the jax functions
 # ----------------------------------------------------------------------------------------------
@@ -137,6 +196,12 @@ def cnn_fn(x, conv_w, conv_b, fc_w, fc_b):
     )
     y = jnp.maximum(y + conv_b[None, :, None, None], 0)
     return y.mean(axis=(2, 3)) @ fc_w + fc_b
+
+
+def tokenize_sum_fn(ids):
+    import jax.numpy as jnp
+
+    return jnp.sum(ids > 0, axis=1, dtype=jnp.int32), jnp.sum(ids, axis=1, dtype=jnp.int32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,23 +257,45 @@ def write_mlp_softmax(d: Path) -> Path:
     )
 
 
+def write_tokenize_sum(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / MODEL_PY).write_text(TOKENIZE_SUM_MODEL_PY)  # before the manifest that needs it
+    return export_bundle(
+        "jax",
+        tokenize_sum_fn,
+        np.zeros((1, MAX_TOKENS), np.int32),
+        dir=d,
+        batch_sizes=list(TOKENIZE_BATCH_SIZES),
+        input_names=["ids"],
+        output_names=["tokens", "token_bytes"],
+        client_inputs=[IOSpec("text", "bytes", (1,), batch_axis=0)],
+        client_outputs=[
+            IOSpec("tokens", "i32", (1,), batch_axis=0),
+            IOSpec("label", "bytes", (1,), batch_axis=0),
+        ],
+    )
+
+
 WRITERS: dict[str, Callable[[Path], Path]] = {
     "mlp": write_mlp,
     "cnn": write_cnn,
     "scale4": write_scale4,
     "mlp_bf16": write_mlp_bf16,
     "mlp_softmax": write_mlp_softmax,
+    "tokenize_sum": write_tokenize_sum,
 }
 
 
 def write_demo_repository(
     root: str | os.PathLike[str], *, only: Iterable[str] | None = None
 ) -> dict[str, Path]:
-    """Write the demo bundles (all, or the names in ``only``) under ``root``; returns their dirs."""
+    """Write the demo bundles (``DEMO_MODELS``, or the names in ``only``, which may name
+    ``EXTRA_DEMO_MODELS`` too) under ``root``; returns their dirs."""
     names = list(only) if only is not None else list(DEMO_MODELS)
     unknown = [n for n in names if n not in WRITERS]
     if unknown:
-        raise ValueError(f"unknown demo model(s) {unknown}; available: {', '.join(DEMO_MODELS)}")
+        known = ", ".join((*DEMO_MODELS, *EXTRA_DEMO_MODELS))
+        raise ValueError(f"unknown demo model(s) {unknown}; available: {known}")
     r = Path(root)
     r.mkdir(parents=True, exist_ok=True)
     return {n: WRITERS[n](r / n) for n in names}
@@ -216,11 +303,13 @@ def write_demo_repository(
 
 __all__ = [
     "DEMO_MODELS",
+    "EXTRA_DEMO_MODELS",
     "SCALE4_MLIR",
     "cnn_reference",
     "cnn_weights",
     "mlp_reference",
     "mlp_weights",
     "softmax_reference",
+    "tokenize_sum_reference",
     "write_demo_repository",
 ]

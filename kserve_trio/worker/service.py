@@ -12,6 +12,9 @@ UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
 Every bundle is served as version ``1`` (``""`` means the same); ``ServerMetadata`` lists
 ``EXTENSIONS`` by Triton's names, and every model reports platform ``jax`` (docs/protocol.md).
 
+``LogSettings`` reads and changes what the process logs (``worker/log_settings.py``); trace
+settings and CUDA shared memory answer UNIMPLEMENTED naming the RPC.
+
 Explicit mode (``model_control_mode: explicit``): a model is ready only while its weights are
 on the device; Triton's ``RepositoryModelLoad`` pins it there and ``RepositoryModelUnload``
 unpins it (``control_service.set_model_residency``), so ``tritonclient.load_model`` /
@@ -27,13 +30,14 @@ import kserve_trio
 from kserve_trio.core import codec
 from kserve_trio.core.config import ModelControlMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from kserve_trio.core.logging import get_logger
+from kserve_trio.core.logging import current_log_settings, get_logger, update_log_settings
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc_adapter import CallContext, stream_stream, unary, unimplemented
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
+from kserve_trio.worker.log_settings import requested_changes, settings_reply
 from kserve_trio.worker.registry import check_version
 from kserve_trio.worker.state import WorkerState
 from kserve_trio.worker.stream import StreamInfer
@@ -53,6 +57,7 @@ EXTENSIONS = (
     "system_shared_memory",
     "parameters",
     "statistics",
+    "logging",
 )
 """What ``ServerMetadata`` lists, by Triton's names and in Triton's order: only extensions the
 worker really answers (docs/protocol.md says why the others are left out)."""
@@ -91,6 +96,7 @@ class InferenceService:
                 self.repository_model_unload,
                 pb.RepositoryModelUnloadRequest,
             ),
+            "LogSettings": (self.log_settings, pb.LogSettingsRequest),
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
         mapping[_PREFIX + "ModelStreamInfer"] = stream_stream(
@@ -101,7 +107,6 @@ class InferenceService:
             "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
             "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
             "TraceSetting": "trace settings are not supported",
-            "LogSettings": "log settings are not supported",
         }
         for rpc, reason in later.items():
             mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason))
@@ -198,6 +203,18 @@ class InferenceService:
         await set_model_residency(self.state, request.model_name, ResidencyState.UNPINNED)
         log.info("model_unload_requested", model=request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    # ---- Triton's log settings ------------------------------------------------------------
+
+    async def log_settings(self, request, ctx: CallContext):
+        """Change the settings the request names (all or nothing) and answer with every
+        setting in force; a request without settings only reads them."""
+        changes = requested_changes(request)
+        if not changes:
+            return settings_reply(current_log_settings())
+        settings = update_log_settings(changes)
+        log.info("log_settings_updated", **{k: str(v) for k, v in changes.items()})
+        return settings_reply(settings)
 
     def _shm(self) -> ShmRegistry:
         if self.state.shm_registry is None:

@@ -1,0 +1,278 @@
+"""Protocol features stock clients use, against the CLI worker with stock tritonclient:
+ModelStreamInfer (mixed sizes, interleaved failures, a client that disconnects mid-stream),
+Triton's log settings (a round trip that changes what the worker writes to its log), and BYTES
+tensors through a bundle whose hooks turn text into tensors and back.
+
+The repository holds the demo ``mlp``, the demo ``tokenize_sum`` (BYTES in, BYTES out) and
+``sleepy``, a meta model whose ``run`` holds the device thread for the seconds it is given, so
+that requests queue behind it deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
+from tests.e2e import reference as ref
+from tests.e2e.conftest import WorkerProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+SLEEPY_MANIFEST = """\
+format_version: "2.0"
+kind: meta
+meta:
+  calls: []
+client_inputs:
+  - {name: seconds, dtype: f32, shape: cn, dims: {c: 1}}
+client_outputs:
+  - {name: slept, dtype: f32, shape: cn, dims: {c: 1}}
+"""
+
+SLEEPY_MODEL_PY = """\
+import time
+
+from kserve_trio.core.tensor import NamedTensor
+
+
+def run(inputs, call):
+    (seconds,) = inputs
+    time.sleep(float(seconds.data.reshape(-1)[0]))
+    return [NamedTensor.from_array("slept", seconds.data.copy())]
+
+
+register_meta_model("sleepy", run=run)
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(demo_repo, tmp_path_factory):
+    root = tmp_path_factory.mktemp("features") / "models"
+    root.mkdir()
+    shutil.copytree(demo_repo / "mlp", root / "mlp")
+    write_demo_repository(root, only=["tokenize_sum"])
+    (root / "sleepy").mkdir()
+    (root / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
+    (root / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
+    return root
+
+
+@pytest.fixture(scope="module")
+def worker(repo):
+    metrics_port = free_port()
+    w = WorkerProcess(repo, "--metrics-port", str(metrics_port))
+    w.metrics_port = metrics_port
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        w.terminate()
+
+
+def mlp_input(x: np.ndarray, datatype: str = "FP32") -> grpcclient.InferInput:
+    inp = grpcclient.InferInput("input_0", list(x.shape), datatype)
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def sample(worker, name: str, model: str, **labels) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels.get("model") == model:
+                if all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# ModelStreamInfer
+
+
+def test_twenty_streamed_requests_with_interleaved_failures(worker, repo):
+    w = ref.weights(repo, "mlp")
+    rng = np.random.default_rng(1)
+    c = grpcclient.InferenceServerClient(worker.url)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    good: dict[str, np.ndarray] = {}
+    bad: list[str] = []
+    try:
+        for i in range(20):
+            rid = f"m{i}"
+            if i % 4 == 1:
+                c.async_stream_infer("no_such_model", [mlp_input(np.ones((1, 16), np.float32))])
+                bad.append("unknown model: no_such_model")
+            elif i % 4 == 3:
+                x64 = np.ones((2, 16), np.float64)
+                c.async_stream_infer("mlp", [mlp_input(x64, "FP64")], request_id=rid)
+                bad.append("input 'input_0' of model 'mlp' has datatype FP64, expected FP32")
+            else:
+                x = rng.standard_normal((1 + (i * 7) % 40, 16), dtype=np.float32)
+                c.async_stream_infer("mlp", [mlp_input(x)], request_id=rid)
+                good[rid] = x
+        answers = [got.get(timeout=60) for _ in range(20)]
+        errors = sorted(str(e.message()) for r, e in answers if e is not None)
+        assert errors == sorted(bad)
+        results = {r.get_response().id: r for r, e in answers if e is None}
+        assert sorted(results) == sorted(good)
+        for rid, x in good.items():
+            np.testing.assert_allclose(
+                results[rid].as_numpy("output"), ref.mlp(x, w), rtol=1e-5, atol=1e-5
+            )
+        x = np.full((3, 16), 0.5, np.float32)
+        c.async_stream_infer("mlp", [mlp_input(x)], request_id="still-open")
+        result, error = got.get(timeout=30)
+        assert error is None and result.get_response().id == "still-open"
+        np.testing.assert_allclose(result.as_numpy("output"), ref.mlp(x, w), rtol=1e-5, atol=1e-5)
+    finally:
+        c.stop_stream()
+
+
+def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker):
+    served_before = sample(worker, "worker_requests_served_total", "mlp")
+    cancelled_before = sample(worker, "worker_requests_total", "mlp", status="CANCELLED")
+    holder = grpcclient.InferenceServerClient(worker.url)
+    seconds = grpcclient.InferInput("seconds", [1, 1], "FP32")
+    seconds.set_data_from_numpy(np.full((1, 1), 3.0, np.float32))
+    hold = threading.Thread(target=holder.infer, args=("sleepy", [seconds]), daemon=True)
+    hold.start()  # the device thread sleeps 3 s: mlp requests queue behind it
+    time.sleep(0.5)
+    c = grpcclient.InferenceServerClient(worker.url)
+    c.start_stream(callback=lambda result, error: None)
+    for i in range(10):
+        c.async_stream_infer("mlp", [mlp_input(np.full((1, 16), i, np.float32))])
+    deadline = time.monotonic() + 2.0
+    while sample(worker, "worker_queue_depth", "mlp") < 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sample(worker, "worker_queue_depth", "mlp") == 10
+    c.stop_stream(cancel_requests=True)  # the client goes away with ten requests queued
+    deadline = time.monotonic() + 1.0
+    while sample(worker, "worker_queue_depth", "mlp") > 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sample(worker, "worker_queue_depth", "mlp") == 0
+    assert hold.is_alive()  # emptied while the device was still busy
+    assert sample(worker, "worker_requests_total", "mlp", status="CANCELLED") == (
+        cancelled_before + 10
+    )
+    hold.join(10)
+    assert not hold.is_alive()
+    time.sleep(0.3)
+    assert sample(worker, "worker_requests_served_total", "mlp") == served_before  # never ran
+    out = grpcclient.InferenceServerClient(worker.url).infer(
+        "mlp", [mlp_input(np.ones((1, 16), np.float32))]
+    )
+    assert out.as_numpy("output").shape == (1, 8)  # and the worker serves on
+
+
+# --------------------------------------------------------------------------------------------
+# log settings
+
+
+def settings_of(reply: dict) -> dict:
+    plain = {}
+    for key, value in reply["settings"].items():
+        ((_, v),) = value.items()
+        plain[key] = v
+    return plain
+
+
+def log_lines_after(worker, mark: int) -> list[str]:
+    return worker.logs()[mark:].splitlines()
+
+
+def test_log_settings_round_trip_and_change_what_the_worker_logs(worker):
+    c = grpcclient.InferenceServerClient(worker.url)
+    start = settings_of(c.get_log_settings(as_json=True))
+    assert start == {
+        "log_file": "",
+        "log_info": True,
+        "log_warning": True,
+        "log_error": True,
+        "log_verbose_level": 0,
+        "log_format": "json",
+    }
+    x = np.ones((1, 16), np.float32)
+    mark = len(worker.logs())
+    c.infer("mlp", [mlp_input(x)], request_id="quiet-1")
+    time.sleep(0.3)
+    assert not any("quiet-1" in line for line in log_lines_after(worker, mark))  # debug is off
+
+    updated = settings_of(c.update_log_settings({"log_verbose_level": 1}, as_json=True))
+    assert updated == {**start, "log_verbose_level": 1}
+    assert settings_of(c.get_log_settings(as_json=True)) == updated
+    mark = len(worker.logs())
+    c.infer("mlp", [mlp_input(x)], request_id="verbose-1")
+    time.sleep(0.3)
+    lines = [json.loads(ln) for ln in log_lines_after(worker, mark) if "verbose-1" in ln]
+    assert [(e["event"], e["request_id"], e["status"]) for e in lines] == [
+        ("request_done", "verbose-1", "OK")
+    ]
+
+    updated = settings_of(c.update_log_settings({"log_format": "ISO8601"}, as_json=True))
+    assert updated["log_format"] == "ISO8601"
+    mark = len(worker.logs())
+    c.infer("mlp", [mlp_input(x)], request_id="console-1")
+    time.sleep(0.3)
+    (line,) = [ln for ln in log_lines_after(worker, mark) if "console-1" in ln]
+    assert not line.startswith("{") and "request_done" in line  # console lines now
+
+    with pytest.raises(InferenceServerException) as info:
+        c.update_log_settings({"log_file": "/tmp/worker.log", "log_info": False})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "log_file" in info.value.message()
+    assert settings_of(c.get_log_settings(as_json=True))["log_info"] is True  # all or nothing
+
+    back = settings_of(
+        c.update_log_settings({"log_verbose_level": 0, "log_format": "default"}, as_json=True)
+    )
+    assert back == start
+    mark = len(worker.logs())
+    c.infer("mlp", [mlp_input(x)], request_id="quiet-2")
+    time.sleep(0.3)
+    assert not any("quiet-2" in line for line in log_lines_after(worker, mark))
+
+
+def test_trace_settings_and_cuda_shared_memory_stay_unimplemented_by_name(worker):
+    c = grpcclient.InferenceServerClient(worker.url)
+    for call, rpc in (
+        (c.get_trace_settings, "TraceSetting"),
+        (c.get_cuda_shared_memory_status, "CudaSharedMemoryStatus"),
+    ):
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert info.value.message().startswith(f"{rpc} is not implemented")
+
+
+# --------------------------------------------------------------------------------------------
+# BYTES tensors
+
+
+def test_bytes_round_trip_through_a_hook_bundle(worker):
+    c = grpcclient.InferenceServerClient(worker.url)
+    meta = c.get_model_metadata("tokenize_sum", as_json=True)
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1"]}]
+    texts = np.array(
+        [b"hello world", b"", "na\u00efve caf\u00e9".encode(), b"\x00\xff a b"], object
+    )
+    inp = grpcclient.InferInput("text", [len(texts)], "BYTES")
+    inp.set_data_from_numpy(texts)
+    result = c.infer("tokenize_sum", [inp])
+    want_counts, want_labels = tokenize_sum_reference(texts)
+    np.testing.assert_array_equal(result.as_numpy("tokens"), want_counts)
+    labels = result.as_numpy("label")
+    assert labels.dtype == np.object_ and list(labels) == list(want_labels)
