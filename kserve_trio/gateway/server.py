@@ -7,6 +7,7 @@
        ├─ route refresher                background table scans (a worker said NOT_FOUND)
        ├─ prober                         first round before anything serves, then every interval
        ├─ admin HTTP                     /metrics /healthz /readyz /routing on listen.metrics
+       ├─ REST (when listen.http is set) KServe V2 HTTP/REST over the same service (``rest``)
        └─ grpclib server                 listen.grpc (TLS from tls:); started, closed on exit
 
 grpclib runs its handlers as its own tasks; they only await work of this tree (the pool's
@@ -56,6 +57,7 @@ from kserve_trio.gateway.forward import Forwarder, RegisterGates
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
 from kserve_trio.gateway.prober import GatewayWedged, Prober
+from kserve_trio.gateway.rest import GatewayRest
 from kserve_trio.gateway.routing import RoutingState, make_policy
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.gateway.shm_fanout import ShmFanout
@@ -64,6 +66,7 @@ from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.grpc_adapter import Limits
 from kserve_trio.serving.grpc_server import GrpcServer
 from kserve_trio.serving.h2_settings import server_config
+from kserve_trio.serving.http import serve_app
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -154,6 +157,7 @@ class RunningGateway:
     port: int
     metrics_port: int
     gateway: Gateway
+    http_port: int = 0
     _stop: anyio.Event | None = None
     _done: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -240,17 +244,33 @@ async def serve_gateway_async(
             )
             server = GrpcServer([gateway.service], config=server_config())
             await server.start(grpc_host, grpc_port, ssl=ssl_context)
+            bound_http = 0
+            if config.listen.http_address is not None:
+                http_host, http_port = config.listen.http_address
+                bound_http = await tg.start(
+                    functools.partial(
+                        serve_app,
+                        http_host,
+                        http_port,
+                        GatewayRest(gateway.service),
+                        max_body_bytes=config.grpc.max_recv_msg_bytes,
+                        ssl_context=ssl_context,
+                        name="rest",
+                    )
+                )
             running = RunningGateway(
                 config=config,
                 host=grpc_host,
                 port=server.port,
                 metrics_port=bound_metrics,
                 gateway=gateway,
+                http_port=bound_http,
             )
             _log.info(
                 "gateway_up",
                 address=running.address,
                 metrics_port=bound_metrics,
+                http_port=bound_http or None,
                 tls="mutual" if config.tls.mutual else config.tls.enabled,
                 scheduling=gateway.policy.mode,
                 workers=sorted(gateway.pool.clients),

@@ -38,10 +38,17 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from kserve_trio.core.errors import InvalidArgument, NotFound, ServingError, StatusCode
-from kserve_trio.core.rest_codec import load_json
+from kserve_trio.core.errors import (
+    InvalidArgument,
+    NotFound,
+    ServingError,
+    StatusCode,
+    Unimplemented,
+)
+from kserve_trio.core.rest_codec import HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.http import HttpResponse
+from kserve_trio.serving import compression
+from kserve_trio.serving.http import HttpRequest, HttpResponse
 
 
 class MethodNotAllowed(ServingError):
@@ -135,6 +142,27 @@ def route(method: str, path: str) -> RestCall:
 
 
 # ----------------------------------------------------------------------------- request bodies
+
+
+def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
+    """The request's body, decompressed when ``Content-Encoding`` says gzip or deflate (the
+    decompressed size capped like gRPC's); another encoding is UNIMPLEMENTED."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if not encoding or encoding == compression.IDENTITY:
+        return request.body
+    if encoding not in (compression.GZIP, compression.DEFLATE):
+        raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
+    return compression.decompress(request.body, encoding, max_bytes)
+
+
+def header_length(request: HttpRequest) -> int | None:
+    """``Inference-Header-Content-Length`` as an integer (None when absent)."""
+    text = request.headers.get(HEADER_LENGTH)
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise InvalidArgument(f"Inference-Header-Content-Length '{text}' is not an integer")
+    return int(text)
 
 
 def _body_object(body: bytes, rpc: str) -> dict[str, Any]:
@@ -328,8 +356,10 @@ __all__ = [
     "MethodNotAllowed",
     "RestCall",
     "grpc_request",
+    "header_length",
     "message_json",
     "reply_response",
+    "request_body",
     "route",
     "unsupported",
 ]

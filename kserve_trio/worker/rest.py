@@ -18,15 +18,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kserve_trio.core import codec, rest_codec
-from kserve_trio.core.errors import InvalidArgument, Unimplemented
+from kserve_trio.core.errors import Unimplemented
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.serving import compression
 from kserve_trio.serving.grpc_adapter import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
 from kserve_trio.serving.rest_routes import (
     RestCall,
     grpc_request,
+    header_length,
     reply_response,
+    request_body,
     route,
     unsupported,
 )
@@ -34,27 +35,6 @@ from kserve_trio.worker.inference import InferenceCore
 from kserve_trio.worker.service import InferenceService
 
 RpcMethod = Callable[[Any, CallContext], Awaitable[Any]]
-
-
-def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
-    """The request's body, decompressed when ``Content-Encoding`` says gzip or deflate (the
-    decompressed size capped like gRPC's); another encoding is UNIMPLEMENTED."""
-    encoding = request.headers.get("content-encoding", "").strip().lower()
-    if not encoding or encoding == compression.IDENTITY:
-        return request.body
-    if encoding not in (compression.GZIP, compression.DEFLATE):
-        raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
-    return compression.decompress(request.body, encoding, max_bytes)
-
-
-def header_length(request: HttpRequest) -> int | None:
-    """``Inference-Header-Content-Length`` as an integer (None when absent)."""
-    text = request.headers.get(rest_codec.HEADER_LENGTH)
-    if text is None:
-        return None
-    if not text.strip().isdigit():
-        raise InvalidArgument(f"Inference-Header-Content-Length '{text}' is not an integer")
-    return int(text)
 
 
 def rest_encoder(parsed: rest_codec.RestInferRequest):
@@ -131,4 +111,4 @@ class WorkerRest:
         return HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
 
 
-__all__ = ["WorkerRest", "header_length", "request_body", "rest_encoder"]
+__all__ = ["WorkerRest", "rest_encoder"]

@@ -16,6 +16,7 @@ from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, LPT_NOT_AVAI
 _ENV_TABLE_TEXT = """
 LISTEN_GRPC                               listen.grpc                              str
 LISTEN_METRICS                            listen.metrics                           str
+LISTEN_HTTP                               listen.http                              str
 WORKERS                                   endpoints                                csv
 WORKER_METRICS                            worker_metrics                           csv
 WORKER_NAMES                              worker_names                             csv

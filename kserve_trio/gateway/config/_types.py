@@ -40,11 +40,17 @@ LOG_FORMATS = ("auto", "json", "console")
 
 @dataclass(frozen=True)
 class ListenConfig:
-    """The gateway's own addresses (``listen:``): the KServe gRPC port and the admin HTTP port
-    (``/metrics``, ``/healthz``, ``/readyz``, ``/routing``). Port 0 binds an ephemeral port."""
+    """The gateway's own addresses (``listen:``): the KServe gRPC port, the admin HTTP port
+    (``/metrics``, ``/healthz``, ``/readyz``, ``/routing``) and the KServe V2 REST port
+    (``http``; empty = off). Port 0 binds an ephemeral port."""
 
     grpc: str = "0.0.0.0:8001"
     metrics: str = "0.0.0.0:8002"
+    http: str = ""
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        return parse_host_port(self.http, allow_port_zero=True) if self.http else None
 
     @property
     def grpc_address(self) -> tuple[str, int]:

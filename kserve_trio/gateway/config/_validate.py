@@ -106,7 +106,10 @@ def _value_at(cfg: GatewayConfig, path: str) -> Any:
 
 
 def _validate_addresses(cfg: GatewayConfig) -> None:
-    for path, text in (("listen.grpc", cfg.listen.grpc), ("listen.metrics", cfg.listen.metrics)):
+    listen = [("listen.grpc", cfg.listen.grpc), ("listen.metrics", cfg.listen.metrics)]
+    if cfg.listen.http:
+        listen.append(("listen.http", cfg.listen.http))
+    for path, text in listen:
         try:
             parse_host_port(text, allow_port_zero=True)
         except ValueError as exc:
@@ -114,6 +117,13 @@ def _validate_addresses(cfg: GatewayConfig) -> None:
     grpc_addr, metrics_addr = cfg.listen.grpc_address, cfg.listen.metrics_address
     if grpc_addr[1] != 0 and grpc_addr == metrics_addr:
         raise ConfigError(f"must differ from listen.grpc ({cfg.listen.grpc})", "listen.metrics")
+    http_addr = cfg.listen.http_address
+    if http_addr is not None and http_addr[1] != 0 and http_addr in (grpc_addr, metrics_addr):
+        raise ConfigError(
+            f"must differ from listen.grpc ({cfg.listen.grpc}) and listen.metrics "
+            f"({cfg.listen.metrics})",
+            "listen.http",
+        )
     if not cfg.endpoints:
         raise ConfigError(NO_ENDPOINTS, "endpoints")
     seen: dict[tuple[str, int], int] = {}
