@@ -107,6 +107,17 @@ def test_tritonclient_sees_one_server_and_traffic_spreads_over_both_workers(e2e)
     assert metrics.count("# TYPE worker_requests_served_total counter") == 1
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_pass_through_to_the_workers(e2e, algorithm):
+    """The gateway forwards a compressed request's bytes as they came (it only decompresses a
+    copy to read the model name); the worker decompresses and answers compressed."""
+    c = e2e.gw.client()
+    w = ref.weights(e2e.repo, "mlp")
+    x = np.random.default_rng(5).standard_normal((3, 16), dtype=np.float32)
+    r = c.infer("mlp", [mlp_input(x)], compression_algorithm=algorithm)
+    np.testing.assert_allclose(r.as_numpy("output"), ref.mlp(x, w), rtol=1e-5, atol=1e-5)
+
+
 def test_streaming_inference_answers_each_request_with_its_id(e2e):
     c = e2e.gw.client()
     answers: queue.Queue = queue.Queue()
