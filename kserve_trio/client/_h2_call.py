@@ -6,6 +6,11 @@ and ``_Call`` accumulates what arrives on one stream (headers, DATA, trailers, a
 turns it into the reply message or the call's ``RpcError`` (``_Call.message``). The wording of
 every error matches the grpclib transport's, so callers see one vocabulary whichever transport
 ran the call. ``h2_transport`` drives it.
+
+A compressed reply (flag 1) is decompressed with the algorithm of the reply's
+``grpc-encoding`` (``core.compression``): the receive cap applies to the length announced on
+the wire and again to the decompressed size, so a decompression bomb is RESOURCE_EXHAUSTED; a
+reply that does not decompress, or is flagged compressed without an algorithm, is INTERNAL.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import anyio
 import h2.errors
 
 from kserve_trio.client.errors import RpcError
-from kserve_trio.core.errors import StatusCode
+from kserve_trio.core import compression
+from kserve_trio.core.errors import ServingError, StatusCode
 
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
 _TIMEOUT_UNITS = ((1e9, b"n"), (1e6, b"u"), (1e3, b"m"), (1.0, b"S"), (1 / 60, b"M"))
@@ -114,7 +120,9 @@ class _Call:
     __slots__ = (
         "cap",
         "chunks",
+        "compressed",
         "done",
+        "encoding",
         "error",
         "event",
         "http_status",
@@ -141,6 +149,8 @@ class _Call:
         self.reset_code: int | None = None
         self.error: RpcError | None = None
         self.refused = False  # the server provably did not process it: safe to retry
+        self.compressed = False  # the reply message's flag byte
+        self.encoding: str | None = None  # the reply's grpc-encoding header
         self.done = False
         self.event: anyio.Event | None = None
 
@@ -153,6 +163,8 @@ class _Call:
                     self.status = StatusCode.UNKNOWN
             elif name == b"grpc-message":
                 self.message_text = decode_grpc_message(value)
+            elif name == b"grpc-encoding":
+                self.encoding = value.decode("ascii", "replace")
             elif name == b":status":
                 try:
                     self.http_status = int(value)
@@ -160,8 +172,8 @@ class _Call:
                     self.http_status = -1
 
     def data(self, data: bytes) -> bool:
-        """Buffer a DATA payload; False once the reply is refused (over the cap, compressed,
-        a second message), with ``error`` set: the caller then resets the stream."""
+        """Buffer a DATA payload; False once the reply is refused (announced over the cap, a
+        second message), with ``error`` set: the caller then resets the stream."""
         if not data:
             return True
         self.chunks.append(data)
@@ -170,10 +182,11 @@ class _Call:
             first = self.chunks[0]
             head = first[:5] if len(first) >= 5 else b"".join(self.chunks)[:5]
             self.length = int.from_bytes(head[1:5], "big")
-            if head[0]:
+            self.compressed = head[0] == 1
+            if head[0] > 1:
                 self.error = RpcError(
-                    StatusCode.UNIMPLEMENTED,
-                    "compressed replies are not supported",
+                    StatusCode.INTERNAL,
+                    f"malformed reply: compressed flag {head[0]}",
                     method=self.rpc,
                 )
                 return False
@@ -239,11 +252,32 @@ class _Call:
             )
         first = chunks[0]
         if len(chunks) == 1:
-            return first[5:]
-        if len(first) >= 5:
+            body = first[5:]
+        elif len(first) >= 5:
             chunks[0] = first[5:]
-            return b"".join(chunks)
-        return b"".join(chunks)[5:]
+            body = b"".join(chunks)
+        else:
+            body = b"".join(chunks)[5:]
+        return self._inflate(body) if self.compressed else body
+
+    def _inflate(self, body: bytes) -> bytes:
+        """A compressed reply's message (see the module docstring for the statuses)."""
+        rpc = self.rpc
+        if (self.encoding or compression.IDENTITY).strip().lower() == compression.IDENTITY:
+            raise RpcError(
+                StatusCode.INTERNAL,
+                "the reply is flagged compressed but names no grpc-encoding",
+                method=rpc,
+                retryable=False,
+            )
+        try:
+            algorithm = compression.parse_encoding(self.encoding)
+            return bytes(compression.decompress(body, algorithm, self.cap))
+        except ServingError as exc:  # the server's reply: another attempt gets the same
+            status = StatusCode.INTERNAL
+            if exc.status in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.UNIMPLEMENTED):
+                status = exc.status
+            raise RpcError(status, exc.message, method=rpc, retryable=False) from None
 
 
 __all__ = [

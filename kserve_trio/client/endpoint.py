@@ -1,8 +1,8 @@
 """Where a client talks to: targets, message caps and RPC paths (pure, no I/O).
 
 This module owns parsing a target (``host:port``, ``grpc://host:port``, ``("host", 8001)``) into
-an ``Endpoint``, the message-size caps and their environment variables, and the RPC method
-paths. The transport (``h2_transport``) and its face (``transport``) stand on it.
+an ``Endpoint``, the message-size caps and their environment variables, the request compression
+option, and the RPC method paths. The transport (``h2_transport``) and its face (``transport``) stand on it.
 """
 
 from __future__ import annotations
@@ -90,10 +90,24 @@ def resolve_message_cap(
     return parsed
 
 
+COMPRESSIONS = ("gzip", "deflate")
+"""The ``grpc-encoding`` algorithms a client may compress its requests with."""
+
+
+def check_compression(value: str | None) -> str | None:
+    """``None`` (no compression), ``"gzip"`` or ``"deflate"``; anything else is a
+    ``ValueError`` listing them."""
+    if value is None or value in COMPRESSIONS:
+        return value
+    raise ValueError(f"compression must be None, 'gzip' or 'deflate', got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One server address and the per-connection options a transport needs; ``ssl_context``
-    is how a secure endpoint is reached (``None``: the system's CAs, no client certificate)."""
+    is how a secure endpoint is reached (``None``: the system's CAs, no client certificate);
+    ``compression`` the ``grpc-encoding`` every request message is compressed with (``None``:
+    none)."""
 
     host: str
     port: int
@@ -101,6 +115,10 @@ class Endpoint:
     max_send_message_length: int = DEFAULT_MAX_MESSAGE_BYTES
     max_receive_message_length: int = DEFAULT_MAX_MESSAGE_BYTES
     ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+    compression: str | None = None
+
+    def __post_init__(self) -> None:
+        check_compression(self.compression)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -114,11 +132,13 @@ class Endpoint:
 
 
 __all__ = [
+    "COMPRESSIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "ENV_MAX_RECV",
     "ENV_MAX_SEND",
     "SERVICE",
     "Endpoint",
+    "check_compression",
     "method_path",
     "parse_url",
     "resolve_message_cap",

@@ -15,6 +15,12 @@ and wording as the grpclib transport; message caps are checked before sending an
 reply's length prefix arrives; a cancelled or timed-out call resets its stream (RST_STREAM
 CANCEL). A stream the server provably did not process (GOAWAY with a lower last stream id,
 RST_STREAM REFUSED_STREAM) is retried once on a fresh connection.
+
+Compression (``Endpoint.compression``, ``gzip`` or ``deflate``): every request message is sent
+compressed (flag 1, ``grpc-encoding``), and ``grpc-accept-encoding: identity,deflate,gzip`` tells
+the server it may compress its replies, which are decompressed within the receive cap. Without
+it nothing is advertised, so servers answer uncompressed (the gateway's calls to its workers
+stay plain). Message caps apply to the uncompressed message.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from kserve_trio.client._h2_connection import (
 from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
+from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
 
 R = TypeVar("R")
@@ -100,6 +107,9 @@ class H2Transport:
             (b"content-type", b"application/grpc"),
             (b"user-agent", USER_AGENT),
         ]
+        self._compression = endpoint.compression
+        if self._compression:
+            self._base.append((b"grpc-accept-encoding", compression.ACCEPT_ENCODING.encode()))
         self._headers: dict[str, list[tuple[bytes, bytes]]] = {}
 
     def __repr__(self) -> str:
@@ -203,7 +213,8 @@ class H2Transport:
 
         ``compressed_with`` names the ``grpc-encoding`` ``request`` is already compressed with
         (a proxy forwarding a compressed message as it received it): the message goes out
-        flagged compressed, with that header."""
+        flagged compressed, with that header. Otherwise, with the endpoint's ``compression``,
+        the message is compressed here."""
         rpc = method[method.rfind("/") + 1 :]
         payload = request if type(request) is bytes else bytes(request)
         cap = self.endpoint.max_send_message_length
@@ -214,6 +225,9 @@ class H2Transport:
                 method=rpc,
                 retryable=False,
             )
+        if not compressed_with and self._compression:
+            payload = compression.compress(payload, self._compression)
+            compressed_with = self._compression
         flag = 0
         if timeout is None:
             headers = self._request_headers(method, timeout, metadata)

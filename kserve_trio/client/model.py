@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from kserve_trio.client.endpoint import check_compression
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
@@ -70,6 +71,10 @@ class KServeModel:
     - ``retry``: a ``RetryPolicy`` for shed (RESOURCE_EXHAUSTED / UNAVAILABLE) requests.
     - ``max_send_message_length`` / ``max_receive_message_length``: caps on one gRPC message;
       default ``KSERVE_TRIO_CLIENT_GRPC_MAX_SEND_MSG_BYTES`` / ``..._RECV_...`` or 512 MiB.
+    - ``compression``: ``None`` (default), ``"gzip"`` or ``"deflate"``: every request message
+      is sent compressed with it, and the server may compress its replies (they are
+      decompressed within ``max_receive_message_length``). Worth it for large, compressible
+      tensors over a slow link; it costs CPU on both sides.
     - ``transport_factory``: builds the ``Transport`` for the running event loop (default:
       the h2 transport on trio, ``transport.asyncio_transport_name()`` on asyncio).
     - TLS (any of these implies ``secure=True``): ``root_certificates`` (the CA bundle the
@@ -91,6 +96,7 @@ class KServeModel:
         retry: RetryPolicy | None = None,
         max_send_message_length: int | None = None,
         max_receive_message_length: int | None = None,
+        compression: str | None = None,
         transport_factory: TransportFactory | None = None,
         root_certificates: PemSource | None = None,
         certificate_chain: PemSource | None = None,
@@ -145,6 +151,7 @@ class KServeModel:
             resolve_message_cap(max_send_message_length, ENV_MAX_SEND),
             resolve_message_cap(max_receive_message_length, ENV_MAX_RECV),
             ssl_context,
+            check_compression(compression),
         )
         self.model_name = name
         self.max_batch_size = max_batch_size
@@ -181,6 +188,11 @@ class KServeModel:
     @property
     def max_receive_message_length(self) -> int:
         return self.endpoint.max_receive_message_length
+
+    @property
+    def compression(self) -> str | None:
+        """The ``grpc-encoding`` requests are compressed with (``None``: none)."""
+        return self.endpoint.compression
 
     def __repr__(self) -> str:
         return f"KServeModel({self.url!r}, {self.model_name!r})"

@@ -145,7 +145,8 @@ class ScriptedH2Server:
     for none), ``("reset", error_code)``, ``("goaway", last_stream_id)`` (GOAWAY, then the
     connection is closed). ``settings`` are sent as the server's initial SETTINGS.
     ``connections`` and ``requests`` count what arrived; ``max_open`` is the largest number
-    of streams open at once on one connection.
+    of streams open at once on one connection; ``request_headers`` holds each request's headers
+    (a dict of bytes), in arrival order.
     """
 
     def __init__(self, script, settings: dict[int, int] | None = None) -> None:
@@ -156,6 +157,7 @@ class ScriptedH2Server:
         self.connections = 0
         self.requests = 0
         self.max_open = 0
+        self.request_headers: list[dict[bytes, bytes]] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -200,6 +202,7 @@ class ScriptedH2Server:
                         bodies[event.stream_id] = bytearray()
                         with self._lock:
                             self.max_open = max(self.max_open, len(bodies))
+                            self.request_headers.append(dict(event.headers))
                     elif isinstance(event, h2.events.DataReceived):
                         bodies[event.stream_id] += event.data
                         conn.acknowledge_received_data(

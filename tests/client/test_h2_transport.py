@@ -29,6 +29,7 @@ from kserve_trio.client.h2_transport import (
     status_from_reset,
 )
 from kserve_trio.client.transport import Endpoint
+from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
 from tests.client.echo_server import (
     GRPC_OK_HEADERS,
@@ -223,14 +224,11 @@ def test_call_refuses_a_reply_over_the_cap_from_its_length_prefix():
     assert err.retryable is False
 
 
-def test_call_refuses_compressed_and_second_messages():
+def test_call_refuses_a_bad_flag_and_second_messages():
     call = _Call("Echo", 100)
-    assert call.data(grpc_frame(b"abc", compressed=True)) is False
+    assert call.data(b"\x02" + grpc_frame(b"abc")[1:]) is False
     err = _raises(call)
-    assert (err.status, err.message) == (
-        StatusCode.UNIMPLEMENTED,
-        "compressed replies are not supported",
-    )
+    assert (err.status, err.message) == (StatusCode.INTERNAL, "malformed reply: compressed flag 2")
     call = _Call("Echo", 100)
     assert call.data(grpc_frame(b"abc") + grpc_frame(b"d")) is False
     err = _raises(call)
@@ -512,16 +510,83 @@ async def test_http_error_without_grpc_status_is_mapped():
 
 
 @pytest.mark.anyio
-async def test_compressed_reply_is_unimplemented():
-    reply = ("reply", GRPC_OK_HEADERS, grpc_frame(b"z", compressed=True), [(b"grpc-status", b"0")])
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+async def test_compressed_replies_are_decompressed(algorithm):
+    packed = compression.compress(b"z" * 1000, algorithm)
+    headers = [*GRPC_OK_HEADERS, (b"grpc-encoding", algorithm.encode())]
+    reply = ("reply", headers, grpc_frame(packed, compressed=True), [(b"grpc-status", b"0")])
     with ScriptedH2Server(lambda *a: reply) as server:
         async with transport(server.port) as t:
-            with pytest.raises(RpcError) as info:
-                await t.unary(ECHO, b"x", Raw, timeout=5)
-            assert (info.value.status, info.value.message) == (
-                StatusCode.UNIMPLEMENTED,
-                "compressed replies are not supported",
-            )
+            assert await t.unary(ECHO, b"x", Raw, timeout=5) == b"z" * 1000
+
+
+@pytest.mark.anyio
+async def test_a_compressed_reply_without_an_algorithm_or_over_the_cap_is_refused():
+    bomb = compression.compress(bytes(4096), "gzip")
+    cases = [
+        (
+            GRPC_OK_HEADERS,
+            grpc_frame(b"z", compressed=True),
+            (StatusCode.INTERNAL, "the reply is flagged compressed but names no grpc-encoding"),
+        ),
+        (
+            [*GRPC_OK_HEADERS, (b"grpc-encoding", b"gzip")],
+            grpc_frame(b"not gzip", compressed=True),
+            (StatusCode.INTERNAL, None),
+        ),
+        (
+            [*GRPC_OK_HEADERS, (b"grpc-encoding", b"gzip")],
+            grpc_frame(bomb, compressed=True),
+            (
+                StatusCode.RESOURCE_EXHAUSTED,
+                "received message larger than max (more than 1024 vs. 1024)",
+            ),
+        ),
+    ]
+    for headers, data, (status, message) in cases:
+        reply = ("reply", headers, data, [(b"grpc-status", b"0")])
+        with ScriptedH2Server(lambda *a, reply=reply: reply) as server:
+            async with transport(server.port, max_receive_message_length=1024) as t:
+                with pytest.raises(RpcError) as info:
+                    await t.unary(ECHO, b"x", Raw, timeout=5)
+        assert info.value.status is status
+        assert info.value.retryable is False
+        if message is not None:
+            assert info.value.message == message
+        else:
+            assert info.value.message.startswith("cannot decompress the gzip message")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+async def test_an_endpoint_with_compression_sends_compressed_requests(algorithm):
+    seen: list[bytes] = []
+
+    def script(conn_index, request_index, stream_id, body):
+        seen.append(body)
+        return ok_reply(b"ok")
+
+    message = b"abc" * 500
+    with ScriptedH2Server(script) as server:
+        endpoint = Endpoint("127.0.0.1", server.port, compression=algorithm)
+        async with H2Transport(endpoint) as t:
+            assert await t.unary(ECHO, message, Raw, timeout=5) == b"ok"
+        async with transport(server.port) as plain:
+            assert await plain.unary(ECHO, message, Raw, timeout=5) == b"ok"
+    (packed_body, plain_body) = seen
+    assert packed_body[0] == 1 and int.from_bytes(packed_body[1:5], "big") == len(packed_body) - 5
+    assert bytes(compression.decompress(packed_body[5:], algorithm, 1 << 20)) == message
+    assert len(packed_body) < len(message)
+    first, second = server.request_headers
+    assert first[b"grpc-encoding"] == algorithm.encode()
+    assert first[b"grpc-accept-encoding"] == b"identity,deflate,gzip"
+    assert plain_body == grpc_frame(message)
+    assert b"grpc-encoding" not in second and b"grpc-accept-encoding" not in second
+
+
+def test_an_unknown_compression_is_refused():
+    with pytest.raises(ValueError, match="compression must be None, 'gzip' or 'deflate', got 'br'"):
+        Endpoint("h", 1, compression="br")
 
 
 @pytest.mark.anyio

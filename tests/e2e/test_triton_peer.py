@@ -4,7 +4,8 @@ Our client against Triton's Python backend (``tools/triton_peer/models``), on as
 ``shared_memory="auto"`` falls back to inline transport (Triton has no IsSameIPCNamespace),
 ``"on"`` registers the pool with SystemSharedMemoryRegister and exchanges tensors through it
 (Triton answers an output written to shared memory with an empty inline entry; the client reads
-the region), and the results are the models' results. Slow-marked, run in CI; a peer that cannot
+the region), ``compression="gzip"`` / ``"deflate"`` requests are served, and the results are the
+models' results. Slow-marked, run in CI; a peer that cannot
 start FAILS the test (never a skip).
 """
 
@@ -29,6 +30,7 @@ from kserve_trio.client import (
 )
 from kserve_trio.client.runtime import Route, get_state, probe_same_namespace
 from kserve_trio.client.transport import default_transport_factory
+from kserve_trio.core import compression as core_compression
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import StatusCode
 from tests.e2e.triton_peer import PeerStartError, TritonPeer
@@ -177,6 +179,35 @@ async def test_on_exchanges_tensors_through_system_shared_memory(peer, model):
     assert ep.registrations == 1 and not ep.latched
     # Triton wrote every output to our region and answered with an empty inline entry
     assert len(ReplySpy.raw_sizes) == 26 and set(ReplySpy.raw_sizes) == {0}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+async def test_our_compressed_requests_are_served_by_the_peer(peer, algorithm, monkeypatch):
+    packed: list[int] = []
+    compress = core_compression.compress
+
+    def counting(data, name):
+        packed.append(len(data))
+        return compress(data, name)
+
+    monkeypatch.setattr(core_compression, "compress", counting)
+    x = rows(37, seed=6)
+    io = RowsIO(x)
+    async with KServeModel(
+        peer.grpc_address,
+        "affine",
+        max_batch_size=8,
+        shared_memory="off",
+        deadline=30.0,
+        compression=algorithm,
+    ) as m:
+        response = await m.infer([InferInput("INPUT0", x[:3])], id="z")
+        await infer_async(m, io)
+    assert response.id == "z"
+    np.testing.assert_array_equal(InferOutput("OUTPUT0", response), 2 * x[:3] + 1)
+    np.testing.assert_array_equal(io.y, 2 * x + 1)
+    assert len(packed) >= 1 + 5  # the one-shot request and every chunk went out compressed
 
 
 def test_one_shot_and_sync_drivers_against_the_peer(peer):
