@@ -265,6 +265,16 @@ class Backend(Protocol):
     def memory_stats(self) -> dict[str, int]: ...
 
 
+class WorkerBackend(Backend, Protocol):
+    """What a worker needs from its backend (``JaxBackend`` is one): the loader's surface, the
+    memory figure the weight cache budgets with, and the switch that lets the cache, rather
+    than the loader, place the weights."""
+
+    load_weights_at_compile: bool
+
+    def memory_in_use(self) -> int: ...
+
+
 class JaxBackend:
     """The jax/XLA backend for one device (``cpu`` or ``cuda``); build it with ``create``.
 
@@ -576,6 +586,7 @@ __all__ = [
     "JaxBackend",
     "JaxSettings",
     "NumericsPlan",
+    "WorkerBackend",
     "backend_token",
     "compile_count",
     "free_weights",

@@ -50,7 +50,7 @@ from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.worker import heartbeat
 
 if TYPE_CHECKING:
-    from kserve_trio.runtime.backend import Backend
+    from kserve_trio.runtime.backend import WorkerBackend
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.grpc_server import GrpcServer
     from kserve_trio.worker.inference import InferenceCore
@@ -103,19 +103,19 @@ def resolve_config(
     return cfg
 
 
-def _make_backend(config: ServerConfig) -> Backend:
+def _make_backend(config: ServerConfig) -> WorkerBackend:
     from kserve_trio.runtime.backend import JaxBackend
 
     return JaxBackend.from_config(config.runtime, config.cache_dir)
 
 
-def _platform(backend: Backend) -> str:
+def _platform(backend: WorkerBackend) -> str:
     return str(getattr(backend, "platform", "cpu"))
 
 
 @contextlib.asynccontextmanager
 async def serve_async(
-    config: ServerConfig, *, backend: Backend | None = None
+    config: ServerConfig, *, backend: WorkerBackend | None = None
 ) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
     from kserve_trio.runtime.weight_cache import WeightCache
@@ -247,7 +247,7 @@ async def _weights_released(cache: WeightCache, repository: ModelRepository) -> 
 
 
 def _make_cache(
-    cache_cls: type[WeightCache], backend: Backend, config: ServerConfig
+    cache_cls: type[WeightCache], backend: WorkerBackend, config: ServerConfig
 ) -> WeightCache:
     """The worker's weight cache; warns about settings that cannot take effect."""
     cache = cache_cls.from_config(backend, config)
@@ -293,7 +293,7 @@ def _admission_order(config: ServerConfig, name: str) -> tuple[int, str]:
 async def _run_watcher(
     config: ServerConfig,
     state: WorkerState,
-    backend: Backend,
+    backend: WorkerBackend,
     scope: anyio.CancelScope,
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
@@ -376,7 +376,7 @@ def _use_uvloop() -> bool:
 def serve(
     node_path_or_config=None,
     worker: str | None = None,
-    backend: Backend | None = None,
+    backend: WorkerBackend | None = None,
     blocking: bool = True,
     **overrides,
 ) -> RunningServer | None:
@@ -394,13 +394,13 @@ def serve(
 
 
 def serve_worker(
-    node_path: str, worker: str, backend: Backend | None = None, blocking: bool = True
+    node_path: str, worker: str, backend: WorkerBackend | None = None, blocking: bool = True
 ) -> RunningServer | None:
     """``serve`` with the worker named positionally."""
     return serve(node_path, worker, backend=backend, blocking=blocking)
 
 
-async def _serve_until_signal(config: ServerConfig, backend: Backend | None) -> None:
+async def _serve_until_signal(config: ServerConfig, backend: WorkerBackend | None) -> None:
     async with serve_async(config, backend=backend):
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -408,7 +408,7 @@ async def _serve_until_signal(config: ServerConfig, backend: Backend | None) -> 
                 break
 
 
-def _start_in_thread(config: ServerConfig, backend: Backend | None) -> RunningServer:
+def _start_in_thread(config: ServerConfig, backend: WorkerBackend | None) -> RunningServer:
     ready = threading.Event()
     box: dict = {}
 
