@@ -26,7 +26,7 @@ pinned by tests/core/test_wire.py.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from kserve_trio.core.wire import (
     Params,
@@ -74,11 +74,11 @@ class WirePieces:
         return f"WirePieces({len(self.pieces)} pieces, {self.nbytes} bytes)"
 
 
-def _flat(buf: Buffer) -> Buffer:
+def _flat(buf: Buffer) -> bytes | memoryview:
     """``buf`` as a flat byte buffer (``bytes`` as it is, anything else as a ``B`` view)."""
-    if buf.__class__ is bytes:
+    if type(buf) is bytes:
         return buf
-    if buf.__class__ is memoryview and buf.ndim == 1 and buf.format == "B":
+    if type(buf) is memoryview and buf.ndim == 1 and buf.format == "B":
         return buf
     view = memoryview(buf)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
@@ -91,7 +91,7 @@ def _pieces(head: list[bytes], tag: bytes, payloads: Sequence[Buffer]) -> WirePi
     total = 0
     for raw in payloads:
         flat = _flat(raw)
-        size = len(flat) if flat.__class__ is bytes else flat.nbytes
+        size = flat.nbytes if type(flat) is memoryview else len(flat)
         head.append(tag)
         head.append(encode_varint(size))
         joined = b"".join(head)
@@ -145,6 +145,9 @@ class _Tensor(_Message):
         self.contents = contents
 
 
+_AnyTensor = TypeVar("_AnyTensor", bound=_Tensor)
+
+
 class InferInputTensor(_Tensor):
     """``ModelInferRequest.InferInputTensor``."""
 
@@ -193,7 +196,7 @@ def _read_shape(buf, pos: int, end: int, shape: list[int]) -> None:
         raise ValueError("truncated packed shape")
 
 
-def _parse_tensor(buf, start: int, end: int, t: _Tensor) -> _Tensor:
+def _parse_tensor(buf, start: int, end: int, t: _AnyTensor) -> _AnyTensor:
     for field, wt, v in _fields(buf, start, end):
         if field == 3:
             if wt == 2:

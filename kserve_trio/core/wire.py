@@ -22,7 +22,7 @@ are skipped as protobuf requires; a truncated value or an invalid wire type rais
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import betterproto2
@@ -79,7 +79,13 @@ def signed(n: int) -> int:
     return n - (1 << 64) if n >= 1 << 63 else n
 
 
-def _fields(buf, start: int, end: int):
+FieldValue = Any
+"""A value ``_fields`` yields: an ``int`` for wire type 0 (varint), a ``(start, end)`` span of
+the buffer for the others. Which one depends on the wire type, which a type checker cannot
+follow, so the alias is left open; every caller tests the wire type before using the value."""
+
+
+def _fields(buf, start: int, end: int) -> Iterator[tuple[int, int, FieldValue]]:
     """Yield (field number, wire type, value) where value is an int or a (start, end) span.
 
     Keys and lengths under 128 (every key of these messages, most lengths) are read inline:
@@ -205,7 +211,7 @@ def plain_param(value: Any) -> ParamValue:
     returned as it is."""
     if isinstance(value, pb.InferParameter):
         kind, member = betterproto2.which_one_of(value, "parameter_choice")
-        if kind == "uint64_param":
+        if kind == "uint64_param" and isinstance(member, int):
             return Uint64(member)
         return member if kind else None
     if isinstance(value, np.generic):
@@ -228,9 +234,9 @@ def param_bytes(value: ParamValue) -> bytes:
     ``double_param``; ``str`` -> ``string_param``; ``None`` -> no member. Anything else (or an
     integer outside both ranges) raises ``ValueError``.
     """
-    if value.__class__ is str:
+    if type(value) is str:
         return len_field(3, value.encode())
-    if value.__class__ is int and _INT64_MIN <= value < 1 << 63:
+    if type(value) is int and _INT64_MIN <= value < 1 << 63:
         return b"\x10" + encode_varint(value)
     value = plain_param(value)
     if value is None:
