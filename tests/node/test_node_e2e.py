@@ -1,6 +1,7 @@
 """Real nodes: the supervisor running real workers on the demo repository, driven by
-tritonclient. The two-worker node's tests run in order on one node: serving, its threads as
-seen from outside, a worker killed and restarted, and finally SIGTERM stopping the tree."""
+tritonclient. Each two-worker node's tests run in order on one node: serving, its threads as
+seen from outside (role workers) or its public port and healthcheck (role all, through the
+embedded gateway), a worker killed and restarted, and finally SIGTERM stopping the tree."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e import reference as ref
 from tests.node.conftest import (
@@ -238,3 +242,263 @@ def test_a_single_worker_serves_the_public_ports_itself_without_a_gateway(
     assert node.stop() == 0
     assert not alive(worker)
     assert processes_with_env(node.marker) == []
+
+
+# --- a CPU node with two workers behind the embedded gateway (role all) --------------------------
+
+
+def worker_successes(port: int) -> int:
+    """Requests the worker on ``port`` itself says it served (its own statistics)."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    stats = client.get_inference_statistics("mlp", as_json=True)["model_stats"][0]
+    return int(stats["inference_stats"].get("success", {}).get("count", 0))
+
+
+def worker_regions(port: int) -> set[str]:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    return set(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
+
+
+def run_probe(node: NodeProcess, node_file: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kserve_trio", "probe", "--node", str(node_file), *args],
+        capture_output=True,
+        text=True,
+        env=node.env,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def gateway_node(demo_repo, tmp_path_factory):
+    """Role ``all`` (the default) with two CPU workers: the supervisor runs the workers and the
+    embedded gateway, which alone listens on the public gRPC and metrics ports."""
+    tmp = tmp_path_factory.mktemp("node_all")
+    base = free_ports(6)  # workers, their metrics, the public gRPC and metrics ports
+    public, public_metrics = base + 4, base + 5
+    node_file = write_node(tmp, demo_repo, base, f"metrics_base_port: {base + 2}\n")
+    env = {
+        "KSERVE_TRIO_CPU_WORKERS": "2",
+        "KSERVE_TRIO_WORKER_THREADS": "1",
+        "KSERVE_TRIO_GATEWAY_LISTEN_GRPC": f"127.0.0.1:{public}",
+        "KSERVE_TRIO_GATEWAY_LISTEN_METRICS": f"127.0.0.1:{public_metrics}",
+        "KSERVE_TRIO_GATEWAY_HEALTH_INTERVAL_SECONDS": "1",
+    }
+    node = NodeProcess(tmp, ["--node", str(node_file)], env)
+    try:
+        wait_ready(f"127.0.0.1:{public}", node=node)
+        for name in ("worker0", "worker1"):  # the gateway routes to both
+            node.wait_for(rf'^\[gateway\] \{{"worker": "{name}", .*"event": "worker_ready"')
+        yield types.SimpleNamespace(
+            node=node,
+            node_file=node_file,
+            repo=demo_repo,
+            public=public,
+            public_metrics=public_metrics,
+            workers=(base, base + 1),
+        )
+    finally:
+        node.close()
+
+
+def test_two_workers_serve_through_the_embedded_gateway_on_one_public_port(gateway_node):
+    g = gateway_node
+    url = f"127.0.0.1:{g.public}"
+    before = [worker_successes(p) for p in g.workers]
+    for i in range(8):
+        infer_mlp(url, g.repo, rows=1 + i % 4, seed=i)
+    after = [worker_successes(p) for p in g.workers]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [4, 4]  # round robin
+    client = grpcclient.InferenceServerClient(url)
+    assert client.get_server_metadata(as_json=True)["name"] == "kserve_trio"
+    total = client.get_inference_statistics("mlp", as_json=True)["model_stats"][0]
+    assert int(total["inference_stats"]["success"]["count"]) == sum(after)  # summed over both
+
+    text = g.node.text()
+    assert "[supervisor] role=all children=worker0, worker1, gateway" in text
+    assert (
+        f"[supervisor] embedded gateway on 127.0.0.1:{g.public} (configured from the environment)"
+        in text
+    )
+    assert re.search(
+        rf'^\[gateway\] \{{"address": "127.0.0.1:{g.public}", .*"gateway_up"', text, re.M
+    )
+    pids = g.node.pids()
+    assert sorted(pids) == ["gateway", "worker0", "worker1"]
+    assert sorted(children_of(g.node.proc.pid)) == sorted(pids.values())
+    cmdline = Path(f"/proc/{pids['gateway']}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[1:4] == [b"-m", b"kserve_trio", b"gateway"]
+    env = environ_of(pids["gateway"])
+    assert env["KSERVE_TRIO_GATEWAY_WORKERS"] == ",".join(f"127.0.0.1:{p}" for p in g.workers)
+    assert env["KSERVE_TRIO_GATEWAY_WORKER_NAMES"] == "worker0,worker1"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    with urllib.request.urlopen(f"http://127.0.0.1:{g.public_metrics}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    for name in ("worker0", "worker1"):  # each worker's own exposition merged in
+        assert f'gateway_worker_metrics_up{{worker="{name}"}} 1.0' in metrics
+
+
+def test_shared_memory_registered_through_the_public_port_works_on_both_workers(gateway_node):
+    g = gateway_node
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{g.public}")
+    x = np.random.default_rng(3).standard_normal((2, 16), dtype=np.float32)
+    expected = ref.mlp(x, ref.weights(g.repo, "mlp"))
+    out_bytes = 2 * 8 * 4
+    h_in = shm.create_shared_memory_region("node_all_in", "/node_all_in", x.nbytes)
+    h_out = shm.create_shared_memory_region("node_all_out", "/node_all_out", out_bytes)
+    try:
+        shm.set_shared_memory_region(h_in, [x])
+        client.register_system_shared_memory("node_all_in", "/node_all_in", x.nbytes)
+        client.register_system_shared_memory("node_all_out", "/node_all_out", out_bytes)
+        for port in g.workers:  # the gateway registered them on every worker
+            assert {"node_all_in", "node_all_out"} <= worker_regions(port)
+        before = [worker_successes(p) for p in g.workers]
+        for _ in range(4):
+            inp = grpcclient.InferInput("input_0", [2, 16], "FP32")
+            inp.set_shared_memory("node_all_in", x.nbytes)
+            out = grpcclient.InferRequestedOutput("output")
+            out.set_shared_memory("node_all_out", out_bytes)
+            client.infer("mlp", [inp], outputs=[out])
+            y = shm.get_contents_as_numpy(h_out, np.float32, [2, 8])
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+        after = [worker_successes(p) for p in g.workers]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2]
+        client.unregister_system_shared_memory("node_all_in")
+        client.unregister_system_shared_memory("node_all_out")
+        for port in g.workers:
+            assert not {"node_all_in", "node_all_out"} & worker_regions(port)
+    finally:
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
+
+
+def test_probe_asks_the_embedded_gateway_on_the_public_port(gateway_node):
+    g = gateway_node
+    probe = run_probe(g.node, g.node_file)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    assert probe.stdout.strip() == f"ready: 127.0.0.1:{g.public}"
+    probe = run_probe(g.node, g.node_file, "--worker", "worker1")
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    assert probe.stdout.strip() == f"ready: 127.0.0.1:{g.workers[1]}"
+
+
+def test_a_killed_worker_behind_the_gateway_restarts_and_its_shm_registrations_come_back(
+    gateway_node,
+):
+    g = gateway_node
+    node, url = g.node, f"127.0.0.1:{g.public}"
+    x = np.random.default_rng(5).standard_normal((1, 16), dtype=np.float32)
+    expected = ref.mlp(x, ref.weights(g.repo, "mlp"))
+    h_in = shm.create_shared_memory_region("node_kill_in", "/node_kill_in", x.nbytes)
+    shm.set_shared_memory_region(h_in, [x])
+    pids = node.pids()
+    victim = pids["worker0"]
+    mark = len(node.text())
+    results: list[tuple[float, str | None]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def closed_loop(use_shm: bool) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        while not stop.is_set():
+            inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+            if use_shm:  # the region registered before the kill
+                inp.set_shared_memory("node_kill_in", x.nbytes)
+            else:
+                inp.set_data_from_numpy(x)
+            try:
+                y = client.infer("mlp", [inp]).as_numpy("output")
+                outcome = None if np.allclose(y, expected, rtol=1e-5, atol=1e-5) else "wrong"
+            except InferenceServerException as exc:
+                outcome = exc.status()
+            with lock:
+                results.append((time.monotonic(), outcome))
+
+    loops = [threading.Thread(target=closed_loop, args=(i % 2 == 0,)) for i in range(4)]
+    try:
+        grpcclient.InferenceServerClient(url).register_system_shared_memory(
+            "node_kill_in", "/node_kill_in", x.nbytes
+        )
+        for t in loops:
+            t.start()
+        time.sleep(2.0)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        exited = node.wait_for(
+            r"^\[supervisor\] worker0 exited \(code=none, signal=SIGKILL, uptime=", after=mark
+        )
+        node.wait_for(r"^\[supervisor\] restarting worker0 in 1s$", after=exited.end())
+        restarted = node.wait_for(
+            r"^\[supervisor\] started worker0 \(pid (\d+)\)$", after=exited.end()
+        )
+        respawned = time.monotonic()
+        assert int(restarted.group(1)) != victim
+        assert not alive(victim)
+        wait_ready(f"127.0.0.1:{g.workers[0]}", node=node)
+        ready = time.monotonic()
+        back = None
+        while back is None and time.monotonic() < ready + 30:
+            if worker_successes(g.workers[0]) > 0:  # the new process counts from zero
+                back = time.monotonic()
+            time.sleep(0.05)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in loops:
+            t.join(30)
+    try:
+        failures = [s for _, s in results if s is not None]
+        assert all(s == "StatusCode.UNAVAILABLE" for s in failures), failures
+        assert len(failures) <= len(loops)  # at most the requests in flight on the killed worker
+        while_down = [t for t, s in results if s is None and killed < t < ready]
+        assert len(while_down) > 20  # worker1 kept serving through the public port
+        assert back is not None, "the restarted worker never served through the gateway"
+        print(
+            f"\nrole all, kill -9 worker0: respawned after {respawned - killed:.1f}s, ready after "
+            f"{ready - killed:.1f}s, routed after {back - killed:.1f}s; {len(results)} requests, "
+            f"{len(while_down)} served while it was down, {len(failures)} UNAVAILABLE"
+        )
+        assert "node_kill_in" in worker_regions(g.workers[0])  # replayed by the gateway
+        assert re.compile(
+            r'^\[gateway\] \{"worker": "worker0", "region": "node_kill_in", '
+            r'"event": "shm_(region_replayed|replayed_after_worker_lost_them)"',
+            re.M,
+        ).search(node.text(), mark)
+        served = worker_successes(g.workers[0])
+        client = grpcclient.InferenceServerClient(url)
+        for _ in range(6):
+            inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+            inp.set_shared_memory("node_kill_in", x.nbytes)
+            y = client.infer("mlp", [inp]).as_numpy("output")
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+        assert worker_successes(g.workers[0]) == served + 3  # half of them on the new worker0
+        now = node.pids()
+        assert now["worker1"] == pids["worker1"] and now["gateway"] == pids["gateway"]
+        assert node.text().count("[supervisor] started gateway") == 1
+    finally:
+        try:
+            grpcclient.InferenceServerClient(url).unregister_system_shared_memory("node_kill_in")
+        finally:
+            shm.destroy_shared_memory_region(h_in)
+
+
+def test_sigterm_stops_the_workers_and_the_embedded_gateway(gateway_node):
+    g = gateway_node
+    node = g.node
+    pids = node.pids()
+    assert all(alive(p) for p in pids.values())
+    assert sorted(children_of(node.proc.pid)) == sorted(pids.values())
+    started = time.monotonic()
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(timeout=30) == 0
+    assert time.monotonic() - started < 15.0  # the workers' grace
+    text = node.text()
+    assert "did not exit within" not in text
+    assert re.search(r"^\[supervisor\] gateway exited \(code=0, signal=none, ", text, re.M)
+    assert text.rstrip().endswith("[supervisor] node stopped (exit 0)")
+    assert not any(alive(p) for p in pids.values())
+    assert processes_with_env(node.marker) == []
+    probe = run_probe(node, g.node_file)
+    assert probe.returncode == 1
+    assert probe.stdout.strip() == f"not ready: 127.0.0.1:{g.public}"
