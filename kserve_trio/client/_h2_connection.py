@@ -232,8 +232,8 @@ class Connection:
         calls = self.calls
         wake_parked = False
         for event in events:
-            kind = type(event)
-            if kind is h2.events.DataReceived:
+            # ``type(event)`` tested each time, not saved once, so that ``event`` is narrowed.
+            if type(event) is h2.events.DataReceived:
                 sid = event.stream_id
                 if event.flow_controlled_length:
                     self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
@@ -242,43 +242,49 @@ class Connection:
                     call.done = True
                     self.reset(call)
                     _wake(call)
-            elif kind is h2.events.ResponseReceived or kind is h2.events.TrailersReceived:
+            elif (
+                type(event) is h2.events.ResponseReceived
+                or type(event) is h2.events.TrailersReceived
+            ):
                 call = calls.get(event.stream_id)
                 if call is not None:
                     call.headers(event.headers)
-            elif kind is h2.events.StreamEnded:
+            elif type(event) is h2.events.StreamEnded:
                 call = calls.get(event.stream_id)
                 if call is not None:
                     call.done = True
                     _wake(call)
-            elif kind is h2.events.StreamReset:
+            elif type(event) is h2.events.StreamReset:
                 call = calls.get(event.stream_id)
                 if call is not None and not call.done:
                     call.reset_code = event.error_code
                     call.refused = event.error_code == _REFUSED
                     call.done = True
                     _wake(call)
-            elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+            elif (
+                type(event) is h2.events.WindowUpdated
+                or type(event) is h2.events.RemoteSettingsChanged
+            ):
                 wake_parked = True
-            elif kind is h2.events.ConnectionTerminated:
+            elif type(event) is h2.events.ConnectionTerminated:
                 self.goaway(event.last_stream_id, event.error_code)
                 wake_parked = True
         if wake_parked:
             for call in self.parked:
                 _wake(call)
 
-    def goaway(self, last_stream_id: int | None, error_code: int) -> None:
+    def goaway(self, last_stream_id: int | None, error_code: int | None) -> None:
         """GOAWAY: no new streams here; streams above ``last_stream_id`` were not processed
         (retry-safe); the others may still complete."""
         self.draining = True
         last = last_stream_id if last_stream_id is not None else 0
+        reason = _error_name(error_code) if error_code is not None else "no error code"
         for sid, call in self.calls.items():
             if sid > last and not call.done:
                 call.fail(
                     RpcError(
                         StatusCode.UNAVAILABLE,
-                        f"{self.address} is going away ({_error_name(error_code)}); the call "
-                        "was not processed",
+                        f"{self.address} is going away ({reason}); the call was not processed",
                         method=call.rpc,
                     ),
                     refused=True,
