@@ -1,7 +1,8 @@
 """Node files (``node.yaml``): one machine's workers, and the resolution of one worker's config.
 
 A node file names the shared model repository, the port plan (``base_port`` + index, or a
-worker's ``port:``; ``metrics_base_port`` + index), a ``global:`` config block deep-merged into
+worker's ``port:``; ``metrics_base_port`` + index; ``http_base_port`` + index for the REST
+ports), a ``global:`` config block deep-merged into
 every worker, the ``workers:`` list (each entry may carry its own override blocks) and an
 optional ``models:`` map pinning models to device memory on the listed workers. Every worker
 reads the same file and resolves its own raw config here; ``load_server_config`` then layers
@@ -12,7 +13,7 @@ The supervisor also uses this module before validation: ``node_gpus`` parses the
 and ``materialize_node`` synthesizes or device-assigns the ``workers:`` list.
 
 Keys the node derives for each worker (``model_dirs``, ``endpoints.port``,
-``endpoints.metrics_port``, ``runtime.device_ordinal``) are rejected in ``global:`` and worker
+``endpoints.metrics_port``, ``endpoints.http_port``, ``runtime.device_ordinal``) are rejected in ``global:`` and worker
 blocks: a value there would be silently overwritten, i.e. inert.
 """
 
@@ -40,6 +41,7 @@ NODE_KEYS = (
     "model_repo",
     "base_port",
     "metrics_base_port",
+    "http_base_port",
     "gpus",
     "global",
     "workers",
@@ -56,6 +58,7 @@ _DERIVED = {
     "model_dirs": "it is the node's model_repo",
     "endpoints.port": "set the node's base_port or the worker's port",
     "endpoints.metrics_port": "set the node's metrics_base_port",
+    "endpoints.http_port": "set the node's http_base_port",
     "runtime.device_ordinal": "set the worker's gpu",
 }
 
@@ -127,6 +130,12 @@ def _metrics_port(node: Mapping[str, Any], index: int) -> int | None:
     return _int_key(node, "metrics_base_port") + index
 
 
+def _http_port(node: Mapping[str, Any], index: int) -> int | None:
+    if "http_base_port" not in node:
+        return None
+    return _int_key(node, "http_base_port") + index
+
+
 def _assignments(node: Mapping[str, Any]) -> dict[str, list[str]]:
     models = node.get("models")
     if models is None:
@@ -170,7 +179,7 @@ def validate_node(node: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
        keys the node derives (paths name where the key was written);
     3. ``workers`` a non-empty list of mappings with unique string names, integer ``gpu >= 0``,
        string ``host``, ports in 0..65535; no two workers bind the same non-zero gRPC port, and
-       no metrics port collides with any gRPC or metrics port;
+       no metrics or HTTP port collides with any gRPC, metrics or HTTP port;
     4. ``models.X`` a non-empty list naming defined workers;
     5. each worker's resolved block builds (types and enums), before any env is applied.
     """
@@ -226,7 +235,7 @@ def validate_node(node: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
             other = ports[port]
             message = (
                 f"node worker '{name}' port {port} collides with '{other}'"
-                if other.endswith(" (metrics)")
+                if other.endswith((" (metrics)", " (http)"))
                 else f"node workers '{other}' and '{name}' both bind port {port}"
             )
             raise ConfigError(message, f"workers[{i}]")
@@ -245,6 +254,19 @@ def validate_node(node: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
                     "metrics_base_port",
                 )
             ports[mport] = f"{name} (metrics)"
+        hport = _http_port(node, i)
+        if hport is not None:
+            if not 1 <= hport <= 65535:
+                raise ConfigError(
+                    f"node worker '{name}' HTTP port {hport} is out of range 1..65535",
+                    "http_base_port",
+                )
+            if hport in ports:
+                raise ConfigError(
+                    f"node worker '{name}' HTTP port {hport} collides with '{ports[hport]}'",
+                    "http_base_port",
+                )
+            ports[hport] = f"{name} (http)"
 
     for model, targets in _assignments(node).items():
         for t in targets:
@@ -269,7 +291,8 @@ def worker_raw_config(node: Mapping[str, Any], name: str) -> dict[str, Any]:
     1. start from a deep copy of ``global``; deep-merge the worker's override blocks (every key
        but name/gpu/host/port): mappings merge recursively, other values replace;
     2. ``model_dirs = [model_repo]``; ``endpoints.port`` = the worker's ``port`` or
-       ``base_port + index``; ``endpoints.metrics_port = metrics_base_port + index`` when set;
+       ``base_port + index``; ``endpoints.metrics_port = metrics_base_port + index`` and
+       ``endpoints.http_port = http_base_port + index`` when set;
        ``endpoints.host`` = the worker's ``host`` when set; ``runtime.device_ordinal = gpu``
        (0 without one);
     3. the node-level ``shared_host_weights`` fills ``runtime.shared_host_weights`` unless set;
@@ -293,6 +316,9 @@ def worker_raw_config(node: Mapping[str, Any], name: str) -> dict[str, Any]:
     mport = _metrics_port(node, index)
     if mport is not None:
         endpoints["metrics_port"] = mport
+    hport = _http_port(node, index)
+    if hport is not None:
+        endpoints["http_port"] = hport
     if "host" in w:
         endpoints["host"] = w["host"]
     runtime = _sub(raw, "runtime")

@@ -51,6 +51,7 @@ GATEWAY_ENV_PREFIX = "KSERVE_TRIO_GATEWAY_"
 GATEWAY_FILE_ENV = GATEWAY_ENV_PREFIX + "FILE"
 LISTEN_GRPC_ENV = GATEWAY_ENV_PREFIX + "LISTEN_GRPC"
 LISTEN_METRICS_ENV = GATEWAY_ENV_PREFIX + "LISTEN_METRICS"
+LISTEN_HTTP_ENV = GATEWAY_ENV_PREFIX + "LISTEN_HTTP"
 DEFAULT_LISTEN_GRPC = "0.0.0.0:8001"
 DEFAULT_LISTEN_METRICS = "0.0.0.0:8002"
 WORKER_GRACE_SECONDS = 15.0
@@ -58,8 +59,14 @@ GATEWAY_GRACE_SECONDS = 10.0
 
 PORT_ENV = ENV_PREFIX + "ENDPOINTS_PORT"
 METRICS_PORT_ENV = ENV_PREFIX + "ENDPOINTS_METRICS_PORT"
+HTTP_PORT_ENV = ENV_PREFIX + "ENDPOINTS_HTTP_PORT"
 HOST_ENV = ENV_PREFIX + "ENDPOINTS_HOST"
-PER_WORKER_ENV = (PORT_ENV, METRICS_PORT_ENV, ENV_PREFIX + "RUNTIME_DEVICE_ORDINAL")
+PER_WORKER_ENV = (
+    PORT_ENV,
+    METRICS_PORT_ENV,
+    HTTP_PORT_ENV,
+    ENV_PREFIX + "RUNTIME_DEVICE_ORDINAL",
+)
 """Worker settings the node assigns per worker; inherited values would give every worker the
 same one, so they are not passed on."""
 
@@ -112,6 +119,7 @@ class NodePlan:
     gateway_file: str | None = None
     public_grpc: tuple[str, int] | None = None
     public_metrics: tuple[str, int] | None = None
+    public_http: tuple[str, int] | None = None
     threads: int | None = None
     max_restarts: int = 0
     notes: tuple[str, ...] = ()
@@ -183,6 +191,18 @@ def public_listen(
         else:
             out.append(parse_listen(default, var))
     return out[0], out[1]
+
+
+def public_http(env: Mapping[str, str], source: GatewaySource) -> tuple[str, int] | None:
+    """The node's public KServe REST address: ``KSERVE_TRIO_GATEWAY_LISTEN_HTTP``, else the
+    gateway configuration's ``listen.http``, else none (REST off)."""
+    if env.get(LISTEN_HTTP_ENV, "").strip():
+        return parse_listen(env[LISTEN_HTTP_ENV], LISTEN_HTTP_ENV)
+    listen = source.raw.get("listen")
+    text = listen.get("http") if isinstance(listen, Mapping) else None
+    if isinstance(text, str) and text.strip():
+        return parse_listen(text, "gateway config 'listen.http'")
+    return None
 
 
 @dataclass(frozen=True)
@@ -302,7 +322,8 @@ def plan_node(
        ``_RUNTIME_DEVICE_ORDINAL`` are not inherited (a warning says so);
     4. role ``all`` with exactly one worker: that worker serves the public addresses itself
        (``INFERENCE_SERVER_ENDPOINTS_HOST``/``_PORT``/``_METRICS_PORT`` from
-       ``public_listen``) and no gateway runs; with two or more the gateway child is added
+       ``public_listen``, ``_HTTP_PORT`` from ``public_http`` when REST is on) and no gateway
+       runs; with two or more the gateway child is added
        (``gateway_launch``) and a worker port equal to a public port is warned about; every
        child gets ``PYTHONUNBUFFERED=1`` unless the environment sets it;
     5. advisory warnings: unused devices, private host weight copies, unpinned workers.
@@ -361,9 +382,10 @@ def plan_node(
         )
 
     single = role == "all" and n == 1
-    grpc_addr = metrics_addr = None
+    grpc_addr = metrics_addr = http_addr = None
     if role == "all":
         grpc_addr, metrics_addr = public_listen(env, source)
+        http_addr = public_http(env, source)
 
     children: list[ChildSpec] = []
     addresses = []
@@ -380,9 +402,18 @@ def plan_node(
                     f"single worker binds one host: metrics served on {host}, not {metrics_addr[0]}"
                 )
             metrics_text = f" / {format_address(host, metrics_addr[1])} (metrics)"
+            http_text = ""
+            if http_addr is not None:
+                extra[HTTP_PORT_ENV] = str(http_addr[1])
+                http_text = f" / {format_address(host, http_addr[1])} (REST)"
+                if http_addr[0] != host:
+                    warnings.append(
+                        f"single worker binds one host: REST served on {host}, not {http_addr[0]}"
+                    )
             notes.append(
                 f"single worker: serving directly on {format_address(host, port)} (gRPC)"
                 + (metrics_text if metrics_addr[1] else "")
+                + http_text
                 + "; no gateway"
             )
         child_env = {
@@ -404,8 +435,10 @@ def plan_node(
     if role == "all" and n >= 2:
         assert grpc_addr is not None and metrics_addr is not None
         public = {grpc_addr[1]: "public gRPC", metrics_addr[1]: "public metrics"}
-        for a in addresses:
-            for p in (a.port, a.metrics_port):
+        if http_addr is not None:
+            public[http_addr[1]] = "public REST"
+        for a, cfg in zip(addresses, configs, strict=True):
+            for p in (a.port, a.metrics_port, cfg.endpoints.http_port):
                 if p and p in public:
                     warnings.append(
                         f"worker '{a.name}' port {p} collides with the gateway's {public[p]} port"
@@ -426,6 +459,7 @@ def plan_node(
         gateway_file=source.path if uses_block else None,
         public_grpc=grpc_addr,
         public_metrics=metrics_addr,
+        public_http=http_addr,
         threads=threads,
         max_restarts=restarts,
         notes=tuple(notes),
@@ -456,6 +490,7 @@ def _gateway_only(
         gateway_file=source.path if from_block else None,
         public_grpc=grpc_addr,
         public_metrics=metrics_addr,
+        public_http=public_http(env, source),
         max_restarts=restarts,
         notes=(f"role=gateway: workers run elsewhere ({_gateway_note(source)})",),
     )
@@ -490,6 +525,7 @@ __all__ = [
     "GATEWAY_FILE_ENV",
     "GATEWAY_GRACE_SECONDS",
     "LISTEN_GRPC_ENV",
+    "LISTEN_HTTP_ENV",
     "LISTEN_METRICS_ENV",
     "PER_WORKER_ENV",
     "ROLE_ENV",
@@ -503,6 +539,7 @@ __all__ = [
     "gateway_launch",
     "parse_listen",
     "plan_node",
+    "public_http",
     "public_listen",
     "resolve_role",
 ]

@@ -90,6 +90,7 @@ def test_example_node_file_loads_and_every_worker_validates():
         assert (resolved, applied, cfg.worker_name) == (name, [], name)
         assert cfg.endpoints.port == 8080 + index
         assert cfg.endpoints.metrics_port == 9100 + index
+        assert cfg.endpoints.http_port == 8100 + index
         assert cfg.model_dirs == ("/var/lib/kserve_trio/models",)
         assert cfg.model_sched("example_model").max_batch_size == 32
     w0, _, _ = node_server_config(node, "worker0", env={})
@@ -103,7 +104,13 @@ def test_example_node_file_shows_every_config_key():
     from kserve_trio.core.config import SCHEMA
 
     text = (REPO_ROOT / "config" / "node.example.yaml").read_text()
-    derived = ("model_dirs", "endpoints.port", "endpoints.metrics_port", "runtime.device_ordinal")
+    derived = (
+        "model_dirs",
+        "endpoints.port",
+        "endpoints.metrics_port",
+        "endpoints.http_port",
+        "runtime.device_ordinal",
+    )
     for key in derived:  # not allowed in a node file, but the example says where they come from
         assert key in text, key
     for key, sub in SCHEMA.items():
@@ -118,6 +125,7 @@ def test_example_node_file_shows_every_config_key():
         "model_repo",
         "base_port",
         "metrics_base_port",
+        "http_base_port",
         "gpus",
         "role",
         "shared_host_weights",

@@ -389,6 +389,7 @@ def _typed_sample(path: str) -> tuple[str, object]:
     samples = {
         "listen.grpc": ("127.0.0.1:7001", "127.0.0.1:7001"),
         "listen.metrics": ("127.0.0.1:7002", "127.0.0.1:7002"),
+        "listen.http": ("127.0.0.1:7000", "127.0.0.1:7000"),
         "endpoints": (" a.test:1, b.test:2,, ", ("a.test:1", "b.test:2")),
         "worker_metrics": ("a.test:11,b.test:12", ("a.test:11", "b.test:12")),
         "worker_names": ("x, y", ("x", "y")),

@@ -331,3 +331,68 @@ def test_gpu_workers_with_private_weight_caches_are_advised_to_share():
 def test_an_operators_pythonunbuffered_is_kept():
     p = plan(node_of(), {"PYTHONUNBUFFERED": "0"}, role="workers")
     assert p.children[0].env["PYTHONUNBUFFERED"] == "0"
+
+
+# --- REST ports -------------------------------------------------------------------------------
+
+
+def test_a_single_worker_serves_the_public_rest_port_itself():
+    env = {"KSERVE_TRIO_GATEWAY_LISTEN_HTTP": "0.0.0.0:8000"}
+    p = plan(node_of(http_base_port=9100), env)
+    w = p.children[0]
+    assert w.env["INFERENCE_SERVER_ENDPOINTS_HTTP_PORT"] == "8000"  # over http_base_port's 9100
+    assert p.public_http == ("0.0.0.0", 8000)
+    assert (
+        "single worker: serving directly on 0.0.0.0:8001 (gRPC) / 0.0.0.0:8002 (metrics) / "
+        "0.0.0.0:8000 (REST); no gateway" in p.notes
+    )
+    off = plan(node_of(), {})  # no public REST address: REST stays off
+    assert off.public_http is None
+    assert "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT" not in off.children[0].env
+
+
+def test_the_gateway_configs_listen_http_is_the_public_rest_address_too():
+    source = GatewaySource("node", "/x", {"listen": {"http": "127.0.0.1:7000"}})
+    p = plan(node_of(), {}, gateway=source)
+    assert p.public_http == ("127.0.0.1", 7000)
+    assert p.children[0].env["INFERENCE_SERVER_ENDPOINTS_HTTP_PORT"] == "7000"
+
+
+def test_two_workers_get_rest_ports_from_http_base_port_and_the_gateway_serves_the_public_one():
+    env = {
+        "KSERVE_TRIO_CPU_WORKERS": "2",
+        "KSERVE_TRIO_GATEWAY_LISTEN_HTTP": "0.0.0.0:9101",
+        "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT": "7777",
+    }
+    p = plan(node_of(http_base_port=9100), env)
+    assert [c.name for c in p.children] == ["worker0", "worker1", "gateway"]
+    assert all("INFERENCE_SERVER_ENDPOINTS_HTTP_PORT" not in c.env for c in p.workers)
+    assert (
+        "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT is set in the environment; the node assigns it "
+        "per worker, so it is not passed to the workers" in p.warnings
+    )
+    assert p.child("gateway").env["KSERVE_TRIO_GATEWAY_LISTEN_HTTP"] == "0.0.0.0:9101"
+    assert "worker 'worker1' port 9101 collides with the gateway's public REST port" in p.warnings
+
+
+def test_node_http_ports_are_derived_and_checked():
+    from kserve_trio.core.node import node_server_config
+
+    node = node_of(
+        http_base_port=9100, workers=[{"name": "a"}, {"name": "b"}], metrics_base_port=9200
+    )
+    validate_node(node)
+    assert node_server_config(node, "b", env={})[0].endpoints.http_port == 9101
+    with pytest.raises(ConfigError, match=r"worker 'b' port 9001 collides with 'a \(http\)'"):
+        validate_node(node_of(http_base_port=9001, workers=[{"name": "a"}, {"name": "b"}]))
+    collides = r"worker 'a' HTTP port 9200 collides with 'a \(metrics\)'"
+    with pytest.raises(ConfigError, match=collides):
+        validate_node(
+            node_of(
+                metrics_base_port=9200,
+                http_base_port=9200,
+                workers=[{"name": "a", "port": 1}, {"name": "b", "port": 2}],
+            )
+        )
+    with pytest.raises(ConfigError, match="is derived by the node; set the node's http_base_port"):
+        validate_node(node_of(workers=[{"name": "a", "endpoints": {"http_port": 5}}]))

@@ -224,9 +224,9 @@ class EndpointsConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     metrics_port: int = 0
-    http_port: int = 0
     max_concurrent_requests: int = 64
     tls: TlsConfig = TlsConfig()
+    http_port: int = 0
 
 
 @dataclass(frozen=True)
