@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from kserve_trio.core.dtypes import DType, dtype_from_token, dtype_of
 
@@ -41,7 +42,7 @@ def as_dtype(value: Any) -> DType:
         raise ValueError(f"unknown dtype {value!r}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class IOSpec:
     """One executable or client tensor: ``name``, ``dtype``, row-major ``shape``, ``batch_axis``.
 
@@ -57,6 +58,24 @@ class IOSpec:
     shape: tuple[int, ...]
     batch_axis: int | None = None
     letters: tuple[str, ...] | None = None
+
+    def __init__(
+        self,
+        name: str,
+        dtype: DType | DTypeLike,
+        shape: Sequence[int],
+        batch_axis: int | None = None,
+        letters: Sequence[str] | None = None,
+    ) -> None:
+        """Written out (not generated) because it takes more than it stores: ``dtype`` may be
+        a ``DType``, a manifest token (``"f32"``) or a numpy dtype-like, ``shape`` and
+        ``letters`` any sequence; the fields hold a ``DType`` and tuples."""
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "batch_axis", batch_axis)
+        object.__setattr__(self, "letters", letters)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
