@@ -60,6 +60,7 @@ def test_kserve_model_signature_is_pinned():
         "retry",
         "max_send_message_length",
         "max_receive_message_length",
+        "compression",
         "transport_factory",
         "root_certificates",
         "certificate_chain",
@@ -71,6 +72,7 @@ def test_kserve_model_signature_is_pinned():
     assert defaults["max_batch_size"] == 1
     assert defaults["deadline"] == 10.0
     assert defaults["shared_memory"] == "auto"
+    assert defaults["compression"] is None
     tls = ("root_certificates", "certificate_chain", "private_key", "ssl_context")
     assert all(defaults[n] is None for n in tls)
     kw_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
