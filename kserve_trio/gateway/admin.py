@@ -24,6 +24,7 @@ from kserve_trio.gateway.metrics_merge import ExpositionError, add_worker_label,
 from kserve_trio.gateway.pool import WorkerPool
 from kserve_trio.gateway.routing import RoutingState
 from kserve_trio.serving.admin_http import Route
+from kserve_trio.serving.http import parse_response
 
 SCRAPE_TIMEOUT_SECONDS = 5.0
 MAX_SCRAPE_BYTES = 64 << 20
@@ -38,34 +39,12 @@ class ScrapeError(Exception):
 
 def parse_http_response(raw: bytes) -> tuple[int, bytes]:
     """``(status, body)`` of an HTTP/1.1 response read to the end of the connection; the body
-    is de-chunked under ``Transfer-Encoding: chunked`` and cut to ``Content-Length``."""
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise ScrapeError("the response ended inside its headers")
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-        raise ScrapeError(f"not an HTTP response: {lines[0][:80]!r}")
-    headers = {}
-    for line in lines[1:]:
-        key, _, value = line.partition(b":")
-        headers[key.strip().lower()] = value.strip()
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        out = bytearray()
-        rest = body
-        while True:
-            size_line, sep, rest = rest.partition(b"\r\n")
-            if not sep:
-                raise ScrapeError("truncated chunked body")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                break
-            out += rest[:size]
-            rest = rest[size + 2 :]
-        body = bytes(out)
-    elif b"content-length" in headers:
-        body = body[: int(headers[b"content-length"])]
-    return int(parts[1]), body
+    is de-chunked under ``Transfer-Encoding: chunked`` and cut to ``Content-Length``
+    (``serving.http.parse_response``: the HTTP stack's own parser library)."""
+    try:
+        return parse_response(raw)
+    except ValueError as exc:
+        raise ScrapeError(str(exc)) from None
 
 
 async def scrape(host: str, port: int, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str:
