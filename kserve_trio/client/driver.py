@@ -67,6 +67,7 @@ from kserve_trio.core.codec import (
 from kserve_trio.core.dtypes import dtype_from_wire, dtype_of
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.infer_wire import (
+    Buffer,
     InferInputTensor,
     InferOutputTensor,
     InferRequestedOutput,
@@ -209,7 +210,7 @@ def rehydrate(
             "entries, which match none of its outputs' layouts",
             method="ModelInfer",
         )
-    merged: list[bytes | memoryview] = []
+    merged: list[Buffer] = []
     for out, index in zip(response.outputs, indices, strict=True):
         region = string_param(out.parameters, SHM_REGION_PARAM)
         if region is None:

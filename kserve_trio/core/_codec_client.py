@@ -134,7 +134,8 @@ def raw_output_indices(outputs: Sequence[Any], n_raw: int) -> list[int | None] |
     if n_raw != sum(counted):
         counted = [c and not in_shared_memory(o) for c, o in zip(counted, outputs, strict=True)]
         if n_raw == 0:
-            return [None] * len(outputs)
+            nothing: list[int | None] = [None] * len(outputs)
+            return nothing
         if n_raw != sum(counted):
             return None
     indices: list[int | None] = []

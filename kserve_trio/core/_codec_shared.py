@@ -95,19 +95,19 @@ def int64_param(params: Mapping[str, Any], key: str) -> int | None:
     """The ``int64_param`` value of ``params[key]``; absent or another kind (``bool``,
     ``Uint64``, ``float``, ``str``) -> None."""
     value = params.get(key)
-    if value.__class__ is int or value is None:
+    if type(value) is int or value is None:
         return value
     value = plain_param(value)
-    return value if value.__class__ is int else None
+    return value if type(value) is int else None
 
 
 def string_param(params: Mapping[str, Any], key: str) -> str | None:
     """The ``string_param`` value of ``params[key]``; absent or another kind -> None."""
     value = params.get(key)
-    if value.__class__ is str or value is None:
+    if type(value) is str or value is None:
         return value
     value = plain_param(value)
-    return value if value.__class__ is str else None
+    return value if type(value) is str else None
 
 
 def _saturating_deadline(now_ns: int, budget_ns: int) -> int:
@@ -232,7 +232,7 @@ def wire_dtype(what: str, datatype: str) -> DType:
 
 
 def from_buffer(
-    buf: bytes | memoryview, dtype: DType, shape: Sequence[int], what: str = "tensor"
+    buf: bytes | bytearray | memoryview, dtype: DType, shape: Sequence[int], what: str = "tensor"
 ) -> np.ndarray:
     """A read-only array viewing ``buf`` (no copy); a ``BYTES`` tensor is decoded from its
     length-prefixed encoding instead (``InvalidArgument`` naming ``what`` if malformed)."""

@@ -246,7 +246,7 @@ def decode_infer_request(
         deadline_ns=deadline,
         parameters=(
             dict(msg.parameters)
-            if msg.__class__ is InferRequestMessage
+            if type(msg) is InferRequestMessage
             else plain_params(msg.parameters)
         ),
     )
