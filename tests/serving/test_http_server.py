@@ -82,9 +82,12 @@ def server():
         yield s
 
 
+_BUFFERS: dict[int, bytes] = {}
+
+
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response from ``sock`` (by Content-Length)."""
-    buf = b""
+    """One response from ``sock`` (by Content-Length); bytes after it wait for the next call."""
+    buf = _BUFFERS.pop(id(sock), b"")
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
         if not chunk:
@@ -100,11 +103,13 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         if not chunk:
             break
         rest += chunk
+    _BUFFERS[id(sock)] = rest[length:]
     return status, headers, rest[:length]
 
 
 def connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    _BUFFERS.pop(id(sock), None)
     return sock
 
 
@@ -178,6 +183,17 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(server):
         )
         status, _, body = read_response(sock)
         assert status == 200 and json.loads(body)["body"] == 11
+
+
+def test_a_client_that_sends_the_whole_oversized_body_still_reads_the_answer(server):
+    body = b"q" * 2_000_000  # far past the socket buffers: the server must read and drop it
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/x", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 429
+    assert json.loads(err.value.read()) == {
+        "error": "received message larger than max (2000000 vs. 4096)"
+    }
 
 
 def test_expect_100_continue_is_answered_before_the_body(server):

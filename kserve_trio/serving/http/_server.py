@@ -15,7 +15,8 @@ bodies):
 2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431); the body at most
    ``max_body_bytes``, checked on ``Content-Length`` before the body is read and again on the
    bytes of a chunked body (else RESOURCE_EXHAUSTED ``received message larger than max (N vs.
-   M)``, the gRPC message, and the connection closes);
+   M)``, the gRPC message, and the connection closes, lingering a moment so the client reads
+   the answer);
 3. ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the caps;
 4. ``HEAD`` is answered with the headers of ``GET`` and no body;
 5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
@@ -24,6 +25,7 @@ bodies):
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,8 @@ log = get_logger("kserve_trio.serving.http")
 MAX_HEAD_BYTES = 64 << 10
 IDLE_SECONDS = 120.0
 READ_BYTES = 256 << 10
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 << 20
 _JOIN_BYTES = 256 << 10
 """Up to this size a reply is joined into one write; a larger payload is written from its own
 buffer (the same trade-off as the gRPC adapter's replies)."""
@@ -99,7 +103,11 @@ def encode_head(response: HttpResponse, length: int, *, close: bool) -> bytes:
 
 
 def _pieces_of(body: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
-    return [body] if isinstance(body, bytes | bytearray | memoryview) else body
+    # ``type(body) is memoryview``, not isinstance: isinstance would narrow the Sequence[Buffer]
+    # side of the union to a memoryview of Buffers, which is no Buffer.
+    if isinstance(body, bytes | bytearray) or type(body) is memoryview:
+        return [body]
+    return body
 
 
 def segments(head: bytes, pieces: Sequence[Buffer], length: int) -> list[Buffer]:
@@ -251,9 +259,18 @@ async def serve_connection(stream: anyio.abc.ByteStream, app: App, max_body_byte
 
 
 async def _close_with(stream: anyio.abc.ByteStream, response: HttpResponse) -> None:
+    """Answer and close, lingering: what the client is still sending is read and dropped for
+    a bounded time (``LINGER_SECONDS``, ``LINGER_BYTES``), so closing with unread bytes does not
+    reset the connection before the client has read the answer."""
     try:
         await _reply(stream, response, head_only=False, close=True)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        with contextlib.suppress(NotImplementedError):
+            await stream.send_eof()
+        drained = 0
+        with anyio.move_on_after(LINGER_SECONDS):
+            while drained < LINGER_BYTES:
+                drained += len(await stream.receive(READ_BYTES))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
         pass
 
 
