@@ -246,7 +246,7 @@ def parse_infer_request(
         if "shared_memory_region" in tensor.parameters:
             pass  # the codec reads the region
         elif size is not None:
-            if size.__class__ is not int or size < 0:
+            if type(size) is not int or size < 0:
                 raise InvalidArgument(f"{what} '{BINARY_DATA_SIZE}' must be a non-negative integer")
             if pos + size > len(binary):
                 raise InvalidArgument(

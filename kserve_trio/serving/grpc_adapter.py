@@ -120,10 +120,11 @@ async def _recv_frame(stream, max_bytes: int, *, may_end: bool) -> tuple[int, by
 def _decode(stream, flag: int, data: bytes, message_type, max_bytes: int) -> tuple[Any, str]:
     """A received payload decompressed (when flagged) and parsed, and its algorithm."""
     encoding = compression.IDENTITY
+    payload: bytes | bytearray = data
     if flag:
         encoding = compression.parse_encoding(header_value(stream, "grpc-encoding"))
-        data = compression.decompress(data, encoding, max_bytes)
-    return _parse(data, message_type), encoding
+        payload = compression.decompress(data, encoding, max_bytes)
+    return _parse(payload, message_type), encoding
 
 
 async def recv_message(
@@ -151,7 +152,7 @@ async def recv_request(stream, message_type, max_bytes: int):
     return message
 
 
-def _parse(data: bytes, message_type):
+def _parse(data: bytes | bytearray, message_type):
     try:
         if message_type is pb.ModelInferRequest or message_type is InferRequestMessage:
             return parse_infer_request(data)

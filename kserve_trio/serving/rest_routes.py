@@ -165,7 +165,7 @@ def header_length(request: HttpRequest) -> int | None:
     return int(text)
 
 
-def _body_object(body: bytes, rpc: str) -> dict[str, Any]:
+def _body_object(body: bytes | bytearray, rpc: str) -> dict[str, Any]:
     if not body.strip():
         return {}
     doc = load_json(body, f"the {rpc} request")
@@ -200,7 +200,7 @@ def _repository_parameters(doc: dict[str, Any], rpc: str) -> dict[str, pb.ModelR
     return out
 
 
-def grpc_request(call: RestCall, body: bytes) -> Any:
+def grpc_request(call: RestCall, body: bytes | bytearray) -> Any:
     """The request message of ``call``'s RPC (any RPC but ModelInfer), from the path and the
     JSON body."""
     rpc = call.rpc
