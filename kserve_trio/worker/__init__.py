@@ -6,8 +6,13 @@ Public surface: ``serve``, ``serve_worker``, ``stop``, ``RunningServer``, ``regi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kserve_trio.worker.heartbeat import register_heartbeat, register_serve_guard
 from kserve_trio.worker.hooks import register_meta_model, register_model
+
+if TYPE_CHECKING:  # loaded on first use by __getattr__ below; named here for type checkers
+    from kserve_trio.worker.server import RunningServer, serve, serve_worker, stop
 
 __all__ = [
     "RunningServer",
