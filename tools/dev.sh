@@ -2,7 +2,9 @@
 # One entry point for a fresh machine: `tools/dev.sh serve` sets up the environment, writes the
 # demo model repository (./models) if absent and serves it on 127.0.0.1:8001;
 # `tools/dev.sh test` sets up the environments (.venv, .venv-triton for the stock-Triton peer
-# and .venv-deploy for the deployment checks) and runs the whole test suite, slow tests included.
+# and .venv-deploy for the deployment checks), type-checks kserve_trio with pyright (basic mode,
+# configured in pyproject.toml; any error fails the run) and runs the whole test suite, slow
+# tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -75,6 +77,8 @@ case "$cmd" in
     setup
     setup_triton
     setup_deploy
+    say "type-checking kserve_trio (pyright, basic mode)"
+    .venv/bin/pyright
     say "running the test suite (slow tests included)"
     exec .venv/bin/python -m pytest --run-slow "$@"
     ;;
