@@ -21,7 +21,7 @@ from numpy.typing import DTypeLike
 from kserve_trio.core.buffer_pool import BufferPool, PoolSlot, pool_view
 from kserve_trio.core.buffer_pool import scratch as carve
 from kserve_trio.core.errors import DeadlineExceeded, Internal, InvalidArgument, ServingError
-from kserve_trio.core.manifest import Manifest, request_rows
+from kserve_trio.core.manifest import Manifest, TensorSpec, request_rows
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.worker.hooks import Hook
 from kserve_trio.worker.planner import coalesce_inputs, slice_outputs, smallest_key_at_least
@@ -203,7 +203,7 @@ def run_meta(
     run: Callable[[list[NamedTensor], MetaCall], object],
     inputs: list[NamedTensor],
     call: MetaCall,
-    client_outputs: Sequence[object],
+    client_outputs: Sequence[TensorSpec],
 ) -> list[NamedTensor]:
     """Execute a meta's ``run`` (on the device thread) and check what it returns."""
     try:
