@@ -3,6 +3,8 @@ ModelStreamInfer (mixed sizes, interleaved failures, a client that disconnects m
 Triton's log settings (a round trip that changes what the worker writes to its log), and BYTES
 tensors through a bundle whose hooks turn text into tensors and back.
 
+And our client's ``compression`` option against the same worker.
+
 The repository holds the demo ``mlp``, the demo ``tokenize_sum`` (BYTES in, BYTES out) and
 ``sleepy``, a meta model whose ``run`` holds the device thread for the seconds it is given, so
 that requests queue behind it deterministically.
@@ -23,6 +25,7 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from kserve_trio.client import InferInput, InferOutput, KServeModel, infer_sync, kserve_shutdown
 from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess, free_port
@@ -66,6 +69,13 @@ def repo(demo_repo, tmp_path_factory):
     (root / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
     (root / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
     return root
+
+
+@pytest.fixture(autouse=True)
+def fresh_client():
+    kserve_shutdown()
+    yield
+    kserve_shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +186,20 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker):
         "mlp", [mlp_input(np.ones((1, 16), np.float32))]
     )
     assert out.as_numpy("output").shape == (1, 8)  # and the worker serves on
+
+
+# --------------------------------------------------------------------------------------------
+# our client's compression
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_our_clients_compression_against_the_cli_worker(worker, repo, algorithm):
+    x = np.random.default_rng(9).standard_normal((12, 16), dtype=np.float32)
+    with KServeModel(worker.url, "mlp", compression=algorithm, shared_memory="off") as m:
+        response = infer_sync(m, [InferInput("input_0", x)])
+    np.testing.assert_allclose(
+        InferOutput("output", response), ref.mlp(x, ref.weights(repo, "mlp")), rtol=1e-5, atol=1e-5
+    )
 
 
 # --------------------------------------------------------------------------------------------
