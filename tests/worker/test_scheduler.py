@@ -645,6 +645,15 @@ async def test_scheduler_metrics_counters():
     assert m.max_batch_size == 8 and m.queue_depth == 0 and m.weight == 1.0
     assert m.total_compute > 0 and 0 < m.recent_compute_ema <= m.total_compute
     assert 0 < m.wait_p50 <= m.wait_p99
+    # Triton's batch statistics read these: compute per batch size, queue and compute totals.
+    assert set(m.batch_compute_seconds) == {1, 8}
+    assert sum(m.batch_compute_seconds.values()) == pytest.approx(m.total_compute)
+    assert m.batch_compute_seconds[8] >= 0.001  # the mock sleeps 1 ms per execution
+    assert m.queue_seconds_total > 0  # three requests queued behind the held device
+    # each request counts its batch's compute: 3 shared the batch of 8, 1 ran alone
+    assert m.request_compute_seconds_total == pytest.approx(
+        3 * m.batch_compute_seconds[8] + m.batch_compute_seconds[1]
+    )
 
 
 async def test_a_failing_warmup_only_warns():
