@@ -18,9 +18,12 @@ from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 
 CAP = 4096
+IDLE = 1.0
 
 
 async def app(request: HttpRequest) -> HttpResponse:
+    if request.path == "/slow":
+        await anyio.sleep(1.5)  # longer than the idle limit: a request in progress is never cut
     if request.path == "/boom":
         raise RuntimeError("kaboom")
     if request.path == "/missing":
@@ -49,7 +52,12 @@ class Server:
         async with anyio.create_task_group() as tg:
             self.port = await tg.start(
                 lambda task_status: serve_app(
-                    "127.0.0.1", 0, app, max_body_bytes=CAP, task_status=task_status
+                    "127.0.0.1",
+                    0,
+                    app,
+                    max_body_bytes=CAP,
+                    idle_seconds=IDLE,
+                    task_status=task_status,
                 )
             )
             self.admin_port = await tg.start(
@@ -279,3 +287,16 @@ def test_an_idle_connection_does_not_block_others(server):
         assert time.monotonic() - t0 < 5
     finally:
         idle.close()
+
+
+def test_a_connection_waiting_for_bytes_past_the_idle_limit_is_closed(server):
+    t0 = time.monotonic()
+    with connect(server.port) as idle, connect(server.port) as stalled:
+        stalled.sendall(b"GET /x HTTP/1.1\r\nHost: h\r\n")  # a head that never ends
+        assert closed(idle) and closed(stalled)
+    assert IDLE <= time.monotonic() - t0 < IDLE * 3
+    with connect(server.port) as sock:  # a slow answer is not cut, and keep-alive goes on
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert read_response(sock)[0] == 200
+        sock.sendall(b"GET /after-slow HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert json.loads(read_response(sock)[2])["path"] == "/after-slow"

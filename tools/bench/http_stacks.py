@@ -7,6 +7,8 @@ backend with uvloop, the way the worker runs. Candidates:
 - ``h11``: h11's sans-io parser driven by our own loop on anyio TCP streams;
 - ``httptools``: httptools' parser (llhttp, what uvicorn uses) driven by our own loop on anyio
   TCP streams, the status line and headers of a reply written directly;
+- ``serving.http``: the project's own server as chosen (httptools on anyio, with its caps,
+  keep-alive rules and JSON errors), serving the same handler as an ``App``;
 - ``uvicorn-httptools`` / ``uvicorn-h11``: uvicorn's ``Server.serve()`` (its two parsers) on an
   ASGI app, started inside the task tree;
 - ``hypercorn``: hypercorn's asyncio ``serve`` on the same ASGI app.
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import time
 
-STACKS = ("h11", "httptools", "uvicorn-httptools", "uvicorn-h11", "hypercorn")
+STACKS = ("h11", "httptools", "serving.http", "uvicorn-httptools", "uvicorn-h11", "hypercorn")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ECHO_BYTES = 1024
 ERRORS: list[str] = []
@@ -144,6 +146,15 @@ async def _serve_httptools(port: int) -> None:
     await listener.serve(handle)
 
 
+async def _serve_project(port: int) -> None:
+    from kserve_trio.serving.http import HttpResponse, serve_app
+
+    async def app(request):
+        return HttpResponse(200, request.body if request.method == "POST" else b"")
+
+    await serve_app("127.0.0.1", port, app, max_body_bytes=1 << 20)
+
+
 async def _serve_uvicorn(port: int, http: str) -> None:
     import uvicorn
 
@@ -178,6 +189,8 @@ def serve(stack: str, port: int) -> None:
         main = _serve_h11(port)
     elif stack == "httptools":
         main = _serve_httptools(port)
+    elif stack == "serving.http":
+        main = _serve_project(port)
     elif stack == "uvicorn-httptools":
         main = _serve_uvicorn(port, "httptools")
     elif stack == "uvicorn-h11":
@@ -230,9 +243,7 @@ async def _load(port: int, kind: str, concurrency: int, seconds: float) -> int:
     counts: list[int] = []
     stop_at = time.perf_counter() + seconds
     request = _request(kind)
-    await asyncio.gather(
-        *(_one_conn(port, request, stop_at, counts) for _ in range(concurrency))
-    )
+    await asyncio.gather(*(_one_conn(port, request, stop_at, counts) for _ in range(concurrency)))
     return sum(counts)
 
 
