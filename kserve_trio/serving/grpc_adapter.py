@@ -231,7 +231,10 @@ async def send_reply(
     else:
         segments = _segments([struct.pack(">?I", False, length), *pieces])
     await _send_initial(stream, encoding)
-    await _send_segments(stream._stream, segments)
+    if len(segments) == 1 and segments[0].__class__ is bytes:
+        await stream._stream.send_data(segments[0])  # one bytes object: grpclib's own loop
+    else:
+        await _send_segments(stream._stream, segments)
     stream._send_message_done = True
     stream._messages_sent += 1
 

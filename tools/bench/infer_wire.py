@@ -20,9 +20,14 @@ Two payloads: mlp (FP32 [1, 16] in, [1, 8] out) and an identity on FP32 [64, 3, 
 (38.5 MB each way). Each tree runs in its own process (``--tree``) so both import their own
 ``kserve_trio``; the orchestrator alternates them.
 
+With ``--served`` each round instead starts the tree's ``tools/bench/echo_server.py`` (the
+worker's transport and codec, no scheduler) and measures the server process's CPU time per
+request (``/proc/<pid>/stat``) over sequential tritonclient calls: parse, decode, encode and the
+HTTP/2 send together.
+
 Usage:
-    python tools/bench/infer_wire.py --compare BEFORE_DIR AFTER_DIR [--rounds 5]
-    python tools/bench/infer_wire.py --tree DIR        # one round, JSON on stdout
+    python tools/bench/infer_wire.py --compare BEFORE_DIR AFTER_DIR [--rounds 5] [--served]
+    python tools/bench/infer_wire.py --tree DIR [--served]   # one round, JSON on stdout
 """
 
 from __future__ import annotations
@@ -152,12 +157,65 @@ def _round(tree: str) -> dict:
     return out
 
 
-def _compare(trees: list[str], rounds: int) -> None:
+def _cpu_seconds(pid: int) -> float:
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _served_round(tree: str) -> dict:
+    import os
+    import socket
+
+    import numpy as np
+    import tritonclient.grpc as tc
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=tree)
+    server = subprocess.Popen(
+        [sys.executable, f"{tree}/tools/bench/echo_server.py", "--port", str(port)],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()  # "echo listening on ..."
+        client = tc.InferenceServerClient(f"127.0.0.1:{port}")
+        out: dict = {}
+        for label, shape, n in (
+            ("mlp [1,16]", (1, 16), 2000),
+            ("[64,3,224,224]", (64, 3, 224, 224), 30),
+        ):
+            x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+            inp = tc.InferInput("input_0", list(shape), "FP32")
+            inp.set_data_from_numpy(x)
+            for _ in range(3):
+                assert np.array_equal(client.infer("echo", [inp]).as_numpy("input_0"), x)
+            cpu0, t0 = _cpu_seconds(server.pid), time.perf_counter()
+            for _ in range(n):
+                client.infer("echo", [inp])
+            cpu1, t1 = _cpu_seconds(server.pid), time.perf_counter()
+            out[label] = {
+                "server CPU per request": 1e6 * (cpu1 - cpu0) / n,
+                "wall per request": 1e6 * (t1 - t0) / n,
+            }
+        client.close()
+        return out
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _compare(trees: list[str], rounds: int, served: bool) -> None:
     results: dict[str, list[dict]] = {t: [] for t in trees}
     for r in range(rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:
             proc = subprocess.run(
-                [sys.executable, __file__, "--tree", tree],
+                [sys.executable, __file__, "--tree", tree, *(["--served"] if served else [])],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -186,11 +244,12 @@ def main() -> None:
     ap.add_argument("--tree", help="run one round against the kserve_trio in this directory")
     ap.add_argument("--compare", nargs="+", metavar="DIR", help="trees to compare, interleaved")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--served", action="store_true", help="server CPU through the echo server")
     args = ap.parse_args()
     if args.tree:
-        print(json.dumps(_round(args.tree)))
+        print(json.dumps(_served_round(args.tree) if args.served else _round(args.tree)))
     elif args.compare:
-        _compare(args.compare, args.rounds)
+        _compare(args.compare, args.rounds, args.served)
     else:
         ap.error("give --tree or --compare")
 
