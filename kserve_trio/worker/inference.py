@@ -135,7 +135,7 @@ class InferenceCore:
         request: ParsedInferRequest,
         *,
         transport_deadline_ns: int = 0,
-        encode: ResponseEncoder[Any] = codec.encode_infer_response,
+        encode: ResponseEncoder[Any] | None = None,
     ) -> Any:
         """Serve one parsed ModelInfer request (see the module docstring for the steps).
 
@@ -179,7 +179,9 @@ class InferenceCore:
                             trace=trace,
                             validated_for=bundle.manifest,
                         )
-                    reply = encode(
+                    # looked up per call (not bound as a default) so the codec stays patchable
+                    encoder = codec.encode_infer_response if encode is None else encode
+                    reply = encoder(
                         request.model_name,
                         decoded.id,
                         outputs,

@@ -14,7 +14,9 @@ from kserve_trio.worker.server import serve, stop
 
 
 def test_well_typed_messages_pass():
-    assert wrong_field(pb.SystemSharedMemoryRegisterRequest(name="r", key="/k", byte_size=8)) is None
+    assert (
+        wrong_field(pb.SystemSharedMemoryRegisterRequest(name="r", key="/k", byte_size=8)) is None
+    )
     assert wrong_field(pb.ModelConfigResponse(config=pb.ModelConfig(name="m"))) is None
     load = pb.RepositoryModelLoadRequest(
         model_name="m", parameters={"p": pb.ModelRepositoryParameter(bool_param=True)}
@@ -86,7 +88,9 @@ def mistyped_fields(draw) -> bytes:
 
 
 @given(rpc=st.sampled_from(RPCS), body=mistyped_fields())
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_mistyped_fields_never_answer_internal(channel, rpc, body):
     call = channel.unary_unary(
         f"/inference.GRPCInferenceService/{rpc}",
