@@ -42,6 +42,12 @@ def status_label(status: StatusCode | int) -> str:
     return "".join(part.capitalize() for part in code.name.split("_"))
 
 
+MAX_MODEL_LABELS = 1024
+"""Distinct ``model`` label values the gateway's request series keep before folding new ones."""
+UNKNOWN_MODEL = "<unknown>"
+OTHER_MODELS = "<other>"
+
+
 class GatewayMetrics:
     """The gateway's metric objects, its registry and its scrape-time series.
 
@@ -100,11 +106,27 @@ class GatewayMetrics:
         )  # fmt: skip
         self.registry.register(_ScrapeCollector(inflight, max_concurrent, policy, workers))
         self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._model_labels: set[str] = set()
         self._latency_children: dict[tuple[str, str], Any] = {}
         self._worker_children: dict[tuple[str, str], Any] = {}
 
+    def _model_label(self, model: str, status: StatusCode) -> str:
+        """The ``model`` label of a request, bounded: a client picks the name it sends, so a
+        NOT_FOUND (no worker has it) is labelled ``<unknown>`` and, past ``MAX_MODEL_LABELS``
+        distinct names, further new names are ``<other>`` (the series set cannot grow without
+        bound however many names a hostile client invents)."""
+        if status is StatusCode.NOT_FOUND:
+            return UNKNOWN_MODEL
+        if model in self._model_labels:
+            return model
+        if len(self._model_labels) >= MAX_MODEL_LABELS:
+            return OTHER_MODELS
+        self._model_labels.add(model)
+        return model
+
     def observe_request(self, rpc: str, model: str, status: StatusCode, seconds: float) -> None:
         """One finished client request (label children cached: this is the hot path)."""
+        model = self._model_label(model, status)
         key = (rpc, model, status_label(status))
         counter = self._request_children.get(key)
         if counter is None:

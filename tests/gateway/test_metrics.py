@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kserve_trio.core.errors import StatusCode
@@ -116,3 +117,20 @@ def test_each_gateway_has_its_own_registry():
     assert samples(parsed(b), "gateway_requests", "gateway_requests_total") == []
     assert len(samples(parsed(a), "gateway_requests", "gateway_requests_total")) == 1
     assert "process_cpu_seconds" in parsed(a)
+
+
+def test_client_chosen_model_names_cannot_grow_the_series_without_bound():
+    from kserve_trio.gateway import metrics as gm
+
+    m = GatewayMetrics()
+    for i in range(50):
+        m.observe_request("ModelInfer", f"made-up-{i}", StatusCode.NOT_FOUND, 0.001)
+    text = generate_latest(m.registry).decode()
+    assert 'model="<unknown>"' in text
+    assert "made-up-" not in text
+    for i in range(gm.MAX_MODEL_LABELS + 10):
+        m.observe_request("ModelInfer", f"m{i}", StatusCode.OK, 0.001)
+    text = generate_latest(m.registry).decode()
+    assert 'model="<other>"' in text
+    assert f'model="m{gm.MAX_MODEL_LABELS + 5}"' not in text
+    assert 'model="m0"' in text
