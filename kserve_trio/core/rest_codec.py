@@ -35,7 +35,7 @@ binary section, in output order), the shared-memory parameters (its data is in t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -327,14 +327,18 @@ def encode_infer_response(
     request_id: str,
     outputs: Sequence[InferOutputTensor],
     payloads: Sequence[Buffer],
-    wants_binary: Any = None,
+    wants_binary: Callable[[str], bool] | None = None,
+    parameters: Mapping[str, Any] | None = None,
 ) -> RestReply:
     """The REST response for ``outputs`` and their ``payloads`` (one per output, empty for an
     output in shared memory, as ``codec.response_outputs`` gives them). ``wants_binary(name)``
-    says which go in the binary section (None: none)."""
+    says which go in the binary section (None: none); ``parameters`` are the response's own
+    (plain values), written when there are any."""
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request_id:
         doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
     binary: list[Buffer] = []
     items = []
     for tensor, payload in zip(outputs, payloads, strict=True):

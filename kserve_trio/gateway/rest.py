@@ -138,6 +138,7 @@ class GatewayRest:
             response.outputs,
             response.raw_output_contents,
             parsed.wants_binary,
+            response.parameters,
         )
         return HttpResponse(200, rest.pieces, rest.content_type, rest.headers())
 

@@ -1,0 +1,149 @@
+"""The gateway's REST endpoint in-process, in front of scripted fake workers, driven by the stock
+``tritonclient.http``: inference spreads and returns each worker's answer, a worker's status
+reaches the REST client mapped (with failover on UNAVAILABLE), the admission cap sheds 429, a
+drain answers 503 while the request in flight finishes. Real CLI workers behind the gateway's
+REST port are in tests/gateway/test_rest_e2e.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from grpclib.const import Status
+from tritonclient.utils import InferenceServerException
+
+from kserve_trio.gateway.config import (
+    GatewayConfig,
+    GatewayGrpcConfig,
+    ListenConfig,
+    ProberConfig,
+)
+from kserve_trio.gateway.server import serve_gateway, stop
+from tests.gateway.test_prober import fleet
+from tests.gateway.test_server import wait_for
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def config(workers, **kw) -> GatewayConfig:
+    return GatewayConfig(
+        listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"),
+        endpoints=tuple(f"{w.host}:{w.port}" for w in workers),
+        prober=ProberConfig(health_interval_seconds=0.3),
+        **kw,
+    )
+
+
+@contextlib.contextmanager
+def running(workers, **kw):
+    gateway = serve_gateway(config(workers, **kw), blocking=False)
+    assert gateway is not None and gateway.http_port
+    try:
+        yield gateway
+    finally:
+        stop(gateway)
+
+
+def client(gateway) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(f"127.0.0.1:{gateway.http_port}")
+
+
+def tensor(x: np.ndarray) -> httpclient.InferInput:
+    inp = httpclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)  # binary: the fakes echo raw contents
+    return inp
+
+
+def status_of(call) -> tuple[str | None, str]:
+    with pytest.raises(InferenceServerException) as err:
+        call()
+    return err.value.status(), err.value.message()
+
+
+def test_rest_inference_spreads_and_returns_each_workers_answer():
+    with fleet(2) as (a, b), running([a, b]) as gw:
+        a.echo = b.echo = True
+        c = client(gw)
+        assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("m")
+        assert c.get_server_metadata()["name"] == "kserve_trio"
+        assert c.get_model_metadata("m")["name"] == "m"
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        seen = set()
+        for i in range(4):
+            r = c.infer("m", [tensor(x)], request_id=f"r{i}")
+            np.testing.assert_array_equal(r.as_numpy("x"), x)
+            doc = r.get_response()
+            assert doc["id"] == f"r{i}"
+            seen.add(doc["parameters"]["worker"])  # the worker's response parameters pass
+        assert seen == {a.name, b.name}
+        assert len(a.requests) == len(b.requests) == 2
+        assert c.get_model_repository_index() == [
+            {"name": "m", "version": "1", "state": "READY", "reason": ""}
+        ]
+
+
+def test_worker_statuses_reach_the_rest_client_mapped_and_unavailable_fails_over():
+    with fleet(2) as (a, b), running([a, b]) as gw:
+        a.echo = b.echo = True
+        c = client(gw)
+        x = np.ones((1, 4), np.float32)
+        a.fail_with = b.fail_with = (Status.INVALID_ARGUMENT.value, "input 'x' is wrong")
+        assert status_of(lambda: c.infer("m", [tensor(x)])) == ("400", "input 'x' is wrong")
+        a.fail_with = b.fail_with = (Status.RESOURCE_EXHAUSTED.value, "queue full")
+        assert status_of(lambda: c.infer("m", [tensor(x)])) == ("429", "queue full")
+        a.fail_with = (Status.UNAVAILABLE.value, "going away")
+        b.fail_with = None
+        for _ in range(2):  # whichever worker comes first, b answers
+            np.testing.assert_array_equal(c.infer("m", [tensor(x)]).as_numpy("x"), x)
+        assert status_of(lambda: c.infer("nope", [tensor(x)])) == (
+            "404",
+            "model 'nope' not found on any worker",
+        )
+
+
+def test_the_inbound_cap_sheds_429_over_rest():
+    with fleet(1) as (a,):
+        a.echo = True
+        a.infer_delay = 1.0
+        grpc = GatewayGrpcConfig(max_concurrent_requests_per_worker=1)
+        with running([a], grpc=grpc) as gw:
+            results: queue.Queue = queue.Queue()
+            x = np.ones((1, 4), np.float32)
+            first = threading.Thread(target=lambda: results.put(client(gw).infer("m", [tensor(x)])))
+            first.start()
+            wait_for(lambda: a.in_flight == 1)
+            status, message = status_of(lambda: client(gw).infer("m", [tensor(x)]))
+            assert status == "429" and "admission cap (1 requests in flight" in message
+            first.join()
+            np.testing.assert_array_equal(results.get().as_numpy("x"), x)
+
+
+def test_a_drain_answers_503_and_the_request_in_flight_finishes():
+    with fleet(1) as (a,):
+        a.echo = True
+        a.infer_delay = 1.5
+        gw = serve_gateway(config([a]), blocking=False)
+        x = np.ones((1, 4), np.float32)
+        results: queue.Queue = queue.Queue()
+        flight = threading.Thread(target=lambda: results.put(client(gw).infer("m", [tensor(x)])))
+        flight.start()
+        wait_for(lambda: a.in_flight == 1)
+        stopper = threading.Thread(target=stop, args=(gw,))
+        stopper.start()
+        wait_for(lambda: gw.gateway.admission.draining)
+        url = f"http://127.0.0.1:{gw.http_port}/v2/health/ready"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url, timeout=5)
+        assert (err.value.code, json.loads(err.value.read())) == (503, {"ready": False})
+        status, message = status_of(lambda: client(gw).infer("m", [tensor(x)]))
+        assert status == "503" and "gateway is shutting down" in message
+        flight.join(10)
+        stopper.join(10)
+        np.testing.assert_array_equal(results.get().as_numpy("x"), x)  # finished, not cut off
