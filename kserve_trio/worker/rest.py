@@ -31,13 +31,13 @@ from kserve_trio.serving.rest_routes import (
     route,
     unsupported,
 )
-from kserve_trio.worker.inference import InferenceCore
+from kserve_trio.worker.inference import InferenceCore, ResponseEncoder
 from kserve_trio.worker.service import InferenceService
 
 RpcMethod = Callable[[Any, CallContext], Awaitable[Any]]
 
 
-def rest_encoder(parsed: rest_codec.RestInferRequest):
+def rest_encoder(parsed: rest_codec.RestInferRequest) -> ResponseEncoder[rest_codec.RestReply]:
     """The core's response encoder for one REST request: the outputs the gRPC encoder would
     write (same selection, same shared-memory writes), as REST JSON and binary."""
 
