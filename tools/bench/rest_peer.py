@@ -14,7 +14,10 @@ tritonclient.http's own reader (identity: equal values, shape and dtype). Report
 req/s, p50 and p99 latency, and the server's CPU time per request (utime+stime of its process
 from /proc over the measured window). Rounds alternate the servers' order.
 
-Usage: python tools/bench/rest_peer.py [--duration 4] [--rounds 2] [--json FILE]
+With ``--gateway`` a gateway CLI (``listen.http``) in front of the same worker is measured too;
+its CPU column is the gateway process's own.
+
+Usage: python tools/bench/rest_peer.py [--duration 4] [--rounds 2] [--gateway] [--json FILE]
 """
 
 from __future__ import annotations
@@ -220,6 +223,11 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--gateway",
+        action="store_true",
+        help="also measure kserve_trio's REST through a gateway in front of the same worker",
+    )
     p.add_argument("--repo", default=str(ROOT / "build" / "bench-gateway-models"))
     args = p.parse_args()
     if args.load:
@@ -257,6 +265,24 @@ def main() -> int:
         procs.append(ks)
         wait_http(ours_port, "/v2/health/ready", ours, "kserve_trio worker")
         wait_http(ks_http, "/v2/health/ready", ks, "KServe model server")
+        gw = None
+        gw_http = free_port()
+        if args.gateway:
+            g = "KSERVE_TRIO_GATEWAY_"
+            gw = subprocess.Popen(
+                [PY, "-m", "kserve_trio", "gateway", "--log-level", "warning"],
+                env={
+                    **os.environ,
+                    g + "WORKERS": f"127.0.0.1:{ours_grpc}",
+                    g + "LISTEN_GRPC": f"127.0.0.1:{free_port()}",
+                    g + "LISTEN_METRICS": f"127.0.0.1:{free_port()}",
+                    g + "LISTEN_HTTP": f"127.0.0.1:{gw_http}",
+                    g + "STARTUP_WAIT_SECONDS": "60",
+                },
+                stdout=subprocess.DEVNULL,
+            )
+            procs.append(gw)
+            wait_http(gw_http, "/v2/health/ready", gw, "kserve_trio gateway")
         servers = [
             {
                 "label": "kserve_trio",
@@ -277,6 +303,8 @@ def main() -> int:
                 "path": lambda s: "/v2/models/identity/infer",
             },
         ]
+        if gw is not None:
+            servers.append({**servers[0], "label": "gateway", "proc": gw, "port": gw_http})
         rows = []
         for case in CASES:
             runs: dict[str, list[dict]] = {s["label"]: [] for s in servers}
@@ -313,6 +341,19 @@ def main() -> int:
             f"{a['p50_ms']:.2f} / {a['p99_ms']:.2f} | {b['p50_ms']:.2f} / {b['p99_ms']:.2f} | "
             f"{a['server_cpu_us']:.0f} | {b['server_cpu_us']:.0f} |"
         )
+    if args.gateway:
+        print()
+        print(
+            "| case | c | direct req/s | via gateway req/s | direct p50 / p99 ms | via gateway p50 / p99 ms | gateway CPU us/req |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for row in rows:
+            a, g = row["kserve_trio"], row["gateway"]
+            print(
+                f"| {row['case']} | {row['concurrency']} | {a['rps']:,.0f} | {g['rps']:,.0f} | "
+                f"{a['p50_ms']:.2f} / {a['p99_ms']:.2f} | {g['p50_ms']:.2f} / {g['p99_ms']:.2f} | "
+                f"{g['server_cpu_us']:.0f} |"
+            )
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
@@ -320,7 +361,7 @@ def main() -> int:
 
 def print_row(row: dict) -> None:
     parts = [f"{row['case']} c={row['concurrency']}:"]
-    for label in ("kserve_trio", "KServe"):
+    for label in [k for k in row if k not in ("case", "concurrency")]:
         r = row[label]
         parts.append(
             f"{label} {r['rps']:,.0f} req/s p50 {r['p50_ms']:.2f} ms cpu {r['server_cpu_us']:.0f} us"
