@@ -29,6 +29,7 @@ from kserve_trio.serving.raw import RawCall, RawMessage
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
     RestCall,
+    compressed_reply,
     grpc_request,
     header_length,
     reply_response,
@@ -140,7 +141,8 @@ class GatewayRest:
             parsed.wants_binary,
             response.parameters,
         )
-        return HttpResponse(200, rest.pieces, rest.content_type, rest.headers())
+        response = HttpResponse(200, rest.pieces, rest.content_type, rest.headers())
+        return compressed_reply(request, response)
 
 
 __all__ = ["GatewayRest", "RestRawCall"]

@@ -155,6 +155,25 @@ def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
     return compression.decompress(request.body, encoding, max_bytes)
 
 
+def compressed_reply(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """``response`` compressed with the first of gzip and deflate the request's
+    ``Accept-Encoding`` lists (``Content-Encoding`` says which); as it is otherwise. The
+    ``Inference-Header-Content-Length`` of a binary reply counts the uncompressed JSON, which is
+    what a client reads after inflating the body (tritonclient.http does)."""
+    accepted = request.headers.get("accept-encoding", "")
+    if not accepted:
+        return response
+    names = {part.split(";")[0].strip().lower() for part in accepted.split(",")}
+    for algorithm in (compression.GZIP, compression.DEFLATE):
+        if algorithm in names:
+            body = response.body
+            pieces = [body] if isinstance(body, bytes | bytearray | memoryview) else body
+            packed = compression.compress(b"".join(pieces), algorithm)
+            headers = [*response.headers, ("content-encoding", algorithm)]
+            return HttpResponse(response.status, packed, response.content_type, headers)
+    return response
+
+
 def header_length(request: HttpRequest) -> int | None:
     """``Inference-Header-Content-Length`` as an integer (None when absent)."""
     text = request.headers.get(HEADER_LENGTH)
@@ -355,6 +374,7 @@ __all__ = [
     "UNSUPPORTED",
     "MethodNotAllowed",
     "RestCall",
+    "compressed_reply",
     "grpc_request",
     "header_length",
     "message_json",

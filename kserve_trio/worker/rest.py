@@ -9,7 +9,8 @@ and its HTTP status is the gRPC status mapped (``serving.http``).
 
 REST's own parts: the body is JSON, or JSON plus Triton's binary section
 (``core.rest_codec``), optionally compressed (``Content-Encoding: gzip|deflate``, decompressed
-under ``grpc.max_recv_msg_bytes``); outputs come back as JSON ``data`` or, on request, binary.
+under ``grpc.max_recv_msg_bytes``); outputs come back as JSON ``data`` or, on request, binary,
+compressed when the request's ``Accept-Encoding`` asks for gzip or deflate.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kserve_trio.serving.grpc_adapter import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
 from kserve_trio.serving.rest_routes import (
     RestCall,
+    compressed_reply,
     grpc_request,
     header_length,
     reply_response,
@@ -108,7 +110,8 @@ class WorkerRest:
             body, header_length(request), call.model, call.version
         )
         reply = await self.core.infer(parsed.message, encode=rest_encoder(parsed))
-        return HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
+        response = HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
+        return compressed_reply(request, response)
 
 
 __all__ = ["WorkerRest", "rest_encoder"]

@@ -277,8 +277,28 @@ def test_compressed_request_bodies(worker, demo_repo):
     x = np.random.default_rng(6).standard_normal((2, 16), dtype=np.float32)
     for algorithm in ("gzip", "deflate"):
         r = client(worker).infer(
-            "mlp", [mlp_input(x, True)], request_compression_algorithm=algorithm
+            "mlp",
+            [mlp_input(x, True)],
+            request_compression_algorithm=algorithm,
+            response_compression_algorithm=algorithm,
         )
         np.testing.assert_allclose(
             r.as_numpy("output"), ref.mlp(x, ref.weights(demo_repo, "mlp")), rtol=1e-5, atol=1e-5
         )
+
+
+def test_replies_are_compressed_when_the_client_accepts_it(worker):
+    import gzip
+
+    body = json.dumps(
+        {"inputs": [{"name": "input_0", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
+    ).encode()
+    req = urllib.request.Request(
+        f"http://{worker.http_url}/v2/models/mlp/infer",
+        data=body,
+        headers={"Accept-Encoding": "br, gzip;q=0.9"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        doc = json.loads(gzip.decompress(r.read()))
+    assert doc["outputs"][0]["shape"] == [1, 8]
