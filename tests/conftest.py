@@ -58,3 +58,17 @@ def demo_repo(tmp_path_factory) -> pathlib.Path:
 def anyio_backend() -> str:
     """Server-side tests run on asyncio (grpclib is asyncio-only)."""
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging_configuration():
+    """A test that reconfigures structlog (a CLI entry point, a log-settings test, a gateway's
+    logging block) must not change what later tests capture: put the configuration back."""
+    from kserve_trio.core import logging as klog
+
+    saved = structlog.get_config()
+    saved_state = dict(klog._state)
+    yield
+    structlog.configure(**saved)
+    klog._state.clear()
+    klog._state.update(saved_state)
