@@ -85,10 +85,8 @@ class WorkerRest:
             "SystemSharedMemoryStatus": s.shm_status,
             "SystemSharedMemoryRegister": s.shm_register,
             "SystemSharedMemoryUnregister": s.shm_unregister,
+            "LogSettings": s.log_settings,
         }
-        log_settings = getattr(s, "log_settings", None)
-        if log_settings is not None:
-            self._rpcs["LogSettings"] = log_settings
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:

@@ -302,3 +302,20 @@ def test_replies_are_compressed_when_the_client_accepts_it(worker):
         assert r.headers["Content-Encoding"] == "gzip"
         doc = json.loads(gzip.decompress(r.read()))
     assert doc["outputs"][0]["shape"] == [1, 8]
+
+
+def test_log_settings_over_rest_are_the_grpc_ones(worker):
+    status, settings = raw(worker, "GET", "/v2/logging")
+    assert status == 200 and settings["log_info"] is True
+    g = grpcclient.InferenceServerClient(worker.url).get_log_settings(as_json=True)["settings"]
+    assert set(settings) == set(g)
+    status, changed = raw(
+        worker, "POST", "/v2/logging", json.dumps({"log_verbose_level": 1}).encode()
+    )
+    try:
+        assert status == 200 and changed["log_verbose_level"] == 1
+        assert raw(worker, "GET", "/v2/logging")[1]["log_verbose_level"] == 1
+    finally:
+        raw(worker, "POST", "/v2/logging", json.dumps({"log_verbose_level": 0}).encode())
+    status, body = raw(worker, "POST", "/v2/logging", b'{"log_info": [1]}')
+    assert status == 400 and "log setting 'log_info' must be" in body["error"]
