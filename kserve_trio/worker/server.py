@@ -195,12 +195,12 @@ async def serve_async(
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
         core = InferenceCore(state)
         service = InferenceService(state, core)
+        http_port = 0
+        if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
+            http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
         server = GrpcServer([service, ControlService(state)], config=server_config())
         await server.start(config.endpoints.host, config.endpoints.port, ssl=ssl_context)
         port = server.port
-        http_port = 0
-        if config.endpoints.http_port:
-            http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
         running = RunningServer(
             config=config,
             port=port,
