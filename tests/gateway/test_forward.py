@@ -151,7 +151,7 @@ async def test_an_unknown_model_refreshes_once_then_is_not_found():
         assert prober.refresher.scans == scans + 1
         assert (
             counts(metrics, "gateway_requests", "gateway_requests_total")[
-                ("ModelInfer", "nope", "NotFound")
+                ("ModelInfer", "<unknown>", "NotFound")
             ]
             == 1.0
         )
