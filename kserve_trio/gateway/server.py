@@ -31,10 +31,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import threading
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -63,6 +62,12 @@ from kserve_trio.gateway.service import GatewayService
 from kserve_trio.gateway.shm_fanout import ShmFanout
 from kserve_trio.gateway.tls import public_ssl_context
 from kserve_trio.serving.admin_http import serve_http
+from kserve_trio.serving.background import (
+    BackgroundLoop,
+    run_loop,
+    serve_until_signal,
+    start_in_thread,
+)
 from kserve_trio.serving.grpc_adapter import Limits
 from kserve_trio.serving.grpc_server import GrpcServer
 from kserve_trio.serving.h2_settings import server_config
@@ -158,15 +163,16 @@ class RunningGateway:
     metrics_port: int
     gateway: Gateway
     http_port: int = 0
-    _stop: anyio.Event | None = None
-    _done: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _token: Any = None
-    _box: dict[str, Any] = field(default_factory=dict)
+    _loop: BackgroundLoop[RunningGateway] | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The background thread of a non-blocking ``serve_gateway``; None otherwise."""
+        return self._loop.thread if self._loop is not None else None
 
     @property
     def metrics_address(self) -> str:
@@ -327,20 +333,6 @@ def resolve_gateway_config(
     return loaded.config
 
 
-def _use_uvloop() -> bool:
-    if os.environ.get("KSERVE_TRIO_UVLOOP", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _run_loop(fn: Any, *args: Any) -> Any:
-    return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": _use_uvloop()})
-
-
 def serve_gateway(
     path: str | os.PathLike[str] | GatewayConfig | None = None,
     blocking: bool = True,
@@ -359,69 +351,25 @@ def serve_gateway(
     """
     config = resolve_gateway_config(path, overrides=overrides)
     if blocking:
-        _run_loop(_serve_until_signal, config, resolver)
+        run_loop(serve_until_signal, serve_gateway_async(config, resolver=resolver), _log)
         return None
-    return _start_in_thread(config, resolver)
-
-
-async def _serve_until_signal(config: GatewayConfig, resolver: Resolver | None) -> None:
-    async with serve_gateway_async(config, resolver=resolver):
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                _log.info("shutdown_signal", signal=signal.Signals(signum).name)
-                break
-
-
-def _start_in_thread(config: GatewayConfig, resolver: Resolver | None) -> RunningGateway:
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def main() -> None:
-        stop_event = anyio.Event()
-        box["token"] = anyio.lowlevel.current_token()
-        async with serve_gateway_async(config, resolver=resolver) as running:
-            running._stop = stop_event
-            box["gateway"] = running
-            ready.set()
-            await stop_event.wait()
-
-    def target() -> None:
-        try:
-            _run_loop(main)
-        except BaseException as exc:  # surfaced to the caller of serve_gateway()/stop()
-            box["error"] = exc
-        finally:
-            ready.set()
-            if "gateway" in box:
-                box["gateway"]._done.set()
-
-    thread = threading.Thread(target=target, name="kserve_trio-gateway", daemon=True)
-    thread.start()
-    ready.wait()
-    if "gateway" not in box:
-        thread.join()
-        raise box.get("error") or RuntimeError("the gateway failed to start")
-    running: RunningGateway = box["gateway"]
-    running._thread = thread
-    running._token = box["token"]
-    running._box = box
-    return running
+    loop = start_in_thread(
+        lambda: serve_gateway_async(config, resolver=resolver),
+        thread_name="kserve_trio-gateway",
+        what="the gateway",
+    )
+    loop.value._loop = loop
+    return loop.value
 
 
 def stop(gateway: RunningGateway, timeout: float = 30.0) -> None:
     """Stop a gateway started with ``serve_gateway(..., blocking=False)``: drain, close, and
     return once everything is released (re-raising what ended it, if it failed)."""
-    if gateway._thread is None or gateway._stop is None:
+    if gateway._loop is None:
         raise ValueError("stop() needs a RunningGateway returned by serve_gateway(blocking=False)")
-    if gateway._thread.is_alive():
-        with contextlib.suppress(RuntimeError):  # its loop may have just ended
-            anyio.from_thread.run_sync(gateway._stop.set, token=gateway._token)
-    gateway._thread.join(timeout)
-    if gateway._thread.is_alive():
-        raise TimeoutError(f"gateway {gateway.address} did not stop within {timeout}s")
-    error = gateway._box.get("error")
-    if error is not None:
-        raise error
+    gateway._loop.stop(timeout, f"gateway {gateway.address}")
+    if gateway._loop.error is not None:
+        raise gateway._loop.error
 
 
 __all__ = [

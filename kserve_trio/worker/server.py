@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import signal
 import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -47,6 +45,12 @@ from kserve_trio.core.config import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.node import load_server_config
 from kserve_trio.core.shm import ShmRegistry
+from kserve_trio.serving.background import (
+    BackgroundLoop,
+    run_loop,
+    serve_until_signal,
+    start_in_thread,
+)
 from kserve_trio.worker import heartbeat
 
 if TYPE_CHECKING:
@@ -76,15 +80,21 @@ class RunningServer:
     scheduler: Scheduler
     metrics_port: int = 0
     http_port: int = 0
-    _stop: anyio.Event | None = None
-    _done: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _portal: anyio.lowlevel.EventLoopToken | None = None
-    _error: BaseException | None = None
+    _loop: BackgroundLoop[RunningServer] | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The background thread of a non-blocking ``serve``; None for a blocking one."""
+        return self._loop.thread if self._loop is not None else None
+
+    @property
+    def _portal(self) -> anyio.lowlevel.EventLoopToken | None:
+        """The token of the background loop (for ``anyio.from_thread`` calls into the worker)."""
+        return self._loop.token if self._loop is not None else None
 
     @property
     def bundles(self) -> Mapping[str, ModelBundle]:
@@ -357,22 +367,6 @@ async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer
         state.shm_registry.close()
 
 
-def _run_loop(coro_fn, *args):
-    return anyio.run(
-        coro_fn, *args, backend="asyncio", backend_options={"use_uvloop": _use_uvloop()}
-    )
-
-
-def _use_uvloop() -> bool:
-    if os.environ.get("KSERVE_TRIO_UVLOOP", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def serve(
     node_path_or_config=None,
     worker: str | None = None,
@@ -388,9 +382,15 @@ def serve(
     """
     config = resolve_config(node_path_or_config, worker, **overrides)
     if blocking:
-        _run_loop(_serve_until_signal, config, backend)
+        run_loop(serve_until_signal, serve_async(config, backend=backend), log)
         return None
-    return _start_in_thread(config, backend)
+    loop = start_in_thread(
+        lambda: serve_async(config, backend=backend),
+        thread_name="kserve_trio-worker",
+        what="worker",
+    )
+    loop.value._loop = loop
+    return loop.value
 
 
 def serve_worker(
@@ -400,58 +400,11 @@ def serve_worker(
     return serve(node_path, worker, backend=backend, blocking=blocking)
 
 
-async def _serve_until_signal(config: ServerConfig, backend: WorkerBackend | None) -> None:
-    async with serve_async(config, backend=backend):
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("shutdown_signal", signal=signal.Signals(signum).name)
-                break
-
-
-def _start_in_thread(config: ServerConfig, backend: WorkerBackend | None) -> RunningServer:
-    ready = threading.Event()
-    box: dict = {}
-
-    async def main() -> None:
-        stop_event = anyio.Event()
-        box["token"] = anyio.lowlevel.current_token()
-        async with serve_async(config, backend=backend) as running:
-            running._stop = stop_event
-            box["server"] = running
-            ready.set()
-            await stop_event.wait()
-
-    def target() -> None:
-        try:
-            _run_loop(main)
-        except BaseException as exc:  # surfaced to the caller of serve()/stop()
-            box["error"] = exc
-        finally:
-            ready.set()
-            if "server" in box:
-                box["server"]._done.set()
-
-    thread = threading.Thread(target=target, name="kserve_trio-worker", daemon=True)
-    thread.start()
-    ready.wait()
-    if "server" not in box:
-        thread.join()
-        raise box.get("error") or RuntimeError("worker failed to start")
-    running: RunningServer = box["server"]
-    running._thread = thread
-    running._portal = box["token"]
-    return running
-
-
 def stop(server: RunningServer, timeout: float = 30.0) -> None:
     """Shut down a server started with ``serve(..., blocking=False)``; returns when released."""
-    if server._thread is None or server._stop is None:
+    if server._loop is None:
         raise ValueError("stop() needs a RunningServer returned by serve(..., blocking=False)")
-    if server._thread.is_alive():
-        anyio.from_thread.run_sync(server._stop.set, token=server._portal)
-    server._thread.join(timeout)
-    if server._thread.is_alive():
-        raise TimeoutError(f"worker {server.address} did not stop within {timeout}s")
+    server._loop.stop(timeout, f"worker {server.address}")
 
 
 __all__ = ["RunningServer", "resolve_config", "serve", "serve_async", "serve_worker", "stop"]
