@@ -41,6 +41,9 @@ def build_request(model: str, name: str, x: np.ndarray) -> bytes:
     from tritonclient.grpc import service_pb2 as pb
 
     req = pb.ModelInferRequest(model_name=model)
+    # Asks for the output as raw bytes: KServe's server otherwise answers gRPC in typed
+    # contents (kserve_trio always answers raw).
+    req.parameters["binary_data_output"].bool_param = True
     t = req.inputs.add()
     t.name = name
     t.datatype = "FP32"
@@ -58,6 +61,8 @@ def check_reply(data: bytes, output: str, x: np.ndarray, expect: str) -> None:
     if output not in names:
         raise SystemExit(f"reply has no output {output!r} (outputs: {names})")
     i = names.index(output)
+    if len(resp.raw_output_contents) <= i:
+        raise SystemExit(f"output {output!r} is not in raw_output_contents")
     if expect == "identity":
         got = np.frombuffer(resp.raw_output_contents[i], np.float32).reshape(
             list(resp.outputs[i].shape)
