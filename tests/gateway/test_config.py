@@ -20,6 +20,7 @@ from kserve_trio.gateway.config import (
     LPT_SCHEDULING_KEYS,
     NO_ENDPOINTS,
     PROBER_ENV,
+    CompactionMode,
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
@@ -41,6 +42,7 @@ from kserve_trio.gateway.config import (
     schema_paths,
     validate_gateway_config,
 )
+from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "gateway.example.yaml"
@@ -198,7 +200,10 @@ def test_to_raw_round_trips_the_defaults_and_leaves_work_basis_unset():
             walk(v, p) if isinstance(v, dict) else flat.add(p)
 
     walk(raw)
-    assert flat == set(schema_paths()) - {"scheduling.work_basis"}
+    lpt = {
+        p for p in schema_paths() if p.split(".")[1:2] and p.split(".")[1] in LPT_SCHEDULING_KEYS
+    }
+    assert flat == set(schema_paths()) - {"scheduling.work_basis"} - lpt
 
 
 def test_unknown_keys_name_their_path_and_suggest():
@@ -213,20 +218,17 @@ def test_metrics_endpoints_is_reported_as_renamed():
         ok(metrics_endpoints=["a:1"])
 
 
-@pytest.mark.parametrize("key", LPT_SCHEDULING_KEYS)
-def test_lpt_packing_keys_are_rejected_until_that_mode_exists(key):
-    with raises(
-        f"scheduling.{key}", r"configures scheduling mode lpt_packing; .*not available yet"
-    ):
-        ok(scheduling={key: 1})
-
-
-@pytest.mark.parametrize("mode", ["lpt_packing", "LPT_PACKING "])
-def test_mode_lpt_packing_is_not_available_yet(mode):
-    with raises("scheduling.mode", r"^lpt_packing is not available yet; use round_robin or"):
-        ok(scheduling={"mode": mode})
-    with raises("scheduling.mode", "lpt_packing is not available yet"):
-        load(env={**ONE, W + "SCHEDULING_MODE": mode})
+@pytest.mark.parametrize("key", LPT_SCHEDULING_KEYS[:-1])
+def test_lpt_packing_keys_are_rejected_under_the_other_modes(key):
+    value = {"routing_policy": "fill_rr", "routing_fill_mode": "spread"}.get(key, 1)
+    value = {"compaction_mode": "off", "forbid_memory_oversubscription": False}.get(key, value)
+    value = {"default_replicas": 2, "compaction_interval": 2}.get(key, value)
+    value = 0.5 if key in ("max_worker_share", "hysteresis") else value
+    with raises(f"scheduling.{key}", r"configures scheduling mode lpt_packing .mode is 'round"):
+        ok(scheduling={key: value})
+    assert ok(scheduling={"mode": "lpt_packing", key: value}).scheduling.mode is (
+        SchedulingMode.LPT_PACKING
+    )
 
 
 def test_enums_are_case_insensitive_and_checked():
@@ -238,7 +240,7 @@ def test_enums_are_case_insensitive_and_checked():
 
 
 def test_work_basis_is_only_accepted_where_it_means_something():
-    with raises("scheduling.work_basis", "least_outstanding only .mode is 'round_robin'"):
+    with raises("scheduling.work_basis", "least_outstanding and lpt_packing only .mode is 'round"):
         ok(scheduling={"work_basis": "items"})
     cfg = ok(scheduling={"mode": "least_outstanding"})
     assert cfg.scheduling.work_basis is None and cfg.scheduling.basis is WorkBasis.COMPUTE
@@ -395,6 +397,18 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "worker_names": ("x, y", ("x", "y")),
         "scheduling.mode": ("least_outstanding", SchedulingMode.LEAST_OUTSTANDING),
         "scheduling.work_basis": ("requests", WorkBasis.REQUESTS),
+        "scheduling.rebalance_compute_seconds": ("120", 120.0),
+        "scheduling.first_rebalance_compute_seconds": ("0", 0.0),
+        "scheduling.max_worker_share": ("0.5", 0.5),
+        "scheduling.hysteresis": ("0.1", 0.1),
+        "scheduling.ema_halflife_compute_seconds": ("30", 30.0),
+        "scheduling.forbid_memory_oversubscription": ("false", False),
+        "scheduling.default_replicas": ("All", -1),
+        "scheduling.routing_fill_factor": ("2", 2.0),
+        "scheduling.routing_policy": ("FILL_RR", FillPolicy.FILL_RR),
+        "scheduling.routing_fill_mode": ("spread", FillMode.SPREAD),
+        "scheduling.compaction_mode": ("scheduled", CompactionMode.SCHEDULED),
+        "scheduling.compaction_interval": ("3", 3),
         "worker_client.request_timeout_seconds": ("2.5", 2.5),
         "worker_client.max_concurrent_streams": ("7", 7),
         "grpc.max_recv_msg_bytes": ("1000", 1000),
@@ -414,7 +428,8 @@ def _get(cfg: GatewayConfig, path: str):
 
 
 def test_every_yaml_key_has_an_environment_override():
-    assert sorted(ENV_OVERRIDES.values()) == sorted(schema_paths())
+    per_model = {p for p in schema_paths() if p.startswith("scheduling.models.")}
+    assert sorted(ENV_OVERRIDES.values()) == sorted(set(schema_paths()) - per_model)
     for var, path in ENV_OVERRIDES.items():
         assert var.startswith(W)
         if path not in ("endpoints", "worker_metrics", "worker_names"):
@@ -430,6 +445,8 @@ def test_each_environment_override_sets_its_key(var):
         env[W + "WORKERS"] = "a.test:1,b.test:2"
     if path == "scheduling.work_basis":
         env[W + "SCHEDULING_MODE"] = "least_outstanding"
+    if path.split(".")[-1] in LPT_SCHEDULING_KEYS:
+        env[W + "SCHEDULING_MODE"] = "lpt_packing"
     if path.startswith(("tls.", "worker_client.tls.")):  # a TLS block is set as a whole
         block = path.rsplit(".", 1)[0]
         for other, other_path in ENV_OVERRIDES.items():
@@ -464,13 +481,6 @@ def test_unknown_gateway_variables_fail_with_a_hint_and_others_are_ignored():
         load(env={**ONE, W + "WORKER": "a:1"})
     cfg = load(env={**ONE, "PATH": "/bin", "KSERVE_TRIO_CLIENT_TRANSPORT": "h2", FILE_ENV: ""})
     assert cfg.endpoints == ("127.0.0.1:9001",)
-
-
-@pytest.mark.parametrize("key", LPT_SCHEDULING_KEYS[:-1])
-def test_lpt_packing_environment_knobs_are_not_available_yet(key):
-    var = W + "SCHEDULING_" + key.upper()
-    with raises("", f"^environment override {var} configures lpt_packing; lpt_packing is not"):
-        load(env={**ONE, var: "1"})
 
 
 @pytest.mark.parametrize(
@@ -530,8 +540,13 @@ def test_the_example_file_loads_and_validates():
 
 
 def test_the_example_lists_every_key_the_loader_accepts_and_only_those():
+    """The lpt_packing keys are valid only in that mode: config/gateway.lpt_packing.yaml
+    lists them (tests/gateway/test_config_lpt.py)."""
     raw = YAML(typ="safe").load(EXAMPLE.read_text())
-    assert _yaml_paths(raw) == set(schema_paths())
+    lpt = {
+        p for p in schema_paths() if p.split(".")[1:2] and p.split(".")[1] in LPT_SCHEDULING_KEYS
+    }
+    assert _yaml_paths(raw) == set(schema_paths()) - lpt
     text = EXAMPLE.read_text()
     for var in PROBER_ENV:
         assert var in text  # the environment-only knobs are documented there too

@@ -7,9 +7,9 @@ type-checked with the same messages, and every error is a ``ConfigError`` naming
 of the key. Precedence is defaults < ``gateway.yml`` < environment < command-line overrides.
 
 No key is inert: every accepted key is implemented, an unknown key is an error naming its path,
-and the keys of the ``lpt_packing`` scheduling mode (placement by measured load) are rejected
-with a message saying that mode is not available yet, rather than accepted and ignored.
-``scheduling.work_basis`` is accepted only where it means something (``least_outstanding``).
+and a key that means something only under one scheduling mode is an error under the others:
+``scheduling.work_basis`` (``least_outstanding``, ``lpt_packing``) and the keys of
+``lpt_packing`` (placement by measured load, ``LPT_SCHEDULING_KEYS``).
 
 Four settings are environment-only (runtime knobs, not ``gateway.yml`` keys), in
 ``ProberConfig``: ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS``, ``..._HEALTH_INTERVAL_SECONDS``,
@@ -43,15 +43,17 @@ from kserve_trio.gateway.config._schema import (
     schema_paths,
 )
 from kserve_trio.gateway.config._types import (
+    ALL_REPLICAS,
     ENV_PREFIX,
     FILE_ENV,
     LOG_FORMATS,
-    LPT_NOT_AVAILABLE,
     NO_ENDPOINTS,
+    CompactionMode,
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
     LoggingConfig,
+    ModelPlacementConfig,
     ProberConfig,
     SchedulingConfig,
     SchedulingMode,
@@ -59,24 +61,32 @@ from kserve_trio.gateway.config._types import (
     WorkerClientConfig,
     WorkerTlsConfig,
 )
-from kserve_trio.gateway.config._validate import config_warnings, validate_gateway_config
+from kserve_trio.gateway.config._validate import (
+    INFLIGHT_WARNING,
+    config_warnings,
+    validate_gateway_config,
+    validate_scheduling,
+)
 
 __all__ = [
+    "ALL_REPLICAS",
     "ENV_OVERRIDES",
     "ENV_PREFIX",
     "FILE_ENV",
+    "INFLIGHT_WARNING",
     "LOG_FORMATS",
-    "LPT_NOT_AVAILABLE",
     "LPT_SCHEDULING_KEYS",
     "NO_ENDPOINTS",
     "PROBER_ENV",
     "PROBER_ENV_NAME",
     "SCHEMA",
+    "CompactionMode",
     "GatewayConfig",
     "GatewayGrpcConfig",
     "ListenConfig",
     "LoadedGatewayConfig",
     "LoggingConfig",
+    "ModelPlacementConfig",
     "ProberConfig",
     "SchedulingConfig",
     "SchedulingMode",
@@ -93,4 +103,5 @@ __all__ = [
     "prober_from_env",
     "schema_paths",
     "validate_gateway_config",
+    "validate_scheduling",
 ]

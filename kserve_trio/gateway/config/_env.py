@@ -10,8 +10,7 @@ from typing import Any
 
 from kserve_trio.core.config import deep_merge, parse_env_value, set_path
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.gateway.config._schema import LPT_SCHEDULING_KEYS
-from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, LPT_NOT_AVAILABLE, ProberConfig
+from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, ProberConfig
 
 _ENV_TABLE_TEXT = """
 LISTEN_GRPC                               listen.grpc                              str
@@ -20,8 +19,21 @@ LISTEN_HTTP                               listen.http                           
 WORKERS                                   endpoints                                csv
 WORKER_METRICS                            worker_metrics                           csv
 WORKER_NAMES                              worker_names                             csv
+WORKER_HTTP_ENDPOINTS                     worker_http_endpoints                    csv
 SCHEDULING_MODE                           scheduling.mode                          str
 SCHEDULING_WORK_BASIS                     scheduling.work_basis                    str
+SCHEDULING_REBALANCE_COMPUTE_SECONDS      scheduling.rebalance_compute_seconds     float
+SCHEDULING_FIRST_REBALANCE_COMPUTE_SECONDS scheduling.first_rebalance_compute_seconds float
+SCHEDULING_MAX_WORKER_SHARE               scheduling.max_worker_share              float
+SCHEDULING_HYSTERESIS                     scheduling.hysteresis                    float
+SCHEDULING_EMA_HALFLIFE_COMPUTE_SECONDS   scheduling.ema_halflife_compute_seconds  float
+SCHEDULING_FORBID_MEMORY_OVERSUBSCRIPTION scheduling.forbid_memory_oversubscription bool
+SCHEDULING_DEFAULT_REPLICAS               scheduling.default_replicas              str
+SCHEDULING_ROUTING_FILL_FACTOR            scheduling.routing_fill_factor           float
+SCHEDULING_ROUTING_POLICY                 scheduling.routing_policy                str
+SCHEDULING_ROUTING_FILL_MODE              scheduling.routing_fill_mode             str
+SCHEDULING_COMPACTION_MODE                scheduling.compaction_mode               str
+SCHEDULING_COMPACTION_INTERVAL            scheduling.compaction_interval           int
 WORKER_CLIENT_REQUEST_TIMEOUT_SECONDS     worker_client.request_timeout_seconds    float
 WORKER_CLIENT_MAX_CONCURRENT_STREAMS      worker_client.max_concurrent_streams     int
 WORKER_CLIENT_TLS_CA_FILE                 worker_client.tls.ca_file                str
@@ -55,7 +67,6 @@ PROBER_ENV_NAME: Mapping[str, str] = {name: var for var, name in PROBER_ENV.item
 """``ProberConfig`` field -> its environment variable (the "path" its errors name)."""
 
 
-LPT_ENV = tuple(ENV_PREFIX + "SCHEDULING_" + key.upper() for key in LPT_SCHEDULING_KEYS[:-1])
 _KNOWN_ENV = frozenset((*ENV_OVERRIDES, *PROBER_ENV, FILE_ENV))
 _FOREVER = ("inf", "forever", "-1")
 
@@ -70,20 +81,15 @@ def apply_gateway_env(
     """Apply the environment table to a copy of ``raw``; return it and the applied pairs.
 
     Rules:
-    1. a ``KSERVE_TRIO_GATEWAY_SCHEDULING_*`` variable of an lpt_packing knob fails saying that
-       mode is not available yet;
-    2. any other unknown ``KSERVE_TRIO_GATEWAY_*`` variable fails (a typo must not be inert);
-    3. known variables are parsed by kind (integers and numbers strictly; ``WORKERS``,
-       ``WORKER_METRICS`` and ``WORKER_NAMES`` comma-separated, entries stripped, empty ones
-       dropped, replacing the YAML list) and set at their YAML path; ``raw`` is not modified.
+    1. an unknown ``KSERVE_TRIO_GATEWAY_*`` variable fails (a typo must not be inert);
+    2. known variables are parsed by kind (integers and numbers strictly; ``WORKERS``,
+       ``WORKER_METRICS``, ``WORKER_NAMES`` and ``WORKER_HTTP_ENDPOINTS`` comma-separated, entries stripped, empty ones
+       dropped, replacing the YAML list; ``SCHEDULING_DEFAULT_REPLICAS`` as text, an integer or
+       ``all``) and set at their YAML path; ``raw`` is not modified.
     """
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX) or var in _KNOWN_ENV:
             continue
-        if var in LPT_ENV:
-            raise ConfigError(
-                f"environment override {var} configures lpt_packing; {LPT_NOT_AVAILABLE}"
-            )
         close = difflib.get_close_matches(var, sorted(_KNOWN_ENV), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise ConfigError(f"unknown environment override {var}{hint}")

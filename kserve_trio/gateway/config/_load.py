@@ -13,8 +13,18 @@ from typing import Any
 from kserve_trio.core.config import deep_merge, load_yaml_mapping
 from kserve_trio.core.logging import configure_logging, get_logger
 from kserve_trio.gateway.config._env import apply_gateway_env, prober_from_env
-from kserve_trio.gateway.config._schema import build_gateway_config, check_gateway_keys
-from kserve_trio.gateway.config._types import FILE_ENV, GatewayConfig, LoggingConfig
+from kserve_trio.gateway.config._schema import (
+    LPT_SCHEDULING_KEYS,
+    build_gateway_config,
+    check_gateway_keys,
+)
+from kserve_trio.gateway.config._types import (
+    ALL_REPLICAS,
+    FILE_ENV,
+    GatewayConfig,
+    LoggingConfig,
+    SchedulingMode,
+)
 from kserve_trio.gateway.config._validate import config_warnings, validate_gateway_config
 
 
@@ -74,7 +84,8 @@ def _drop_none(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
     """The config as a raw dict in YAML shape (``build_gateway_config`` inverts it; the
-    environment-only ``prober`` knobs are not YAML keys and are left out)."""
+    environment-only ``prober`` knobs are not YAML keys and are left out, and so are the
+    lpt_packing keys under any other mode)."""
 
     def block(obj: Any) -> dict[str, Any]:
         out = {}
@@ -88,11 +99,24 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
     scheduling = block(cfg.scheduling)
     if scheduling["work_basis"] is None:
         del scheduling["work_basis"]
+    if scheduling["default_replicas"] == ALL_REPLICAS:
+        scheduling["default_replicas"] = "all"
+    models: dict[str, dict[str, Any]] = {}
+    for name, model in cfg.scheduling.models.items():
+        entry = {k: v for k, v in block(model).items() if v is not None and v != 0.0}
+        if entry.get("replicas") == ALL_REPLICAS:
+            entry["replicas"] = "all"
+        models[name] = entry
+    scheduling["models"] = models
+    if cfg.scheduling.mode is not SchedulingMode.LPT_PACKING:  # its keys are invalid elsewhere
+        for key in LPT_SCHEDULING_KEYS:
+            del scheduling[key]
     return {
         "listen": block(cfg.listen),
         "endpoints": list(cfg.endpoints),
         "worker_metrics": list(cfg.worker_metrics),
         "worker_names": list(cfg.worker_names),
+        "worker_http_endpoints": list(cfg.worker_http_endpoints),
         "scheduling": scheduling,
         "worker_client": client,
         "grpc": block(cfg.grpc),

@@ -8,7 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kserve_trio.core.config import (
+    FrozenMap,
     TlsConfig,
+    as_float,
+    as_int,
     as_str,
     as_str_list,
     check_keys,
@@ -18,11 +21,13 @@ from kserve_trio.core.config import (
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._types import (
-    LPT_NOT_AVAILABLE,
+    ALL_REPLICAS,
+    CompactionMode,
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
     LoggingConfig,
+    ModelPlacementConfig,
     ProberConfig,
     SchedulingConfig,
     SchedulingMode,
@@ -30,6 +35,7 @@ from kserve_trio.gateway.config._types import (
     WorkerClientConfig,
     WorkerTlsConfig,
 )
+from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 
 def _leaves(cls: type, *skip: str) -> dict[str, None]:
@@ -41,7 +47,11 @@ SCHEMA: dict[str, Any] = {
     "endpoints": None,
     "worker_metrics": None,
     "worker_names": None,
-    "scheduling": _leaves(SchedulingConfig),
+    "worker_http_endpoints": None,
+    "scheduling": {
+        **_leaves(SchedulingConfig, "models"),
+        "models": {"*": _leaves(ModelPlacementConfig)},
+    },
     "worker_client": {
         **_leaves(WorkerClientConfig, "tls"),
         "tls": _leaves(WorkerTlsConfig),
@@ -66,7 +76,17 @@ LPT_SCHEDULING_KEYS = (
     "forbid_memory_oversubscription",
     "models",
 )
-"""``scheduling.*`` keys that configure lpt_packing only: rejected until that mode exists."""
+"""``scheduling.*`` keys that configure lpt_packing only (an error under any other mode)."""
+
+
+def lpt_key_error(key: str, mode: SchedulingMode) -> ConfigError:
+    """The error of an lpt_packing key set under another scheduling mode."""
+    return ConfigError(
+        f"configures scheduling mode lpt_packing (mode is '{mode.value}'); "
+        "set scheduling.mode: lpt_packing or remove it",
+        f"scheduling.{key}",
+    )
+
 
 _RENAMED = {"metrics_endpoints": "renamed to 'worker_metrics' (same meaning, same alignment)"}
 
@@ -80,23 +100,10 @@ def schema_paths(schema: Mapping[str, Any] = SCHEMA, prefix: str = "") -> list[s
     return out
 
 
-def _lpt_key_error(key: str) -> ConfigError:
-    return ConfigError(
-        f"'{key}' configures scheduling mode lpt_packing; {LPT_NOT_AVAILABLE} "
-        "(modes: round_robin, least_outstanding)",
-        f"scheduling.{key}",
-    )
-
-
 def check_gateway_keys(raw: Mapping[str, Any]) -> None:
     for key, message in _RENAMED.items():
         if key in raw:
             raise ConfigError(message, key)
-    scheduling = raw.get("scheduling")
-    if isinstance(scheduling, Mapping):
-        for key in LPT_SCHEDULING_KEYS:
-            if key in scheduling:
-                raise _lpt_key_error(key)
     check_keys(raw, schema=SCHEMA)
 
 
@@ -105,10 +112,69 @@ def check_gateway_keys(raw: Mapping[str, Any]) -> None:
 
 
 def _mode(value: Any, path: str) -> SchedulingMode:
+    return parse_enum(SchedulingMode, as_str(value, path), path)
+
+
+def _replicas(value: Any, path: str) -> int:
+    """A replica count: a positive integer or ``"all"`` (any case; ``ALL_REPLICAS``). An
+    integer string is accepted too (the environment spells every value as text)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return ALL_REPLICAS
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(
+                f"must be a positive integer or 'all' (got {value!r})", path
+            ) from None
+    count = as_int(value, path)
+    if count < 1:
+        raise ConfigError(f"must be a positive integer or 'all' (got {count})", path)
+    return count
+
+
+def _fill_policy(value: Any, path: str) -> FillPolicy:
     text = as_str(value, path)
-    if text.strip().lower() == "lpt_packing":
-        raise ConfigError(f"{LPT_NOT_AVAILABLE}; use round_robin or least_outstanding", path)
-    return parse_enum(SchedulingMode, text, path)
+    if text.strip().lower() == "least_outstanding":
+        raise ConfigError(
+            "'least_outstanding' is a scheduling mode, not an lpt_packing routing policy; "
+            "use fill_least (the least loaded replica) or fill_rr (rotation)",
+            path,
+        )
+    return parse_enum(FillPolicy, text, path)
+
+
+def _model_placement(name: str, block: Any, prefix: str) -> ModelPlacementConfig:
+    path = f"{prefix}.{name}"
+    if block is None:
+        block = {}
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"config '{path}' must be a mapping", path)
+    replicas = None
+    if block.get("replicas") is not None:
+        replicas = _replicas(block["replicas"], f"{path}.replicas")
+    fill_mode = None
+    if block.get("fill_mode") is not None:
+        text = as_str(block["fill_mode"], f"{path}.fill_mode")
+        if text.strip().lower() != "inherit":
+            fill_mode = parse_enum(FillMode, text, f"{path}.fill_mode")
+    factor = 0.0
+    if block.get("fill_factor") is not None:
+        factor = as_float(block["fill_factor"], f"{path}.fill_factor")
+        if not factor > 0:
+            raise ConfigError(f"must be > 0 (got {factor})", f"{path}.fill_factor")
+    return ModelPlacementConfig(replicas, fill_mode, factor)
+
+
+def _placements(value: Any, path: str) -> FrozenMap[ModelPlacementConfig]:
+    if value is None:
+        return FrozenMap()
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config '{path}' must be a mapping", path)
+    return FrozenMap(
+        (str(name), _model_placement(str(name), block, path)) for name, block in value.items()
+    )
 
 
 def _basis(value: Any, path: str) -> WorkBasis | None:
@@ -131,13 +197,15 @@ def build_gateway_config(
     """Turn a raw dict (YAML shape) into a ``GatewayConfig``; absent keys keep the defaults.
 
     Rules, in order:
-    1. ``metrics_endpoints`` fails with its rename message; an lpt_packing key under
-       ``scheduling`` (or ``mode: lpt_packing``) fails saying that mode is not available yet;
-       any other unknown key fails naming its path;
+    1. ``metrics_endpoints`` fails with its rename message; any other unknown key fails
+       naming its path;
     2. every value is type-checked (lists of strings, strings, integers, numbers);
-    3. enum strings are matched case-insensitively;
+    3. enum strings are matched case-insensitively; a replica count is a positive integer or
+       ``"all"``; ``scheduling.routing_policy: least_outstanding`` fails with the names of the
+       fill policies;
     4. ``endpoints`` entries are stripped, and repeated entries dropped (first kept) unless
-       ``worker_names`` or ``worker_metrics`` are index-aligned with them, where a repeat is
+       ``worker_names``, ``worker_metrics`` or ``worker_http_endpoints`` are index-aligned with
+       them, where a repeat is
        ambiguous and an error.
     """
     if not isinstance(raw, Mapping):
@@ -148,8 +216,20 @@ def build_gateway_config(
         SchedulingConfig,
         _block(raw, "scheduling"),
         "scheduling",
-        {"mode": _mode, "work_basis": _basis},
+        {
+            "mode": _mode,
+            "work_basis": _basis,
+            "default_replicas": _replicas,
+            "routing_policy": _fill_policy,
+            "routing_fill_mode": lambda v, p: parse_enum(FillMode, as_str(v, p), p),
+            "compaction_mode": lambda v, p: parse_enum(CompactionMode, as_str(v, p), p),
+            "models": _placements,
+        },
     )
+    if scheduling.mode is not SchedulingMode.LPT_PACKING:
+        for key in LPT_SCHEDULING_KEYS:
+            if key in _block(raw, "scheduling"):  # set, even to its default: not meant here
+                raise lpt_key_error(key, scheduling.mode)
     client = read_block(
         WorkerClientConfig,
         _block(raw, "worker_client"),
@@ -162,12 +242,14 @@ def build_gateway_config(
     endpoints = [e.strip() for e in _list(raw, "endpoints")]
     names = _list(raw, "worker_names")
     metrics = _list(raw, "worker_metrics")
-    endpoints = _dedup_endpoints(endpoints, aligned=bool(names or metrics))
+    http = _list(raw, "worker_http_endpoints")
+    endpoints = _dedup_endpoints(endpoints, aligned=bool(names or metrics or http))
     return GatewayConfig(
         listen=listen,
         endpoints=tuple(endpoints),
         worker_metrics=metrics,
         worker_names=names,
+        worker_http_endpoints=http,
         scheduling=scheduling,
         worker_client=client,
         grpc=grpc,
@@ -193,8 +275,9 @@ def _dedup_endpoints(endpoints: list[str], *, aligned: bool) -> list[str]:
         if key in first:
             if aligned:
                 raise ConfigError(
-                    f"repeats endpoints[{first[key]}] ('{entry}'); with worker_names or "
-                    "worker_metrics aligned to endpoints, list each endpoint once",
+                    f"repeats endpoints[{first[key]}] ('{entry}'); with worker_names, "
+                    "worker_metrics or worker_http_endpoints aligned to endpoints, list each "
+                    "endpoint once",
                     f"endpoints[{i}]",
                 )
             continue

@@ -6,8 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, TlsConfig, parse_enum
+from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, FrozenMap, TlsConfig, parse_enum
 from kserve_trio.gateway.addresses import parse_host_port
+from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 ENV_PREFIX = "KSERVE_TRIO_GATEWAY_"
 FILE_ENV = "KSERVE_TRIO_GATEWAY_FILE"
@@ -16,7 +17,8 @@ FILE_ENV = "KSERVE_TRIO_GATEWAY_FILE"
 NO_ENDPOINTS = (
     "gateway has no endpoints; set 'endpoints:' in gateway.yml or KSERVE_TRIO_GATEWAY_WORKERS"
 )
-LPT_NOT_AVAILABLE = "lpt_packing is not available yet"
+ALL_REPLICAS = -1
+"""``replicas`` / ``default_replicas`` value meaning "every ready worker" (YAML ``"all"``)."""
 
 
 class SchedulingMode(enum.Enum):
@@ -24,6 +26,17 @@ class SchedulingMode(enum.Enum):
 
     ROUND_ROBIN = "round_robin"
     LEAST_OUTSTANDING = "least_outstanding"
+    LPT_PACKING = "lpt_packing"
+
+
+class CompactionMode(enum.Enum):
+    """What lpt_packing asks of a worker whose assigned models changed at a repack: nothing
+    (``off``), free its on-demand weights (``eager``), or free them and load its newly assigned
+    models at once (``scheduled``)."""
+
+    OFF = "off"
+    EAGER = "eager"
+    SCHEDULED = "scheduled"
 
 
 class WorkBasis(enum.Enum):
@@ -62,18 +75,73 @@ class ListenConfig:
 
 
 @dataclass(frozen=True)
+class ModelPlacementConfig:
+    """``scheduling.models.<name>`` (lpt_packing): the model's replica count (``None``: inherit
+    ``default_replicas``; ``ALL_REPLICAS``: every ready worker), its fill mode (``None``:
+    inherit ``routing_fill_mode``) and fill factor (0: inherit ``routing_fill_factor``)."""
+
+    replicas: int | None = None
+    fill_mode: FillMode | None = None
+    fill_factor: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        """Whether every field inherits (such an override is no override)."""
+        return self.replicas is None and self.fill_mode is None and self.fill_factor == 0.0
+
+
+@dataclass(frozen=True)
 class SchedulingConfig:
     """``scheduling:``. ``work_basis`` is ``None`` unless set; it may only be set under
-    ``least_outstanding``, which counts compute when it is not (``basis``)."""
+    ``least_outstanding`` and ``lpt_packing``, which count compute when it is not (``basis``).
+
+    The other fields configure ``lpt_packing`` (placement by measured load; docs/gateway.md)
+    and may only be set in that mode: the compute budgets between repacks (fleet compute
+    seconds: the first one after start-up, then every one), the per-worker cap on the fleet's
+    placed utilization, the hysteresis that keeps a model where it is, the half-life of the
+    rate and cost averages (0: the rebalance budget), the replica count of a model without its
+    own, the fill plans of multi-replica models (factor, mode, tie-break policy), the
+    compaction after a repack (mode, every how many repacks), whether a model may be placed
+    where its weights do not fit, and per-model overrides.
+    """
 
     mode: SchedulingMode = SchedulingMode.ROUND_ROBIN
     work_basis: WorkBasis | None = None
+    rebalance_compute_seconds: float = 300.0
+    first_rebalance_compute_seconds: float = 60.0
+    max_worker_share: float = 0.8
+    hysteresis: float = 0.0
+    ema_halflife_compute_seconds: float = 0.0
+    default_replicas: int = 1
+    routing_fill_factor: float = 1.0
+    routing_policy: FillPolicy = FillPolicy.FILL_LEAST
+    routing_fill_mode: FillMode = FillMode.RUN
+    compaction_mode: CompactionMode = CompactionMode.EAGER
+    compaction_interval: int = 1
+    forbid_memory_oversubscription: bool = True
+    models: FrozenMap[ModelPlacementConfig] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", parse_enum(SchedulingMode, self.mode, "scheduling.mode"))
         if self.work_basis is not None:
             basis = parse_enum(WorkBasis, self.work_basis, "scheduling.work_basis")
             object.__setattr__(self, "work_basis", basis)
+        for name, cls in (
+            ("routing_policy", FillPolicy),
+            ("routing_fill_mode", FillMode),
+            ("compaction_mode", CompactionMode),
+        ):
+            value = parse_enum(cls, getattr(self, name), f"scheduling.{name}")
+            object.__setattr__(self, name, value)
+        if not isinstance(self.models, FrozenMap):
+            object.__setattr__(self, "models", FrozenMap(self.models))
+
+    @property
+    def halflife(self) -> float:
+        """The resolved ``ema_halflife_compute_seconds`` (0 means the rebalance budget)."""
+        if self.ema_halflife_compute_seconds > 0:
+            return self.ema_halflife_compute_seconds
+        return self.rebalance_compute_seconds if self.rebalance_compute_seconds > 0 else 30.0
 
     @property
     def basis(self) -> WorkBasis:
@@ -156,13 +224,17 @@ class GatewayConfig:
     ``endpoints`` are the workers' gRPC addresses (``host:port``; a name that resolves to
     several addresses is several workers). ``worker_metrics`` (optional) and ``worker_names``
     (optional) are index-aligned with ``endpoints``: entry ``i`` is the Prometheus endpoint and
-    the label of the workers behind ``endpoints[i]``.
+    the label of the workers behind ``endpoints[i]``. ``worker_http_endpoints`` (optional) is
+    aligned the same way: entry ``i`` is the KServe V2 REST address of the workers behind
+    ``endpoints[i]`` (a name resolves per round, and each worker takes the REST address equal to
+    its own), where the gateway forwards REST requests that name a model.
     """
 
     listen: ListenConfig = ListenConfig()
     endpoints: tuple[str, ...] = ()
     worker_metrics: tuple[str, ...] = ()
     worker_names: tuple[str, ...] = ()
+    worker_http_endpoints: tuple[str, ...] = ()
     scheduling: SchedulingConfig = SchedulingConfig()
     worker_client: WorkerClientConfig = WorkerClientConfig()
     grpc: GatewayGrpcConfig = GatewayGrpcConfig()
@@ -171,7 +243,7 @@ class GatewayConfig:
     prober: ProberConfig = ProberConfig()
 
     def __post_init__(self) -> None:
-        for name in ("endpoints", "worker_metrics", "worker_names"):
+        for name in ("endpoints", "worker_metrics", "worker_names", "worker_http_endpoints"):
             value = getattr(self, name)
             items = (value,) if isinstance(value, str) else tuple(value)
             object.__setattr__(self, name, tuple(item.strip() for item in items))

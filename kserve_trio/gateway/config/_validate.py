@@ -11,12 +11,20 @@ from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import parse_level
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._env import PROBER_ENV_NAME
+from kserve_trio.gateway.config._schema import LPT_SCHEDULING_KEYS, lpt_key_error
 from kserve_trio.gateway.config._types import (
     LOG_FORMATS,
     NO_ENDPOINTS,
     GatewayConfig,
+    SchedulingConfig,
     SchedulingMode,
     WorkerTlsConfig,
+)
+from kserve_trio.gateway.fill import FillMode
+
+INFLIGHT_WARNING = (
+    "fill mode 'inflight' parks a closed loop of fewer clients than the fill quantum on one "
+    "replica; 'run' (the default) shares such a load evenly"
 )
 
 
@@ -73,12 +81,7 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
         if not ok:
             got = value if value is not None else _value_at(cfg, path)
             raise ConfigError(f"{rule} (got {got})", path)
-    sched = cfg.scheduling
-    if sched.work_basis is not None and sched.mode is not SchedulingMode.LEAST_OUTSTANDING:
-        raise ConfigError(
-            f"applies to scheduling mode least_outstanding only (mode is '{sched.mode.value}')",
-            "scheduling.work_basis",
-        )
+    validate_scheduling(cfg.scheduling)
     hosts = pr.hosts_file
     if hosts and check_files and not os.path.isfile(hosts):
         raise ConfigError(f"file does not exist: {hosts}", PROBER_ENV_NAME["hosts_file"])
@@ -96,6 +99,72 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
             f"must be one of {', '.join(LOG_FORMATS)} (got {cfg.logging.format!r})",
             "logging.format",
         )
+
+
+_WORK_BASIS_MODES = (SchedulingMode.LEAST_OUTSTANDING, SchedulingMode.LPT_PACKING)
+
+
+def validate_scheduling(sched: SchedulingConfig) -> None:
+    """The ``scheduling:`` rules (also what SetSchedulingPolicy checks a change against).
+
+    1. ``work_basis`` applies to least_outstanding and lpt_packing only; every key of
+       ``LPT_SCHEDULING_KEYS`` set away from its default applies to lpt_packing only.
+    2. Ranges: ``rebalance_compute_seconds`` > 0, ``first_rebalance_compute_seconds`` >= 0,
+       ``max_worker_share`` in (0, 1], ``hysteresis`` in [0, 1),
+       ``ema_halflife_compute_seconds`` >= 0, ``default_replicas`` positive or all,
+       ``routing_fill_factor`` > 0, ``compaction_interval`` >= 0; every number finite.
+    """
+    lpt = sched.mode is SchedulingMode.LPT_PACKING
+    if sched.work_basis is not None and sched.mode not in _WORK_BASIS_MODES:
+        raise ConfigError(
+            "applies to scheduling modes least_outstanding and lpt_packing only "
+            f"(mode is '{sched.mode.value}')",
+            "scheduling.work_basis",
+        )
+    if not lpt:
+        default = SchedulingConfig()
+        for key in LPT_SCHEDULING_KEYS:
+            if getattr(sched, key) != getattr(default, key):
+                raise lpt_key_error(key, sched.mode)
+        return
+    inf = math.inf
+    rules: list[tuple[str, bool, str]] = [
+        ("rebalance_compute_seconds", 0 < sched.rebalance_compute_seconds < inf, "must be > 0"),
+        (
+            "first_rebalance_compute_seconds",
+            0 <= sched.first_rebalance_compute_seconds < inf,
+            "must be >= 0 (0 = use rebalance_compute_seconds)",
+        ),
+        ("max_worker_share", 0 < sched.max_worker_share <= 1, "must be in (0, 1]"),
+        ("hysteresis", 0 <= sched.hysteresis < 1, "must be in [0, 1)"),
+        (
+            "ema_halflife_compute_seconds",
+            0 <= sched.ema_halflife_compute_seconds < inf,
+            "must be >= 0 (0 = track rebalance_compute_seconds)",
+        ),
+        (
+            "default_replicas",
+            sched.default_replicas == -1 or sched.default_replicas > 0,
+            "must be a positive integer or 'all'",
+        ),
+        ("routing_fill_factor", 0 < sched.routing_fill_factor < inf, "must be > 0"),
+        ("compaction_interval", sched.compaction_interval >= 0, "must be >= 0 (0 = never)"),
+    ]
+    for key, ok, rule in rules:
+        if not ok:
+            value = getattr(sched, key)
+            shown = "all" if key == "default_replicas" and value == -1 else value
+            raise ConfigError(f"{rule} (got {shown})", f"scheduling.{key}")
+    for name, model in sched.models.items():
+        path = f"scheduling.models.{name}"
+        if model.replicas is not None and not (model.replicas == -1 or model.replicas > 0):
+            raise ConfigError(
+                f"must be a positive integer or 'all' (got {model.replicas})", f"{path}.replicas"
+            )
+        if not 0 <= model.fill_factor < inf:
+            raise ConfigError(f"must be > 0 (got {model.fill_factor})", f"{path}.fill_factor")
+        if model.fill_mode is not None and not isinstance(model.fill_mode, FillMode):
+            raise ConfigError(f"must be a fill mode (got {model.fill_mode!r})", f"{path}.fill_mode")
 
 
 def _value_at(cfg: GatewayConfig, path: str) -> Any:
@@ -137,7 +206,12 @@ def _validate_addresses(cfg: GatewayConfig) -> None:
             raise ConfigError(f"repeats endpoints[{seen[key]}] ('{entry}')", f"endpoints[{i}]")
         seen[key] = i
     n = len(cfg.endpoints)
-    for key, items in (("worker_metrics", cfg.worker_metrics), ("worker_names", cfg.worker_names)):
+    aligned = (
+        ("worker_metrics", cfg.worker_metrics),
+        ("worker_names", cfg.worker_names),
+        ("worker_http_endpoints", cfg.worker_http_endpoints),
+    )
+    for key, items in aligned:
         if items and len(items) != n:
             raise ConfigError(
                 f"must have one entry per endpoints entry, index-aligned "
@@ -149,6 +223,7 @@ def _validate_addresses(cfg: GatewayConfig) -> None:
             parse_host_port(entry)
         except ValueError as exc:
             raise ConfigError(str(exc), f"worker_metrics[{i}]") from None
+    _validate_http_endpoints(cfg)
     names: dict[str, int] = {}
     for i, name in enumerate(cfg.worker_names):
         if not name or any(c.isspace() for c in name):
@@ -160,6 +235,28 @@ def _validate_addresses(cfg: GatewayConfig) -> None:
                 f"repeats worker_names[{names[name]}] ('{name}')", f"worker_names[{i}]"
             )
         names[name] = i
+
+
+def _validate_http_endpoints(cfg: GatewayConfig) -> None:
+    """Each REST address parses, differs from its own gRPC endpoint, and is listed once."""
+    seen: dict[tuple[str, int], int] = {}
+    for i, entry in enumerate(cfg.worker_http_endpoints):
+        path = f"worker_http_endpoints[{i}]"
+        try:
+            host, port = parse_host_port(entry)
+        except ValueError as exc:
+            raise ConfigError(str(exc), path) from None
+        key = (host.lower(), port)
+        grpc_host, grpc_port = parse_host_port(cfg.endpoints[i])
+        if key == (grpc_host.lower(), grpc_port):
+            raise ConfigError(
+                f"is endpoints[{i}] itself ('{entry}'); a worker's REST port differs from its "
+                "gRPC port",
+                path,
+            )
+        if key in seen:
+            raise ConfigError(f"repeats worker_http_endpoints[{seen[key]}] ('{entry}')", path)
+        seen[key] = i
 
 
 def _validate_worker_tls(tls: WorkerTlsConfig, *, check_files: bool) -> None:
@@ -177,6 +274,11 @@ def _validate_worker_tls(tls: WorkerTlsConfig, *, check_files: bool) -> None:
 def config_warnings(cfg: GatewayConfig) -> list[str]:
     """What is valid but probably not meant (logged at start-up)."""
     out = []
+    sched = cfg.scheduling
+    if sched.mode is SchedulingMode.LPT_PACKING:
+        modes = [sched.routing_fill_mode, *(m.fill_mode for m in sched.models.values())]
+        if FillMode.INFLIGHT in modes:
+            out.append(INFLIGHT_WARNING)
     cap = cfg.grpc.max_concurrent_requests_per_worker
     streams = cfg.worker_client.max_concurrent_streams
     if 0 < cap <= streams:
