@@ -92,10 +92,12 @@ def hosts_file_resolver(path: str, fallback: Resolver = system_resolver) -> Reso
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One worker: the address it resolved to, the ``endpoints`` entry it came from, its label
-    and its paired metrics endpoint (``None``: none configured or none paired).
+    """One worker: the address it resolved to, the ``endpoints`` entry it came from, its label,
+    its paired metrics endpoint and its paired KServe V2 REST endpoint (``http``; ``None``:
+    none configured or none paired).
 
-    ``host`` is the entry's host as written: the name its TLS certificate is checked against.
+    ``host`` is the entry's host as written: the name its TLS certificate is checked against
+    (on its REST port too).
     """
 
     address: str
@@ -104,6 +106,7 @@ class WorkerSpec:
     entry: int
     label: str
     metrics: tuple[str, int] | None = None
+    http: tuple[str, int] | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -118,6 +121,10 @@ class WorkerSpec:
     @property
     def metrics_target(self) -> str | None:
         return None if self.metrics is None else format_host_port(*self.metrics)
+
+    @property
+    def http_target(self) -> str | None:
+        return None if self.http is None else format_host_port(*self.http)
 
 
 def _address_order(address: str) -> tuple[int, int, str]:
@@ -139,6 +146,8 @@ def expand_workers(
     names: Sequence[str] = (),
     metrics: Sequence[tuple[str, int]] = (),
     metrics_resolved: Sequence[Sequence[str]] = (),
+    http: Sequence[tuple[str, int]] = (),
+    http_resolved: Sequence[Sequence[str]] = (),
 ) -> tuple[WorkerSpec, ...]:
     """The worker set of one round; ``resolved[i]`` are the addresses of ``endpoints[i]``.
 
@@ -153,6 +162,9 @@ def expand_workers(
        with the address of ``metrics[i]``'s resolution equal to its own; the workers left
        unpaired then take the entry's left-over metrics addresses by position (both in
        address order); a worker with nothing left has no metrics endpoint.
+    5. ``http`` (the REST endpoints, index-aligned with ``endpoints``) pairs by rule 4: a worker
+       behind a name takes the REST address equal to its own, so one name with its REST port
+       (``workers:8000`` next to ``workers:8001``) gives every discovered worker its own.
     """
     seen: set[tuple[str, int]] = set()
     out: list[WorkerSpec] = []
@@ -160,18 +172,23 @@ def expand_workers(
         addresses = [a for a in _unique_sorted(resolved[i]) if (a, port) not in seen]
         seen.update((a, port) for a in addresses)
         name = names[i] if i < len(names) else ""
-        paired = _pair_metrics(addresses, metrics, metrics_resolved, i)
+        paired = _pair(addresses, metrics, metrics_resolved, i)
+        paired_http = _pair(addresses, http, http_resolved, i)
         for address in addresses:
             target = format_host_port(address, port)
             if not name:
                 label = target
             else:
                 label = name if len(addresses) == 1 else f"{name}/{target}"
-            out.append(WorkerSpec(address, port, host, i, label, paired.get(address)))
+            out.append(
+                WorkerSpec(
+                    address, port, host, i, label, paired.get(address), paired_http.get(address)
+                )
+            )
     return tuple(out)
 
 
-def _pair_metrics(
+def _pair(
     addresses: Sequence[str],
     metrics: Sequence[tuple[str, int]],
     metrics_resolved: Sequence[Sequence[str]],
@@ -192,7 +209,7 @@ def _pair_metrics(
 @dataclass(frozen=True)
 class WorkerDiff:
     """What changed between two worker sets: workers that appeared, that vanished, and those
-    whose key stayed but whose label, entry or metrics endpoint changed (``(old, new)``)."""
+    whose key stayed but whose label, entry, metrics or REST endpoint changed (``(old, new)``)."""
 
     added: tuple[WorkerSpec, ...] = ()
     removed: tuple[WorkerSpec, ...] = ()
@@ -239,6 +256,7 @@ class Discovery:
         *,
         names: Sequence[str] = (),
         metrics: Sequence[str] = (),
+        http: Sequence[str] = (),
         resolver: Resolver = system_resolver,
         timeout: float = RESOLVE_TIMEOUT_SECONDS,
     ) -> None:
@@ -246,6 +264,8 @@ class Discovery:
         self._metrics = [parse_host_port(m) for m in metrics]
         self._texts = [str(e).strip() for e in endpoints]
         self._metric_texts = [str(m).strip() for m in metrics]
+        self._http = [parse_host_port(h) for h in http]
+        self._http_texts = [str(h).strip() for h in http]
         self._names = tuple(names)
         self._resolver = resolver
         self._timeout = timeout
@@ -255,15 +275,18 @@ class Discovery:
     @classmethod
     def from_config(cls, cfg: GatewayConfig, resolver: Resolver = system_resolver) -> Discovery:
         return cls(
-            cfg.endpoints, names=cfg.worker_names, metrics=cfg.worker_metrics, resolver=resolver
+            cfg.endpoints,
+            names=cfg.worker_names,
+            metrics=cfg.worker_metrics,
+            http=cfg.worker_http_endpoints,
+            resolver=resolver,
         )
 
     async def refresh(self) -> DiscoveryRound:
         """Resolve every entry and swap in the new worker set."""
         hosts = {(h, p): t for (h, p), t in zip(self._endpoints, self._texts, strict=True)}
-        hosts.update(
-            {(h, p): t for (h, p), t in zip(self._metrics, self._metric_texts, strict=True)}
-        )
+        for extra, texts in ((self._metrics, self._metric_texts), (self._http, self._http_texts)):
+            hosts.update({(h, p): t for (h, p), t in zip(extra, texts, strict=True)})
         results: dict[tuple[str, int], list[str]] = {}
         failures: list[tuple[str, str]] = []
 
@@ -297,6 +320,8 @@ class Discovery:
             names=self._names,
             metrics=self._metrics,
             metrics_resolved=[results[m] for m in self._metrics],
+            http=self._http,
+            http_resolved=[results[h] for h in self._http],
         )
         diff = diff_workers(self.workers, workers)
         self.workers = workers

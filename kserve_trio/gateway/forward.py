@@ -31,13 +31,18 @@ Rules (``Forwarder.infer``):
 ``call_replica`` runs rules 3-5 for the model RPCs answered by a ready replica (ModelReady,
 ModelMetadata, ModelConfig): the replicas of the routing table in turn, no policy, no
 reservation.
+
+The rules do not depend on the transport to the worker: ``routed`` (rules 1-6) and
+``on_replica`` (rules 3-5) take the peek and the one-worker attempt as functions, so the
+gateway's REST forwarding (``rest_forward``) selects, reserves, fails over and refreshes by the
+same code as gRPC.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -85,6 +90,13 @@ class RegisterGates:
     def held(self, worker: str) -> bool:
         return worker in self._held
 
+
+T = TypeVar("T")
+
+Attempt = Callable[[WorkerClient, float], Awaitable[T]]
+"""``attempt(client, deadline)``: send one request to one worker within ``deadline`` (absolute,
+``anyio.current_time()`` clock) and return its reply; a failure is an ``RpcError`` whose status
+``routing.failover_action`` reads."""
 
 StaleReplay = Callable[[WorkerClient, RpcError], Awaitable[bool]]
 """``replay(client, error)``: re-register the gateway's regions on ``client`` if ``error`` names
@@ -137,13 +149,39 @@ class Forwarder:
         ``plain`` is its uncompressed form); ``head`` its peek when the caller already has it;
         ``deadline`` the client's, absolute on the ``anyio.current_time()`` clock (``None``: it
         set none)."""
+
+        def peeked() -> PeekedRequest:
+            return head if head is not None else self.peek(data if plain is None else plain)
+
+        def attempt(client: WorkerClient, attempt_deadline: float) -> Awaitable[bytes]:
+            return client.call_raw(
+                MODEL_INFER,
+                data,
+                deadline=attempt_deadline,
+                metadata=metadata,
+                compressed_with=compressed_with,
+            )
+
+        return await self.routed(peeked, attempt, deadline=deadline, rpc=rpc)
+
+    async def routed(
+        self,
+        peeked: Callable[[], PeekedRequest],
+        attempt: Attempt[T],
+        *,
+        deadline: float | None = None,
+        rpc: str = "ModelInfer",
+    ) -> T:
+        """Rules 1-6 for one request of any transport: ``peeked()`` gives its routing fields
+        (rule 1; raising ``InvalidArgument`` if malformed) and ``attempt(client, deadline)``
+        sends it to one worker (raising ``RpcError`` as ``WorkerClient.call_raw`` does). The
+        gRPC ModelInfer above and the gateway's REST forwarding both run through here."""
         started = anyio.current_time()
-        model = "" if head is None else head.model_name
+        model = ""
         status = StatusCode.INTERNAL
         try:
-            if head is None:
-                head = self.peek(data if plain is None else plain)
-                model = head.model_name
+            head = peeked()
+            model = head.model_name
             units = self.policy.request_units(model, head.shape)
             selection = self.policy.select(model, units, self.state.table)
             if not selection.order:
@@ -153,9 +191,7 @@ class Forwarder:
             with selection.reservation:
                 if not selection.order:
                     raise NotFound(f"model '{model}' not found on any worker")
-                reply = await self._attempts(
-                    MODEL_INFER, model, data, selection.order, deadline, metadata, compressed_with
-                )
+                reply = await self._attempts(rpc, model, selection.order, deadline, attempt)
             status = StatusCode.OK
             return reply
         except ServingError as exc:
@@ -175,6 +211,22 @@ class Forwarder:
     ) -> bytes | None:
         """``method`` on a ready replica of ``model`` (rules 3-5, replicas in turn); ``None``
         when no worker has ``model`` ready, even after a refresh."""
+
+        def attempt(client: WorkerClient, attempt_deadline: float) -> Awaitable[bytes]:
+            return client.call_raw(method, data, deadline=attempt_deadline)
+
+        rpc = method[method.rfind("/") + 1 :]
+        return await self.on_replica(model, attempt, rpc=rpc, deadline=deadline)
+
+    async def on_replica(
+        self,
+        model: str,
+        attempt: Attempt[T],
+        *,
+        rpc: str,
+        deadline: float | None = None,
+    ) -> T | None:
+        """``attempt`` on a ready replica of ``model`` (``call_replica`` for any transport)."""
         replicas = self.state.table.replicas(model)
         if not replicas:
             await self.refresher.refresh_now()
@@ -184,20 +236,17 @@ class Forwarder:
         i = self._cursor % len(replicas)
         self._cursor += 1
         order = replicas[i:] + replicas[:i]
-        return await self._attempts(method, model, data, order, deadline, None, None)
+        return await self._attempts(rpc, model, order, deadline, attempt)
 
     async def _attempts(
         self,
-        method: str,
+        rpc: str,
         model: str,
-        data: bytes,
         order: tuple[str, ...],
         deadline: float | None,
-        metadata: Mapping[str, Any] | None,
-        compressed_with: str | None,
-    ) -> bytes:
+        attempt: Attempt[T],
+    ) -> T:
         routable = self.routable()
-        rpc = method[method.rfind("/") + 1 :]
         last: ServingError | None = None
         for label in order:
             client = self.pool.get(label)
@@ -211,13 +260,7 @@ class Forwarder:
                 )
                 sent = anyio.current_time()
                 try:
-                    return await client.call_raw(
-                        method,
-                        data,
-                        deadline=attempt_deadline,
-                        metadata=metadata,
-                        compressed_with=compressed_with,
-                    )
+                    return await attempt(client, attempt_deadline)
                 except RpcError as exc:
                     if (
                         not replayed
@@ -242,4 +285,4 @@ class Forwarder:
         raise Unavailable(f"no ready worker can take model '{model}' now")
 
 
-__all__ = ["MODEL_INFER", "Forwarder", "RegisterGates", "StaleReplay"]
+__all__ = ["MODEL_INFER", "Attempt", "Forwarder", "RegisterGates", "StaleReplay"]

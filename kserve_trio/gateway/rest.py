@@ -1,37 +1,42 @@
-"""The gateway's KServe V2 REST endpoint (``listen.http``): a thin adapter over its gRPC service.
+"""The gateway's KServe V2 REST endpoint (``listen.http``).
 
-A REST request is the gRPC RPC it stands for (``serving.rest_routes``) and runs through the
-same ``GatewayService`` handler a gRPC call of that RPC runs through, so routing, failover,
-admission and drain, the fan-outs and merges, shared-memory registration and its replay, and
-every status and message are the gRPC ones by construction. The workers are reached over gRPC
-as always; only the edge speaks REST:
+Two kinds of request, by what the path names:
 
-- ModelInfer: the JSON (+ binary) body becomes the ``ModelInferRequest`` a gRPC client would
-  send (``core.rest_codec``), the forwarder routes it by model, and the worker's reply is
-  written back as REST JSON and binary, outputs binary where the request asked;
-- every other RPC: the path and JSON body become its request message, the handler's reply
-  bytes are parsed with the RPC's reply type and written as Triton's JSON.
+- a model (``/v2/models/{m}[/versions/{v}]``, ``.../infer``, ``.../ready``, ``.../config``):
+  ModelInfer, ModelReady, ModelMetadata and ModelConfig go to one replica of the model, chosen
+  and failed over by the gRPC forwarder's rules, on the replica's own REST port when the gateway
+  knows it (``worker_http_endpoints``), else translated to gRPC (``rest_forward``);
+- the fleet (server health and metadata, ``/v2/models/stats`` and ``.../stats``, the repository
+  index, load and unload, system shared memory): the path and JSON body become the RPC's request
+  message and run through the same ``GatewayService`` handler a gRPC call runs through, and the
+  reply is written as Triton's JSON. These answers are the fleet's, not one worker's: a
+  shared-memory registration must reach every worker (and be replayed to one that restarts),
+  a load or unload acts on every worker, statistics are summed over the workers; the gRPC
+  fan-outs already do exactly that, with the same statuses and messages.
+
+Admission is the gRPC one: ModelInfer counts against the inbound cap, every other request but
+health is refused once the gateway drains.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from kserve_trio.core import rest_codec
-from kserve_trio.core.errors import Internal, Unimplemented
-from kserve_trio.core.infer_wire import parse_infer_response
+import anyio
+import anyio.abc
+
+from kserve_trio.core.errors import Unimplemented
+from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving import compression
 from kserve_trio.serving.grpc_adapter import Limits
-from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
+from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.raw import RawCall, RawMessage
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
-    RestCall,
-    compressed_reply,
     grpc_request,
-    header_length,
     reply_response,
     request_body,
     route,
@@ -66,11 +71,18 @@ class RestRawCall(RawCall):
 
 
 class GatewayRest:
-    """The REST ``App`` of a gateway (``serving.http.serve_app`` serves it)."""
+    """The REST ``App`` of a gateway (``serving.http.serve_app`` serves it); ``aclose`` closes
+    its connections to the workers' REST ports."""
 
-    def __init__(self, service: GatewayService) -> None:
+    def __init__(self, service: GatewayService, upstream: RestUpstream | None = None) -> None:
         self.service = service
         self.limits = service.limits
+        pool = service.forwarder.pool
+        self.upstream = upstream or RestUpstream(
+            per_worker=pool.settings.max_concurrent_streams,
+            ssl_context=pool.settings.ssl_context,
+        )
+        self.models = ModelRequests(service.forwarder, self.upstream, self.limits.max_recv_bytes)
         s = service
 
         def admitted(fn: Handler) -> Handler:
@@ -87,9 +99,6 @@ class GatewayRest:
             "ServerLive": s.server_live,
             "ServerReady": s.server_ready,
             "ServerMetadata": admitted(s.server_metadata),
-            "ModelReady": admitted(s.model_ready),
-            "ModelMetadata": admitted(s.model_metadata),
-            "ModelConfig": admitted(s.model_config),
             "ModelStatistics": admitted(s.model_statistics),
             "RepositoryIndex": admitted(s.repository_index),
             "RepositoryModelLoad": admitted(s.repository_model_load),
@@ -102,8 +111,11 @@ class GatewayRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
-            if call.rpc == "ModelInfer":
-                return await self.infer(call, request)
+            if call.rpc in MODEL_RPCS:
+                admission = self.service.admission
+                gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
+                with gate:
+                    return await self.models.answer(call, request)
             if call.rpc == "LogSettings":
                 raise Unimplemented(f"LogSettings is not implemented: {LOG_SETTINGS}")
             handler = self._handlers.get(call.rpc)
@@ -115,34 +127,35 @@ class GatewayRest:
         except Exception as exc:
             return error_response(exc)
 
-    async def infer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
-        parsed = rest_codec.parse_infer_request(
-            request_body(request, self.limits.max_recv_bytes),
-            header_length(request),
-            call.model,
-            call.version,
-        )
-        data = bytes(parsed.message)
-        reply = await self.service.model_infer(
-            RestRawCall("ModelInfer", self.limits), RawMessage(data)
-        )
-        response = parse_infer_response(reply)
-        if len(response.raw_output_contents) != len(response.outputs):
-            raise Internal(
-                f"worker reply has {len(response.raw_output_contents)} raw_output_contents "
-                f"entries for {len(response.outputs)} outputs"
-            )
-        rest = rest_codec.encode_infer_response(
-            response.model_name,
-            response.model_version,
-            response.id,
-            response.outputs,
-            response.raw_output_contents,
-            parsed.wants_binary,
-            response.parameters,
-        )
-        response = HttpResponse(200, rest.pieces, rest.content_type, rest.headers())
-        return compressed_reply(request, response)
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
 
 
-__all__ = ["GatewayRest", "RestRawCall"]
+async def serve_rest(
+    host: str,
+    port: int,
+    service: GatewayService,
+    *,
+    max_body_bytes: int,
+    ssl_context: ssl.SSLContext | None = None,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
+    close its connections to the workers."""
+    rest = GatewayRest(service)
+    try:
+        await serve_app(
+            host,
+            port,
+            rest,
+            max_body_bytes=max_body_bytes,
+            ssl_context=ssl_context,
+            name="rest",
+            task_status=task_status,
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await rest.aclose()
+
+
+__all__ = ["GatewayRest", "RestRawCall", "serve_rest"]

@@ -7,7 +7,7 @@
        ├─ route refresher                background table scans (a worker said NOT_FOUND)
        ├─ prober                         first round before anything serves, then every interval
        ├─ admin HTTP                     /metrics /healthz /readyz /routing on listen.metrics
-       ├─ REST (when listen.http is set) KServe V2 HTTP/REST over the same service (``rest``)
+       ├─ REST (when listen.http is set) KServe V2 HTTP/REST (``rest``), bound before gRPC
        └─ grpclib server                 listen.grpc (TLS from tls:); started, closed on exit
 
 grpclib runs its handlers as its own tasks; they only await work of this tree (the pool's
@@ -56,7 +56,7 @@ from kserve_trio.gateway.forward import Forwarder, RegisterGates
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
 from kserve_trio.gateway.prober import GatewayWedged, Prober
-from kserve_trio.gateway.rest import GatewayRest
+from kserve_trio.gateway.rest import serve_rest
 from kserve_trio.gateway.routing import RoutingState, make_policy
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.gateway.shm_fanout import ShmFanout
@@ -71,7 +71,6 @@ from kserve_trio.serving.background import (
 from kserve_trio.serving.grpc_adapter import Limits
 from kserve_trio.serving.grpc_server import GrpcServer
 from kserve_trio.serving.h2_settings import server_config
-from kserve_trio.serving.http import serve_app
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -248,22 +247,21 @@ async def serve_gateway_async(
                     routes=gateway.admin.routes(),
                 )
             )
-            server = GrpcServer([gateway.service], config=server_config())
-            await server.start(grpc_host, grpc_port, ssl=ssl_context)
             bound_http = 0
-            if config.listen.http_address is not None:
+            if config.listen.http_address is not None:  # first: a taken port fails before gRPC
                 http_host, http_port = config.listen.http_address
                 bound_http = await tg.start(
                     functools.partial(
-                        serve_app,
+                        serve_rest,
                         http_host,
                         http_port,
-                        GatewayRest(gateway.service),
+                        gateway.service,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         ssl_context=ssl_context,
-                        name="rest",
                     )
                 )
+            server = GrpcServer([gateway.service], config=server_config())
+            await server.start(grpc_host, grpc_port, ssl=ssl_context)
             running = RunningGateway(
                 config=config,
                 host=grpc_host,
