@@ -317,8 +317,12 @@ def status_error(exc: BaseException, *, request_id: str = "", rpc: str = "") -> 
 Handler = Callable[[Any, CallContext], Awaitable[Any]]
 
 
-def unary(fn: Handler, request_type, limits: Limits, rpc: str) -> grpclib.const.Handler:
-    """Wrap ``fn(request, ctx) -> reply`` as a grpclib unary-unary handler."""
+def unary(
+    fn: Handler, request_type, limits: Limits, rpc: str, *, fast: bool = False
+) -> grpclib.const.Handler:
+    """Wrap ``fn(request, ctx) -> reply`` as a grpclib unary-unary handler. ``fast``: the
+    handler also carries a ``serving.fast_unary.FastUnary`` (``handle.fast``), which
+    ``grpc_server`` serves plain calls with when the fast path is on."""
 
     async def handle(stream) -> None:
         try:
@@ -340,6 +344,10 @@ def unary(fn: Handler, request_type, limits: Limits, rpc: str) -> grpclib.const.
         except Exception as exc:
             raise status_error(exc, rpc=rpc) from exc
 
+    if fast:
+        from kserve_trio.serving.fast_unary import FastUnary
+
+        handle.fast = FastUnary(fn, request_type, limits, rpc)  # type: ignore[attr-defined]
     return grpclib.const.Handler(
         handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, EncodedMessage
     )

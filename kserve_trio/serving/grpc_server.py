@@ -29,6 +29,7 @@ from grpclib.protocol import H2Protocol
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving import compression
+from kserve_trio.serving.fast_unary import fast_path_enabled, plain_call
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -111,7 +112,11 @@ async def _refuse(
 
 
 class _Handler(grpclib.server.Handler):
-    """grpclib's per-connection handler with the header checks of this module."""
+    """grpclib's per-connection handler with the header checks of this module; with
+    ``fast`` on, plain calls to a handler that carries a ``FastUnary`` are served by it
+    (``serving.fast_unary``), every other call by grpclib."""
+
+    fast = False
 
     def accept(self, stream: Any, headers: Any, release_stream: Callable[[], Any]) -> None:
         problem = header_problem(headers)
@@ -124,17 +129,33 @@ class _Handler(grpclib.server.Handler):
             )
             return
         stream.request_headers = headers
+        if self.fast:
+            plain = plain_call(headers)
+            if plain is not None:
+                method = self.mapping.get(plain[0])
+                fast = getattr(method.func, "fast", None) if method is not None else None
+                if fast is not None and not fast.limits.compress_responses:
+                    self.__gc_step__()
+                    self._tasks[stream] = self.loop.create_task(
+                        fast.serve(stream, plain[1], release_stream)
+                    )
+                    return
         super().accept(stream, headers, release_stream)
 
 
 class GrpcServer(grpclib.server.Server):
-    """``grpclib.server.Server`` whose connections use ``_Handler``."""
+    """``grpclib.server.Server`` whose connections use ``_Handler``. ``fast_unary`` (default:
+    the ``KSERVE_TRIO_GRPC_FAST_UNARY`` switch, on unless 0) enables the fast path for the
+    connections made after it is set."""
+
+    fast_unary: bool | None = None
 
     def _protocol_factory(self) -> H2Protocol:
         self.__gc_step__()
         handler = _Handler(
             self._mapping, self._codec, self._status_details_codec, self.__dispatch__
         )
+        handler.fast = fast_path_enabled() if self.fast_unary is None else self.fast_unary
         self._handlers.add(handler)
         return H2Protocol(handler, self._config, self._h2_config)
 

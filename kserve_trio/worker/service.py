@@ -98,7 +98,10 @@ class InferenceService:
             ),
             "LogSettings": (self.log_settings, pb.LogSettingsRequest),
         }
-        mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+        mapping = {
+            _PREFIX + rpc: unary(fn, req, lim, rpc, fast=rpc == "ModelInfer")
+            for rpc, (fn, req) in rpcs.items()
+        }
         mapping[_PREFIX + "ModelStreamInfer"] = stream_stream(
             self.stream_infer, pb.ModelInferRequest, lim, "ModelStreamInfer"
         )

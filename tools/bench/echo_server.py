@@ -46,7 +46,7 @@ async def main(port: int) -> None:
             prefix = "/inference.GRPCInferenceService/"
             return {
                 prefix + "ModelInfer": unary(
-                    model_infer, pb.ModelInferRequest, limits, "ModelInfer"
+                    model_infer, pb.ModelInferRequest, limits, "ModelInfer", fast=True
                 ),
                 prefix + "ServerReady": unary(ready, pb.ServerReadyRequest, limits, "ServerReady"),
                 prefix + "ModelReady": unary(
