@@ -204,9 +204,9 @@ def worker_server(
     return Server(label, "worker", cmd, {"PYTHONPATH": str(tree), **env}, tree, metrics)
 
 
-def echo_server(label: str, tree: pathlib.Path) -> Server:
+def echo_server(label: str, tree: pathlib.Path, env: dict[str, str]) -> Server:
     cmd = [PY, str(tree / "tools" / "bench" / "echo_server.py"), "--port", str(free_port())]
-    return Server(label, "echo", cmd, {"PYTHONPATH": str(tree)}, tree)
+    return Server(label, "echo", cmd, {"PYTHONPATH": str(tree), **env}, tree)
 
 
 def kserve_server(venv: pathlib.Path) -> Server:
@@ -293,7 +293,7 @@ def main() -> int:
         for spec in args.variant:
             label, _, kvs = spec.partition(":")
             env = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
-            variants.append((label, env, ROOT))
+            variants.append((f"kserve_trio:{label}", env, ROOT))
         if base is not None:
             variants.append((f"kserve_trio@{base.name}", {}, base))
         for label, env, tree in variants:
@@ -301,10 +301,10 @@ def main() -> int:
                 roles["ours16"].append(worker_server(label, repos["r16"], tree, env))
             if "ours224" in needed:
                 roles["ours224"].append(worker_server(label, repos["r224"], tree, env))
-        if "echo" in needed:
-            roles["echo"].append(echo_server("echo", ROOT))
-            if base is not None:
-                roles["echo"].append(echo_server(f"echo@{base.name}", base))
+        if "echo" in needed:  # one echo server per worker variant, same tree and env
+            for label, env, tree in variants:
+                name = "echo" + label.removeprefix("kserve_trio")
+                roles["echo"].append(echo_server(name, tree, env))
         servers = [s for group in roles.values() for s in group]
         for s in servers:
             s.wait_ready()
