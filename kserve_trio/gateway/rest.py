@@ -153,6 +153,8 @@ async def serve_rest(
             name="rest",
             task_status=task_status,
         )
+    except OSError as exc:  # the bind: say which address (the CLI prints this one line)
+        raise OSError(exc.errno, f"listen.http {host}:{port}: {exc.strerror or exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
             await rest.aclose()

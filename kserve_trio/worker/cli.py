@@ -93,7 +93,22 @@ def run(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (OSError, BaseExceptionGroup) as exc:
+        bind = listen_failure(exc)
+        if bind is None:
+            raise
+        log.error("startup_failed", error=str(bind))  # a port that cannot be bound
+        print(f"error: cannot serve: {bind}", file=sys.stderr)
+        return 2
     return 0
 
 
-__all__ = ["configure_parser", "overrides_from_args", "run"]
+def listen_failure(exc: BaseException) -> OSError | None:
+    """The ``OSError`` a failed start comes down to (a port taken, an address not local), also
+    when the task tree wrapped it in exception groups; ``None`` when it was something else."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
+
+
+__all__ = ["configure_parser", "listen_failure", "overrides_from_args", "run"]

@@ -341,15 +341,19 @@ async def _serve_rest(
     from kserve_trio.serving.http import serve_app
     from kserve_trio.worker.rest import WorkerRest
 
-    await serve_app(
-        config.endpoints.host,
-        config.endpoints.http_port,
-        WorkerRest(service, core),
-        max_body_bytes=config.grpc.max_recv_msg_bytes,
-        ssl_context=ssl_context,
-        name="rest",
-        task_status=task_status,
-    )
+    host, port = config.endpoints.host, config.endpoints.http_port
+    try:
+        await serve_app(
+            host,
+            port,
+            WorkerRest(service, core),
+            max_body_bytes=config.grpc.max_recv_msg_bytes,
+            ssl_context=ssl_context,
+            name="rest",
+            task_status=task_status,
+        )
+    except OSError as exc:  # the bind: say which port (the CLI prints this one line)
+        raise OSError(exc.errno, f"REST port {host}:{port}: {exc.strerror or exc}") from None
 
 
 async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:
