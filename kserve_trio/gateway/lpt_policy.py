@@ -18,12 +18,19 @@ Rules (``select``):
    ``requests`` (from the routing metadata: the model's own, else the fleet mean, else 1).
 5. ``repack`` swaps the assignment: fill states keep the in-flight counts of the replicas that
    persist and their cursor, and end their runs; counters of workers that left are dropped.
+6. ``refresh_plans`` re-resolves every fill state's mode, policy and quantum from the current
+   settings and batch sizes (the scheduler calls it each tick and after an operator change).
+
+Every request counts as an arrival of its model (``take_arrivals`` hands the counts to the
+scheduler and starts them again), and each (model, worker)'s items in flight and requests
+routed are kept for GetSchedulingStatus and the metrics. ``on_metadata``, when set, is called
+with each new routing-metadata snapshot (the lpt_packing scheduler's tick).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kserve_trio.gateway.config import WorkBasis
@@ -48,6 +55,7 @@ class _Counters:
 
     load: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     routed: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    outstanding: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
 class LptPacking:
@@ -73,6 +81,7 @@ class LptPacking:
         self._rr: dict[str, int] = {}
         self._counters = _Counters()
         self.arrivals: dict[str, int] = defaultdict(int)
+        self.on_metadata: Callable[[RoutingMetadata], None] | None = None
 
     # ---- the RoutingPolicy interface ------------------------------------------------------
 
@@ -84,6 +93,17 @@ class LptPacking:
 
     def update_metadata(self, metadata: RoutingMetadata) -> None:
         self.metadata = metadata
+        if self.on_metadata is not None:
+            self.on_metadata(metadata)
+
+    def take_arrivals(self) -> dict[str, int]:
+        """Requests per model since the last call (the counters start again from zero)."""
+        arrivals, self.arrivals = dict(self.arrivals), defaultdict(int)
+        return arrivals
+
+    def outstanding(self, model: str, worker: str) -> int:
+        """Items of ``model`` in flight on ``worker`` (reserved, not yet released)."""
+        return self._counters.outstanding.get((model, worker), 0)
 
     def inflight_work(self) -> Mapping[str, float]:
         return {w: v for w, v in self._counters.load.items() if quantize(v) != 0}
@@ -137,6 +157,18 @@ class LptPacking:
     def settings_for(self, model: str) -> FillSettings:
         return self.overrides.get(model, self.fill)
 
+    def quantum(self, model: str) -> int:
+        """The model's fill quantum ``Q`` under its current settings and batch size."""
+        cost = self.metadata.models.get(model)
+        max_batch = cost.max_batch_size if cost is not None else 0
+        return fill_quantum(max_batch, self.settings_for(model).factor)
+
+    def refresh_plans(self) -> None:
+        """Rule 6."""
+        for model, state in self.fills.items():
+            s = self.settings_for(model)
+            state.mode, state.policy, state.quantum = s.mode, s.policy, self.quantum(model)
+
     def repack(self, assignment: Assignment) -> None:
         """Adopt a new assignment (rule 5)."""
         fills: dict[str, FillState] = {}
@@ -144,8 +176,7 @@ class LptPacking:
             if len(placement.workers) < 2:
                 continue
             s = self.settings_for(model)
-            cost = self.metadata.models.get(model)
-            quantum = fill_quantum(cost.max_batch_size if cost is not None else 0, s.factor)
+            quantum = self.quantum(model)
             old = self.fills.get(model)
             if old is not None:
                 fills[model] = old.carried(placement.workers, quantum)
@@ -175,10 +206,13 @@ class LptPacking:
         counters = self._counters
         counters.load[worker] += weight
         counters.routed[(model, worker)] += 1
+        counters.outstanding[(model, worker)] += units
 
         def undo() -> None:
             value = counters.load.get(worker, 0.0) - weight
             counters.load[worker] = 0.0 if quantize(value) == 0 else value
+            left = counters.outstanding.get((model, worker), 0) - units
+            counters.outstanding[(model, worker)] = max(0, left)
             if state is None:
                 return
             # a repack may have replaced the fill state: release on the one in force now

@@ -9,6 +9,9 @@ Series updated as requests finish: ``gateway_requests_total{rpc,model,status}``,
 ``gateway_max_concurrent_requests`` and, for a policy that keeps load counters,
 ``gateway_worker_inflight_work{worker,basis}`` (every known worker, in label order).
 
+Under lpt_packing the scheduler's series join the same registry (``add_collector``;
+``lpt_metrics``).
+
 ``model`` is the model name for ModelInfer, the region name for the shared-memory RPCs and
 ``""`` otherwise; ``status`` is the gRPC status in CamelCase (``OK``, ``NotFound``,
 ``InvalidArgument``, ...; ``status_label``).
@@ -162,6 +165,10 @@ class GatewayMetrics:
         for key in [k for k in self._worker_children if k[1] == worker]:
             del self._worker_children[key]
             self.worker_latency.remove(*key)
+
+    def add_collector(self, collector: Any) -> None:
+        """Register a scrape-time collector of another part (lpt_packing's series)."""
+        self.registry.register(collector)
 
     def exposition(self) -> bytes:
         """The gateway's own exposition (``CONTENT_TYPE``)."""

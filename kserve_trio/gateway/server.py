@@ -6,6 +6,7 @@
     └─ task group (root)                 cancel = orderly shutdown
        ├─ route refresher                background table scans (a worker said NOT_FOUND)
        ├─ prober                         first round before anything serves, then every interval
+       ├─ compactor (lpt_packing)        CompactMemory fan-outs after repacks
        ├─ admin HTTP                     /metrics /healthz /readyz /routing on listen.metrics
        ├─ REST (when listen.http is set) KServe V2 HTTP/REST (``rest``), bound before gRPC
        └─ grpclib server                 listen.grpc (TLS from tls:); started, closed on exit
@@ -17,7 +18,9 @@ per-request tasks) lives in that handler's own task group, so nothing outlives t
 Start-up: the first prober round runs before the ports open (discovery, probes, shared-memory
 replay, routing table). If no worker is routable after it, the gateway waits up to
 ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS`` for one (probing every half second meanwhile), then
-serves regardless: ServerReady and ``/readyz`` say not ready until a worker is.
+serves regardless: ServerReady and ``/readyz`` say not ready until a worker is. Under
+lpt_packing the scheduler's preconditions run next (``LptScheduler.start``); a failed one ends
+the start-up with its error.
 
 Shutdown (``stop``, SIGTERM, SIGINT) drains: admission stops (new requests are refused
 UNAVAILABLE, ``/readyz`` turns 503, ServerReady false), requests in flight finish within
@@ -44,7 +47,13 @@ import anyio.lowlevel
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.admin import AdminEndpoints
 from kserve_trio.gateway.admission import Admission
-from kserve_trio.gateway.config import GatewayConfig, load_gateway_config, log_gateway_config
+from kserve_trio.gateway.compaction import Compactor
+from kserve_trio.gateway.config import (
+    GatewayConfig,
+    SchedulingMode,
+    load_gateway_config,
+    log_gateway_config,
+)
 from kserve_trio.gateway.discovery import (
     Discovery,
     Resolver,
@@ -53,6 +62,10 @@ from kserve_trio.gateway.discovery import (
 )
 from kserve_trio.gateway.fanout import Fleet
 from kserve_trio.gateway.forward import Forwarder, RegisterGates
+from kserve_trio.gateway.lpt_control import GatewayControl
+from kserve_trio.gateway.lpt_metrics import LptCollector
+from kserve_trio.gateway.lpt_policy import LptPacking
+from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
 from kserve_trio.gateway.prober import GatewayWedged, Prober
@@ -90,7 +103,8 @@ class Gateway:
             resolver = hosts_file_resolver(hosts) if hosts else system_resolver
         self.discovery = Discovery.from_config(config, resolver)
         self.pool = WorkerPool(PoolSettings.from_config(config))
-        self.policy = make_policy(config.scheduling)
+        lpt = config.scheduling.mode is SchedulingMode.LPT_PACKING
+        self.policy = LptPacking(config.scheduling.basis) if lpt else make_policy(config.scheduling)
         self.state = RoutingState()
         self.admission = Admission(
             config.grpc.max_concurrent_requests_per_worker,
@@ -142,6 +156,27 @@ class Gateway:
         )
         self.admin = AdminEndpoints(
             metrics=self.metrics, pool=self.pool, state=self.state, ready=self.ready
+        )
+        self.scheduler: LptScheduler | None = None
+        if isinstance(self.policy, LptPacking):  # lpt_packing: the placement scheduler
+            self.scheduler = LptScheduler(
+                config.scheduling,
+                self.policy,
+                clients=lambda: self.pool.clients,
+                startup_wait=config.prober.startup_wait_seconds,
+                wake=self.prober.wake,
+                compactor=Compactor(
+                    lambda: self.pool.clients,
+                    observe=lambda w, t: self.metrics.observe_worker_call("CompactMemory", w, t),
+                ),
+            )
+            self.metrics.add_collector(LptCollector(self.scheduler))
+            self.service.placement_managed = True
+        self.control = GatewayControl(
+            config.scheduling.mode,
+            self.scheduler,
+            routable_models=lambda: set(self.state.table.models),
+            limits=self.service.limits,
         )
 
     def has_routable_worker(self) -> bool:
@@ -237,6 +272,9 @@ async def serve_gateway_async(
             await _wait_for_a_worker(gateway, config.prober.startup_wait_seconds)
             if not gateway.has_routable_worker():
                 _log.warning("serving_without_a_ready_worker", workers=len(gateway.pool.clients))
+            if gateway.scheduler is not None:  # lpt_packing's preconditions, startup repack
+                await gateway.scheduler.start()
+                tg.start_soon(gateway.scheduler.compactor.run)
             bound_metrics = await tg.start(
                 functools.partial(
                     serve_http,
@@ -260,7 +298,7 @@ async def serve_gateway_async(
                         ssl_context=ssl_context,
                     )
                 )
-            server = GrpcServer([gateway.service], config=server_config())
+            server = GrpcServer([gateway.service, gateway.control], config=server_config())
             await server.start(grpc_host, grpc_port, ssl=ssl_context)
             running = RunningGateway(
                 config=config,

@@ -11,7 +11,8 @@ Where each answer comes from:
 - ModelReady, ModelMetadata, ModelConfig: a ready replica of the model, the request forwarded
   as it is (no ready replica: ModelReady answers not ready, the others NOT_FOUND).
 - RepositoryIndex, ModelStatistics, IsSameIPCNamespace, RepositoryModelLoad / Unload and
-  CompactMemory: every ready worker (``fanout.Fleet``).
+  CompactMemory: every ready worker (``fanout.Fleet``). Under lpt_packing (``placement_managed``)
+  RepositoryModelLoad / Unload answer FAILED_PRECONDITION naming SetModelPlacement.
 - SystemSharedMemoryRegister / Unregister: every ready worker (``shm_fanout.ShmFanout``);
   SystemSharedMemoryStatus: the regions the gateway registered.
 - CUDA shared memory, trace and log settings, and the per-worker ControlService RPCs answer
@@ -32,7 +33,7 @@ from typing import Any
 import grpclib.const
 
 import kserve_trio
-from kserve_trio.core.errors import InvalidArgument, NotFound
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.fanout import Fleet
@@ -96,7 +97,9 @@ class GatewayService:
         admission: Admission,
         limits: Limits,
         ready: Callable[[], bool],
+        placement_managed: bool = False,
     ) -> None:
+        self.placement_managed = placement_managed
         self.forwarder = forwarder
         self.shm = shm
         self.fleet = fleet
@@ -254,6 +257,12 @@ class GatewayService:
         request = _parse(cls, data, rpc)
         if not request.model_name:
             raise InvalidArgument(f"{rpc} needs a model_name")
+        if self.placement_managed:  # a fan-out pin on every worker would undo the placement
+            raise FailedPrecondition(
+                f"{rpc} through the gateway is refused under lpt_packing scheduling: the "
+                "gateway places models; use GatewayControlService/SetModelPlacement (or call "
+                "a worker's own port)"
+            )
         return await self.fleet.load_or_unload(rpc, data, request.model_name, call.deadline)
 
     async def is_same_ipc_namespace(self, call: RawCall, message: RawMessage) -> bytes:

@@ -379,6 +379,11 @@ class SchedulingPolicy(betterproto2.Message):
     "compute" | "items" | "requests"
     """
 
+    max_worker_share: "float" = betterproto2.field(14, betterproto2.TYPE_DOUBLE)
+    """
+    read-only: fixed at start-up (gateway.yml)
+    """
+
 
 default_message_pool.register_message("reactant_control", "SchedulingPolicy", SchedulingPolicy)
 
