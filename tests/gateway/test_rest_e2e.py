@@ -1,11 +1,15 @@
-"""The gateway's REST endpoint end to end: two CLI workers (explicit mode, a CPU arena) behind
-the gateway CLI with ``KSERVE_TRIO_GATEWAY_LISTEN_HTTP``, driven by the stock
-``tritonclient.http``. The workers are reached over gRPC; each one's own gRPC statistics show
-where requests went."""
+"""The gateway's REST endpoint end to end: two CLI workers (explicit mode, a CPU arena, each with
+its own REST port) behind the gateway CLI with ``KSERVE_TRIO_GATEWAY_LISTEN_HTTP`` and
+``KSERVE_TRIO_GATEWAY_WORKER_HTTP_ENDPOINTS``, driven by the stock ``tritonclient.http``.
+
+Each worker's REST port is reached through a relay (``rest_relay``) that keeps what it was sent,
+so the tests see the requests that reached each worker's REST port; each worker's own
+statistics show where requests were served."""
 
 from __future__ import annotations
 
 import json
+import time
 import types
 import urllib.error
 import urllib.request
@@ -19,19 +23,27 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e import reference as ref
 from tests.gateway.procs import Gateway, Worker, free_port
+from tests.gateway.rest_relay import Relay
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"
 EXPLICIT = {"INFERENCE_SERVER_RUNTIME_CPU_DEVICE_MEMORY_BYTES": "10000000"}
 
 
+INFER = b"POST /v2/models/mlp/infer HTTP/1.1\r\n"
+
+
 class ExplicitWorker(Worker):
-    """A worker in explicit mode (a model serves only once loaded)."""
+    """A worker in explicit mode (a model serves only once loaded), with a REST port."""
+
+    def __init__(self, *args, **kw) -> None:
+        self.http_port = free_port()
+        super().__init__(*args, **kw)
 
     def _argv(self) -> list[str]:
         argv = super()._argv()
         argv[argv.index("--model-control-mode") + 1] = "explicit"
-        return argv
+        return [*argv, "--http-port", str(self.http_port)]
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +53,31 @@ def fleet(demo_repo, tmp_path_factory):
     a = ExplicitWorker(demo_repo, "127.0.0.1", free_port(), **models)
     b = ExplicitWorker(demo_repo, "127.0.0.1", free_port(), **models)
     gw = None
+    relays: list[Relay] = []
     try:
         a.wait_ready()
         b.wait_ready()
+        relays = [Relay(a.http_port), Relay(b.http_port)]
         http_port = free_port()
-        env = {G + "WORKERS": f"{a.url},{b.url}", G + "LISTEN_HTTP": f"127.0.0.1:{http_port}"}
+        env = {
+            G + "WORKERS": f"{a.url},{b.url}",
+            G + "WORKER_HTTP_ENDPOINTS": ",".join(r.address for r in relays),
+            G + "LISTEN_HTTP": f"127.0.0.1:{http_port}",
+        }
         gw = Gateway(work, env)
         gw.http_url = f"127.0.0.1:{http_port}"
         httpclient.InferenceServerClient(gw.http_url)  # the URL is well formed
         for w in (a, b):  # explicit mode: make mlp resident so the gateway routes it
             w.client().load_model("mlp")
         gw.wait_ready()
-        yield types.SimpleNamespace(a=a, b=b, gw=gw, repo=demo_repo)
+        yield types.SimpleNamespace(
+            a=a, b=b, gw=gw, repo=demo_repo, rest_a=relays[0], rest_b=relays[1], work=work
+        )
     finally:
         if gw is not None:
             assert gw.stop() == 0, gw.logs()
+        for relay in relays:
+            relay.close()
         a.stop()
         b.stop()
 
@@ -102,6 +124,8 @@ def test_one_server_over_rest_and_traffic_spreads_over_both_workers(fleet):
     index = {m["name"]: m["state"] for m in c.get_model_repository_index()}
     assert index["mlp"] == "READY"
     before = (successes(fleet.a), successes(fleet.b))
+    sent = (fleet.rest_a.requests(INFER), fleet.rest_b.requests(INFER))
+    connections = (fleet.rest_a.connections, fleet.rest_b.connections)
     w = ref.weights(fleet.repo, "mlp")
     rng = np.random.default_rng(0)
     for i in range(20):
@@ -114,6 +138,14 @@ def test_one_server_over_rest_and_traffic_spreads_over_both_workers(fleet):
         assert ("data" in r.get_output("output")) is not binary
     after = (successes(fleet.a), successes(fleet.b))
     assert (after[0] - before[0], after[1] - before[1]) == (10, 10)  # round robin
+    # Every request reached its worker's REST port, as the client sent it (the binary ones with
+    # their Inference-Header-Content-Length), over one kept-alive connection per worker.
+    reached = (fleet.rest_a.requests(INFER) - sent[0], fleet.rest_b.requests(INFER) - sent[1])
+    assert reached == (10, 10)
+    assert fleet.rest_a.connections - connections[0] <= 1
+    assert fleet.rest_b.connections - connections[1] <= 1
+    sent_bytes = bytes(fleet.rest_a.sent + fleet.rest_b.sent).lower()
+    assert sent_bytes.count(b"\r\ninference-header-content-length: ") >= 10  # the binary ones
     stats = c.get_inference_statistics("mlp")["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] == sum(after)  # summed over workers
 
@@ -196,6 +228,55 @@ def test_errors_read_as_the_gateway_grpc_ones_and_it_serves_on(fleet):
     )
     assert raw(fleet, "POST", "/v2/repository/models//load")[0] == 400  # no model name
     assert c.infer("mlp", [mlp_input(x)]).as_numpy("output").shape == (1, 8)
+
+
+def routed_to(gw: Gateway, model: str) -> list[str]:
+    return json.loads(gw.admin("/routing")[1])["models"].get(model, [])
+
+
+def wait_routed(gw: Gateway, model: str, replicas: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(routed_to(gw, model)) != replicas:
+        assert time.monotonic() < deadline, gw.admin("/routing")
+        time.sleep(0.1)
+
+
+def test_a_404_tries_every_replica_then_passes_the_workers_answer_back(fleet):
+    # No worker has version 7 of mlp: each replica's REST port is tried once (NOT_FOUND fails
+    # over, as over gRPC), and the last worker's 404 reaches the client as it answered.
+    line = b"POST /v2/models/mlp/versions/7/infer HTTP/1.1\r\n"
+    before = (fleet.rest_a.requests(line), fleet.rest_b.requests(line))
+    x = np.ones((1, 16), dtype=np.float32)
+    status, message = status_of(lambda: client(fleet).infer("mlp", [mlp_input(x)], "7"))
+    assert (fleet.rest_a.requests(line) - before[0], fleet.rest_b.requests(line) - before[1]) == (
+        1,
+        1,
+    )
+    g = grpcclient.InferenceServerClient(fleet.gw.url)
+    ginp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+    ginp.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as err:
+        g.infer("mlp", [ginp], model_version="7")
+    assert (status, message) == ("404", err.value.message())
+    assert "has no version '7'" in message
+    wait_routed(fleet.gw, "mlp", 2)  # the refresh the 404 asked for keeps both replicas
+
+
+def test_a_rest_port_down_fails_over_to_the_other_workers_rest_port(fleet):
+    wait_routed(fleet.gw, "mlp", 2)
+    fleet.rest_b.close()  # b's REST port is gone; its gRPC port still serves
+    c = client(fleet)
+    before = (successes(fleet.a), successes(fleet.b))
+    x = np.ones((2, 16), dtype=np.float32)
+    for _ in range(6):
+        assert c.infer("mlp", [mlp_input(x)]).as_numpy("output").shape == (2, 8)
+    assert (successes(fleet.a) - before[0], successes(fleet.b) - before[1]) == (6, 0)
+    g = grpcclient.InferenceServerClient(fleet.gw.url)
+    ginp = grpcclient.InferInput("input_0", [2, 16], "FP32")
+    ginp.set_data_from_numpy(x)
+    for _ in range(2):  # gRPC through the gateway still reaches b (round robin: one each)
+        g.infer("mlp", [ginp])
+    assert successes(fleet.b) - before[1] == 1
 
 
 def test_a_worker_lost_fails_over_to_the_other(fleet):
