@@ -111,7 +111,11 @@ class FastCall:
 
 
 class FastUnary:
-    """One unary RPC's fast path: ``fn(request, ctx) -> reply`` served on a protocol stream."""
+    """One unary RPC's fast path: ``fn(request, ctx) -> reply`` served on a protocol stream.
+    ``FastUnary.calls`` counts the calls every instance has taken (tests and A/B runs read
+    it to know which path served them)."""
+
+    calls = 0
 
     def __init__(self, fn: Callable[[Any, Any], Awaitable[Any]], request_type, limits, rpc: str):
         self.fn = fn
@@ -121,6 +125,7 @@ class FastUnary:
 
     async def serve(self, h2_stream: Any, timeout: str, release_stream: Callable[[], Any]) -> None:
         """Serve the call on ``h2_stream`` (rules 2-5), then release it."""
+        FastUnary.calls += 1
         from kserve_trio.serving.grpc_adapter import CallContext, recv_message, status_error
 
         loop = asyncio.get_running_loop()
