@@ -395,6 +395,7 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "endpoints": (" a.test:1, b.test:2,, ", ("a.test:1", "b.test:2")),
         "worker_metrics": ("a.test:11,b.test:12", ("a.test:11", "b.test:12")),
         "worker_names": ("x, y", ("x", "y")),
+        "worker_http_endpoints": ("a.test:21, b.test:22", ("a.test:21", "b.test:22")),
         "scheduling.mode": ("least_outstanding", SchedulingMode.LEAST_OUTSTANDING),
         "scheduling.work_basis": ("requests", WorkBasis.REQUESTS),
         "scheduling.rebalance_compute_seconds": ("120", 120.0),
@@ -560,7 +561,13 @@ def test_the_example_shows_the_defaults_where_it_does_not_say_otherwise():
         for p in _yaml_paths(raw)
         if p not in ("scheduling.work_basis",) and _dig(raw, p) != _dig(defaults, p)
     }
-    assert differs == {"endpoints", "worker_metrics", "worker_names", "scheduling.mode"}
+    assert differs == {
+        "endpoints",
+        "worker_metrics",
+        "worker_names",
+        "worker_http_endpoints",
+        "scheduling.mode",
+    }
 
 
 def _dig(d: dict, path: str):
