@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import math
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -127,20 +127,24 @@ class _Call:
         "event",
         "http_status",
         "length",
+        "local_closed",
         "message_text",
         "nbytes",
         "refused",
+        "remote_closed",
         "reset_code",
         "rpc",
         "status",
         "stream_id",
+        "unacked",
+        "window",
     )
 
     def __init__(self, rpc: str, cap: int) -> None:
         self.rpc = rpc
         self.cap = cap
         self.stream_id = 0
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | memoryview] = []
         self.nbytes = 0
         self.length = -1
         self.http_status = 0
@@ -153,8 +157,14 @@ class _Call:
         self.encoding: str | None = None  # the reply's grpc-encoding header
         self.done = False
         self.event: anyio.Event | None = None
+        # the stream, kept by the connection: our send window, DATA received and not yet
+        # acknowledged, and which sides have ended it (END_STREAM or a reset)
+        self.window = 0
+        self.unacked = 0
+        self.local_closed = False
+        self.remote_closed = False
 
-    def headers(self, headers: list[tuple[bytes, bytes]]) -> None:
+    def headers(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         for name, value in headers:
             if name == b"grpc-status":
                 try:
@@ -171,7 +181,7 @@ class _Call:
                 except ValueError:
                     self.http_status = -1
 
-    def data(self, data: bytes) -> bool:
+    def data(self, data: bytes | memoryview) -> bool:
         """Buffer a DATA payload; False once the reply is refused (announced over the cap, a
         second message), with ``error`` set: the caller then resets the stream."""
         if not data:
@@ -213,8 +223,9 @@ class _Call:
             self.refused = refused
             self.done = True
 
-    def message(self, address: str) -> bytes:
-        """The reply message, or the call's error (see the module docstring for the mapping)."""
+    def message(self, address: str) -> bytes | memoryview:
+        """The reply message, or the call's error (see the module docstring for the mapping).
+        A reply that arrived in one DATA frame is a view of the received bytes."""
         rpc = self.rpc
         if self.error is not None:
             raise self.error
@@ -260,7 +271,7 @@ class _Call:
             body = b"".join(chunks)[5:]
         return self._inflate(body) if self.compressed else body
 
-    def _inflate(self, body: bytes) -> bytes:
+    def _inflate(self, body: bytes | memoryview) -> bytes:
         """A compressed reply's message (see the module docstring for the statuses)."""
         rpc = self.rpc
         if (self.encoding or compression.IDENTITY).strip().lower() == compression.IDENTITY:

@@ -1,12 +1,18 @@
-"""One HTTP/2 connection of the h2 transport: the h2 state machine, the anyio byte stream under
-it, and the calls in flight on it (``kserve_trio.client.h2_transport`` opens and replaces these;
-``_h2_call`` holds the pure per-call half).
+"""One HTTP/2 connection of the h2 transport: its protocol state (settings, flow-control
+windows, streams), the anyio byte stream under it, and the calls in flight on it
+(``kserve_trio.client.h2_transport`` opens and replaces these; ``_h2_call`` holds the pure
+per-call half, ``_h2_frames`` the frame and header-block coding).
+
+The protocol state is kept here rather than in a general HTTP/2 state machine: a unary gRPC
+call needs one HEADERS and the DATA of one message out, HEADERS, DATA and trailers back, and
+the flow-control, SETTINGS, PING, RST_STREAM and GOAWAY handling around them; the generic
+machinery cost more client CPU per call than all of that (docs/benchmarks.md, "Client").
 
 Who reads the socket. There is no background reader task: the tasks waiting for replies take
 turns. Rules (``Connection.progress``):
 1. A call that needs something from the peer (its reply, send window, a stream slot) first
    checks whether it already has it.
-2. If not, and nobody is reading, it becomes the reader: one ``receive``, then every event is
+2. If not, and nobody is reading, it becomes the reader: one ``receive``, then every frame is
    dispatched to the call it belongs to (replies, windows, resets, GOAWAY), and the waiters
    whose state changed are woken.
 3. If someone else is reading, it waits on its own event.
@@ -18,10 +24,12 @@ no call in flight is not read; before reusing it the next call peeks at the sock
 zero-timeout ``poll``, ``Connection.peek_idle``) and handles what the server sent meanwhile
 (GOAWAY, EOF).
 
-Sends go out through one flusher at a time (``Connection.flush``): whoever queues frames in the
-h2 state machine calls it; if a flush is already running, that flusher picks the new bytes up
-before it returns. Socket writes are shielded from cancellation (a half-written frame would corrupt the
-connection for every call on it) and bounded by their own stall timeout instead.
+Sends go out through one flusher at a time (``Connection.flush``): whoever queues frames calls
+it; if a flush is already running, that flusher picks the new bytes up before it returns. A
+socket write must never be cut in half by a cancellation (a half-written frame would corrupt
+the connection for every call on it): on asyncio's plain TCP streams the bytes go to the
+transport's buffer synchronously, which no cancellation can interrupt; any other stream (TLS,
+trio) is written inside a shielded scope, bounded by its own stall timeout instead.
 """
 
 from __future__ import annotations
@@ -29,18 +37,15 @@ from __future__ import annotations
 import os
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
+import hpack
+import hpack.exceptions
 
+from kserve_trio.client import _h2_frames as fr
 from kserve_trio.client._h2_call import _Call, _error_name
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import StatusCode
@@ -49,15 +54,17 @@ WINDOW_BYTES = 64 << 20
 """Our receive windows (connection and each stream): a large reply never waits for a
 WINDOW_UPDATE round trip."""
 MAX_FRAME_BYTES = 1 << 20
-"""The largest DATA frame we accept (h2's default is 16 KiB)."""
+"""The largest DATA frame we accept (HTTP/2's default is 16 KiB)."""
 RECEIVE_BYTES = 1 << 20
 FLUSH_BYTES = 1 << 20
-"""How much DATA a large send queues in h2 before writing it to the socket."""
+"""How much DATA a large send queues before writing it to the socket."""
+JOIN_BYTES = 64 << 10
+"""Queued pieces below this size are joined into one write; larger ones are written as they
+are (a view of the caller's buffer, not copied)."""
 SEND_STALL_SECONDS = 30.0
 """A socket write that makes no progress for this long declares the connection dead."""
 
-_CANCEL = h2.errors.ErrorCodes.CANCEL
-_REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
+_REFUSED = 0x7  # REFUSED_STREAM
 CONNECTION_ERRORS = (
     anyio.BrokenResourceError,
     anyio.ClosedResourceError,
@@ -65,17 +72,20 @@ CONNECTION_ERRORS = (
     OSError,  # ssl.SSLError included
 )
 
+Buffer = bytes | bytearray | memoryview
 
-def _h2_config() -> h2.config.H2Configuration:
-    # Our headers are built valid and lowercase; skipping h2's per-header checks saves CPU.
-    return h2.config.H2Configuration(
-        client_side=True,
-        header_encoding=None,
-        validate_outbound_headers=False,
-        normalize_outbound_headers=False,
-        validate_inbound_headers=False,
-        normalize_inbound_headers=False,
-    )
+
+def _asyncio_transport(stream: anyio.abc.ByteStream) -> tuple[Any, Any] | None:
+    """``(transport, protocol)`` of anyio's asyncio TCP stream, whose ``write`` takes the
+    bytes synchronously; None for any other stream (TLS, trio, a wrapper)."""
+    cls = type(stream)
+    if cls.__name__ != "SocketStream" or not cls.__module__.startswith("anyio._backends._asyncio"):
+        return None
+    transport = getattr(stream, "_transport", None)
+    protocol = getattr(stream, "_protocol", None)
+    if transport is None or not hasattr(protocol, "write_event"):
+        return None
+    return transport, protocol
 
 
 class Connection:
@@ -84,7 +94,6 @@ class Connection:
     def __init__(self, stream: anyio.abc.ByteStream, address: str) -> None:
         self.stream = stream
         self.address = address
-        self.h2 = h2.connection.H2Connection(_h2_config())
         self.calls: dict[int, _Call] = {}
         self.parked: set[_Call] = set()  # waiting for a window or a stream slot
         self.reading = False
@@ -96,6 +105,19 @@ class Connection:
         if self.sock is not None and hasattr(select, "poll"):
             self.poller = select.poll()
             self.poller.register(self.sock.fileno(), select.POLLIN)
+        self._direct = _asyncio_transport(stream)
+        # protocol state
+        self.out: list[Buffer] = []  # frames queued for the socket
+        self.reader = fr.FrameReader(MAX_FRAME_BYTES)
+        self.decoder = hpack.Decoder()
+        self.next_stream_id = 1
+        self.first_block = True
+        self.max_streams = 1 << 32  # the peer's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.max_frame = fr.DEFAULT_FRAME  # the peer's SETTINGS_MAX_FRAME_SIZE
+        self.initial_window = fr.DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self.send_window = fr.DEFAULT_WINDOW  # the connection's send window
+        self.unacked = 0  # DATA received on the connection, not yet given back
+        self.continued: tuple[int, int, list[bytes]] | None = None  # a header block in parts
 
     @property
     def usable(self) -> bool:
@@ -103,21 +125,24 @@ class Connection:
 
     async def start(self) -> None:
         """Send the connection preface: our settings and the enlarged connection window."""
-        conn = self.h2
-        conn.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_BYTES,
-            },
-        )
-        conn.initiate_connection()
-        conn.increment_flow_control_window(WINDOW_BYTES - 65535)
-        conn.max_inbound_frame_size = MAX_FRAME_BYTES
+        self.out += [
+            fr.PREFACE,
+            fr.settings_frame(
+                {
+                    fr.ENABLE_PUSH: 0,
+                    fr.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+                    fr.MAX_FRAME_SIZE: MAX_FRAME_BYTES,
+                }
+            ),
+            fr.window_update(0, WINDOW_BYTES - fr.DEFAULT_WINDOW),
+        ]
         await self.flush()
         if self.dead is not None:
             raise RpcError(StatusCode.UNAVAILABLE, self.dead)
+
+    def window(self, call: _Call) -> int:
+        """How much DATA ``call`` may send now."""
+        return min(self.send_window, call.window)
 
     # -- failure -----------------------------------------------------------------------------
 
@@ -167,33 +192,49 @@ class Connection:
     async def aclose(self) -> None:
         """Fail what is still in flight, say GOAWAY (bounded), close the socket."""
         if self.dead is None:
-            self.fail(f"connection to {self.address} was closed by the client")
-            try:
-                self.h2.close_connection()
-            except h2.exceptions.ProtocolError:
-                pass
+            self.out.append(fr.goaway(fr.NO_ERROR))
             await self.flush()
+            self.fail(f"connection to {self.address} was closed by the client")
         with anyio.CancelScope(shield=True):
             await anyio.aclose_forcefully(self.stream)
 
     # -- sending -----------------------------------------------------------------------------
 
+    def _take(self) -> list[Buffer]:
+        """The queued frames as writes: runs of small pieces joined, large pieces alone."""
+        out, self.out = self.out, []
+        if len(out) == 1:
+            return out
+        writes: list[Buffer] = []
+        run: list[Buffer] = []
+        for piece in out:
+            if len(piece) < JOIN_BYTES:
+                run.append(piece)
+                continue
+            if run:
+                writes.append(b"".join(run))
+                run = []
+            writes.append(piece)
+        if run:
+            writes.append(b"".join(run) if len(run) > 1 else run[0])
+        return writes
+
     async def flush(self) -> None:
-        """Write what h2 has queued (see the module docstring: one flusher at a time,
-        shielded, bounded by ``SEND_STALL_SECONDS``)."""
-        if self.sending or self.dead is not None:
+        """Write what is queued (see the module docstring: one flusher at a time, never cut
+        by a cancellation, bounded by ``SEND_STALL_SECONDS``)."""
+        if self.sending or self.dead is not None or not self.out:
             return
-        data = self.h2.data_to_send()
-        if not data:
+        if self._direct is not None:
+            await self._flush_direct()
             return
         self.sending = True
         try:
             with anyio.CancelScope(
                 deadline=anyio.current_time() + SEND_STALL_SECONDS, shield=True
             ) as scope:
-                while data:
-                    await self.stream.send(data)
-                    data = self.h2.data_to_send()
+                while self.out:
+                    for data in self._take():
+                        await self.stream.send(data)  # type: ignore[arg-type]
             if scope.cancelled_caught:
                 self.fail(
                     f"connection to {self.address} stalled: a write made no progress for "
@@ -203,6 +244,44 @@ class Connection:
             self.fail(f"connection to {self.address} lost: {describe(exc)}")
         finally:
             self.sending = False
+
+    async def _flush_direct(self) -> None:
+        """``flush`` on asyncio TCP: hand the bytes to the transport (synchronous, so no
+        cancellation can split a frame), then wait for its buffer to drain below its high-water
+        mark, as anyio's own ``send`` does; a cancelled wait leaves nothing half-written."""
+        assert self._direct is not None
+        transport, protocol = self._direct
+        if transport.is_closing() or protocol.exception is not None:
+            exc = protocol.exception
+            self.fail(f"connection to {self.address} lost: {describe(exc) if exc else 'closed'}")
+            return
+        try:
+            for data in self._take():
+                transport.write(data)
+        except (RuntimeError, OSError) as exc:
+            self.fail(f"connection to {self.address} lost: {describe(exc)}")
+            return
+        if protocol.write_event.is_set():
+            return
+        self.sending = True
+        try:
+            with anyio.move_on_after(SEND_STALL_SECONDS) as scope:
+                while not protocol.write_event.is_set() and self.dead is None:
+                    await protocol.write_event.wait()
+                    for data in self._take():
+                        transport.write(data)
+            if scope.cancelled_caught:
+                self.fail(
+                    f"connection to {self.address} stalled: a write made no progress for "
+                    f"{SEND_STALL_SECONDS:.0f}s"
+                )
+        except (RuntimeError, OSError) as exc:
+            self.fail(f"connection to {self.address} lost: {describe(exc)}")
+        finally:
+            self.sending = False
+            if self.out and self.dead is None:  # queued while we waited: never left behind
+                for data in self._take():
+                    transport.write(data)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -220,58 +299,149 @@ class Connection:
         finally:
             self.reading = False
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self.fail(f"HTTP/2 protocol error on the connection to {self.address}: {exc}")
-            return
-        self.dispatch(events)
+            self.dispatch(self.reader.feed(data))
+        except fr.FrameError as exc:
+            self.protocol_error(exc.code, str(exc))
+        except hpack.exceptions.HPACKError as exc:
+            self.protocol_error(fr.COMPRESSION_ERROR, f"bad header block: {exc}")
         await self.flush()
 
-    def dispatch(self, events: list[h2.events.Event]) -> None:
-        """Route each event to its call; wake the calls whose state changed."""
+    def protocol_error(self, code: int, message: str) -> None:
+        """The peer broke the protocol: every call fails UNAVAILABLE, no more frames go out."""
+        self.fail(f"HTTP/2 protocol error on the connection to {self.address}: {message}")
+
+    def dispatch(self, frames: Sequence[tuple[int, int, int, memoryview]]) -> None:
+        """Apply each frame to the connection or its call; wake the calls whose state changed."""
         calls = self.calls
         wake_parked = False
-        for event in events:
-            # ``type(event)`` tested each time, not saved once, so that ``event`` is narrowed.
-            if type(event) is h2.events.DataReceived:
-                sid = event.stream_id
-                if event.flow_controlled_length:
-                    self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
+        for ftype, flags, sid, payload in frames:
+            if self.continued is not None and ftype != fr.CONTINUATION:
+                raise fr.FrameError(fr.PROTOCOL_ERROR, "a header block was interrupted")
+            if ftype == fr.DATA:
+                if sid == 0:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "DATA on stream 0")
+                self._data(calls.get(sid), flags, payload)
+            elif ftype == fr.HEADERS:
+                if sid == 0:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "HEADERS on stream 0")
+                block = fr.unpad(payload, flags)
+                if flags & fr.PRIORITY_FLAG:
+                    block = block[5:]
+                if flags & fr.END_HEADERS:
+                    self._headers(sid, flags, block)
+                else:
+                    self.continued = (sid, flags, [bytes(block)])
+            elif ftype == fr.CONTINUATION:
+                if self.continued is None or self.continued[0] != sid:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+                self.continued[2].append(bytes(payload))
+                if flags & fr.END_HEADERS:
+                    first_flags, parts = self.continued[1], self.continued[2]
+                    self.continued = None
+                    self._headers(sid, first_flags, b"".join(parts))
+            elif ftype == fr.RST_STREAM:
+                if len(payload) != 4:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "an RST_STREAM frame not 4 bytes")
                 call = calls.get(sid)
-                if call is not None and not call.done and not call.data(event.data):
-                    call.done = True
-                    self.reset(call)
-                    _wake(call)
-            elif (
-                type(event) is h2.events.ResponseReceived
-                or type(event) is h2.events.TrailersReceived
-            ):
-                call = calls.get(event.stream_id)
                 if call is not None:
-                    call.headers(event.headers)
-            elif type(event) is h2.events.StreamEnded:
-                call = calls.get(event.stream_id)
-                if call is not None:
-                    call.done = True
-                    _wake(call)
-            elif type(event) is h2.events.StreamReset:
-                call = calls.get(event.stream_id)
-                if call is not None and not call.done:
-                    call.reset_code = event.error_code
-                    call.refused = event.error_code == _REFUSED
-                    call.done = True
-                    _wake(call)
-            elif (
-                type(event) is h2.events.WindowUpdated
-                or type(event) is h2.events.RemoteSettingsChanged
-            ):
+                    call.remote_closed = call.local_closed = True
+                    if not call.done:
+                        code = fr.u32(payload)
+                        call.reset_code = code
+                        call.refused = code == _REFUSED
+                        call.done = True
+                        _wake(call)
+            elif ftype == fr.SETTINGS:
+                if sid != 0:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "SETTINGS on a stream")
+                if not flags & fr.ACK:
+                    self._settings(payload)
+                    wake_parked = True
+            elif ftype == fr.WINDOW_UPDATE:
+                if len(payload) != 4:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame not 4 bytes")
+                increment = fr.u32(payload) & fr.MAX_WINDOW
+                if sid == 0:
+                    if increment == 0:
+                        raise fr.FrameError(fr.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+                    self.send_window += increment
+                    if self.send_window > fr.MAX_WINDOW:
+                        raise fr.FrameError(fr.FLOW_CONTROL_ERROR, "the send window overflowed")
+                else:
+                    call = calls.get(sid)
+                    if call is not None:
+                        call.window += increment
                 wake_parked = True
-            elif type(event) is h2.events.ConnectionTerminated:
-                self.goaway(event.last_stream_id, event.error_code)
+            elif ftype == fr.PING:
+                if len(payload) != 8:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a PING frame not 8 bytes")
+                if not flags & fr.ACK:
+                    self.out.append(fr.frame(fr.PING, fr.ACK, 0, bytes(payload)))
+            elif ftype == fr.GOAWAY:
+                if len(payload) < 8:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a GOAWAY frame under 8 bytes")
+                self.goaway(fr.u32(payload) & fr.MAX_STREAM_ID, fr.u32(payload, 4))
                 wake_parked = True
+            elif ftype == fr.PUSH_PROMISE:
+                raise fr.FrameError(fr.PROTOCOL_ERROR, "PUSH_PROMISE, which we disabled")
+            # PRIORITY and unknown frame types are ignored
         if wake_parked:
             for call in self.parked:
                 _wake(call)
+
+    def _data(self, call: _Call | None, flags: int, payload: memoryview) -> None:
+        size = len(payload)  # padding included: all of it counts against the windows
+        self.unacked += size
+        if self.unacked >= WINDOW_BYTES // 2:
+            self.out.append(fr.window_update(0, self.unacked))
+            self.unacked = 0
+        if call is None or call.done:
+            return  # a stream already answered or reset: the bytes only count for the window
+        body = fr.unpad(payload, flags)
+        if not call.data(body):
+            call.done = True
+            self.reset(call)
+            _wake(call)
+            return
+        if flags & fr.END_STREAM:
+            call.remote_closed = call.done = True
+            _wake(call)
+            return
+        call.unacked += size
+        if call.unacked >= WINDOW_BYTES // 2:
+            self.out.append(fr.window_update(call.stream_id, call.unacked))
+            call.unacked = 0
+
+    def _headers(self, sid: int, flags: int, block: bytes | memoryview) -> None:
+        # every block is decoded, a closed stream's too, to keep the HPACK table in step
+        headers = self.decoder.decode(block, raw=True)
+        call = self.calls.get(sid)
+        if call is None:
+            return
+        if not call.done:
+            call.headers(headers)  # type: ignore[arg-type]
+        if flags & fr.END_STREAM:
+            call.remote_closed = True
+            if not call.done:
+                call.done = True
+                _wake(call)
+
+    def _settings(self, payload: memoryview) -> None:
+        for key, value in fr.settings_values(payload):
+            if key == fr.INITIAL_WINDOW_SIZE:
+                if value > fr.MAX_WINDOW:
+                    raise fr.FrameError(fr.FLOW_CONTROL_ERROR, f"an initial window of {value}")
+                delta = value - self.initial_window
+                self.initial_window = value
+                for call in self.calls.values():
+                    call.window += delta
+            elif key == fr.MAX_FRAME_SIZE:
+                if not fr.DEFAULT_FRAME <= value <= (1 << 24) - 1:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, f"a max frame size of {value}")
+                self.max_frame = value
+            elif key == fr.MAX_CONCURRENT_STREAMS:
+                self.max_streams = value
+        self.out.append(fr.SETTINGS_ACK)
 
     def goaway(self, last_stream_id: int | None, error_code: int | None) -> None:
         """GOAWAY: no new streams here; streams above ``last_stream_id`` were not processed
@@ -293,10 +463,9 @@ class Connection:
 
     def reset(self, call: _Call) -> None:
         """Queue RST_STREAM CANCEL for ``call``'s stream (if it is still open)."""
-        try:
-            self.h2.reset_stream(call.stream_id, _CANCEL)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, KeyError):
-            pass
+        if call.stream_id and not (call.local_closed and call.remote_closed):
+            call.local_closed = call.remote_closed = True
+            self.out.append(fr.rst_stream(call.stream_id, fr.CANCEL))
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -336,18 +505,21 @@ class Connection:
     # -- one call ----------------------------------------------------------------------------
 
     async def request(
-        self, call: _Call, headers: list[tuple[bytes, bytes]], payload: bytes, flag: int = 0
+        self,
+        call: _Call,
+        block: bytes,
+        pieces: Sequence[Buffer],
+        nbytes: int,
+        flag: int = 0,
     ) -> None:
-        """Run ``call`` on this connection to completion (``call.done``); ``call.message``
-        gives the outcome. Cancellation resets the stream."""
-        conn = self.h2
-        max_streams = conn.remote_settings.max_concurrent_streams
-        if len(self.calls) >= max_streams:
+        """Run ``call`` on this connection to completion (``call.done``): ``block`` is its
+        header block (``_h2_frames.header_block``), ``pieces`` its message (``nbytes`` in all,
+        sent as one gRPC message with compressed ``flag``); ``call.message`` gives the outcome.
+        Cancellation resets the stream."""
+        if len(self.calls) >= self.max_streams:
             await self.progress(
                 call,
-                lambda: (
-                    not self.usable or len(self.calls) < conn.remote_settings.max_concurrent_streams
-                ),
+                lambda: not self.usable or len(self.calls) < self.max_streams,
                 parked=True,
                 may_read=False,
             )
@@ -359,28 +531,39 @@ class Connection:
                 refused=True,
             )
             return
-        try:
-            sid = conn.get_next_available_stream_id()
-        except h2.exceptions.NoAvailableStreamIDError:
+        sid = self.next_stream_id
+        if sid > fr.MAX_STREAM_ID:
             self.draining = True
             call.fail(
                 RpcError(StatusCode.UNAVAILABLE, "stream ids exhausted", method=call.rpc),
                 refused=True,
             )
             return
+        self.next_stream_id = sid + 2
         call.stream_id = sid
+        call.window = self.initial_window
         self.calls[sid] = call
         sent = False
         try:
-            conn.send_headers(sid, headers)
-            size = len(payload) + 5
-            if size <= conn.local_flow_control_window(sid) and size <= conn.max_outbound_frame_size:
-                prefix = bytes((flag,)) + len(payload).to_bytes(4, "big")
-                conn.send_data(sid, prefix + payload, end_stream=True)
-                sent = True
+            if self.first_block:
+                self.first_block = False
+                block = fr.TABLE_SIZE_ZERO + block
+            out = self.out
+            out.append(fr.headers_frames(sid, block, self.max_frame))
+            size = nbytes + 5
+            if size <= self.send_window and size <= call.window and size <= self.max_frame:
+                out.append(
+                    fr.frame_header(fr.DATA, fr.END_STREAM, sid, size)
+                    + bytes((flag,))
+                    + nbytes.to_bytes(4, "big")
+                )
+                out.extend(pieces)
+                self.send_window -= size
+                call.window -= size
+                call.local_closed = sent = True
                 await self.flush()
             else:
-                sent = await self._send_large(call, payload, flag)
+                sent = await self._send_large(call, pieces, nbytes, flag)
             if not call.done:
                 await self.progress(call, lambda: call.done, parked=False)
         finally:
@@ -393,43 +576,43 @@ class Connection:
             if self.draining and not self.calls and self.dead is None:
                 await self.aclose()  # GOAWAY'd and now idle: the transport has moved on
 
-    async def _send_large(self, call: _Call, payload: bytes, flag: int = 0) -> bool:
+    async def _send_large(
+        self, call: _Call, pieces: Sequence[Buffer], nbytes: int, flag: int = 0
+    ) -> bool:
         """The message in DATA frames within the peer's windows and frame size; False when
         the call ended (or the connection died) before all of it was sent."""
-        conn = self.h2
         sid = call.stream_id
-        view = memoryview(payload)
-        total = len(view)
-        pending = bytes((flag,)) + total.to_bytes(4, "big")
-        pos = 0
+        segments: list[Buffer] = [bytes((flag,)) + nbytes.to_bytes(4, "big")]
+        segments += [p if type(p) is bytes else memoryview(p).cast("B") for p in pieces]
+        index, offset = 0, 0  # the next byte to send: segments[index][offset]
+        remaining = nbytes + 5
         while not call.done and self.dead is None:
-            try:
-                window = conn.local_flow_control_window(sid)
-            except (h2.exceptions.StreamClosedError, KeyError):
-                return False
+            window = self.window(call)
             if window <= 0:
                 await self.flush()
-                await self.progress(
-                    call,
-                    lambda: call.done or conn.local_flow_control_window(sid) > 0,
-                    parked=True,
-                )
+                await self.progress(call, lambda: call.done or self.window(call) > 0, parked=True)
                 continue
-            frame = conn.max_outbound_frame_size
             queued = 0
             while window > 0 and queued < FLUSH_BYTES:
-                if pending:
-                    n = min(window, len(pending))
-                    chunk, pending = pending[:n], pending[n:]
-                else:
-                    n = min(window, frame, total - pos)
-                    chunk = view[pos : pos + n]
-                    pos += n
-                last = not pending and pos == total
-                conn.send_data(sid, chunk, end_stream=last)
+                n = min(window, self.max_frame, remaining)
+                last = n == remaining
+                self.out.append(fr.frame_header(fr.DATA, fr.END_STREAM if last else 0, sid, n))
+                need = n
+                while need:
+                    seg = segments[index]
+                    take = min(need, len(seg) - offset)
+                    self.out.append(seg[offset : offset + take])
+                    need -= take
+                    offset += take
+                    if offset == len(seg):
+                        index, offset = index + 1, 0
+                self.send_window -= n
+                call.window -= n
                 window -= n
                 queued += n
+                remaining -= n
                 if last:
+                    call.local_closed = True
                     await self.flush()
                     return True
             await self.flush()

@@ -45,14 +45,22 @@ from kserve_trio.client._h2_connection import (
     CONNECTION_ERRORS,
     MAX_FRAME_BYTES,
     WINDOW_BYTES,
+    Buffer,
     Connection,
     describe,
 )
+from kserve_trio.client._h2_frames import header_block, header_field
 from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
 from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.infer_wire import (
+    InferRequestMessage,
+    InferResponseMessage,
+    WirePieces,
+    infer_request_pieces,
+)
 
 R = TypeVar("R")
 
@@ -66,6 +74,24 @@ def _authority(host: str, port: int) -> str:
 
 # --------------------------------------------------------------------------------------------
 # The transport
+
+
+def _message_pieces(request: Any) -> tuple[list[Buffer], int]:
+    """A request message as the buffers to send and their total size: a ModelInfer message
+    as its encoded pieces (its tensors' own buffers, not joined), a buffer as it is, anything
+    else as ``bytes(request)``."""
+    if type(request) is bytes:
+        return [request], len(request)
+    if type(request) is InferRequestMessage:
+        wire = infer_request_pieces(request)
+        return wire.pieces, wire.nbytes
+    if type(request) is WirePieces:
+        return request.pieces, request.nbytes
+    if isinstance(request, (bytearray, memoryview)):
+        view = memoryview(request).cast("B")
+        return [view], view.nbytes
+    data = bytes(request)
+    return [data], len(data)
 
 
 _NOT_SET: Any = object()
@@ -110,7 +136,7 @@ class H2Transport:
         self._compression = endpoint.compression
         if self._compression:
             self._base.append((b"grpc-accept-encoding", compression.ACCEPT_ENCODING.encode()))
-        self._headers: dict[str, list[tuple[bytes, bytes]]] = {}
+        self._blocks: dict[str, bytes] = {}  # each method's fixed header block, encoded once
 
     def __repr__(self) -> str:
         return f"H2Transport({self._address})"
@@ -182,22 +208,27 @@ class H2Transport:
 
     # -- calls -------------------------------------------------------------------------------
 
-    def _request_headers(
-        self, method: str, timeout: float | None, metadata: Mapping[str, Any] | None
-    ) -> list[tuple[bytes, bytes]]:
-        base = self._headers.get(method)
-        if base is None:
-            base = list(self._base)
-            base[2] = (b":path", method.encode("ascii"))
-            self._headers[method] = base
-        if timeout is None and not metadata:
-            return base
-        headers = list(base)
+    def _request_block(
+        self,
+        method: str,
+        timeout: float | None,
+        metadata: Mapping[str, Any] | None,
+        encoding: str | None,
+    ) -> bytes:
+        """The call's HPACK header block: the method's fixed headers (encoded once, see
+        ``_h2_frames``), then ``grpc-timeout``, ``grpc-encoding`` and the caller's metadata."""
+        block = self._blocks.get(method)
+        if block is None:
+            headers = list(self._base)
+            headers[2] = (b":path", method.encode("ascii"))
+            block = self._blocks[method] = header_block(headers)
         if timeout is not None:
-            headers.append((b"grpc-timeout", grpc_timeout(timeout)))
+            block += header_field(b"grpc-timeout", grpc_timeout(timeout))
+        if encoding:
+            block += header_field(b"grpc-encoding", encoding.encode())
         if metadata:
-            headers.extend(metadata_headers(metadata))
-        return headers
+            block += header_block(metadata_headers(metadata))
+        return block
 
     async def unary(
         self,
@@ -216,24 +247,24 @@ class H2Transport:
         flagged compressed, with that header. Otherwise, with the endpoint's ``compression``,
         the message is compressed here."""
         rpc = method[method.rfind("/") + 1 :]
-        payload = request if type(request) is bytes else bytes(request)
+        pieces, nbytes = _message_pieces(request)
         cap = self.endpoint.max_send_message_length
-        if len(payload) > cap:
+        if nbytes > cap:
             raise RpcError(
                 StatusCode.RESOURCE_EXHAUSTED,
-                f"sent message larger than max ({len(payload)} vs. {cap})",
+                f"sent message larger than max ({nbytes} vs. {cap})",
                 method=rpc,
                 retryable=False,
             )
         if not compressed_with and self._compression:
-            payload = compression.compress(payload, self._compression)
+            payload = b"".join(pieces) if len(pieces) != 1 else pieces[0]
+            pieces = [compression.compress(payload, self._compression)]
+            nbytes = len(pieces[0])
             compressed_with = self._compression
-        flag = 0
+        flag = 1 if compressed_with else 0
         if timeout is None:
-            headers = self._request_headers(method, timeout, metadata)
-            if compressed_with:
-                headers, flag = [*headers, (b"grpc-encoding", compressed_with.encode())], 1
-            data = await self._call(rpc, headers, payload, flag)
+            block = self._request_block(method, None, metadata, compressed_with)
+            data = await self._call(rpc, block, pieces, nbytes, flag)
         else:
             if not timeout > 0:
                 raise RpcError(
@@ -241,18 +272,18 @@ class H2Transport:
                     f"deadline exceeded before {rpc} was sent to {self._address}",
                     method=rpc,
                 )
-            headers = self._request_headers(method, timeout, metadata)
-            if compressed_with:
-                headers, flag = [*headers, (b"grpc-encoding", compressed_with.encode())], 1
+            block = self._request_block(method, timeout, metadata, compressed_with)
             data = _NOT_SET
             with anyio.CancelScope(deadline=anyio.current_time() + timeout):
-                data = await self._call(rpc, headers, payload, flag)
+                data = await self._call(rpc, block, pieces, nbytes, flag)
             if data is _NOT_SET:
                 raise RpcError(
                     StatusCode.DEADLINE_EXCEEDED,
                     f"deadline of {timeout:.3f}s exceeded calling {rpc} on {self._address}",
                     method=rpc,
                 )
+        if reply_type is not InferResponseMessage and type(data) is not bytes:
+            data = bytes(data)  # only the ModelInfer reply is parsed from a view
         try:
             return reply_type.FromString(data)  # type: ignore[attr-defined]
         except Exception as exc:
@@ -261,13 +292,13 @@ class H2Transport:
             ) from None
 
     async def _call(
-        self, rpc: str, headers: list[tuple[bytes, bytes]], payload: bytes, flag: int = 0
-    ) -> bytes:
+        self, rpc: str, block: bytes, pieces: list[Buffer], nbytes: int, flag: int = 0
+    ) -> bytes | memoryview:
         cap = self.endpoint.max_receive_message_length
         for attempt in range(2):
             conn = await self._connection(rpc)
             call = _Call(rpc, cap)
-            await conn.request(call, headers, payload, flag)
+            await conn.request(call, block, pieces, nbytes, flag)
             if call.refused and attempt == 0:
                 continue  # the server did not process it: once more, on a fresh connection
             return call.message(self._address)
