@@ -213,6 +213,7 @@ class WorkerAddress:
     host: str
     port: int
     metrics_port: int | None
+    http_port: int | None = None
 
 
 def gateway_launch(
@@ -230,7 +231,9 @@ def gateway_launch(
     2. when that configuration lists no ``endpoints`` (always, for environment only) and
        ``KSERVE_TRIO_GATEWAY_WORKERS`` is unset, the node's workers are synthesized:
        ``..._WORKERS`` (``host:port`` each, wildcards as loopback), ``..._WORKER_NAMES``, and
-       ``..._WORKER_METRICS`` when every worker has a metrics port; a list the
+       ``..._WORKER_METRICS`` when every worker has a metrics port and
+       ``..._WORKER_HTTP_ENDPOINTS`` when every worker has a REST port (``http_base_port``),
+       so the gateway forwards REST to the workers' own REST ports; a list the
        configuration or the environment already gives is left alone;
     3. ``grpc.max_recv_msg_bytes`` / ``max_send_msg_bytes`` of the node's ``global:`` are
        mirrored as ``..._GRPC_MAX_{RECV,SEND}_MSG_BYTES`` unless the configuration or the
@@ -254,6 +257,16 @@ def gateway_launch(
             add[g + "WORKER_METRICS"] = ",".join(
                 format_address(connect_host(w.host), p)
                 for w, p in zip(workers, metrics, strict=True)
+            )
+        rest = [w.http_port for w in workers if w.http_port]
+        every_rest = len(rest) == len(workers)
+        if (
+            every_rest
+            and "worker_http_endpoints" not in raw
+            and g + "WORKER_HTTP_ENDPOINTS" not in env
+        ):
+            add[g + "WORKER_HTTP_ENDPOINTS"] = ",".join(
+                format_address(connect_host(w.host), p) for w, p in zip(workers, rest, strict=True)
             )
     glob = (node or {}).get("global") or {}
     node_grpc = glob.get("grpc") if isinstance(glob, Mapping) else None
@@ -430,7 +443,7 @@ def plan_node(
                 name, "worker", argv, child_env, WORKER_GRACE_SECONDS, slices[i], (host, port)
             )
         )
-        addresses.append(WorkerAddress(name, host, port, mport))
+        addresses.append(WorkerAddress(name, host, port, mport, e.http_port or None))
 
     if role == "all" and n >= 2:
         assert grpc_addr is not None and metrics_addr is not None
@@ -480,7 +493,9 @@ def _gateway_only(
         validate_node(dict(node))
         for name in worker_names(node):
             e = _worker_config(node, name, env).endpoints
-            addresses.append(WorkerAddress(name, e.host, e.port, e.metrics_port or None))
+            addresses.append(
+                WorkerAddress(name, e.host, e.port, e.metrics_port or None, e.http_port or None)
+            )
     grpc_addr, metrics_addr = public_listen(env, source)
     from_block = source.origin == "node"
     return NodePlan(

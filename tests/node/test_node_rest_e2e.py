@@ -69,5 +69,8 @@ def test_two_workers_get_rest_ports_and_the_gateway_serves_the_public_one(
         rest_infer(public + 2, demo_repo)
     for port in (base + 2, base + 3):  # each worker's own REST port
         rest_infer(port, demo_repo, rows=3)
+    # the embedded gateway forwards to the workers' own REST ports
+    rest_ports = f'"worker_http_endpoints": ["127.0.0.1:{base + 2}", "127.0.0.1:{base + 3}"]'
+    assert rest_ports in node.text()
     assert sorted(node.pids()) == ["gateway", "worker0", "worker1"]
     assert node.stop() == 0
