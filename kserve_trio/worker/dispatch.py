@@ -51,6 +51,25 @@ log = get_logger("kserve_trio.worker.scheduler")
 
 SHUTTING_DOWN = "server is shutting down"
 
+INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
+"""Batches whose learned execution cost is at most this many microseconds run on the event
+loop thread instead of the device thread (0: never). Two thread crossings cost more CPU than a
+few-microsecond execution (docs/benchmarks.md, "Small requests against KServe")."""
+COALESCE_ENV = "KSERVE_TRIO_COALESCE_YIELDS"
+"""How many times the loop yields to the event loop before planning a batch that is not full:
+requests already read but still being decoded join the batch (0: plan at once)."""
+
+
+def _env_number(name: str, default: float) -> float:
+    """A non-negative number from the environment, ``default`` when unset or unreadable."""
+    import os
+
+    try:
+        return max(0.0, float(os.environ.get(name, default)))
+    except ValueError:
+        log.warning("bad_environment_value", variable=name, value=os.environ.get(name))
+        return default
+
 
 class Phase(enum.Enum):
     """The loop's lifecycle: built, serving, refusing new work, returned."""
@@ -91,6 +110,8 @@ class DispatchLoop:
         self._inflight: ModelState | None = None
         self._inflight_done: anyio.Event | None = None
         self._looping = False
+        self.inline_seconds = _env_number(INLINE_ENV, 0.0) / 1e6
+        self.coalesce_yields = int(_env_number(COALESCE_ENV, 0))
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -246,6 +267,18 @@ class DispatchLoop:
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
+                chosen, plan = picked
+                if (
+                    self.coalesce_yields
+                    and chosen.layout.batched
+                    and plan.take == len(chosen.queue)
+                ):
+                    # Let requests that are already being decoded reach the queue first.
+                    for _ in range(self.coalesce_yields):
+                        await anyio.lowlevel.cancel_shielded_checkpoint()
+                    picked = self._select()
+                    if picked is None:
+                        continue
                 await self._dispatch(*picked)
         finally:
             self._looping = False
@@ -365,20 +398,35 @@ class DispatchLoop:
             for r in taken:
                 finish(r, error=Internal(f"execution of model '{state.name}' was interrupted"))
 
+    def _runs_inline(self, state: ModelState, plan: BatchPlan) -> bool:
+        """A batch known to take at most ``inline_seconds``, with its weights on the device,
+        runs on the loop thread: the loop is the only submitter of device work and waits for
+        each unit, so the device thread is idle meanwhile and one execution at a time holds."""
+        if not self.inline_seconds:
+            return False
+        cost = state.cost.get((plan.variant, plan.batch_key))
+        if cost is None or cost > self.inline_seconds:
+            return False
+        resident = getattr(state.entry, "weights_resident", None)
+        return resident is None or bool(resident())
+
     async def _execute(
         self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
     ) -> None:
+        args = (
+            state,
+            plan,
+            [r.arrays for r in taken],
+            [r.rows for r in taken],
+            self.clock,
+            self.cache,
+        )
+        inline = self._runs_inline(state, plan)
         try:
-            elapsed_ns, slices = await self._device_call(
-                state,
-                execute_plan,
-                state,
-                plan,
-                [r.arrays for r in taken],
-                [r.rows for r in taken],
-                self.clock,
-                self.cache,
-            )
+            if inline:
+                elapsed_ns, slices = execute_plan(*args)
+            else:
+                elapsed_ns, slices = await self._device_call(state, execute_plan, *args)
         except Exception as exc:
             if not isinstance(exc, ServingError):
                 log.error(
@@ -406,6 +454,8 @@ class DispatchLoop:
         for r, outs in zip(taken, slices, strict=True):
             r.outputs = outs
             finish(r)
+        if inline:  # the loop thread ran it: let the waiters (and the network) have a turn
+            await anyio.lowlevel.cancel_shielded_checkpoint()
 
 
 __all__ = ["SHUTTING_DOWN", "DispatchLoop", "Phase"]
