@@ -298,6 +298,7 @@ class LptScheduler:
         check_preconditions(replies)
         poll = aggregate_poll(replies)
         self.ready = poll.polled
+        self.poll = poll
         self.started = True
         if FillMode.INFLIGHT in self.fill_modes():
             _log.warning("lpt_fill_mode_inflight", message=INFLIGHT_WARNING)
