@@ -361,7 +361,7 @@ class LptScheduler:
             self.cost[model] = sample if not old else ewma(old, sample, compute_elapsed, h)
 
     def _repack(self, trigger: str, poll: FleetPoll, metadata: RoutingMetadata) -> RepackReport:
-        now = anyio.current_time()
+        now = time.monotonic()  # a pure tick needs no event loop (tests, the simulator)
         wall = 0.0 if self._last_repack is None else now - self._last_repack
         compute_elapsed = self.accum
         self._measure(poll, compute_elapsed, wall)
