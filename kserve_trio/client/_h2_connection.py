@@ -61,6 +61,8 @@ FLUSH_BYTES = 1 << 20
 JOIN_BYTES = 64 << 10
 """Queued pieces below this size are joined into one write; larger ones are written as they
 are (a view of the caller's buffer, not copied)."""
+DECODED_BLOCKS = 64
+"""How many indexed-only reply header blocks a connection keeps decoded."""
 SEND_STALL_SECONDS = 30.0
 """A socket write that makes no progress for this long declares the connection dead."""
 
@@ -110,6 +112,7 @@ class Connection:
         self.out: list[Buffer] = []  # frames queued for the socket
         self.reader = fr.FrameReader(MAX_FRAME_BYTES)
         self.decoder = hpack.Decoder()
+        self.decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # indexed-only blocks
         self.next_stream_id = 1
         self.first_block = True
         self.max_streams = 1 << 32  # the peer's SETTINGS_MAX_CONCURRENT_STREAMS
@@ -413,8 +416,18 @@ class Connection:
             call.unacked = 0
 
     def _headers(self, sid: int, flags: int, block: bytes | memoryview) -> None:
-        # every block is decoded, a closed stream's too, to keep the HPACK table in step
-        headers = self.decoder.decode(block, raw=True)
+        # every block is decoded, a closed stream's too, to keep the HPACK table in step; a
+        # server answers each call with the same few indexed-only blocks, decoded once
+        key = bytes(block)
+        headers = self.decoded.get(key)
+        if headers is None:
+            headers = self.decoder.decode(key, raw=True)  # type: ignore[assignment]
+            if fr.indexed_only(key):
+                if len(self.decoded) >= DECODED_BLOCKS:
+                    self.decoded.clear()
+                self.decoded[key] = headers  # type: ignore[assignment]
+            else:  # the table may have changed: what the cached blocks meant, too
+                self.decoded.clear()
         call = self.calls.get(sid)
         if call is None:
             return

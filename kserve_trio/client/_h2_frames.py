@@ -242,6 +242,23 @@ def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(header_field(n, v) for n, v in headers)
 
 
+def indexed_only(block: bytes | memoryview) -> bool:
+    """Whether every field of ``block`` is an indexed one (``1xxxxxxx``, RFC 7541 6.1): such a
+    block leaves the decoder's table as it was, so it decodes the same until a block that is
+    not indexed-only (an insertion, a size update) is decoded."""
+    i, n = 0, len(block)
+    while i < n:
+        b = block[i]
+        if b < 0x80:
+            return False
+        i += 1
+        if b == 0xFF:  # the index continues in the bytes that follow
+            while i < n and block[i] & 0x80:
+                i += 1
+            i += 1
+    return i == n
+
+
 __all__ = [
     "PREFACE",
     "FrameError",
@@ -251,6 +268,7 @@ __all__ = [
     "header_block",
     "header_field",
     "headers_frames",
+    "indexed_only",
     "settings_frame",
     "window_update",
 ]
