@@ -1,8 +1,9 @@
 """The monitoring assets (deploy/monitoring/): the dashboards are what their builder writes,
 every query parses as PromQL and names a metric that a live worker or a live gateway really
 exposes (GPU-only device-memory series aside, in a list checked against the worker's own
-code; the gateway's also against its metric registry, without starting anything), and the
-scrape configuration keeps exactly the admin ports."""
+code; the gateway's also against its metric registry, without starting anything; lpt_packing's
+placement series against a live gateway running in that mode, in front of a fifo worker), and
+the scrape configuration keeps exactly the admin ports."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.gateway.config import load_gateway_config
+from kserve_trio.gateway.config import SchedulingConfig, SchedulingMode, load_gateway_config
+from kserve_trio.gateway.lpt_metrics import LptCollector
+from kserve_trio.gateway.lpt_policy import LptPacking
+from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.routing import build_routing_table, make_policy
+from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, aggregate_poll
+from kserve_trio.proto import reactant_control as rc
 from kserve_trio.worker import metrics as worker_metrics
 from tests.deploy.manifests import DEPLOY, find, load_yaml_file, pod_spec, port_numbers
+from tests.gateway.procs import Gateway, Worker, free_port
 
 GRAFANA = DEPLOY / "monitoring" / "grafana"
 PROMETHEUS = DEPLOY / "monitoring" / "prometheus"
@@ -29,6 +36,20 @@ GPU_ONLY_METRICS = frozenset(
     {"worker_device_memory_peak_in_use_bytes", "worker_device_memory_pool_bytes"}
 )
 """Device-memory series only a GPU allocator reports (a CPU worker reports in-use and limit)."""
+
+LPT_METRICS = frozenset(
+    {
+        "gateway_placement_weight",
+        "gateway_model_utilization",
+        "gateway_model_replicas",
+        "gateway_replica_outstanding",
+        "gateway_model_fill_quantum",
+        "gateway_repacks_total",
+        "gateway_replica_routed_total",
+    }
+)
+"""The series only a gateway in lpt_packing exposes (its scheduler's), checked against the
+collector's own output below."""
 
 SCRAPE_LABELS = frozenset({"namespace", "pod", "component", "inferenceservice"})
 """Labels the scrape configuration adds to every target (the dashboards filter on them)."""
@@ -109,6 +130,7 @@ def test_the_dashboards_cover_every_area(parsed):
         "gateway_worker_latency_seconds_count",  # gateway routing
         "gateway_worker_inflight_work",  # replica load
         "gateway_worker_ready",
+        *LPT_METRICS,  # lpt_packing placement
     ):
         assert metric in names, metric
 
@@ -145,14 +167,46 @@ def gateway_exposition() -> dict[str, set[str]]:
         sel.reservation.release()
 
 
-def check_selectors(parsed, exposed: dict[str, set[str]], prefix: str) -> None:
+def lpt_exposition() -> dict[str, set[str]]:
+    """A gateway registry with lpt_packing's collector, after a start-up repack over two
+    workers and one routed request (no I/O: the scheduler's rules are plain code)."""
+    replies = {
+        w: rc.ModelControlStatusResponse(
+            discipline="fifo", models=[rc.ModelStatus(name="mlp", weight_nbytes=10)]
+        )
+        for w in ("gpu0", "gpu1")
+    }
+    cfg = SchedulingConfig(mode=SchedulingMode.LPT_PACKING)
+    policy = LptPacking(cfg.basis)
+    scheduler = LptScheduler(cfg, policy, clients=dict)
+    poll = aggregate_poll(replies)
+    scheduler.ready, scheduler.poll, scheduler.started = poll.polled, poll, True
+    scheduler._repack("startup", poll, EMPTY_METADATA)
+    sel = policy.select("mlp", 4, build_routing_table({"gpu0": ["mlp"], "gpu1": ["mlp"]}))
+    m = GatewayMetrics(policy=policy, workers=lambda: ["gpu0", "gpu1"])
+    m.add_collector(LptCollector(scheduler))
+    try:
+        return sample_names(m.exposition().decode())
+    finally:
+        sel.reservation.release()
+
+
+def test_the_lpt_metric_list_is_what_the_lpt_collector_exposes():
+    lpt = lpt_exposition()
+    plain = gateway_exposition()
+    assert set(lpt) - set(plain) - {"gateway_worker_inflight_work"} == LPT_METRICS
+
+
+def check_selectors(
+    parsed, exposed: dict[str, set[str]], prefix: str, skip: frozenset[str] = frozenset()
+) -> None:
     for query, result in zip(queries(), parsed, strict=True):
         for name, labels in result["selectors"]:
             if not name.startswith(prefix) and not (
                 prefix == "worker_" and name.startswith("process_")
             ):
                 continue
-            if name in GPU_ONLY_METRICS:
+            if name in GPU_ONLY_METRICS or name in skip:
                 continue
             assert name in exposed, f"{name} is not exposed ({query})"
             missing = set(labels) - exposed[name] - SCRAPE_LABELS
@@ -160,7 +214,7 @@ def check_selectors(parsed, exposed: dict[str, set[str]], prefix: str) -> None:
 
 
 def test_every_gateway_metric_is_in_the_gateways_registry(parsed):
-    exposed = gateway_exposition()
+    exposed = {**gateway_exposition(), **lpt_exposition()}
     check_selectors(parsed, exposed, "gateway_")
     used = {n for n in dashboard_metrics(parsed) if n.startswith("gateway_")}
     assert len(used) >= 8
@@ -200,17 +254,41 @@ def test_the_gpu_only_metrics_are_the_ones_only_a_gpu_allocator_yields():
     assert gpu - cpu == GPU_ONLY_METRICS
 
 
-@pytest.mark.slow
-def test_every_metric_is_exposed_by_the_live_worker_and_gateway(live_node, live_gateway, parsed):
-    """After a few requests through the fleet's gateway to the live worker (one of them
-    failing), the worker's /metrics has every worker series the dashboards query and the
-    gateway's /metrics every gateway series, with the labels they filter on; the GPU-only ones
-    are absent on this CPU worker and nothing else is left unaccounted for."""
+@pytest.fixture(scope="module")
+def live_lpt_gateway(demo_repo, tmp_path_factory):
+    """The gateway CLI in lpt_packing in front of one fifo CLI worker serving mlp (the fleet's
+    node runs the fair discipline, which lpt_packing refuses), after a few requests and an
+    operator repack, so every placement series has samples."""
+    work = tmp_path_factory.mktemp("lpt-monitoring")
+    worker = Worker(
+        demo_repo,
+        "127.0.0.1",
+        free_port(),
+        env={
+            "INFERENCE_SERVER_SCHEDULER_DISCIPLINE": "fifo",
+            "INFERENCE_SERVER_RUNTIME_CPU_DEVICE_MEMORY_BYTES": str(64 << 20),
+        },
+    )
+    gateway = None
+    try:
+        worker.wait_ready()
+        g = "KSERVE_TRIO_GATEWAY_"
+        gateway = Gateway(work, {g + "WORKERS": worker.url, g + "SCHEDULING_MODE": "lpt_packing"})
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        if gateway is not None:
+            assert gateway.stop() == 0, gateway.logs()
+        worker.stop()
+
+
+def exercise(url: str) -> None:
+    """A few good requests and one the worker refuses, through the gateway at ``url``."""
     import numpy as np
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    client = grpcclient.InferenceServerClient(live_gateway.grpc)
+    client = grpcclient.InferenceServerClient(url)
     for rows in (1, 3, 5):
         x = np.ones((rows, 16), np.float32)
         inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
@@ -220,6 +298,34 @@ def test_every_metric_is_exposed_by_the_live_worker_and_gateway(live_node, live_
     bad.set_data_from_numpy(np.ones((1, 15), np.float32))
     with pytest.raises(InferenceServerException):
         client.infer("mlp", [bad])
+
+
+@pytest.mark.slow
+def test_the_placement_metrics_are_exposed_by_a_live_lpt_gateway(live_lpt_gateway, parsed):
+    """Every gateway series the dashboards query, lpt_packing's placement ones included, with
+    the labels they filter on, on the /metrics of a live gateway in lpt_packing."""
+    exercise(live_lpt_gateway.url)
+    status, text = live_lpt_gateway.admin("/metrics")
+    assert status == 200
+    exposed = sample_names(text)
+    check_selectors(parsed, exposed, "gateway_")
+    assert LPT_METRICS <= exposed.keys()
+    used = {n for n in dashboard_metrics(parsed) if n.startswith("gateway_")}
+    assert LPT_METRICS <= used and used <= exposed.keys()
+    assert 'gateway_repacks_total{trigger="startup"} 1.0' in text
+
+
+@pytest.mark.slow
+def test_every_metric_is_exposed_by_the_live_worker_and_gateway(
+    live_node, live_gateway, live_lpt_gateway, parsed
+):
+    """After a few requests through the fleet's gateway to the live worker (one of them
+    failing), the worker's /metrics has every worker series the dashboards query and the
+    gateway's /metrics every gateway series but lpt_packing's (the fleet's gateway runs
+    least_outstanding; the live lpt_packing gateway has those), with the labels they filter
+    on; the GPU-only ones are absent on this CPU worker and nothing else is left unaccounted
+    for."""
+    exercise(live_gateway.grpc)
     status, text = live_node.get("/metrics")
     assert status == 200
     worker = sample_names(text)
@@ -228,9 +334,12 @@ def test_every_metric_is_exposed_by_the_live_worker_and_gateway(live_node, live_
     status, gateway_text = live_gateway.get("/metrics")
     assert status == 200
     gateway = sample_names(gateway_text)
-    check_selectors(parsed, gateway, "gateway_")
+    check_selectors(parsed, gateway, "gateway_", skip=LPT_METRICS)
+    assert not LPT_METRICS & gateway.keys()
+    _, lpt_text = live_lpt_gateway.admin("/metrics")
+    lpt = sample_names(lpt_text)
     for name in dashboard_metrics(parsed):
-        assert name in worker or name in gateway or name in GPU_ONLY_METRICS, name
+        assert name in worker or name in gateway or name in lpt or name in GPU_ONLY_METRICS, name
     for exposition, family in (
         (text, "worker_requests_total"),
         (gateway_text, "gateway_requests_total"),

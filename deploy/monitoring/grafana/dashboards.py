@@ -383,11 +383,62 @@ MEMORY = Dashboard(
     ),
 )
 
+
+def by(labels: str, metric: str, fn: str = "max") -> str:
+    """``fn by (labels) (metric{namespace})``: one gateway series, aggregated over pods."""
+    return f"{fn} by ({labels}) ({metric}{{{G}}})"
+
+
+LPT_PANELS = (
+    Panel(
+        "Placement weight per model and worker",
+        "percentunit",
+        ((by("model, worker", "gateway_placement_weight"), "{{model}} on {{worker}}"),),
+        "Each replica's share of its model's traffic; 0 once a repack moved the model away.",
+    ),
+    Panel(
+        "Model utilization and replicas",
+        "short",
+        (
+            (by("model", "gateway_model_utilization"), "{{model}} device-s/s"),
+            (by("model", "gateway_model_replicas"), "{{model}} replicas"),
+            (by("model", "gateway_model_fill_quantum"), "{{model}} fill quantum"),
+        ),
+        "What the last repack measured and placed: utilization, workers, items per fill run.",
+    ),
+    Panel(
+        "Requests and items in flight per replica",
+        "short",
+        (
+            (
+                "sum by (model, worker) (" + rate(sel("gateway_replica_routed_total", G)) + ")",
+                "{{model}} on {{worker}} req/s",
+            ),
+            (by("model, worker", "gateway_replica_outstanding", "sum"), "{{model}} on {{worker}}"),
+        ),
+    ),
+    Panel(
+        "Repacks and compactions",
+        "short",
+        (
+            ("sum by (trigger) (" + rate(sel("gateway_repacks_total", G)) + ")", "{{trigger}}"),
+            (
+                "sum by (worker) ("
+                + rate(sel("gateway_worker_latency_seconds_count", G, 'rpc="CompactMemory"'))
+                + ")",
+                "compact {{worker}}",
+            ),
+        ),
+        "Repacks by trigger, and the CompactMemory calls they sent to the changed workers.",
+    ),
+)
+
+
 GATEWAY = Dashboard(
     uid="kserve-trio-gateway",
     title="kserve_trio / gateway: routing and replica load",
     description="The gateway's traffic, its calls to each worker, which workers are ready "
-    "and routable, and the outstanding work on each replica.",
+    "and routable, the outstanding work on each replica, and lpt_packing's placement.",
     variables=(("namespace", "label_values(gateway_routing_table_size, namespace)"),),
     rows=(
         (
@@ -483,7 +534,7 @@ GATEWAY = Dashboard(
                             "{{worker}} ({{basis}})",
                         ),
                     ),
-                    "The least_outstanding policy's load counters, on its work basis.",
+                    "The load counters of least_outstanding and lpt_packing, on their work basis.",
                 ),
                 Panel(
                     "Workers ready and routable models",
@@ -495,6 +546,7 @@ GATEWAY = Dashboard(
                 ),
             ),
         ),
+        ("Placement (lpt_packing)", LPT_PANELS),
     ),
 )
 
