@@ -30,6 +30,7 @@ from kserve_trio.gateway.config import (
 from kserve_trio.gateway.lpt_scheduler import LptStartupError
 from kserve_trio.gateway.server import serve_gateway, stop
 from kserve_trio.proto import reactant_control as rc
+from tests.gateway.procs import free_port
 from tests.gateway.test_prober import fleet
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -136,7 +137,7 @@ def test_start_up_fails_on_differing_model_sets():
 def test_start_up_fails_fast_on_a_worker_the_control_plane_cannot_reach():
     with fleet(1) as workers:
         scripted(workers)
-        dead = f"127.0.0.1:{workers[0].port + 1 if workers[0].port < 65535 else 1}"
+        dead = f"127.0.0.1:{free_port()}"  # nothing listens there
         cfg = GatewayConfig(
             listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
             endpoints=(f"127.0.0.1:{workers[0].port}", dead),
