@@ -135,6 +135,43 @@ def image_command(argv: Sequence[str]) -> list[str]:
     return [sys.executable, *argv[1:]]
 
 
+def run_image_process(
+    what: str,
+    make: Callable[[subprocess.Popen], LiveNode],
+    argv: Sequence[str],
+    env: dict[str, str],
+    cwd: Path,
+    *,
+    ready: Callable[[LiveNode], bool],
+    timeout: float,
+) -> Iterator[LiveNode]:
+    """Start ``argv`` logging to ``cwd/<what>.log``, yield its handle once ``ready`` holds, and
+    at the end stop it with SIGTERM as a container runtime would: it must then exit 0."""
+    with open(cwd / f"{what}.log", "wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    live = make(proc)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited early ({proc.returncode}):\n{live.logs()}")
+            if ready(live):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not ready within {timeout:.0f} s:\n{live.logs()}")
+            time.sleep(0.5)
+        yield live
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, f"{what} exited {proc.returncode} after SIGTERM:\n{live.logs()}"
+
+
 @pytest.fixture(scope="session")
 def live_node(demo_repo, tmp_path_factory) -> Iterator[LiveNode]:
     """``ENTRYPOINT + CMD`` of cpu.Dockerfile with the image's ENV and node file, serving the
@@ -159,54 +196,22 @@ def live_node(demo_repo, tmp_path_factory) -> Iterator[LiveNode]:
         "KSERVE_TRIO_GATEWAY_LISTEN_METRICS": admin,
         "KSERVE_TRIO_SUPERVISOR_MAX_RESTARTS": "1",
     }
-    log = tmp / "node.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(
-            image_command(df.entry_argv()),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp,
-        )
-    node = LiveNode(proc, grpc, admin, env, log, image_command(df.healthcheck_argv()))
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"node exited early ({proc.returncode}):\n{node.logs()}")
-            if node.run_healthcheck().returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"node not ready within 300 s:\n{node.logs()}")
-            time.sleep(0.5)
-        yield node
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    assert proc.returncode == 0, f"node exited {proc.returncode} after SIGTERM:\n{node.logs()}"
+    healthcheck = image_command(df.healthcheck_argv())
+    yield from run_image_process(
+        "node",
+        lambda proc: LiveNode(proc, grpc, admin, env, tmp / "node.log", healthcheck),
+        image_command(df.entry_argv()),
+        env,
+        tmp,
+        ready=lambda node: node.run_healthcheck().returncode == 0,
+        timeout=300,
+    )
 
 
-@dataclass
-class LiveGateway:
+class LiveGateway(LiveNode):
     """The fleet's gateway (the gateway Deployment's container: the CPU image's entrypoint in
     role gateway with deploy/k8s/base/config/gateway.yaml) in front of the live node, the
     headless Service name resolving to it through a hosts file."""
-
-    proc: subprocess.Popen
-    grpc: str
-    admin: str
-    env: dict[str, str]
-    log: Path
-    healthcheck: list[str]
-
-    logs = LiveNode.logs
-    get = LiveNode.get
-    run_healthcheck = LiveNode.run_healthcheck
 
 
 def _fleet_gateway_env() -> dict[str, str]:
@@ -244,29 +249,13 @@ def live_gateway(live_node, tmp_path_factory) -> Iterator[LiveGateway]:
         "KSERVE_TRIO_GATEWAY_LISTEN_METRICS": admin,
         "KSERVE_TRIO_SUPERVISOR_MAX_RESTARTS": "1",
     }
-    log = tmp / "gateway.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(
-            image_command(df.entry_argv()), stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=tmp
-        )
-    gw = LiveGateway(proc, grpc, admin, env, log, image_command(df.healthcheck_argv()))
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited early ({proc.returncode}):\n{gw.logs()}")
-            if gw.run_healthcheck().returncode == 0 and gw.get("/readyz")[0] == 200:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"gateway not ready within 120 s:\n{gw.logs()}")
-            time.sleep(0.5)
-        yield gw
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    assert proc.returncode == 0, f"gateway exited {proc.returncode} after SIGTERM:\n{gw.logs()}"
+    healthcheck = image_command(df.healthcheck_argv())
+    yield from run_image_process(
+        "gateway",
+        lambda proc: LiveGateway(proc, grpc, admin, env, tmp / "gateway.log", healthcheck),
+        image_command(df.entry_argv()),
+        env,
+        tmp,
+        ready=lambda gw: gw.run_healthcheck().returncode == 0 and gw.get("/readyz")[0] == 200,
+        timeout=120,
+    )
