@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.bundle import validate_manifest
+from kserve_trio.core.bundle import MANIFEST_FILE, MODEL_PY, validate_manifest
 from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.errors import BundleError, NotFound
 from kserve_trio.core.logging import get_logger
@@ -86,7 +86,7 @@ def scan_repository(
         if not root.is_dir():
             continue
         for child in sorted(root.iterdir()):
-            if not (child.is_dir() and (child / "manifest.yaml").is_file()):
+            if not (child.is_dir() and (child / MANIFEST_FILE).is_file()):
                 continue
             if wanted and child.name not in wanted:
                 continue
@@ -102,7 +102,7 @@ def scan_repository(
 
 def run_model_py(bundle_dir: pathlib.Path, name: str) -> Registration | None:
     """Execute ``bundle_dir/model.py`` in its own module namespace; None when there is none."""
-    path = bundle_dir / "model.py"
+    path = bundle_dir / MODEL_PY
     if not path.is_file():
         return None
     module = types.ModuleType(f"kserve_trio_bundle_{name}")
