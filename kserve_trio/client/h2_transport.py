@@ -1,10 +1,13 @@
 """The h2 transport: unary gRPC calls over one HTTP/2 connection on anyio streams (asyncio or trio).
 
-``H2Transport`` implements the client's ``Transport`` protocol with ``h2`` (the sans-I/O HTTP/2
-state machine grpclib also uses) on top of ``anyio.connect_tcp`` (plus anyio's TLS stream with
-ALPN ``h2`` for ``grpcs://``), so it runs wherever anyio runs. One connection per transport,
-opened on the first call and reopened after a loss; the connection itself (who reads the
-socket, one flusher at a time, flow control) is ``_h2_connection``'s.
+``H2Transport`` implements the client's ``Transport`` protocol with the client's own HTTP/2
+framing (``_h2_frames``; reply headers through ``hpack``) on top of ``anyio.connect_tcp`` (plus
+anyio's TLS stream with ALPN ``h2`` for ``grpcs://``), so it runs wherever anyio runs. One
+connection per transport, opened on the first call and reopened after a loss; the connection
+itself (who reads the socket, one flusher at a time, flow control) is ``_h2_connection``'s.
+Each method's fixed request headers are encoded once; a ModelInfer request is sent as its
+wire pieces (``core.infer_wire``), its tensors' buffers not joined into a copy, and its reply
+is parsed from a view of the received bytes.
 
 Wire behaviour (gRPC over HTTP/2): HEADERS with ``:method POST``, ``:scheme``, ``:path``,
 ``:authority``, ``content-type: application/grpc``, ``te: trailers``, ``grpc-timeout`` from the
