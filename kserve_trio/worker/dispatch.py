@@ -52,12 +52,15 @@ log = get_logger("kserve_trio.worker.scheduler")
 SHUTTING_DOWN = "server is shutting down"
 
 INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
-"""Batches whose learned execution cost is at most this many microseconds run on the event
-loop thread instead of the device thread (0: never). Two thread crossings cost more CPU than a
-few-microsecond execution (docs/benchmarks.md, "Small requests against KServe")."""
+"""Batches whose learned execution cost is at most this many microseconds (default
+``INLINE_DEFAULT_US``) run on the event loop thread instead of the device thread (0: never).
+Two thread crossings and the GIL hand-offs around them cost more CPU than a tiny execution
+(docs/benchmarks.md, "Small requests against KServe")."""
+INLINE_DEFAULT_US = 200.0
 COALESCE_ENV = "KSERVE_TRIO_COALESCE_YIELDS"
 """How many times the loop yields to the event loop before planning a batch that is not full:
-requests already read but still being decoded join the batch (0: plan at once)."""
+requests already read but still being decoded join the batch (default 0: plan at once; no
+coalescing was measured from it at c=8, docs/benchmarks.md)."""
 
 
 def _env_number(name: str, default: float) -> float:
@@ -110,7 +113,7 @@ class DispatchLoop:
         self._inflight: ModelState | None = None
         self._inflight_done: anyio.Event | None = None
         self._looping = False
-        self.inline_seconds = _env_number(INLINE_ENV, 0.0) / 1e6
+        self.inline_seconds = _env_number(INLINE_ENV, INLINE_DEFAULT_US) / 1e6
         self.coalesce_yields = int(_env_number(COALESCE_ENV, 0))
 
     # ---------------------------------------------------------------- lifecycle

@@ -1,0 +1,73 @@
+"""Batches of known tiny cost run on the event loop thread; the others on the device thread.
+
+The dispatch loop learns each (variant, batch size)'s execution cost (warmup seeds it). A batch
+whose cost is at most ``KSERVE_TRIO_INLINE_EXEC_US`` runs inline on the loop thread, which
+saves two thread crossings per batch; 0 turns that off; a slow model always runs on the device
+thread, so the loop never stalls behind it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+from kserve_trio.core.config import SchedulerConfig, SchedulingDiscipline
+from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.worker.dispatch import INLINE_ENV
+from kserve_trio.worker.mock_backend import scale_model
+from kserve_trio.worker.scheduler import Scheduler
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def recording(model, threads: list[str]):
+    execute = model.execute
+
+    def record(variant, batch_key, inputs):
+        threads.append(threading.current_thread().name)
+        return execute(variant, batch_key, inputs)
+
+    model.execute = record
+    return model
+
+
+async def served_threads(monkeypatch, inline_us: str, delay: float = 0.0) -> list[str]:
+    monkeypatch.setenv(INLINE_ENV, inline_us)
+    threads: list[str] = []
+    model = recording(scale_model(batch_sizes=(1, 4), delay=delay), threads)
+    sched = Scheduler(SchedulerConfig(discipline=SchedulingDiscipline.FAIR))
+    async with anyio.create_task_group() as tg:
+        await tg.start(sched.run)
+        await sched.add_model(model)
+        try:
+            threads.clear()  # warmup ran on the device thread
+            for i in range(5):
+                x = np.full((1, 4), i, np.float32)
+                out = await sched.infer("double", [NamedTensor.from_array("x", x)])
+                np.testing.assert_array_equal(out[0].data, 2 * x)
+        finally:
+            await sched.stop()
+    return threads
+
+
+async def test_tiny_batches_run_on_the_loop_thread(monkeypatch):
+    threads = await served_threads(monkeypatch, "5000")
+    assert threads and set(threads) == {threading.current_thread().name}
+
+
+async def test_zero_turns_inline_execution_off(monkeypatch):
+    threads = await served_threads(monkeypatch, "0")
+    assert threads and set(threads) == {"kserve-trio-device"}
+
+
+async def test_a_slow_model_stays_on_the_device_thread(monkeypatch):
+    threads = await served_threads(monkeypatch, "200", delay=0.002)
+    assert threads and set(threads) == {"kserve-trio-device"}
