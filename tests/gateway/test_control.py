@@ -320,3 +320,25 @@ def test_other_modes_report_only_their_mode_and_refuse_the_mutators():
             ):
                 fails(gateway, rpc, req, StatusCode.FAILED_PRECONDITION, message)
             assert "gateway_placement_weight" not in metrics(gateway)
+
+
+def test_control_service_compact_memory_is_still_served_beside_it(lpt):
+    gateway, workers = lpt
+    before = [w.compactions for w in workers]
+    host, port = gateway.address.rsplit(":", 1)
+
+    async def compact():
+        transport = H2Transport(Endpoint(host=host, port=int(port)))
+        try:
+            return await transport.unary(
+                "/reactant_control.ControlService/CompactMemory",
+                rc.CompactMemoryRequest(),
+                rc.CompactMemoryResponse,
+                timeout=30,
+            )
+        finally:
+            await transport.aclose()
+
+    reply = anyio.run(compact)
+    assert reply.reloaded_models == 2  # the fakes' 1 each, summed
+    assert [w.compactions for w in workers] == [n + 1 for n in before]
