@@ -30,6 +30,7 @@ from kserve_trio.gateway.config import (
 from kserve_trio.gateway.lpt_scheduler import LptStartupError
 from kserve_trio.gateway.server import serve_gateway, stop
 from kserve_trio.proto import reactant_control as rc
+from tests.gateway.procs import Gateway as GatewayProc
 from tests.gateway.procs import free_port
 from tests.gateway.test_prober import fleet
 
@@ -342,3 +343,19 @@ def test_control_service_compact_memory_is_still_served_beside_it(lpt):
     reply = anyio.run(compact)
     assert reply.reloaded_models == 2  # the fakes' 1 each, summed
     assert [w.compactions for w in workers] == [n + 1 for n in before]
+
+
+def test_the_gateway_cli_exits_2_naming_a_fair_worker(tmp_path):
+    with fleet(1) as workers:
+        scripted(workers, discipline="fair")
+        g = "KSERVE_TRIO_GATEWAY_"
+        env = {
+            g + "WORKERS": f"{workers[0].host}:{workers[0].port}",
+            g + "SCHEDULING_MODE": "lpt_packing",
+            g + "STARTUP_WAIT_SECONDS": "0",
+        }
+        proc = GatewayProc(tmp_path, env)
+        assert proc.proc.wait(60) == 2
+        logs = proc.logs()
+        assert "runs the 'fair' discipline" in logs and "fifo or edf" in logs
+        proc.stop()
