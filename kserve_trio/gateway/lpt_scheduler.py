@@ -295,6 +295,11 @@ class LptScheduler:
                 )
             _log.info("lpt_waiting_for_workers", ready=sorted(replies), pending=sorted(failed))
             await anyio.sleep(min(STARTUP_POLL_SECONDS, left))
+        return self.begin(replies)
+
+    def begin(self, replies: Mapping[str, rc.ModelControlStatusResponse]) -> RepackReport:
+        """Start-up rules 2-3 over every worker's reply (pure: ``start`` calls it once every
+        worker has answered); raises ``LptStartupError``."""
         check_preconditions(replies)
         poll = aggregate_poll(replies)
         self.ready = poll.polled
@@ -302,7 +307,7 @@ class LptScheduler:
         self.started = True
         if FillMode.INFLIGHT in self.fill_modes():
             _log.warning("lpt_fill_mode_inflight", message=INFLIGHT_WARNING)
-        return self._repack("startup", poll, self.policy.metadata)
+        return self._repack("startup", poll)
 
     # ---- ticks ------------------------------------------------------------------------------
 
@@ -310,11 +315,11 @@ class LptScheduler:
         if not self.started or metadata.last_poll is None:
             return
         try:
-            self.tick(metadata.last_poll, metadata)
+            self.tick(metadata.last_poll)
         except Exception as exc:  # a bug in one tick keeps the previous placement
             _log.exception("lpt_tick_failed", error=str(exc))
 
-    def tick(self, poll: FleetPoll, metadata: RoutingMetadata) -> RepackReport | None:
+    def tick(self, poll: FleetPoll) -> RepackReport | None:
         """Tick rules 1-4; returns the repack's report when one ran."""
         self.book.last_tick_unix = time.time()
         self.ready = poll.polled
@@ -326,11 +331,11 @@ class LptScheduler:
         self._fleet_base = fleet
         requested = self.book.requested
         if requested > self.book.completed:
-            report = self._repack("operator", poll, metadata)
+            report = self._repack("operator", poll)
             self.book.completed = requested  # stored last: a waiting Repack sees it all
             return report
         if self.accum >= self.threshold:
-            report = self._repack("compute", poll, metadata)
+            report = self._repack("compute", poll)
             self.book.first_compute_done = True
             return report
         return None
@@ -360,7 +365,7 @@ class LptScheduler:
             old = self.cost.get(model)
             self.cost[model] = sample if not old else ewma(old, sample, compute_elapsed, h)
 
-    def _repack(self, trigger: str, poll: FleetPoll, metadata: RoutingMetadata) -> RepackReport:
+    def _repack(self, trigger: str, poll: FleetPoll) -> RepackReport:
         now = time.monotonic()  # a pure tick needs no event loop (tests, the simulator)
         wall = 0.0 if self._last_repack is None else now - self._last_repack
         compute_elapsed = self.accum

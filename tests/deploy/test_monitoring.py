@@ -23,7 +23,6 @@ from kserve_trio.gateway.lpt_policy import LptPacking
 from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.routing import build_routing_table, make_policy
-from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, aggregate_poll
 from kserve_trio.proto import reactant_control as rc
 from kserve_trio.worker import metrics as worker_metrics
 from tests.deploy.manifests import DEPLOY, find, load_yaml_file, pod_spec, port_numbers
@@ -179,9 +178,7 @@ def lpt_exposition() -> dict[str, set[str]]:
     cfg = SchedulingConfig(mode=SchedulingMode.LPT_PACKING)
     policy = LptPacking(cfg.basis)
     scheduler = LptScheduler(cfg, policy, clients=dict)
-    poll = aggregate_poll(replies)
-    scheduler.ready, scheduler.poll, scheduler.started = poll.polled, poll, True
-    scheduler._repack("startup", poll, EMPTY_METADATA)
+    scheduler.begin(replies)
     sel = policy.select("mlp", 4, build_routing_table({"gpu0": ["mlp"], "gpu1": ["mlp"]}))
     m = GatewayMetrics(policy=policy, workers=lambda: ["gpu0", "gpu1"])
     m.add_collector(LptCollector(scheduler))

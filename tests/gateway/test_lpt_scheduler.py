@@ -30,7 +30,7 @@ from kserve_trio.gateway.lpt_scheduler import (
 )
 from kserve_trio.gateway.placement import Assignment, Placement
 from kserve_trio.gateway.routing import build_routing_table
-from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, aggregate_poll, fold_poll
+from kserve_trio.gateway.routing_metadata import aggregate_poll, fold_poll
 from kserve_trio.proto import reactant_control as rc
 
 LPT = SchedulingMode.LPT_PACKING
@@ -64,10 +64,7 @@ def scheduler(**knobs) -> LptScheduler:
 
 def started(s: LptScheduler, replies) -> None:
     """What ``start`` does once its poll has every reply."""
-    check_preconditions(replies)
-    poll = aggregate_poll(replies)
-    s.ready, s.poll, s.started = poll.polled, poll, True
-    s._repack("startup", poll, EMPTY_METADATA)
+    s.begin(replies)
 
 
 def feed(s: LptScheduler, replies):
