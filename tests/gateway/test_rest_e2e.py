@@ -8,6 +8,7 @@ statistics show where requests were served."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 import types
@@ -260,6 +261,25 @@ def test_a_404_tries_every_replica_then_passes_the_workers_answer_back(fleet):
     assert (status, message) == ("404", err.value.message())
     assert "has no version '7'" in message
     wait_routed(fleet.gw, "mlp", 2)  # the refresh the 404 asked for keeps both replicas
+
+
+def test_a_compressed_request_and_reply_pass_through_byte_for_byte(fleet):
+    doc = {
+        "inputs": [{"name": "input_0", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]
+    }
+    packed = gzip.compress(json.dumps(doc).encode())
+    headers = {
+        "Content-Type": "application/json",
+        "Content-Encoding": "gzip",
+        "Accept-Encoding": "gzip",
+    }
+    url = f"http://{fleet.gw.http_url}/v2/models/mlp/infer"
+    req = urllib.request.Request(url, data=packed, headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200 and r.headers["Content-Encoding"] == "gzip"  # the worker's
+        reply = json.loads(gzip.decompress(r.read()))
+    assert reply["outputs"][0]["shape"] == [1, 8]
+    assert packed in bytes(fleet.rest_a.sent + fleet.rest_b.sent)  # forwarded as it came
 
 
 def test_a_rest_port_down_fails_over_to_the_other_workers_rest_port(fleet):

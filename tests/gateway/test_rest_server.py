@@ -1,8 +1,11 @@
 """The gateway's REST endpoint in-process, in front of scripted fake workers, driven by the stock
 ``tritonclient.http``: inference spreads and returns each worker's answer, a worker's status
 reaches the REST client mapped (with failover on UNAVAILABLE), the admission cap sheds 429, a
-drain answers 503 while the request in flight finishes. Real CLI workers behind the gateway's
-REST port are in tests/gateway/test_rest_e2e.py."""
+drain answers 503 while the request in flight finishes. The fakes speak gRPC only, so without
+``worker_http_endpoints`` these requests take the translated path; with REST endpoints that are
+down, the gateway answers 503 over REST and its gRPC side still serves. Real CLI workers behind
+the gateway's REST port, forwarded to their own REST ports, are in
+tests/gateway/test_rest_e2e.py."""
 
 from __future__ import annotations
 
@@ -147,3 +150,24 @@ def test_a_drain_answers_503_and_the_request_in_flight_finishes():
         flight.join(10)
         stopper.join(10)
         np.testing.assert_array_equal(results.get().as_numpy("x"), x)  # finished, not cut off
+
+
+def test_rest_ports_that_are_down_fail_over_then_answer_503_and_the_gateway_serves_on():
+    import tritonclient.grpc as grpcclient
+
+    from tests.gateway.procs import free_port
+
+    with fleet(2) as (a, b):
+        dead = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+        with running([a, b], worker_http_endpoints=dead) as gw:
+            a.echo = b.echo = True
+            c = client(gw)
+            x = np.ones((1, 4), np.float32)
+            status, message = status_of(lambda: c.infer("m", [tensor(x)]))
+            assert status == "503" and "REST endpoint" in message and "failed" in message
+            assert a.requests == b.requests == []  # nothing went over gRPC instead
+            assert c.is_server_live()  # fleet requests do not use the REST ports
+            g = grpcclient.InferenceServerClient(f"127.0.0.1:{gw.port}")
+            inp = grpcclient.InferInput("x", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_array_equal(g.infer("m", [inp]).as_numpy("x"), x)
