@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import math
+import struct
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,6 +30,7 @@ from kserve_trio.core import compression
 from kserve_trio.core.errors import ServingError, StatusCode
 
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
+_PREFIX = struct.Struct(">BI")  # a gRPC message's compressed flag and length
 _TIMEOUT_UNITS = ((1e9, b"n"), (1e6, b"u"), (1e3, b"m"), (1.0, b"S"), (1 / 60, b"M"))
 _RESERVED_METADATA = frozenset({"content-type", "te", "host", "user-agent", "connection"})
 
@@ -190,13 +192,13 @@ class _Call:
         self.nbytes += len(data)
         if self.length < 0 and self.nbytes >= 5:
             first = self.chunks[0]
-            head = first[:5] if len(first) >= 5 else b"".join(self.chunks)[:5]
-            self.length = int.from_bytes(head[1:5], "big")
-            self.compressed = head[0] == 1
-            if head[0] > 1:
+            head = first if len(first) >= 5 else b"".join(self.chunks)
+            flag, self.length = _PREFIX.unpack_from(head)
+            self.compressed = flag == 1
+            if flag > 1:
                 self.error = RpcError(
                     StatusCode.INTERNAL,
-                    f"malformed reply: compressed flag {head[0]}",
+                    f"malformed reply: compressed flag {flag}",
                     method=self.rpc,
                 )
                 return False
