@@ -31,6 +31,7 @@ from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset
 from kserve_trio.core.bundle import MANIFEST_FILE, load_manifest
 from kserve_trio.core.codec import encode_model_metadata
 from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
+from kserve_trio.core.infer_wire import InferOutputTensor, InferResponseMessage
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 
@@ -208,8 +209,9 @@ def _check_inputs(
 
 def synthetic_response(
     spec: ModelIOSpec, declared: list[OutputSpec], items: int
-) -> pb.ModelInferResponse:
-    """A zero-filled response shaped like ``spec`` for ``items`` items.
+) -> InferResponseMessage:
+    """A zero-filled response shaped like ``spec`` for ``items`` items, of the type a real
+    ModelInfer call hands ``decode_chunk`` (``core.infer_wire.InferResponseMessage``).
 
     The outputs are the declared ones in declared order (explicit-output mode) or else every
     output of the model. A leading ``-1`` is the item count; any other ``-1`` takes the
@@ -218,7 +220,7 @@ def synthetic_response(
     """
     declared_by_name = {d.name: d for d in declared}
     metas = [spec.output(d.name) for d in declared] if declared else list(spec.outputs)
-    response = pb.ModelInferResponse(model_name=spec.name, id="validate_io")
+    response = InferResponseMessage(model_name=spec.name, id="validate_io")
     for meta in metas:
         try:
             dtype = meta.dtype
@@ -236,11 +238,7 @@ def synthetic_response(
                 shape.append(per_item.per_item_dims[axis - 1])
             else:
                 shape.append(1)
-        response.outputs.append(
-            pb.ModelInferResponseInferOutputTensor(
-                name=meta.name, datatype=meta.datatype, shape=shape
-            )
-        )
+        response.outputs.append(InferOutputTensor(meta.name, meta.datatype, shape))
         count = math.prod(shape)
         # BYTES: ``count`` empty elements (a 4-byte zero length each)
         response.raw_output_contents.append(

@@ -20,6 +20,7 @@ from kserve_trio.client import (
     validate_io,
 )
 from kserve_trio.client.spec import synthetic_response
+from kserve_trio.core.infer_wire import InferResponseMessage
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -291,6 +292,7 @@ def test_synthetic_response_shapes():
         "m",
     )
     r = synthetic_response(spec, [], 5)
+    assert type(r) is InferResponseMessage  # what a real call hands decode_chunk
     assert [(o.name, list(o.shape)) for o in r.outputs] == [
         ("a", [5, 1, 3]),
         ("b", [2, 1]),
