@@ -299,30 +299,44 @@ def infer_request_pieces(msg: Any) -> WirePieces:
 def parse_infer_request(data: Buffer) -> InferRequestMessage:
     """Parse a ``ModelInferRequest``; each ``raw_input_contents`` entry is a ``memoryview``
     slice of ``data``."""
-    buf = memoryview(data).cast("B")
     req = InferRequestMessage()
-    raw = req.raw_input_contents
+    _parse_infer(data, req, 7, req.raw_input_contents, req.inputs, InferInputTensor, req.outputs)
+    return req
+
+
+def _parse_infer(
+    data: Buffer,
+    msg: Any,
+    raw_field: int,
+    raw: list[Buffer],
+    tensors: list[Any],
+    tensor_type: type,
+    requested: list[InferRequestedOutput] | None,
+) -> None:
+    """The field loop both ModelInfer messages share: name (1), version (2), id (3),
+    parameters (4), tensors (5) and raw contents (``raw_field``, views of ``data``); a request
+    also has requested outputs (6). Unknown fields and other wire types are skipped."""
+    buf = memoryview(data).cast("B")
     try:
         for field, wt, v in _fields(buf, 0, len(buf)):
             if wt != 2:
                 continue
-            if field == 7:
+            if field == raw_field:
                 raw.append(buf[v[0] : v[1]])
             elif field == 5:
-                req.inputs.append(_parse_tensor(buf, v[0], v[1], InferInputTensor()))
+                tensors.append(_parse_tensor(buf, v[0], v[1], tensor_type()))
             elif field == 1:
-                req.model_name = text(buf, v)
+                msg.model_name = text(buf, v)
             elif field == 3:
-                req.id = text(buf, v)
+                msg.id = text(buf, v)
             elif field == 4:
-                parse_map_entry(buf, v, req.parameters)
-            elif field == 6:
-                req.outputs.append(_parse_requested(buf, v[0], v[1]))
+                parse_map_entry(buf, v, msg.parameters)
+            elif field == 6 and requested is not None:
+                requested.append(_parse_requested(buf, v[0], v[1]))
             elif field == 2:
-                req.model_version = text(buf, v)
+                msg.model_version = text(buf, v)
     except IndexError:
         raise ValueError("truncated message") from None
-    return req
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,27 +414,8 @@ def infer_response_pieces(
 def parse_infer_response(data: Buffer) -> InferResponseMessage:
     """Parse a ``ModelInferResponse``; each ``raw_output_contents`` entry is a ``memoryview``
     slice of ``data``."""
-    buf = memoryview(data).cast("B")
     resp = InferResponseMessage()
-    raw = resp.raw_output_contents
-    try:
-        for field, wt, v in _fields(buf, 0, len(buf)):
-            if wt != 2:
-                continue
-            if field == 6:
-                raw.append(buf[v[0] : v[1]])
-            elif field == 5:
-                resp.outputs.append(_parse_tensor(buf, v[0], v[1], InferOutputTensor()))
-            elif field == 1:
-                resp.model_name = text(buf, v)
-            elif field == 3:
-                resp.id = text(buf, v)
-            elif field == 4:
-                parse_map_entry(buf, v, resp.parameters)
-            elif field == 2:
-                resp.model_version = text(buf, v)
-    except IndexError:
-        raise ValueError("truncated message") from None
+    _parse_infer(data, resp, 6, resp.raw_output_contents, resp.outputs, InferOutputTensor, None)
     return resp
 
 
