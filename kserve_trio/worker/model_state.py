@@ -152,6 +152,9 @@ class ModelState:
     queue: collections.deque[QueuedRequest] = field(default_factory=collections.deque)
     ema: float = 0.0
     cost: dict[CostKey, float] = field(default_factory=dict)
+    fastest: dict[CostKey, float] = field(default_factory=dict)
+    """The shortest execution seen per program (s): what decides inline execution, because a
+    device-thread timing includes waits for the GIL that the learned cost then carries."""
     dispatch_count: int = 0
     requests_served: int = 0
     rows_served: int = 0
