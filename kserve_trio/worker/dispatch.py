@@ -52,11 +52,12 @@ log = get_logger("kserve_trio.worker.scheduler")
 SHUTTING_DOWN = "server is shutting down"
 
 INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
-"""Batches whose learned execution cost is at most this many microseconds (default
-``INLINE_DEFAULT_US``) run on the event loop thread instead of the device thread (0: never).
-Two thread crossings and the GIL hand-offs around them cost more CPU than a tiny execution
-(docs/benchmarks.md, "Small requests against KServe")."""
-INLINE_DEFAULT_US = 200.0
+"""Batches whose fastest execution seen is at most this many microseconds run on the event
+loop thread instead of the device thread (default ``INLINE_DEFAULT_US``, 0: never), which saves
+two thread crossings per batch. Off by default: in three A/B sessions on a loaded 2-core machine
+its effect on CPU per request stayed within the noise (docs/benchmarks.md, "Small requests
+against KServe")."""
+INLINE_DEFAULT_US = 0.0
 COALESCE_ENV = "KSERVE_TRIO_COALESCE_YIELDS"
 """How many times the loop yields to the event loop before planning a batch that is not full:
 requests already read but still being decoded join the batch (default 0: plan at once; no
