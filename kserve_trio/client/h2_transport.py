@@ -29,7 +29,7 @@ stay plain). Message caps apply to the uncompressed message.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -79,7 +79,7 @@ def _authority(host: str, port: int) -> str:
 # The transport
 
 
-def _message_pieces(request: Any) -> tuple[list[Buffer], int]:
+def _message_pieces(request: Any) -> tuple[Sequence[Buffer], int]:
     """A request message as the buffers to send and their total size: a ModelInfer message
     as its encoded pieces (its tensors' own buffers, not joined), a buffer as it is, anything
     else as ``bytes(request)``."""
@@ -260,8 +260,8 @@ class H2Transport:
                 retryable=False,
             )
         if not compressed_with and self._compression:
-            payload = b"".join(pieces) if len(pieces) != 1 else pieces[0]
-            pieces = [compression.compress(payload, self._compression)]
+            joined = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces = [compression.compress(memoryview(joined), self._compression)]
             nbytes = len(pieces[0])
             compressed_with = self._compression
         flag = 1 if compressed_with else 0
@@ -295,7 +295,7 @@ class H2Transport:
             ) from None
 
     async def _call(
-        self, rpc: str, block: bytes, pieces: list[Buffer], nbytes: int, flag: int = 0
+        self, rpc: str, block: bytes, pieces: Sequence[Buffer], nbytes: int, flag: int = 0
     ) -> bytes | memoryview:
         cap = self.endpoint.max_receive_message_length
         for attempt in range(2):
