@@ -45,6 +45,13 @@ from grpclib.metadata import Deadline, decode_metadata, encode_grpc_message
 from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.infer_wire import InferResponseMessage, WirePieces
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.grpc_adapter import (
+    CallContext,
+    _segments,
+    _send_segments,
+    recv_message,
+    status_error,
+)
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -126,8 +133,6 @@ class FastUnary:
     async def serve(self, h2_stream: Any, timeout: str, release_stream: Callable[[], Any]) -> None:
         """Serve the call on ``h2_stream`` (rules 2-5), then release it."""
         FastUnary.calls += 1
-        from kserve_trio.serving.grpc_adapter import CallContext, recv_message, status_error
-
         loop = asyncio.get_running_loop()
         expiry: asyncio.TimerHandle | None = None
         expired = False
@@ -217,11 +222,7 @@ async def _send_reply(h2_stream: Any, message: Any, max_bytes: int) -> bool:
             return True
         segments: list[Any] = [payload]
     else:
-        from kserve_trio.serving.grpc_adapter import _segments
-
         segments = _segments([struct.pack(">BI", 0, length), *pieces])
-    from kserve_trio.serving.grpc_adapter import _send_segments
-
     await h2_stream.send_headers(_REPLY_HEADERS)
     await _send_segments(h2_stream, segments)
     await h2_stream.send_headers(_OK_TRAILERS, end_stream=True)

@@ -41,7 +41,7 @@ from kserve_trio.core.infer_wire import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving import compression
-from kserve_trio.serving.grpc_server import header_value
+from kserve_trio.serving.call_headers import header_value
 from kserve_trio.serving.message_check import wrong_field
 
 log = get_logger("kserve_trio.serving.grpc")
@@ -321,8 +321,9 @@ def unary(
     fn: Handler, request_type, limits: Limits, rpc: str, *, fast: bool = False
 ) -> grpclib.const.Handler:
     """Wrap ``fn(request, ctx) -> reply`` as a grpclib unary-unary handler. ``fast``: the
-    handler also carries a ``serving.fast_unary.FastUnary`` (``handle.fast``), which
-    ``grpc_server`` serves plain calls with when the fast path is on."""
+    handler also carries what a ``serving.fast_unary.FastUnary`` is built from
+    (``handle.fast_spec``), which ``grpc_server`` serves plain calls with when the fast path
+    is on."""
 
     async def handle(stream) -> None:
         try:
@@ -344,10 +345,8 @@ def unary(
         except Exception as exc:
             raise status_error(exc, rpc=rpc) from exc
 
-    if fast:
-        from kserve_trio.serving.fast_unary import FastUnary
-
-        handle.fast = FastUnary(fn, request_type, limits, rpc)  # type: ignore[attr-defined]
+    if fast:  # grpc_server builds the FastUnary from it (serving.fast_unary)
+        handle.fast_spec = (fn, request_type, limits, rpc)  # type: ignore[attr-defined]
     return grpclib.const.Handler(
         handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, EncodedMessage
     )

@@ -29,7 +29,8 @@ from grpclib.protocol import H2Protocol
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving import compression
-from kserve_trio.serving.fast_unary import fast_path_enabled, plain_call
+from kserve_trio.serving.call_headers import header_value, request_headers
+from kserve_trio.serving.fast_unary import FastUnary, fast_path_enabled, plain_call
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -74,19 +75,6 @@ def header_problem(headers: Headers) -> tuple[Status, str, Headers] | None:
     return None
 
 
-def request_headers(stream: Any) -> Headers:
-    """The headers of the call a grpclib server ``Stream`` belongs to (empty if unknown)."""
-    return getattr(stream._stream, "request_headers", ())
-
-
-def header_value(stream: Any, name: str) -> str | None:
-    """The first value of header ``name`` of the call, or None."""
-    for key, value in request_headers(stream):
-        if key == name:
-            return value
-    return None
-
-
 async def _refuse(
     h2_stream: Any,
     status: Status,
@@ -111,6 +99,18 @@ async def _refuse(
         release_stream()
 
 
+def _fast_unary(func: Any) -> FastUnary | None:
+    """The ``FastUnary`` of a handler ``grpc_adapter.unary(..., fast=True)`` built (its
+    ``fast_spec``), made once and kept on the handler; None for any other handler."""
+    fast = getattr(func, "fast", None)
+    if fast is None:
+        spec = getattr(func, "fast_spec", None)
+        if spec is None:
+            return None
+        fast = func.fast = FastUnary(*spec)
+    return fast
+
+
 class _Handler(grpclib.server.Handler):
     """grpclib's per-connection handler with the header checks of this module; with
     ``fast`` on, plain calls to a handler that carries a ``FastUnary`` are served by it
@@ -133,7 +133,7 @@ class _Handler(grpclib.server.Handler):
             plain = plain_call(headers)
             if plain is not None:
                 method = self.mapping.get(plain[0])
-                fast = getattr(method.func, "fast", None) if method is not None else None
+                fast = _fast_unary(method.func) if method is not None else None
                 if fast is not None and not fast.limits.compress_responses:
                     self.__gc_step__()
                     self._tasks[stream] = self.loop.create_task(

@@ -38,8 +38,8 @@ from grpclib.exceptions import GRPCError
 
 from kserve_trio.core.errors import InvalidArgument, ResourceExhausted, ServingError
 from kserve_trio.serving import compression
+from kserve_trio.serving.call_headers import header_value
 from kserve_trio.serving.grpc_adapter import EncodedMessage, Limits, status_error
-from kserve_trio.serving.grpc_server import header_value
 
 _SPLIT_SEND_BYTES = 64 << 10
 """Replies from this size up are framed from the payload itself (no joined copy)."""
