@@ -1,11 +1,12 @@
 """kserve_trio's worker against KServe's Python model server on small requests, in one run.
 
-Both serve ``identity`` (``INPUT0`` -> ``OUTPUT0``, same shape and dtype) over KServe V2 gRPC:
-KServe 0.21 runs ``tools/bench/kserve_peer.py`` from ``.venv-kserve`` (created or reused by
+Both serve ``identity`` (``INPUT0`` -> ``OUTPUT0``, same shape and dtype) and ``sum``
+(``OUTPUT0 = INPUT0.sum(axis=-1, keepdims=True)``, same dtype) over KServe V2 gRPC: KServe 0.21
+runs ``tools/bench/kserve_peer.py`` from ``.venv-kserve`` (created or reused by
 ``tools/bench/setup_kserve.sh``); kserve_trio runs one worker per shape, because a bundle fixes
-the rank: a repository with ``identity`` on ``[n,16]`` (plus the demo ``mlp``) and one with
-``identity`` on ``[n,3,224,224]``, both compiled for batch sizes 1, 2, 4, 8, 16 and 32 with the
-project's export tooling (cached under ``--build``). The echo server (``tools/bench/echo_server.py``,
+the rank: a repository with ``identity`` and ``sum`` on ``[n,16]`` (plus the demo ``mlp``) and
+one with ``identity`` and ``sum`` on ``[n,3,224,224]``, all compiled for batch sizes 1, 2, 4, 8,
+16 and 32 with the project's export tooling (cached under ``--build``, each bundle built once). The echo server (``tools/bench/echo_server.py``,
 the worker's gRPC stack and codec with no scheduler or device) is measured in the same run, and
 with ``--base TREE`` (a ``git worktree`` of an older commit) the same servers are run from that
 tree too, so a change is measured before and after in one session.
@@ -21,7 +22,7 @@ give the mean batch (requests served / dispatches) over the window.
 ``--variant LABEL:K=V[,K=V]`` adds a worker started with extra environment (an A/B switch).
 
 Usage: python tools/bench/peers.py [--rounds 3] [--duration 3] [--cases identity16,identity224,
-           mlp,echo] [--base /tmp/base] [--variant slow:KSERVE_TRIO_GRPC_FAST_INFER=0] [--json F]
+           sum16,sum224,mlp,echo] [--concurrency 1,8] [--base /tmp/base] [--variant slow:KSERVE_TRIO_GRPC_FAST_INFER=0] [--json F]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "tools" / "bench"
@@ -56,6 +58,8 @@ CASES = {
         (1, 8, 32),
         "identity",
     ),
+    "sum16": ("1,16", "sum", "OUTPUT0", ("kserve", "ours16"), (1, 8, 32), "sum"),
+    "sum224": ("1,3,224,224", "sum", "OUTPUT0", ("kserve", "ours224"), (1, 8, 32), "sum"),
     "mlp": ("1,16", "mlp", "output", ("ours16",), (1, 8), "none"),
     "echo": ("1,16", "echo", "INPUT0", ("echo",), (1, 8, 32), "identity"),
 }
@@ -109,20 +113,43 @@ def _export(target: pathlib.Path, fn: str, shape: tuple[int, ...]) -> None:
     subprocess.run([PY, "-c", code, str(target)], check=True)
 
 
-def build_repositories(build: pathlib.Path) -> dict[str, pathlib.Path]:
-    """``r16`` (identity [n,16], mlp) and ``r224`` (identity [n,3,224,224]), built once."""
-    marker = build / ".complete"
-    repos = {"r16": build / "r16", "r224": build / "r224"}
-    if marker.exists():
-        return repos
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
-    _export(repos["r16"] / "identity", "lambda x: x", (1, 16))
+# bundle name -> the function exported (source text, run on a jax array of the bundle's shape)
+BUNDLES = {"identity": "lambda x: x", "sum": "lambda x: x.sum(axis=-1, keepdims=True)"}
+SHAPES = {"r16": (1, 16), "r224": (1, 3, 224, 224)}
+
+
+def _build_once(target: pathlib.Path, build_fn: Callable[[pathlib.Path], None]) -> None:
+    """Run ``build_fn(tmp)`` and move ``tmp`` to ``target``, unless ``target`` already exists.
+
+    A bundle is built under a scratch directory (with its own name: the export names the
+    model after its directory) and renamed into place, so an interrupted build leaves nothing
+    the next run would take for a finished bundle, and a cache made before a bundle was added
+    gets just that bundle.
+    """
+    if target.exists():
+        return
+    scratch = target.parent / f".{target.name}.tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    build_fn(scratch / target.name)
+    (scratch / target.name).rename(target)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _demo_mlp(target: pathlib.Path) -> None:
     code = "import sys\nfrom kserve_trio.export.demo import write_demo_repository\n"
     code += "write_demo_repository(sys.argv[1], only=['mlp'])\n"
-    subprocess.run([PY, "-c", code, str(repos["r16"])], check=True)
-    _export(repos["r224"] / "identity", "lambda x: x", (1, 3, 224, 224))
-    marker.write_text("ok")
+    subprocess.run([PY, "-c", code, str(target)], check=True)
+
+
+def build_repositories(build: pathlib.Path) -> dict[str, pathlib.Path]:
+    """``r16`` (identity and sum on [n,16], mlp) and ``r224`` (identity and sum on [n,3,224,224])."""
+    repos = {name: build / name for name in SHAPES}
+    for name, shape in SHAPES.items():
+        for model, fn in BUNDLES.items():
+            _build_once(repos[name] / model, lambda d, fn=fn, shape=shape: _export(d, fn, shape))
+    # the demo writes mlp into a repository: its scratch directory is one
+    _build_once(repos["r16"] / "mlp", lambda d: _demo_mlp(d.parent))
     return repos
 
 
@@ -224,8 +251,8 @@ def kserve_server(venv: pathlib.Path) -> Server:
 
 def measure(server: Server, case: str, conc: int, duration: float) -> dict:
     shape, model, output, _, _, expect = CASES[case]
-    if server.kind == "kserve":
-        model, output = "identity", "OUTPUT0"
+    if server.kind == "kserve":  # serves identity and sum under the same names as ours
+        output = "OUTPUT0"
     inp = "input_0" if model == "mlp" else "INPUT0"
     cmd = [
         *pin(1), PY, str(BENCH / "raw_load.py"), "--url", server.url, "--model", model,
@@ -264,7 +291,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=3.0)
-    p.add_argument("--cases", default="identity16,identity224,mlp,echo")
+    p.add_argument("--cases", default="identity16,identity224,mlp,echo", help=",".join(CASES))
+    p.add_argument(
+        "--concurrency", default="", help="e.g. 1,8: only these of each case's concurrencies"
+    )
     p.add_argument("--base", default="", help="a worktree of an older commit, run alongside")
     p.add_argument("--variant", action="append", default=[], help="LABEL:K=V[,K=V] (a worker)")
     p.add_argument("--no-kserve", action="store_true")
@@ -277,6 +307,10 @@ def main() -> int:
     p.add_argument("--json", default="")
     args = p.parse_args()
     cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        p.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    only = {int(c) for c in args.concurrency.split(",") if c}
     repos = build_repositories(pathlib.Path(args.build))
     base = pathlib.Path(args.base).resolve() if args.base else None
     commit = subprocess.run(
@@ -312,7 +346,7 @@ def main() -> int:
         for r in range(args.rounds):
             for case in cases:
                 group = [s for role in CASES[case][3] for s in roles[role]]
-                for conc in CASES[case][4]:
+                for conc in [c for c in CASES[case][4] if not only or c in only]:
                     order = group if r % 2 == 0 else group[::-1]
                     for s in order:
                         res = measure(s, case, conc, args.duration)

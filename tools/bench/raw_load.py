@@ -4,15 +4,17 @@ A ``grpc.aio`` channel and a generic unary call to ``/inference.GRPCInferenceSer
 carrying one request serialized once up front (the tensor in ``raw_input_contents``); replies
 are not decoded during the load. So the client takes as little of a 2-core machine as it can,
 and the same bytes go to every server compared. Before the load one reply is decoded and
-checked (``--expect identity``: the output equals the input, shape included; ``none``: it has
-an output), so a server that answers wrongly fails the run instead of looking fast.
+checked (``--expect identity``: the output equals the input, shape included; ``sum``: it is
+FP32 and equals numpy's ``x.sum(axis=-1, keepdims=True)`` in shape and, to float32 rounding,
+in value; ``none``: it has an output), so a server that answers wrongly fails the run instead
+of looking fast.
 
 Prints ``WINDOW_START`` when the measured window opens and ``WINDOW_END`` when it closes (the
 caller samples the server's CPU time there), then one JSON line: requests, errors by status,
 seconds, rps, p50/p99 ms.
 
 Usage: python tools/bench/raw_load.py --url H:P --model M --input INPUT0 --output OUTPUT0 \
-           --shape 1,16 --concurrency 8 --duration 4 [--warmup 1] [--expect identity|none]
+           --shape 1,16 --concurrency 8 --duration 4 [--warmup 1] [--expect identity|sum|none]
 """
 
 from __future__ import annotations
@@ -63,12 +65,26 @@ def check_reply(data: bytes, output: str, x: np.ndarray, expect: str) -> None:
     i = names.index(output)
     if len(resp.raw_output_contents) <= i:
         raise SystemExit(f"output {output!r} is not in raw_output_contents")
+    if expect == "none":
+        return
+    if resp.outputs[i].datatype != "FP32":
+        raise SystemExit(f"{expect} reply is {resp.outputs[i].datatype}, not FP32")
+    shape = list(resp.outputs[i].shape)
+    raw = resp.raw_output_contents[i]
+    if len(raw) != 4 * int(np.prod(shape)):
+        raise SystemExit(f"{expect} reply holds {len(raw)} bytes for shape {shape}")
+    got = np.frombuffer(raw, np.float32).reshape(shape)
     if expect == "identity":
-        got = np.frombuffer(resp.raw_output_contents[i], np.float32).reshape(
-            list(resp.outputs[i].shape)
-        )
         if got.shape != x.shape or not np.array_equal(got, x):
             raise SystemExit(f"identity reply differs from the input (shape {got.shape})")
+    elif expect == "sum":
+        want = x.sum(axis=-1, keepdims=True)
+        # The server may add in another order than numpy's pairwise sum: float32 rounding only.
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-4):
+            err = np.abs(got - want).max() if got.shape == want.shape else None
+            raise SystemExit(f"sum reply differs from numpy (shape {got.shape}, max error {err})")
+    else:
+        raise SystemExit(f"unknown expectation {expect!r}")
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -135,7 +151,7 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=4.0)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=30.0)
-    p.add_argument("--expect", choices=("identity", "none"), default="identity")
+    p.add_argument("--expect", choices=("identity", "sum", "none"), default="identity")
     args = p.parse_args()
     result = asyncio.run(run(args))
     print(json.dumps(result), flush=True)
