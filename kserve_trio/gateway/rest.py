@@ -45,8 +45,6 @@ from kserve_trio.serving.rest_routes import (
 
 Handler = Callable[[RawCall, RawMessage], Awaitable[bytes]]
 
-LOG_SETTINGS = "the gateway's log settings are its configuration's"
-
 
 class RestRawCall(RawCall):
     """A REST request as a raw gRPC handler sees its call: an uncompressed message, no custom
@@ -106,6 +104,7 @@ class GatewayRest:
             "SystemSharedMemoryStatus": admitted(s.shm_status),
             "SystemSharedMemoryRegister": admitted(s.shm_register),
             "SystemSharedMemoryUnregister": admitted(s.shm_unregister),
+            "LogSettings": admitted(s.log_settings),
         }
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -116,8 +115,6 @@ class GatewayRest:
                 gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
                 with gate:
                     return await self.models.answer(call, request)
-            if call.rpc == "LogSettings":
-                raise Unimplemented(f"LogSettings is not implemented: {LOG_SETTINGS}")
             handler = self._handlers.get(call.rpc)
             if handler is None:
                 raise Unimplemented(unsupported(call.rpc))

@@ -15,7 +15,8 @@ Where each answer comes from:
   RepositoryModelLoad / Unload answer FAILED_PRECONDITION naming SetModelPlacement.
 - SystemSharedMemoryRegister / Unregister: every ready worker (``shm_fanout.ShmFanout``);
   SystemSharedMemoryStatus: the regions the gateway registered.
-- CUDA shared memory, trace and log settings, and the per-worker ControlService RPCs answer
+- LogSettings: the gateway process's own logging (read, or changed all or nothing).
+- CUDA shared memory, trace settings, and the per-worker ControlService RPCs answer
   UNIMPLEMENTED by name.
 
 Admission (``admission.Admission``): ModelInfer and stream messages count against the inbound
@@ -42,6 +43,7 @@ from kserve_trio.gateway.shm_fanout import ShmFanout
 from kserve_trio.gateway.stream import StreamInfer
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc_adapter import Limits, unimplemented
+from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.raw import RawCall, RawMessage, raw_stream, raw_unary
 
 SERVER_NAME = "kserve_trio"
@@ -134,6 +136,7 @@ class GatewayService:
         mapping[INFERENCE + "ModelStreamInfer"] = raw_stream(
             self.stream_infer, lim, "ModelStreamInfer"
         )
+        mapping[INFERENCE + "LogSettings"] = raw_unary(self.log_settings, lim, "LogSettings")
         mapping[CONTROL + "CompactMemory"] = raw_unary(
             self._admitted(self.compact_memory), lim, "CompactMemory"
         )
@@ -142,7 +145,6 @@ class GatewayService:
             "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
             "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
             "TraceSetting": "trace settings are not supported",
-            "LogSettings": "the gateway's log settings are its configuration's",
         }
         for rpc, reason in later.items():
             mapping[INFERENCE + rpc] = unimplemented(rpc, reason)
@@ -151,6 +153,12 @@ class GatewayService:
                 rpc, "it acts on one worker: call that worker's own port"
             )
         return mapping
+
+    async def log_settings(self, call: RawCall, message: RawMessage) -> bytes:
+        """The gateway process's own log settings (Triton's LogSettings): read, or change all
+        or nothing. Workers keep theirs; change a worker's on its own port."""
+        request = _parse(pb.LogSettingsRequest, _plain(call, message), "LogSettings")
+        return bytes(answer_log_settings(request))
 
     def _admitted(self, fn: Handler) -> Handler:
         async def run(call: RawCall, message: RawMessage) -> bytes:

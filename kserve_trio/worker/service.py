@@ -12,7 +12,7 @@ UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
 Every bundle is served as version ``1`` (``""`` means the same); ``ServerMetadata`` lists
 ``EXTENSIONS`` by Triton's names, and every model reports platform ``jax`` (docs/protocol.md).
 
-``LogSettings`` reads and changes what the process logs (``worker/log_settings.py``); trace
+``LogSettings`` reads and changes what the process logs (``serving/log_settings.py``); trace
 settings and CUDA shared memory answer UNIMPLEMENTED naming the RPC.
 
 Explicit mode (``model_control_mode: explicit``): a model is ready only while its weights are
@@ -30,14 +30,14 @@ import kserve_trio
 from kserve_trio.core import codec
 from kserve_trio.core.config import ModelControlMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from kserve_trio.core.logging import current_log_settings, get_logger, update_log_settings
+from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc_adapter import CallContext, stream_stream, unary, unimplemented
+from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
-from kserve_trio.worker.log_settings import requested_changes, settings_reply
 from kserve_trio.worker.registry import check_version
 from kserve_trio.worker.state import WorkerState
 from kserve_trio.worker.stream import StreamInfer
@@ -212,12 +212,7 @@ class InferenceService:
     async def log_settings(self, request, ctx: CallContext):
         """Change the settings the request names (all or nothing) and answer with every
         setting in force; a request without settings only reads them."""
-        changes = requested_changes(request)
-        if not changes:
-            return settings_reply(current_log_settings())
-        settings = update_log_settings(changes)
-        log.info("log_settings_updated", **{k: str(v) for k, v in changes.items()})
-        return settings_reply(settings)
+        return answer_log_settings(request)
 
     def _shm(self) -> ShmRegistry:
         if self.state.shm_registry is None:

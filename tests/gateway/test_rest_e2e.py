@@ -221,14 +221,27 @@ def test_errors_read_as_the_gateway_grpc_ones_and_it_serves_on(fleet):
     status, message = status_of(lambda: c.infer("mlp", [mlp_input(bad)]))
     assert status == "400" and "input_0" in message
     assert raw(fleet, "POST", "/v2/models/mlp/infer", b"[")[0] == 400
-    assert raw(fleet, "GET", "/v2/logging") == (
-        501,
-        {
-            "error": "LogSettings is not implemented: the gateway's log settings are its configuration's"
-        },
-    )
     assert raw(fleet, "POST", "/v2/repository/models//load")[0] == 400  # no model name
     assert c.infer("mlp", [mlp_input(x)]).as_numpy("output").shape == (1, 8)
+
+
+def test_log_settings_are_the_gateways_own_over_rest_and_grpc(fleet):
+    g = grpcclient.InferenceServerClient(fleet.gw.url)
+    status, settings = raw(fleet, "GET", "/v2/logging")
+    assert status == 200 and settings["log_info"] is True
+    assert set(settings) == set(g.get_log_settings(as_json=True)["settings"])
+    changed = g.update_log_settings({"log_verbose_level": 1}, as_json=True)["settings"]
+    try:
+        assert changed["log_verbose_level"]["uint32_param"] == 1
+        assert raw(fleet, "GET", "/v2/logging")[1]["log_verbose_level"] == 1
+    finally:
+        raw(fleet, "POST", "/v2/logging", json.dumps({"log_verbose_level": 0}).encode())
+    assert raw(fleet, "GET", "/v2/logging")[1]["log_verbose_level"] == 0
+    status, body = raw(fleet, "POST", "/v2/logging", b'{"log_info": [1]}')
+    assert status == 400 and "log setting 'log_info' must be" in body["error"]
+    with pytest.raises(InferenceServerException, match="log_format"):
+        g.update_log_settings({"log_format": "xml"})
+    assert g.is_server_ready()  # and it serves on
 
 
 def routed_to(gw: Gateway, model: str) -> list[str]:

@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.logging import LogSettings
 from kserve_trio.proto import inference as pb
-from kserve_trio.worker.log_settings import requested_changes, settings_reply
+from kserve_trio.serving.log_settings import requested_changes, settings_reply
 
 
 def parsed(request: service_pb2.LogSettingsRequest) -> pb.LogSettingsRequest:

@@ -1,5 +1,6 @@
-"""Triton's LogSettings RPC in our terms: the request's settings as plain values, and the reply
-listing every setting in force (pure: messages in, values out).
+"""Triton's LogSettings RPC in our terms: the request's settings as plain values, the reply
+listing every setting in force, and the RPC itself (``answer``), which the worker and the
+gateway both serve for their own process.
 
 The RPC itself is one call for both directions: tritonclient's ``get_log_settings`` sends no
 settings and reads the reply; ``update_log_settings`` sends the ones to change. The values are
@@ -10,7 +11,12 @@ applied by ``core.logging.update_log_settings`` (Triton's vocabulary, all or not
 from __future__ import annotations
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.logging import LogSettings
+from kserve_trio.core.logging import (
+    LogSettings,
+    current_log_settings,
+    get_logger,
+    update_log_settings,
+)
 from kserve_trio.proto import inference as pb
 
 
@@ -47,4 +53,17 @@ def settings_reply(settings: LogSettings) -> pb.LogSettingsResponse:
     )
 
 
-__all__ = ["requested_changes", "settings_reply"]
+def answer(request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+    """The RPC: change the settings the request names (all or nothing, logged) and answer with
+    every setting in force; a request without settings only reads them."""
+    changes = requested_changes(request)
+    if not changes:
+        return settings_reply(current_log_settings())
+    settings = update_log_settings(changes)
+    get_logger("kserve_trio.logging").info(
+        "log_settings_updated", **{k: str(v) for k, v in changes.items()}
+    )
+    return settings_reply(settings)
+
+
+__all__ = ["answer", "requested_changes", "settings_reply"]
