@@ -59,6 +59,20 @@ def path(request, monkeypatch):
         assert FastUnary.calls == before, "a call took the fast path with the switch off"
 
 
+OWN_CONNECTION = [
+    # grpc C-core shares one connection between channels to the same address; the switch is
+    # read when a connection is accepted, so each client opens its own.
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+def own_client(address: str) -> grpcclient.InferenceServerClient:
+    """A tritonclient on a connection of its own (opened under the test's switch)."""
+    return grpcclient.InferenceServerClient(address, channel_args=OWN_CONNECTION)
+
+
 def mlp_input(x, name="input_0"):
     inp = grpcclient.InferInput(name, list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
@@ -84,7 +98,7 @@ def block_device(running, seconds: float) -> threading.Thread:
 
 
 def assert_serves(address, demo_repo):
-    c = grpcclient.InferenceServerClient(address)
+    c = own_client(address)
     x = np.arange(32, dtype=np.float32).reshape(2, 16) / 32
     out = c.infer("mlp", [mlp_input(x)]).as_numpy("output")
     np.testing.assert_allclose(out, ref.mlp(x, ref.weights(demo_repo, "mlp")), rtol=1e-5, atol=1e-5)
@@ -130,7 +144,7 @@ def test_the_switch_reads_the_environment():
 
 
 def test_results_request_ids_and_statistics(server, demo_repo, path):
-    c = grpcclient.InferenceServerClient(server.address)
+    c = own_client(server.address)
     before = c.get_inference_statistics("mlp", as_json=True)["model_stats"][0]
     ok_before = int(before["inference_stats"]["success"].get("count", 0))
     for i in range(5):
@@ -145,7 +159,7 @@ def test_results_request_ids_and_statistics(server, demo_repo, path):
 
 
 def test_shared_memory_inputs_and_outputs(server, demo_repo, path):
-    c = grpcclient.InferenceServerClient(server.address)
+    c = own_client(server.address)
     tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(4, 16)
     hin = shm.create_shared_memory_region(f"in_{tag}", f"/in_{tag}", x.nbytes)
@@ -173,7 +187,7 @@ def test_shared_memory_inputs_and_outputs(server, demo_repo, path):
 def test_grpc_timeout_is_deadline_exceeded_and_never_executed(server, demo_repo, path):
     served = server.scheduler.scheduler_metrics()["mlp"].requests_served
     blocker = block_device(server, 1.0)
-    c = grpcclient.InferenceServerClient(server.address)
+    c = own_client(server.address)
     t0 = time.monotonic()
     code, _ = status_of(
         lambda: c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))], client_timeout=0.3)
@@ -191,7 +205,7 @@ def test_client_cancellation_resets_the_call_and_it_never_runs(server, demo_repo
     blocker = block_device(server, 1.0)
 
     async def main():
-        client = aioclient.InferenceServerClient(server.address)
+        client = aioclient.InferenceServerClient(server.address, channel_args=OWN_CONNECTION)
         try:
             inp = aioclient.InferInput("input_0", [1, 16], "FP32")
             inp.set_data_from_numpy(np.ones((1, 16), np.float32))
@@ -214,7 +228,7 @@ def test_client_cancellation_resets_the_call_and_it_never_runs(server, demo_repo
 
 
 def test_errors_carry_status_and_message(server, demo_repo, path):
-    c = grpcclient.InferenceServerClient(server.address)
+    c = own_client(server.address)
     code, msg = status_of(lambda: c.infer("nope", [mlp_input(np.ones((1, 16), np.float32))]))
     assert code == "StatusCode.NOT_FOUND" and "nope" in msg
     code, msg = status_of(lambda: c.infer("mlp", [mlp_input(np.ones((1, 15), np.float32))]))
@@ -226,7 +240,7 @@ def test_errors_carry_status_and_message(server, demo_repo, path):
 
 
 def test_compressed_requests_take_grpclibs_path(server, demo_repo, path):
-    c = grpcclient.InferenceServerClient(server.address)
+    c = own_client(server.address)
     x = np.ones((1, 16), np.float32)
     before = FastUnary.calls
     packed = c.infer("mlp", [mlp_input(x)], compression_algorithm="gzip")
@@ -238,7 +252,7 @@ def test_compressed_requests_take_grpclibs_path(server, demo_repo, path):
 
 
 def test_stream_infer_next_to_the_fast_path(server, demo_repo, path):
-    c = grpcclient.InferenceServerClient(server.address)
+    c = own_client(server.address)
     c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))])
     results = []
     done = threading.Event()
@@ -262,7 +276,7 @@ def test_stream_infer_next_to_the_fast_path(server, demo_repo, path):
 def test_message_caps_are_resource_exhausted(demo_repo, path):
     running = start(demo_repo, grpc={"max_recv_msg_bytes": 1 << 16, "max_send_msg_bytes": 1 << 10})
     try:
-        c = grpcclient.InferenceServerClient(running.address)
+        c = own_client(running.address)
         code, msg = status_of(lambda: c.infer("mlp", [mlp_input(np.ones((1, 20_000), np.float32))]))
         assert code == "StatusCode.RESOURCE_EXHAUSTED" and "larger than max" in msg
         code, msg = status_of(lambda: c.infer("mlp", [mlp_input(np.ones((64, 16), np.float32))]))
