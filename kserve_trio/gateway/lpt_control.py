@@ -11,8 +11,10 @@ their inputs; ``GatewayControl`` is the thin grpclib shell.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import anyio
 import grpclib.const
@@ -98,7 +100,11 @@ def policy_message(knobs: SchedulingConfig, generation: int) -> rc.SchedulingPol
     )
 
 
-def _enum(cls: type, text: str, name: str):
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _enum(cls: type[E], text: str, name: str) -> E:
+    """The member of the string enum ``cls`` whose value ``text`` names (case-insensitive)."""
     for member in cls:
         if member.value == text.strip().lower():
             return member
