@@ -8,10 +8,11 @@ dashboard variables (namespace, pod, model) so one Prometheus can hold several f
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by path
+from grafana_model import Dashboard, Panel, rate, render, sel
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards"
@@ -20,36 +21,6 @@ W = 'namespace=~"$namespace", pod=~"$pod"'
 """Label filter of every worker series (namespace and pod are added by the scrape config)."""
 WM = W + ', model=~"$model"'
 G = 'namespace=~"$namespace"'
-RI = "[$__rate_interval]"
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One time-series (or stat) panel: title, unit, (query, legend) pairs, description."""
-
-    title: str
-    unit: str
-    targets: tuple[tuple[str, str], ...]
-    description: str = ""
-    kind: str = "timeseries"
-
-
-@dataclass(frozen=True)
-class Dashboard:
-    uid: str
-    title: str
-    description: str
-    rows: tuple[tuple[str, tuple[Panel, ...]], ...]
-    variables: tuple[tuple[str, str], ...] = field(default=())
-
-
-def rate(expr: str) -> str:
-    return f"rate({expr}{RI})"
-
-
-def sel(metric: str, labels: str, *extra: str) -> str:
-    """``metric{labels, extra...}``."""
-    return metric + "{" + ", ".join((labels, *extra)) + "}"
 
 
 WORKER_VARS = (
@@ -551,89 +522,6 @@ GATEWAY = Dashboard(
 )
 
 DASHBOARDS = (MODELS, MEMORY, GATEWAY)
-
-
-def _variable(name: str, query: str) -> dict:
-    return {
-        "name": name,
-        "label": name,
-        "type": "query",
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "query": {"query": query, "refId": f"var-{name}"},
-        "definition": query,
-        "refresh": 2,
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "current": {"selected": True, "text": "All", "value": "$__all"},
-        "sort": 1,
-    }
-
-
-def _panel(panel: Panel, pid: int, x: int, y: int) -> dict:
-    return {
-        "id": pid,
-        "type": panel.kind,
-        "title": panel.title,
-        "description": panel.description,
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
-        "targets": [
-            {
-                "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                "expr": expr,
-                "legendFormat": legend,
-                "refId": chr(ord("A") + i),
-            }
-            for i, (expr, legend) in enumerate(panel.targets)
-        ],
-    }
-
-
-def build(d: Dashboard) -> dict:
-    """The Grafana JSON model of ``d`` (schema 39): a row per group, panels two abreast."""
-    panels: list[dict] = []
-    y = 0
-    pid = 1
-    for title, row in d.rows:
-        panels.append(
-            {"id": pid, "type": "row", "title": title, "collapsed": False,
-             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []}
-        )  # fmt: skip
-        pid += 1
-        y += 1
-        for i, panel in enumerate(row):
-            panels.append(_panel(panel, pid, 12 * (i % 2), y + 8 * (i // 2)))
-            pid += 1
-        y += 8 * ((len(row) + 1) // 2)
-    datasource = {
-        "name": "datasource",
-        "label": "Prometheus",
-        "type": "datasource",
-        "query": "prometheus",
-        "current": {},
-    }
-    return {
-        "uid": d.uid,
-        "title": d.title,
-        "description": d.description,
-        "tags": ["kserve_trio"],
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "time": {"from": "now-1h", "to": "now"},
-        "refresh": "30s",
-        "timezone": "",
-        "templating": {"list": [datasource, *(_variable(n, q) for n, q in d.variables)]},
-        "annotations": {"list": []},
-        "panels": panels,
-    }
-
-
-def render(d: Dashboard) -> str:
-    return json.dumps(build(d), indent=2) + "\n"
 
 
 def main(argv: list[str]) -> int:
