@@ -21,12 +21,12 @@ import ssl
 import threading
 from typing import Any
 
-import anyio
-import anyio.from_thread
 import grpclib.const
 import grpclib.server
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
+
+from tests.threaded_grpc import ThreadedGrpcServer
 
 
 class Raw(bytes):
@@ -92,45 +92,16 @@ class EchoService:
         }
 
 
-class EchoServer:
+class EchoServer(ThreadedGrpcServer):
     """``EchoServer(ssl_context=None).start()`` → ``.port``; ``.stop()``."""
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None, port: int = 0) -> None:
         self.ssl_context = ssl_context
         self.service = EchoService()
         self.port = port
-        self._cm = None
-        self._portal = None
-        self._server: grpclib.server.Server | None = None
 
-    def start(self) -> EchoServer:
-        self._cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
-        self._portal = self._cm.__enter__()
-        self._portal.call(self._start)
-        return self
-
-    async def _start(self) -> None:
-        self._server = grpclib.server.Server([self.service])
-        await self._server.start("127.0.0.1", self.port, ssl=self.ssl_context)
-        self.port = self._server._server.sockets[0].getsockname()[1]
-
-    async def _stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    def stop(self) -> None:
-        """Stop serving and end the loop (the loop's close drops open connections)."""
-        if self._portal is not None:
-            self._portal.call(self._stop)
-            self._cm.__exit__(None, None, None)
-            self._portal = None
-
-    def __enter__(self) -> EchoServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def servables(self) -> list[Any]:
+        return [self.service]
 
 
 # --------------------------------------------------------------------------------------------

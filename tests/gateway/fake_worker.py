@@ -31,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
+from typing import Any
 
-import anyio.from_thread
 import grpclib.const
 import grpclib.server
 from grpclib.const import Cardinality, Status
@@ -43,6 +43,7 @@ from kserve_trio.proto import reactant_control as rc
 from kserve_trio.serving.grpc_adapter import Limits
 from kserve_trio.serving.grpc_server import GrpcServer
 from kserve_trio.serving.raw import RawCall
+from tests.threaded_grpc import ThreadedGrpcServer
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -72,7 +73,7 @@ class _Server(GrpcServer):
         return protocol
 
 
-class FakeWorker:
+class FakeWorker(ThreadedGrpcServer):
     """See the module docstring. ``FakeWorker(host).start()`` -> ``.port``; ``.stop()`` ends it
     like a killed process: the port closes and every open connection is dropped."""
 
@@ -111,9 +112,6 @@ class FakeWorker:
         self.max_in_flight = 0
         self.cancelled = 0
         self._lock = threading.Lock()
-        self._cm = None
-        self._portal = None
-        self._server: _Server | None = None
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -331,34 +329,14 @@ class FakeWorker:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> FakeWorker:
-        self._cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
-        self._portal = self._cm.__enter__()
-        self._portal.call(self._start)
-        return self
+    server_class = _Server
 
-    async def _start(self) -> None:
-        self._server = _Server([self])
-        await self._server.start(self.host, self.port, ssl=self.ssl_context)
-        self.port = self._server._server.sockets[0].getsockname()[1]
+    def servables(self) -> list[Any]:
+        return [self]
 
-    async def _stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for protocol in self._server.protocols:
+    def _closing(self, server: grpclib.server.Server) -> None:
+        """Drop every open connection too, as a killed process would."""
+        for protocol in getattr(server, "protocols", ()):
             connection = getattr(protocol, "connection", None)
             if connection is not None:
                 connection.close()
-        await self._server.wait_closed()
-
-    def stop(self) -> None:
-        if self._portal is not None:
-            self._portal.call(self._stop)
-            self._cm.__exit__(None, None, None)
-            self._portal = None
-
-    def __enter__(self) -> FakeWorker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
