@@ -7,7 +7,8 @@ the routing policy, the others by ``Forwarder.on_replica``). Only the attempt on
 REST's own (``ModelRequests.attempt``), by one rule:
 
 - a worker with a REST endpoint (``worker_http_endpoints``, paired per discovered address) gets
-  the request as it arrived: the same method, path and query, the body byte for byte (still
+  the request as it arrived: the same method (a HEAD as a GET, answered without the body), path
+  and query, the body byte for byte (still
   compressed under its ``Content-Encoding``), and the end-to-end headers
   (``Inference-Header-Content-Length``, ``Content-Type``, ``Content-Encoding``,
   ``Accept-Encoding``, custom ones; hop-by-hop ones dropped). Its status, body and headers come
@@ -204,7 +205,9 @@ class RestUpstream:
         left = max(deadline - anyio.current_time(), 0.001)
         try:
             async with self._open().request(
-                request.method,
+                # A HEAD is asked of the worker as a GET: the gateway's server then answers it
+                # with the GET's headers (Content-Length included) and no body, as the worker would.
+                "GET" if request.method == "HEAD" else request.method,
                 url,
                 data=request.body or None,
                 headers=forwarded_headers(request.headers),

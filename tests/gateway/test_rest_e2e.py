@@ -295,6 +295,23 @@ def test_a_compressed_request_and_reply_pass_through_byte_for_byte(fleet):
     assert packed in bytes(fleet.rest_a.sent + fleet.rest_b.sent)  # forwarded as it came
 
 
+def test_a_head_is_the_gets_headers_without_the_body(fleet):
+    url = f"http://{fleet.gw.http_url}/v2/models/mlp"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        body = r.read()
+        assert r.status == 200 and json.loads(body)["name"] == "mlp"
+    relays = (fleet.rest_a, fleet.rest_b)
+    before = [len(relay.sent) for relay in relays]
+    req = urllib.request.Request(url, method="HEAD")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200 and r.read() == b""
+        assert int(r.headers["Content-Length"]) == len(body)
+        assert r.headers["Content-Type"].startswith("application/json")
+    sent = [bytes(relay.sent[n:]) for relay, n in zip(relays, before, strict=True)]
+    assert sorted(sent)[-1].startswith(b"GET /v2/models/mlp ")  # a worker's REST port got a GET
+    assert b"" in sent  # and only one of them
+
+
 def test_a_rest_port_down_fails_over_to_the_other_workers_rest_port(fleet):
     wait_routed(fleet.gw, "mlp", 2)
     fleet.rest_b.close()  # b's REST port is gone; its gRPC port still serves
