@@ -1,8 +1,7 @@
 """gRPC message compression: ``grpc-encoding`` gzip and deflate, bounded by the message cap.
 
 This module is pure (bytes in, bytes out) and owns the rules of the gRPC compression spec that
-our servers and client follow; it lives in ``core`` so both share it (the servers import it as
-``kserve_trio.serving.compression``):
+our servers and client follow; it lives in ``core`` so both share it:
 
 1. A request names its algorithm in the ``grpc-encoding`` header; each message's 5-byte prefix
    says whether that message is compressed (flag 1) or not (flag 0). A compressed message

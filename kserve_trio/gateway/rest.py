@@ -27,10 +27,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from kserve_trio.core import compression
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
-from kserve_trio.serving import compression
 from kserve_trio.serving.grpc_adapter import Limits
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.raw import RawCall, RawMessage

@@ -26,6 +26,7 @@ from typing import Any
 import grpclib.const
 from grpclib.exceptions import GRPCError
 
+from kserve_trio.core import compression
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -40,7 +41,6 @@ from kserve_trio.core.infer_wire import (
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving import compression
 from kserve_trio.serving.call_headers import header_value
 from kserve_trio.serving.message_check import wrong_field
 

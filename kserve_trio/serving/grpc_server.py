@@ -27,8 +27,8 @@ import grpclib.server
 from grpclib.const import Status
 from grpclib.protocol import H2Protocol
 
+from kserve_trio.core import compression
 from kserve_trio.core.logging import get_logger
-from kserve_trio.serving import compression
 from kserve_trio.serving.call_headers import header_value, request_headers
 from kserve_trio.serving.fast_unary import FastUnary, fast_path_enabled, plain_call
 

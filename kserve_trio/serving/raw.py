@@ -12,7 +12,7 @@ Framing rules (every violation is the client's fault, INVALID_ARGUMENT, unless s
 1. A message is a 5-byte prefix (flag, big-endian length) and the payload. A stream that ends
    inside either is malformed; a unary call that sends no message is malformed.
 2. Flag 0 is a plain message; flag 1 a compressed one, which needs a ``grpc-encoding`` naming
-   an algorithm (``serving.compression``; the server's header check has already refused
+   an algorithm (``core.compression``; the server's header check has already refused
    unknown ones with UNIMPLEMENTED); any other flag is malformed.
 3. The announced length is checked against ``grpc.max_recv_msg_bytes`` before the payload is
    buffered (RESOURCE_EXHAUSTED); a compressed payload's decompressed size is bounded by the
@@ -36,8 +36,8 @@ import anyio
 import grpclib.const
 from grpclib.exceptions import GRPCError
 
+from kserve_trio.core import compression
 from kserve_trio.core.errors import InvalidArgument, ResourceExhausted, ServingError
-from kserve_trio.serving import compression
 from kserve_trio.serving.call_headers import header_value
 from kserve_trio.serving.grpc_adapter import EncodedMessage, Limits, status_error
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from kserve_trio.core import compression
 from kserve_trio.core.errors import (
     InvalidArgument,
     NotFound,
@@ -47,7 +48,6 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.rest_codec import HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving import compression
 from kserve_trio.serving.http import HttpRequest, HttpResponse
 
 

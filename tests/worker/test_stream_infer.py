@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kserve_trio.serving import compression
+from kserve_trio.core import compression
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
