@@ -25,8 +25,8 @@ from kserve_trio.client import (
 )
 from kserve_trio.client._h2_call import _Call
 from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
-from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
+from tests.inprocess import in_process_worker
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +40,8 @@ def repo(demo_repo, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    running = serve(
-        None,
-        blocking=False,
-        model_dirs=[str(repo)],
-        model_control_mode="static",
-        endpoints={"port": 0},
-    )
-    yield running
-    stop(running)
+    with in_process_worker(repo) as running:
+        yield running
 
 
 @pytest.fixture

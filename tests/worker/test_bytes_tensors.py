@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
 from kserve_trio.worker.registry import load_repository
-from kserve_trio.worker.server import serve, stop
+from tests.inprocess import in_process_worker
 
 TEXTS = np.array(
     [
@@ -42,15 +42,8 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    running = serve(
-        None,
-        blocking=False,
-        model_dirs=[str(repo)],
-        model_control_mode="static",
-        endpoints={"port": 0},
-    )
-    yield running
-    stop(running)
+    with in_process_worker(repo) as running:
+        yield running
 
 
 def text_input(texts: np.ndarray) -> grpcclient.InferInput:
