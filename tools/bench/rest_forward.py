@@ -33,7 +33,7 @@ PY = sys.executable
 sys.path.insert(0, str(BENCH))
 
 from gateway import build_repository  # noqa: E402  (the identity bundles)
-from rest_peer import CASES, run_level, wait_http  # noqa: E402
+from rest_peer import CASES, run_level, start_rest_worker, wait_http  # noqa: E402
 from run import free_port  # noqa: E402
 
 G = "KSERVE_TRIO_GATEWAY_"
@@ -174,14 +174,7 @@ def ab(args: argparse.Namespace) -> None:
     w_http, w_grpc, fwd_http, tr_http = free_port(), free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
     try:
-        worker = subprocess.Popen(
-            [
-                PY, "-m", "kserve_trio", "worker", "--model-repo", str(repo),
-                "--port", str(w_grpc), "--http-port", str(w_http),
-                "--model-control-mode", "static", "--log-level", "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        worker = start_rest_worker(repo, w_grpc, w_http)
         procs.append(worker)
         wait_http(w_http, "/v2/health/ready", worker, "worker")
         forward = _gateway(w_grpc, fwd_http, f"127.0.0.1:{w_http}")

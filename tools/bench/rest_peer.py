@@ -169,6 +169,18 @@ def check_reply(url: str, body: bytes, header_length, x: np.ndarray, output: str
 # ------------------------------------------------------------------------------------- driver
 
 
+def start_rest_worker(repo: pathlib.Path, grpc_port: int, http_port: int) -> subprocess.Popen:
+    """The CLI worker serving ``repo`` statically on ``grpc_port`` with REST on ``http_port``."""
+    return subprocess.Popen(
+        [
+            PY, "-m", "kserve_trio", "worker", "--model-repo", str(repo),
+            "--port", str(grpc_port), "--http-port", str(http_port),
+            "--model-control-mode", "static", "--log-level", "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def wait_http(port: int, path: str, proc: subprocess.Popen, what: str, timeout=300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -244,14 +256,7 @@ def main() -> int:
     ours_port, ours_grpc, ks_http, ks_grpc = free_port(), free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
     try:
-        ours = subprocess.Popen(
-            [
-                PY, "-m", "kserve_trio", "worker", "--model-repo", str(repo),
-                "--port", str(ours_grpc), "--http-port", str(ours_port),
-                "--model-control-mode", "static", "--log-level", "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        ours = start_rest_worker(repo, ours_grpc, ours_port)
         procs.append(ours)
         ks = subprocess.Popen(
             [
