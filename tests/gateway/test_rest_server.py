@@ -26,32 +26,28 @@ from kserve_trio.gateway.config import (
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
-    ProberConfig,
 )
 from kserve_trio.gateway.server import serve_gateway, stop
 from tests.gateway.test_prober import fleet
-from tests.gateway.test_server import wait_for
+from tests.gateway.test_server import gateway_config, wait_for
+from tests.gateway.test_server import running as grpc_gateway_running
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+REST_LISTEN = ListenConfig("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+"""gRPC, metrics and REST on ephemeral ports."""
+
+
 def config(workers, **kw) -> GatewayConfig:
-    return GatewayConfig(
-        listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"),
-        endpoints=tuple(f"{w.host}:{w.port}" for w in workers),
-        prober=ProberConfig(health_interval_seconds=0.3),
-        **kw,
-    )
+    return gateway_config(workers, listen=REST_LISTEN, **kw)
 
 
 @contextlib.contextmanager
 def running(workers, **kw):
-    gateway = serve_gateway(config(workers, **kw), blocking=False)
-    assert gateway is not None and gateway.http_port
-    try:
+    with grpc_gateway_running(workers, listen=REST_LISTEN, **kw) as gateway:
+        assert gateway.http_port
         yield gateway
-    finally:
-        stop(gateway)
 
 
 def client(gateway) -> httpclient.InferenceServerClient:

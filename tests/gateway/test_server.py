@@ -37,17 +37,18 @@ from tests.gateway.test_prober import fleet
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+def gateway_config(workers, **kw) -> GatewayConfig:
+    """A gateway in front of ``workers`` (each by its own address), rounds every 0.3 s, gRPC
+    and metrics on ephemeral ports unless ``listen`` says otherwise."""
+    kw.setdefault("listen", ListenConfig("127.0.0.1:0", "127.0.0.1:0"))
+    kw.setdefault("prober", ProberConfig(health_interval_seconds=0.3))
+    return GatewayConfig(endpoints=tuple(f"{w.host}:{w.port}" for w in workers), **kw)
+
+
 @contextlib.contextmanager
 def running(workers, **kw):
-    """A gateway in front of ``workers`` (each by its own address), rounds every 0.3 s."""
-    prober = kw.pop("prober", ProberConfig(health_interval_seconds=0.3))
-    cfg = GatewayConfig(
-        listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
-        endpoints=tuple(f"{w.host}:{w.port}" for w in workers),
-        prober=prober,
-        **kw,
-    )
-    gateway = serve_gateway(cfg, blocking=False)
+    """``gateway_config(workers, **kw)`` served in this process, stopped on exit."""
+    gateway = serve_gateway(gateway_config(workers, **kw), blocking=False)
     assert gateway is not None
     try:
         yield gateway
