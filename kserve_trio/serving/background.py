@@ -4,9 +4,9 @@ SIGINT or SIGTERM, or on a background thread behind a handle that stops it.
 The worker and the gateway are each an async context manager that yields a handle once their
 ports are open and drains on exit (``worker.server.serve_async``,
 ``gateway.server.serve_gateway_async``). Their blocking and non-blocking ``serve`` entry points
-differ only in which context they enter, so the loop policy (uvloop unless
-``KSERVE_TRIO_UVLOOP=0``), the signal wait and the start/stop handshake with a background thread
-live here once.
+differ only in which context they enter, so the event loop choice (``EVENT_LOOPS``: uvloop when
+installed, asyncio, or trio), the signal wait and the start/stop handshake with a background
+thread live here once. This is the one module that names an event loop library.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ T = TypeVar("T")
 _OFF = ("0", "false", "no", "off")
 
 
-def use_uvloop() -> bool:
-    """uvloop when it is installed and ``KSERVE_TRIO_UVLOOP`` does not turn it off: it halves
-    the event loop's own cost per request, and the switch keeps A/B runs against plain asyncio
-    possible."""
-    if os.environ.get("KSERVE_TRIO_UVLOOP", "1").strip().lower() in _OFF:
-        return False
+EVENT_LOOPS = ("uvloop", "asyncio", "trio")
+"""The event loops our servers run on (``--event-loop``, ``endpoints.event_loop``)."""
+
+
+def uvloop_available() -> bool:
+    """Whether uvloop can be imported (it is optional: not on every platform)."""
     try:
         import uvloop  # noqa: F401
     except ImportError:
@@ -42,9 +42,24 @@ def use_uvloop() -> bool:
     return True
 
 
-def run_loop(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """``anyio.run`` on the asyncio backend (grpclib needs asyncio), with uvloop when wanted."""
-    return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": use_uvloop()})
+def default_event_loop() -> str:
+    """uvloop when it is installed and ``KSERVE_TRIO_UVLOOP`` does not turn it off (it halves
+    the event loop's own cost per request), else asyncio."""
+    if os.environ.get("KSERVE_TRIO_UVLOOP", "1").strip().lower() in _OFF:
+        return "asyncio"
+    return "uvloop" if uvloop_available() else "asyncio"
+
+
+def run_loop(fn: Callable[..., Awaitable[Any]], *args: Any, event_loop: str | None = None) -> Any:
+    """``anyio.run`` on ``event_loop`` (one of ``EVENT_LOOPS``; None: ``default_event_loop``).
+    uvloop asked for but not installed runs on asyncio."""
+    loop = event_loop or default_event_loop()
+    if loop not in EVENT_LOOPS:
+        raise ValueError(f"unknown event loop {loop!r}: expected one of {', '.join(EVENT_LOOPS)}")
+    if loop == "trio":
+        return anyio.run(fn, *args, backend="trio")
+    use_uvloop = loop == "uvloop" and uvloop_available()
+    return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
 
 
 async def serve_until_signal(server: AbstractAsyncContextManager[object], log: Any) -> None:
@@ -85,7 +100,11 @@ class BackgroundLoop(Generic[T]):
 
 
 def start_in_thread(
-    open_server: Callable[[], AbstractAsyncContextManager[T]], *, thread_name: str, what: str
+    open_server: Callable[[], AbstractAsyncContextManager[T]],
+    *,
+    thread_name: str,
+    what: str,
+    event_loop: str | None = None,
 ) -> BackgroundLoop[T]:
     """Enter ``open_server()`` on a new daemon thread's event loop and return once it yielded.
 
@@ -106,7 +125,7 @@ def start_in_thread(
 
     def target() -> None:
         try:
-            run_loop(main)
+            run_loop(main, event_loop=event_loop)
         except BaseException as exc:  # surfaced to the caller of start_in_thread / stop
             box["error"] = exc
         finally:
@@ -127,4 +146,12 @@ def start_in_thread(
     )
 
 
-__all__ = ["BackgroundLoop", "run_loop", "serve_until_signal", "start_in_thread", "use_uvloop"]
+__all__ = [
+    "EVENT_LOOPS",
+    "BackgroundLoop",
+    "default_event_loop",
+    "run_loop",
+    "serve_until_signal",
+    "start_in_thread",
+    "uvloop_available",
+]

@@ -1,0 +1,610 @@
+"""One client connection: h2's sans-IO state driven by an anyio byte stream.
+
+A connection is three tasks in its own task group (inside the server's, inside the process's
+one tree) plus one task per call:
+
+- the read loop: bytes from the socket into ``h2.H2Connection.receive_data``, each event
+  dispatched at once (a request opens a ``Call`` and starts its task; DATA feeds the call's
+  buffer; RST_STREAM cancels the call; WINDOW_UPDATE and SETTINGS wake blocked senders);
+- the writer: the only task that writes to the socket. Calls and the read loop queue frames in
+  h2 and ask for a write (``want_write``); the writer takes everything h2 has queued in one
+  ``data_to_send`` and writes it, so replies finished in one loop iteration share a write and
+  no frame is ever lost to a cancelled writer;
+- the timer: the calls' deadlines (one heap per connection instead of a timer per call), the
+  keepalive PING, the maximum connection age and the drain's phases.
+
+Rules of a call's life:
+1. A request whose headers are refused (method, content type, ``te``, ``header_problem``, an
+   unknown path) is answered at once, trailers-only, and no task is started.
+2. A request whose ``grpc-timeout`` has already passed is answered DEADLINE_EXCEEDED at once.
+3. A call's handler runs in the call's cancel scope. Its deadline, RST_STREAM from the client
+   and the end of the connection cancel the scope; an expired call is answered
+   DEADLINE_EXCEEDED, a reset one nothing.
+4. An exception from the handler ends the call with ``status_of``'s status.
+5. When a call ends before the client has ended its side, the stream is reset (NO_ERROR), and
+   what the call had buffered unread is given back to the connection window.
+
+Drain (``start_drain``, at shutdown or at the maximum connection age): GOAWAY with the last
+stream id 2^31-1 and a PING; once the PING is answered (or after a timeout) GOAWAY with the
+real last stream id. Streams opened after it are refused (REFUSED_STREAM); the calls in flight
+finish, then the connection closes. ``close_calls`` cancels what is left.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+from h2.errors import ErrorCodes
+from hyperframe.frame import GoAwayFrame, PingFrame
+
+from kserve_trio.core import compression
+from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.grpc._call import Call
+from kserve_trio.serving.grpc._headers import header_problem, timeout_seconds
+from kserve_trio.serving.grpc._settings import ServerSettings
+from kserve_trio.serving.grpc._status import encode_message, status_of
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.grpc._methods import Method
+
+log = get_logger("kserve_trio.serving.grpc")
+
+_RECEIVE_BYTES = 1 << 20
+_MAX_STREAM_ID = 2**31 - 1
+_DRAIN_PING = b"drain\x00\x00\x00"
+_KEEPALIVE_PING = b"alive\x00\x00\x00"
+
+_H2_CONFIG = h2.config.H2Configuration(
+    client_side=False,
+    header_encoding=None,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+    validate_inbound_headers=True,
+    normalize_inbound_headers=True,
+)
+
+_GRPC_CONTENT_TYPES = ("application/grpc", "application/grpc+proto")
+
+RequestDone = Callable[["Connection"], None]
+
+
+class Connection:
+    """One HTTP/2 connection of a ``GrpcServer`` (module docstring)."""
+
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        methods: Mapping[str, Method],
+        settings: ServerSettings,
+        on_closed: RequestDone,
+    ) -> None:
+        self.stream = stream
+        self.methods = methods
+        self.settings = settings
+        self._on_closed = on_closed
+        self.h2 = h2.connection.H2Connection(_H2_CONFIG)
+        self.calls: dict[int, Call] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._read_scope = anyio.CancelScope()
+        self._stash: list[bytes] = []
+        self._write_pending = False
+        self._writer_wake: anyio.Event | None = None
+        self._writing = False
+        self._drained_event: anyio.Event | None = None
+        self._deadlines: list[tuple[float, int, Call]] = []
+        self._seq = itertools.count()
+        self._timer_wake: anyio.Event | None = None
+        self._timer_at = math.inf
+        self._reads = 0
+        self._keepalive_reads = -1
+        self._keepalive_sent_at: float | None = None
+        self._aged_at = math.inf
+        self.draining = False
+        self._drain_phase_at = math.inf
+        self._last_stream_id = _MAX_STREAM_ID
+        self._close_at = math.inf
+        self._idle: anyio.Event | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Serve the connection until the client leaves, a protocol error, or the drain ends."""
+        conn = self.h2
+        s = self.settings
+        conn.initiate_connection()
+        conn.update_settings(
+            {
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: s.window_bytes,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: s.max_frame_bytes,
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: s.max_concurrent_streams,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: s.max_header_list_bytes,
+            }
+        )
+        # Accept large frames at once, not only after the client acknowledges our SETTINGS:
+        # grpc-core may send a large DATA frame ahead of that (accepting more than advertised
+        # is always safe for the receiver).
+        conn.max_inbound_frame_size = s.max_frame_bytes
+        if s.window_bytes > 65535:
+            conn.increment_flow_control_window(s.window_bytes - 65535)
+        now = anyio.current_time()
+        if s.max_connection_age_seconds > 0:
+            self._aged_at = now + s.max_connection_age_seconds * (1 + 0.1 * random.random())
+        self._write_pending = True
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._writer)
+                tg.start_soon(self._timer)
+                with self._read_scope:
+                    await self._read_loop()
+                await self._flush_final()
+                tg.cancel_scope.cancel()
+        finally:
+            self.closed = True
+            for call in list(self.calls.values()):
+                call._on_reset()
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()
+            self._on_closed(self)
+
+    async def _flush_final(self) -> None:
+        """Let the writer send what is queued (a GOAWAY, the last trailers), briefly."""
+        with anyio.move_on_after(1.0):
+            await self.drained()
+
+    # ------------------------------------------------------------------ reading
+
+    async def _read_loop(self) -> None:
+        conn = self.h2
+        stream = self.stream
+        while True:
+            try:
+                data = await stream.receive(_RECEIVE_BYTES)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            except OSError:
+                return
+            self._reads += 1
+            try:
+                events = conn.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                # h2 has queued its GOAWAY; send it and leave.
+                log.info("h2_protocol_error", error=str(exc)[:200])
+                self.want_write()
+                return
+            except Exception as exc:  # a parsing bug must never take the process down
+                log.warning("h2_receive_failed", error=repr(exc)[:200])
+                self._goaway_now(ErrorCodes.PROTOCOL_ERROR)
+                return
+            if events:
+                self._dispatch(events)
+            out = conn.data_to_send()
+            if out:
+                self._stash.append(out)
+                self.want_write()
+            if self.draining and not self.calls and self._last_stream_id != _MAX_STREAM_ID:
+                return
+
+    def _dispatch(self, events: list[Any]) -> None:
+        calls = self.calls
+        for event in events:
+            kind = event.__class__
+            if kind is h2.events.DataReceived:
+                call = calls.get(event.stream_id)
+                if call is not None:
+                    call._feed(event.data, event.flow_controlled_length)
+                elif event.flow_controlled_length:
+                    self.acknowledge(event.flow_controlled_length, event.stream_id)
+            elif kind is h2.events.RequestReceived:
+                self._open(event)
+            elif kind is h2.events.StreamEnded:
+                call = calls.get(event.stream_id)
+                if call is not None:
+                    call._end_inbound()
+            elif kind is h2.events.StreamReset:
+                call = calls.pop(event.stream_id, None)
+                if call is not None:
+                    self._give_back(call)
+                    call._on_reset()
+            elif kind is h2.events.WindowUpdated:
+                if event.stream_id == 0:
+                    for call in calls.values():
+                        call._wake_sender()
+                else:
+                    call = calls.get(event.stream_id)
+                    if call is not None:
+                        call._wake_sender()
+            elif kind is h2.events.RemoteSettingsChanged:
+                for call in calls.values():
+                    call._wake_sender()
+            elif kind is h2.events.PingAckReceived:
+                self._on_ping_ack(event.ping_data)
+            elif kind is h2.events.ConnectionTerminated:
+                # The client's GOAWAY: h2 sends nothing more on this connection.
+                self._read_scope.cancel()
+            elif kind is h2.events.TrailersReceived:
+                call = calls.get(event.stream_id)
+                if call is not None:
+                    call._end_inbound()
+
+    def _open(self, event: h2.events.RequestReceived) -> None:
+        """Rules 1-2 for a new request, then the call's task."""
+        sid = event.stream_id
+        if self.draining and sid > self._last_stream_id:
+            self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            return
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
+        method_name = path = content_type = te = ""
+        timeouts: list[str] = []
+        encoding = compression.IDENTITY
+        for key, value in headers:
+            if key[0] == ":":
+                if key == ":method":
+                    method_name = value
+                elif key == ":path":
+                    path = value
+            elif key == "content-type":
+                content_type = value
+            elif key == "te":
+                te = value
+            elif key == "grpc-timeout":
+                timeouts.append(value)
+            elif key == "grpc-encoding":
+                encoding = value
+        ended = event.stream_ended is not None
+        if method_name != "POST":
+            self._refuse(sid, ended, StatusCode.UNIMPLEMENTED, "only POST is supported", "405")
+            return
+        if content_type.split(";", 1)[0] not in _GRPC_CONTENT_TYPES:
+            self._refuse(
+                sid,
+                ended,
+                StatusCode.UNKNOWN,
+                f"unacceptable content type {content_type[:64]!r}",
+                "415",
+            )
+            return
+        if te != "trailers":
+            self._refuse(
+                sid, ended, StatusCode.UNKNOWN, 'required "te: trailers" header is missing', "400"
+            )
+            return
+        problem = header_problem(headers)
+        if problem is not None:
+            status, message, extra = problem
+            log.info("call_refused", status=status.name, message=message)
+            self._refuse(sid, ended, status, message, extra=extra)
+            return
+        method = self.methods.get(path)
+        if method is None:
+            self._refuse(sid, ended, StatusCode.UNIMPLEMENTED, f"method not found: {path[:200]}")
+            return
+        if encoding != compression.IDENTITY:
+            encoding = compression.parse_encoding(encoding)
+        call = Call(self, sid, path, headers, encoding, method.limits, method.rpc, method)
+        if ended:
+            call.inbound_done = True
+        if timeouts:
+            remaining = min(timeout_seconds(value) for value in timeouts)
+            if remaining <= 0:
+                call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                self._after_answer(call)
+                return
+            now = anyio.current_time()
+            call.deadline = now + remaining
+            call.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
+            self._add_deadline(call)
+        self.calls[sid] = call
+        assert self._tg is not None
+        self._tg.start_soon(self._run_call, call)
+
+    def _refuse(
+        self,
+        sid: int,
+        ended: bool,
+        status: StatusCode,
+        message: str,
+        http_status: str = "200",
+        extra: Any = (),
+    ) -> None:
+        """Answer a stream without a call task (rule 1)."""
+        call = Call(self, sid, "", (), compression.IDENTITY, _NO_LIMITS, "")
+        call.inbound_done = ended
+        if http_status != "200":
+            headers = [
+                (":status", http_status),
+                ("content-type", "application/grpc+proto"),
+                ("grpc-status", str(int(status))),
+                ("grpc-message", encode_message(message)),
+            ]
+            try:
+                self.h2.send_headers(sid, headers, end_stream=True)
+            except h2.exceptions.ProtocolError:
+                return
+            call.closed = True
+        else:
+            call.finish(status, message, extra)
+        self._after_answer(call)
+
+    def _after_answer(self, call: Call) -> None:
+        """Rule 5 for a call answered without a task. (When the client's END_STREAM came in
+        the same read, h2 has closed the stream already and the reset is a no-op.)"""
+        if not call.inbound_done:
+            self._reset_stream(call.stream_id, ErrorCodes.NO_ERROR)
+
+    # ------------------------------------------------------------------ calls
+
+    async def _run_call(self, call: Call) -> None:
+        """Rules 3-5."""
+        method = call.method
+        try:
+            with anyio.CancelScope() as scope:
+                call.scope = scope
+                if call.expired or call.reset:
+                    scope.cancel()
+                try:
+                    await method.run(call)
+                except Exception as exc:
+                    if not call.reset:
+                        status, message = status_of(exc, rpc=call.rpc)
+                        call.finish(status, message)
+            if call.expired and not call.closed:
+                call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+            elif not call.closed and not call.reset:
+                call.finish(StatusCode.OK)
+        finally:
+            self._end_call(call)
+
+    def _end_call(self, call: Call) -> None:
+        if self.calls.get(call.stream_id) is call:
+            del self.calls[call.stream_id]
+            if not call.inbound_done and not call.reset and not self.closed:
+                self._reset_stream(call.stream_id, ErrorCodes.NO_ERROR)
+            self._give_back(call)
+        call.scope = None
+        if not self.calls:
+            idle = self._idle
+            if idle is not None:
+                self._idle = None
+                idle.set()
+            if self.draining and self._last_stream_id != _MAX_STREAM_ID:
+                self._read_scope.cancel()
+
+    def _give_back(self, call: Call) -> None:
+        owed = call._release()
+        if owed and not self.closed:
+            try:
+                self.h2.acknowledge_received_data(owed, call.stream_id)
+            except h2.exceptions.ProtocolError:
+                return
+            self.want_write()
+
+    def _reset_stream(self, sid: int, code: ErrorCodes) -> None:
+        try:
+            self.h2.reset_stream(sid, code)
+        except h2.exceptions.ProtocolError:  # closed already: nothing to reset
+            return
+        self.want_write()
+
+    def acknowledge(self, flow_length: int, sid: int) -> None:
+        """Give ``flow_length`` received bytes of stream ``sid`` back to the client's windows."""
+        if flow_length:
+            try:
+                self.h2.acknowledge_received_data(flow_length, sid)
+            except h2.exceptions.ProtocolError:
+                return
+            self.want_write()
+
+    # ------------------------------------------------------------------ writing
+
+    @property
+    def backlogged(self) -> bool:
+        """The socket is slower than the replies: a write is in progress and more is queued."""
+        return self._writing and self._write_pending
+
+    def want_write(self) -> None:
+        """Something is queued in h2 (or the stash): the writer takes it on its next turn."""
+        if not self._write_pending:
+            self._write_pending = True
+            wake = self._writer_wake
+            if wake is not None:
+                self._writer_wake = None
+                wake.set()
+
+    async def drained(self) -> None:
+        """Return once everything queued so far has been written to the socket."""
+        while self._write_pending or self._writing:
+            event = self._drained_event
+            if event is None:
+                event = self._drained_event = anyio.Event()
+            await event.wait()
+
+    async def _writer(self) -> None:
+        conn = self.h2
+        stream = self.stream
+        try:
+            while True:
+                if not self._write_pending:
+                    drained = self._drained_event
+                    if drained is not None:
+                        self._drained_event = None
+                        drained.set()
+                    wake = self._writer_wake = anyio.Event()
+                    await wake.wait()
+                self._write_pending = False
+                data = conn.data_to_send()
+                if self._stash:
+                    stash = self._stash
+                    self._stash = []
+                    if data:
+                        stash.append(data)
+                    data = b"".join(stash)
+                if data:
+                    self._writing = True
+                    try:
+                        await stream.send(data)
+                    finally:
+                        self._writing = False
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._read_scope.cancel()  # the peer is gone
+        finally:
+            self._write_pending = False
+            drained = self._drained_event
+            if drained is not None:
+                self._drained_event = None
+                drained.set()
+
+    def _goaway_now(self, code: ErrorCodes, debug: bytes = b"") -> None:
+        try:
+            self.h2.close_connection(code, additional_data=debug)
+        except h2.exceptions.ProtocolError:
+            return
+        self.want_write()
+
+    def _inject(self, frame: GoAwayFrame | PingFrame) -> None:
+        """Queue a frame h2 must not know about (a GOAWAY that keeps its streams open)."""
+        pending = self.h2.data_to_send()
+        if pending:
+            self._stash.append(pending)
+        self._stash.append(frame.serialize())
+        self.want_write()
+
+    # ------------------------------------------------------------------ timer
+
+    def _add_deadline(self, call: Call) -> None:
+        assert call.deadline is not None
+        heap = self._deadlines
+        if len(heap) > 2 * len(self.calls) + 64:  # drop the entries of finished calls
+            heap[:] = [entry for entry in heap if not entry[2].closed]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (call.deadline, next(self._seq), call))
+        if call.deadline < self._timer_at:
+            self._wake_timer()
+
+    def _wake_timer(self) -> None:
+        wake = self._timer_wake
+        if wake is not None:
+            self._timer_wake = None
+            wake.set()
+
+    async def _timer(self) -> None:
+        s = self.settings
+        heap = self._deadlines
+        keepalive_at = (
+            anyio.current_time() + s.keepalive_seconds if s.keepalive_seconds > 0 else math.inf
+        )
+        while True:
+            now = anyio.current_time()
+            while heap and heap[0][0] <= now:
+                call = heapq.heappop(heap)[2]
+                if not call.closed:
+                    call._expire()
+            if now >= keepalive_at:
+                keepalive_at = self._keepalive(now)
+            if now >= self._aged_at:
+                self._aged_at = math.inf
+                log.debug("connection_aged")
+                self.start_drain()
+                self._close_at = now + s.max_connection_age_grace_seconds
+            if now >= self._drain_phase_at:
+                self._drain_second_phase()
+            if now >= self._close_at:
+                self._close_at = math.inf
+                self.close_calls()
+            at = min(heap[0][0] if heap else math.inf, keepalive_at, self._aged_at)
+            at = min(at, self._drain_phase_at, self._close_at)
+            self._timer_at = at
+            wake = self._timer_wake = anyio.Event()
+            with anyio.CancelScope(deadline=at):
+                await wake.wait()
+
+    def _keepalive(self, now: float) -> float:
+        """The keepalive rule; returns when it runs next."""
+        s = self.settings
+        if self._keepalive_sent_at is not None:
+            # A PING is out and unanswered past its timeout: the client is gone.
+            log.info("keepalive_timeout")
+            self._goaway_now(ErrorCodes.NO_ERROR, b"keepalive timeout")
+            self._read_scope.cancel()
+            return math.inf
+        if self._reads != self._keepalive_reads:  # heard from the client since: wait again
+            self._keepalive_reads = self._reads
+            return now + s.keepalive_seconds
+        self._keepalive_sent_at = now
+        self._inject(_ping(_KEEPALIVE_PING))
+        return now + s.keepalive_timeout_seconds
+
+    def _on_ping_ack(self, data: bytes) -> None:
+        if data == _KEEPALIVE_PING:
+            self._keepalive_sent_at = None
+            self._keepalive_reads = self._reads
+        elif data == _DRAIN_PING and self.draining:
+            self._drain_second_phase()
+
+    # ------------------------------------------------------------------ drain
+
+    def start_drain(self) -> None:
+        """The first phase of a graceful GOAWAY (module docstring)."""
+        if self.draining or self.closed:
+            return
+        self.draining = True
+        self._inject(GoAwayFrame(0, last_stream_id=_MAX_STREAM_ID, error_code=0))
+        self._inject(_ping(_DRAIN_PING))
+        self._drain_phase_at = anyio.current_time() + self.settings.drain_ping_timeout_seconds
+        self._wake_timer()
+
+    def _drain_second_phase(self) -> None:
+        if self._last_stream_id != _MAX_STREAM_ID:
+            return
+        self._drain_phase_at = math.inf
+        self._last_stream_id = self.h2.highest_inbound_stream_id
+        self._inject(GoAwayFrame(0, last_stream_id=self._last_stream_id, error_code=0))
+        if not self.calls:
+            self._read_scope.cancel()
+
+    def close_calls(self) -> None:
+        """Cancel every call still running and close the connection (the drain's end)."""
+        for call in list(self.calls.values()):
+            self._reset_stream(call.stream_id, ErrorCodes.CANCEL)
+            call._on_reset()
+        self._read_scope.cancel()
+
+    async def wait_idle(self) -> None:
+        """Return once no call is running."""
+        while self.calls:
+            event = self._idle
+            if event is None:
+                event = self._idle = anyio.Event()
+            await event.wait()
+
+
+def _ping(opaque: bytes) -> PingFrame:
+    frame = PingFrame(0)
+    frame.opaque_data = opaque
+    return frame
+
+
+class _NoLimits:
+    max_recv_bytes = 0
+    max_send_bytes = 0
+    compress_responses = False
+
+
+_NO_LIMITS: Any = _NoLimits()
+
+__all__ = ["Connection"]

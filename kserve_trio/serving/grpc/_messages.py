@@ -1,0 +1,102 @@
+"""Messages as a call sends and receives them: caps, raw and typed forms, reply pieces.
+
+- ``Limits``: one server's message caps (``grpc.max_*_msg_bytes``, on decompressed sizes) and
+  whether every reply is compressed (``grpc.compress_responses``).
+- ``RawMessage``: one received message exactly as it arrived (compressed ones still compressed).
+- ``parse_message``: bytes to a typed message. ModelInfer requests go through our own wire
+  parser (payloads stay views of the received bytes); every other message through betterproto2,
+  then ``message_check.wrong_field``, so a field sent with the wrong wire type is
+  INVALID_ARGUMENT and never a TypeError deep in a handler.
+- ``reply_pieces``: whatever a handler returns (``WirePieces``, an ``InferResponseMessage``, a
+  betterproto2 message, bytes) as the buffers that make up its encoding and their length.
+- ``reply_encoding``: the algorithm a reply is compressed with: the request's when it was
+  compressed and the client accepts it back, or any accepted one under ``compress_responses``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kserve_trio.core import compression
+from kserve_trio.core.errors import InvalidArgument, ServingError
+from kserve_trio.core.infer_wire import (
+    Buffer,
+    InferRequestMessage,
+    InferResponseMessage,
+    WirePieces,
+    parse_infer_request,
+)
+from kserve_trio.proto import inference as pb
+from kserve_trio.serving.message_check import wrong_field
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Message caps for one server (decompressed sizes) and ``compress_responses``."""
+
+    max_recv_bytes: int
+    max_send_bytes: int
+    compress_responses: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """One request message: ``data`` exactly as received (still compressed when
+    ``compressed``)."""
+
+    data: bytes
+    compressed: bool = False
+
+
+class MessageError(Exception):
+    """One message of a client stream that could not be used (it does not decompress or
+    parse); the stream itself is intact and can be read on. ``error`` is why."""
+
+    def __init__(self, error: ServingError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def parse_message(data: Buffer, message_type: Any) -> Any:
+    """``data`` parsed as ``message_type`` (module docstring); INVALID_ARGUMENT when it does not."""
+    try:
+        if message_type is pb.ModelInferRequest or message_type is InferRequestMessage:
+            return parse_infer_request(data)
+        message = message_type.parse(bytes(data))
+    except Exception as exc:
+        raise InvalidArgument(f"malformed request message: {exc}") from exc
+    bad = wrong_field(message)
+    if bad is not None:
+        raise InvalidArgument(f"malformed request message: field '{bad}' has the wrong wire type")
+    return message
+
+
+def reply_pieces(reply: Any) -> tuple[list[Buffer], int]:
+    """The buffers of ``reply``'s encoding and its length, nothing joined."""
+    if reply.__class__ is bytes:
+        return [reply], len(reply)
+    if isinstance(reply, InferResponseMessage):
+        reply = reply.pieces()
+    if isinstance(reply, WirePieces):
+        return reply.pieces, reply.nbytes
+    data = bytes(reply)
+    return [data], len(data)
+
+
+def reply_encoding(request_encoding: str, accept_encoding: str | None, limits: Limits) -> str:
+    """The algorithm a reply is sent with (module docstring)."""
+    if request_encoding == compression.IDENTITY and not limits.compress_responses:
+        return compression.IDENTITY
+    accepted = compression.parse_accept_encoding(accept_encoding)
+    return compression.reply_encoding(request_encoding, accepted, limits.compress_responses)
+
+
+__all__ = [
+    "Limits",
+    "MessageError",
+    "RawMessage",
+    "parse_message",
+    "reply_encoding",
+    "reply_pieces",
+]
