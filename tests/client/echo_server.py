@@ -1,7 +1,8 @@
-"""A scriptable grpclib gRPC server on its own thread and asyncio loop, for transport tests.
+"""A scriptable ``serving.grpc`` server on its own thread and asyncio loop, for transport tests.
 
-Serves ``/test.Echo/<Method>`` with raw-bytes messages (no codec), with grpclib's default HTTP/2
-settings (4 MiB windows, 16 KiB frames) so flow control is exercised both ways:
+Serves ``/test.Echo/<Method>`` with raw-bytes messages (no codec), with grpclib's old default
+HTTP/2 settings (4 MiB windows, 16 KiB frames) rather than our servers' large ones, so flow
+control is exercised both ways:
 
 - ``Echo``: the request bytes back. Request metadata steers it: ``x-sleep`` (seconds, before
   replying), ``x-reply-bytes`` (reply with that many bytes instead), ``x-status`` with
@@ -15,22 +16,32 @@ Runs on any anyio backend's test because it lives on its own thread.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 import threading
 from typing import Any
 
-import grpclib.const
-import grpclib.server
-from grpclib.const import Cardinality, Status
-from grpclib.exceptions import GRPCError
+import anyio
 
+from kserve_trio.core.errors import StatusCode
+from kserve_trio.serving.grpc import (
+    Call,
+    GrpcError,
+    Limits,
+    Method,
+    RawMessage,
+    ServerSettings,
+    raw_unary,
+)
 from tests.threaded_grpc import ThreadedGrpcServer
+
+LIMITS = Limits(max_recv_bytes=512 << 20, max_send_bytes=512 << 20)
+SMALL_WINDOWS = ServerSettings(window_bytes=4 << 20, max_frame_bytes=16 << 10)
+"""grpclib's default windows and HTTP/2's default frame size: many WINDOW_UPDATEs and frames."""
 
 
 class Raw(bytes):
-    """Message bytes that grpclib's proto codec passes through unchanged."""
+    """Message bytes as a reply type: the transport's ``FromString`` hands them back as is."""
 
     def SerializeToString(self) -> bytes:
         return self
@@ -40,68 +51,70 @@ class Raw(bytes):
         return cls(data)
 
 
+def _remaining(call: Call) -> float | None:
+    """Seconds left before the call's deadline (None without one)."""
+    return None if call.deadline is None else call.deadline - anyio.current_time()
+
+
 class EchoService:
+    """The handlers of the module docstring and what they count (read from any thread)."""
+
     def __init__(self) -> None:
         self.calls = 0
         self.cancelled = 0
         self.lock = threading.Lock()
 
-    async def _echo(self, stream) -> None:
-        request = await stream.recv_message()
-        meta = dict(stream.metadata or {})
+    async def _echo(self, call: Call, message: RawMessage) -> bytes:
+        meta = call.metadata
         with self.lock:
             self.calls += 1
         try:
             if "x-sleep" in meta:
-                await asyncio.sleep(float(meta["x-sleep"]))
-        except asyncio.CancelledError:
+                await anyio.sleep(float(meta["x-sleep"]))
+        except anyio.get_cancelled_exc_class():
             with self.lock:
                 self.cancelled += 1
             raise
         if "x-status" in meta:
-            message = meta.get("x-message", "")
+            text = meta.get("x-message", "")
             if "x-message-bin" in meta:
-                message = meta["x-message-bin"].decode("utf-8")
-            raise GRPCError(Status(int(meta["x-status"])), message)
+                raw = meta["x-message-bin"]
+                text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            raise GrpcError(StatusCode(int(meta["x-status"])), str(text))
         if "x-reply-bytes" in meta:
             n = int(meta["x-reply-bytes"])
-            await stream.send_message(Raw(bytes(range(256)) * (n // 256) + bytes(n % 256)))
-            return
-        await stream.send_message(Raw(request))
+            return bytes(range(256)) * (n // 256) + bytes(n % 256)
+        return bytes(call.plain(message))
 
-    async def _metadata(self, stream) -> None:
-        await stream.recv_message()
+    async def _metadata(self, call: Call, message: RawMessage) -> bytes:
         meta: dict[str, Any] = {}
-        for key, value in (stream.metadata or {}).items():
+        for key, value in call.metadata.items():
             meta[key] = value.decode("latin-1") if isinstance(value, bytes) else value
-        left = None if stream.deadline is None else stream.deadline.time_remaining()
-        await stream.send_message(Raw(json.dumps({"metadata": meta, "deadline": left}).encode()))
+        return json.dumps({"metadata": meta, "deadline": _remaining(call)}).encode()
 
-    async def _empty(self, stream) -> None:
-        await stream.recv_message()
-        await stream.send_message(Raw(b""))
+    async def _empty(self, call: Call, message: RawMessage) -> bytes:
+        return b""
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        def handler(fn):
-            return grpclib.const.Handler(fn, Cardinality.UNARY_UNARY, Raw, Raw)
-
+    def methods(self) -> dict[str, Method]:
         return {
-            "/test.Echo/Echo": handler(self._echo),
-            "/test.Echo/Metadata": handler(self._metadata),
-            "/test.Echo/Empty": handler(self._empty),
+            "/test.Echo/Echo": raw_unary(self._echo, LIMITS, "Echo"),
+            "/test.Echo/Metadata": raw_unary(self._metadata, LIMITS, "Metadata"),
+            "/test.Echo/Empty": raw_unary(self._empty, LIMITS, "Empty"),
         }
 
 
 class EchoServer(ThreadedGrpcServer):
     """``EchoServer(ssl_context=None).start()`` → ``.port``; ``.stop()``."""
 
+    settings = SMALL_WINDOWS
+
     def __init__(self, ssl_context: ssl.SSLContext | None = None, port: int = 0) -> None:
         self.ssl_context = ssl_context
         self.service = EchoService()
         self.port = port
 
-    def servables(self) -> list[Any]:
-        return [self.service]
+    def methods(self) -> dict[str, Method]:
+        return self.service.methods()
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""A scriptable worker stand-in: a real grpclib gRPC server on its own thread and asyncio loop,
-bound to any loopback address (127.0.0.1, 127.0.0.2, ...), for the worker-pool tests.
+"""A scriptable worker stand-in: a real ``serving.grpc`` server on its own thread and asyncio
+loop, bound to any loopback address (127.0.0.1, 127.0.0.2, ...), for the worker-pool tests.
 
 It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
 
@@ -24,53 +24,40 @@ It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
 It records what it saw: ``requests`` (bytes), ``deadlines`` (seconds left when each ModelInfer
 arrived, ``None`` without one), ``metadata``, ``peers`` (client address of each call),
 ``in_flight``/``max_in_flight`` and ``cancelled`` (handlers interrupted by a client reset).
+
+``stop()`` ends it like a killed process: the port closes and every open connection drops
+without a GOAWAY, which is what the pool's reconnect and UNAVAILABLE paths must handle.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import threading
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-import grpclib.const
-import grpclib.server
-from grpclib.const import Cardinality, Status
-from grpclib.exceptions import GRPCError
+import anyio
+import anyio.abc
 
+from kserve_trio.core.errors import StatusCode
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
-from kserve_trio.serving.grpc_adapter import Limits
-from kserve_trio.serving.grpc_server import GrpcServer
-from kserve_trio.serving.raw import RawCall
+from kserve_trio.serving.grpc import Call, GrpcError, Limits, Method, RawMessage, raw_unary
 from tests.threaded_grpc import ThreadedGrpcServer
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+LIMITS = Limits(max_recv_bytes=512 << 20, max_send_bytes=512 << 20)
+
+Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
-class Raw(bytes):
-    """Message bytes grpclib's codec passes through unchanged."""
-
-    def SerializeToString(self) -> bytes:
-        return self
-
-    @classmethod
-    def FromString(cls, data: bytes) -> Raw:
-        return cls(data)
+def _peer_of(call: Call) -> tuple:
+    """The client's (host, port) of ``call``'s connection: tells connections apart."""
+    return call._conn.stream.extra(anyio.abc.SocketAttribute.remote_address)
 
 
-class _Server(GrpcServer):
-    """A grpclib server that remembers its connections, so ``stop`` can drop them as a dying
-    process would (the kernel closes its sockets) instead of leaving them open but mute."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.protocols: list = []
-
-    def _protocol_factory(self):
-        protocol = super()._protocol_factory()
-        self.protocols.append(protocol)
-        return protocol
+def _remaining(call: Call) -> float | None:
+    """Seconds left before the call's deadline (None without one)."""
+    return None if call.deadline is None else call.deadline - anyio.current_time()
 
 
 class FakeWorker(ThreadedGrpcServer):
@@ -113,27 +100,26 @@ class FakeWorker(ThreadedGrpcServer):
         self.cancelled = 0
         self._lock = threading.Lock()
 
-    # -- handlers ------------------------------------------------------------------------------
+    # -- handlers (each ``(call, message) -> reply bytes``; a GrpcError ends it with its status)
 
-    def _peer(self, stream) -> None:
+    def _peer(self, call: Call) -> None:
         with self._lock:
-            self.peers.append(stream.peer.addr())
+            self.peers.append(_peer_of(call))
 
-    async def _ready(self, stream) -> None:
-        await stream.recv_message()
-        self._peer(stream)
+    async def _ready(self, call: Call, message: RawMessage) -> bytes:
+        self._peer(call)
         with self._lock:
             self.probes += 1
         if self.probe_delay:
-            await asyncio.sleep(self.probe_delay)
-        await stream.send_message(Raw(bytes(pb.ServerReadyResponse(ready=self.ready))))
+            await anyio.sleep(self.probe_delay)
+        return bytes(pb.ServerReadyResponse(ready=self.ready))
 
-    async def _index(self, stream) -> None:
-        request = pb.RepositoryIndexRequest.parse(await stream.recv_message())
+    async def _index(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.RepositoryIndexRequest.parse(bytes(call.plain(message)))
         with self._lock:
             self.indexed += 1
         if self.index_delay:
-            await asyncio.sleep(self.index_delay)
+            await anyio.sleep(self.index_delay)
         entries = [
             pb.RepositoryIndexResponseModelIndex(name=m, version="1", state="READY")
             for m in self.models
@@ -145,33 +131,33 @@ class FakeWorker(ThreadedGrpcServer):
                 )
                 for m in self.unloaded
             ]
-        await stream.send_message(Raw(bytes(pb.RepositoryIndexResponse(models=entries))))
+        return bytes(pb.RepositoryIndexResponse(models=entries))
 
-    async def _model_ready(self, stream) -> None:
-        request = pb.ModelReadyRequest.parse(await stream.recv_message())
-        ready = request.name in self.models
-        await stream.send_message(Raw(bytes(pb.ModelReadyResponse(ready=ready))))
+    async def _model_ready(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.ModelReadyRequest.parse(bytes(call.plain(message)))
+        return bytes(pb.ModelReadyResponse(ready=request.name in self.models))
 
     def _known(self, name: str) -> None:
         if name not in self.models and name not in self.unloaded:
-            raise GRPCError(Status.NOT_FOUND, f"unknown model: {name}")
+            raise GrpcError(StatusCode.NOT_FOUND, f"unknown model: {name}")
 
-    async def _model_metadata(self, stream) -> None:
-        request = pb.ModelMetadataRequest.parse(await stream.recv_message())
+    async def _model_metadata(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.ModelMetadataRequest.parse(bytes(call.plain(message)))
         self._known(request.name)
-        reply = pb.ModelMetadataResponse(name=request.name, versions=["1"], platform=self.name)
-        await stream.send_message(Raw(bytes(reply)))
+        return bytes(
+            pb.ModelMetadataResponse(name=request.name, versions=["1"], platform=self.name)
+        )
 
-    async def _model_config(self, stream) -> None:
-        request = pb.ModelConfigRequest.parse(await stream.recv_message())
+    async def _model_config(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.ModelConfigRequest.parse(bytes(call.plain(message)))
         self._known(request.name)
         reply = pb.ModelConfigResponse(
             config=pb.ModelConfig(name=request.name, platform=self.name, max_batch_size=8)
         )
-        await stream.send_message(Raw(bytes(reply)))
+        return bytes(reply)
 
-    async def _statistics(self, stream) -> None:
-        request = pb.ModelStatisticsRequest.parse(await stream.recv_message())
+    async def _statistics(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.ModelStatisticsRequest.parse(bytes(call.plain(message)))
         names = [request.name] if request.name else sorted(self.models)
         for name in names:
             self._known(name)
@@ -189,42 +175,43 @@ class FakeWorker(ThreadedGrpcServer):
                 for n in names
             ]
         )
-        await stream.send_message(Raw(bytes(reply)))
+        return bytes(reply)
 
-    async def _same_ipc(self, stream) -> None:
-        await stream.recv_message()
-        await stream.send_message(Raw(bytes(pb.IsSameIpcNamespaceResponse(same=self.same_ipc))))
+    async def _same_ipc(self, call: Call, message: RawMessage) -> bytes:
+        return bytes(pb.IsSameIpcNamespaceResponse(same=self.same_ipc))
 
-    async def _load(self, stream, rpc: str) -> None:
+    def _load(self, rpc: str) -> Handler:
         cls = pb.RepositoryModelLoadRequest if rpc == "load" else pb.RepositoryModelUnloadRequest
-        request = cls.parse(await stream.recv_message())
-        with self._lock:
-            self.loads.append((rpc, request.model_name))
-        if self.load_fail_with is not None:
-            raise GRPCError(Status(self.load_fail_with[0]), self.load_fail_with[1])
-        name = request.model_name
-        if rpc == "load" and name in self.unloaded:
-            self.unloaded.remove(name)
-            self.models.append(name)
-        elif rpc == "unload" and name in self.models:
-            self.models.remove(name)
-            self.unloaded.append(name)
-        await stream.send_message(Raw(b""))
 
-    async def _compact(self, stream) -> None:
-        await stream.recv_message()
+        async def handle(call: Call, message: RawMessage) -> bytes:
+            request = cls.parse(bytes(call.plain(message)))
+            with self._lock:
+                self.loads.append((rpc, request.model_name))
+            if self.load_fail_with is not None:
+                raise GrpcError(self.load_fail_with[0], self.load_fail_with[1])
+            name = request.model_name
+            if rpc == "load" and name in self.unloaded:
+                self.unloaded.remove(name)
+                self.models.append(name)
+            elif rpc == "unload" and name in self.models:
+                self.models.remove(name)
+                self.unloaded.append(name)
+            return b""
+
+        return handle
+
+    async def _compact(self, call: Call, message: RawMessage) -> bytes:
         with self._lock:
             self.compactions += 1
-        reply = rc.CompactMemoryResponse(reloaded_models=1, resident_bytes_after=100)
-        await stream.send_message(Raw(bytes(reply)))
+        return bytes(rc.CompactMemoryResponse(reloaded_models=1, resident_bytes_after=100))
 
     def _echo_reply(self, request: bytes) -> bytes:
         msg = pb.ModelInferRequest.parse(request)
         for t in msg.inputs:
             region = t.parameters.get("shared_memory_region")
             if region is not None and region.string_param not in self.regions:
-                raise GRPCError(
-                    Status.FAILED_PRECONDITION,
+                raise GrpcError(
+                    StatusCode.FAILED_PRECONDITION,
                     f"unregistered shared memory region: {region.string_param}",
                 )
         reply = pb.ModelInferResponse(
@@ -244,30 +231,25 @@ class FakeWorker(ThreadedGrpcServer):
             self.stats[msg.model_name] = self.stats.get(msg.model_name, 0) + 1
         return bytes(reply)
 
-    async def _control(self, stream) -> None:
-        await stream.recv_message()
-        await stream.send_message(Raw(bytes(self.control)))
+    async def _control(self, call: Call, message: RawMessage) -> bytes:
+        return bytes(self.control)
 
-    async def _infer(self, stream) -> None:
-        call = RawCall(stream, "ModelInfer", Limits(512 << 20, 512 << 20))
-        message = await call.receive()
-        assert message is not None
+    async def _infer(self, call: Call, message: RawMessage) -> bytes:
         request = message.data  # as it arrived: compressed ones still compressed
-        meta = dict(stream.metadata or {})
-        self._peer(stream)
+        meta = dict(call.metadata)
+        self._peer(call)
         with self._lock:
             self.requests.append(bytes(request))
             self.encodings.append(call.encoding if message.compressed else None)
-            left = None if stream.deadline is None else stream.deadline.time_remaining()
-            self.deadlines.append(left)
+            self.deadlines.append(_remaining(call))
             self.metadata.append(meta)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             delay = float(meta.get("x-sleep", self.infer_delay))
             if delay:
-                await asyncio.sleep(delay)
-        except asyncio.CancelledError:
+                await anyio.sleep(delay)
+        except anyio.get_cancelled_exc_class():
             with self._lock:
                 self.cancelled += 1
             raise
@@ -275,68 +257,51 @@ class FakeWorker(ThreadedGrpcServer):
             with self._lock:
                 self.in_flight -= 1
         if self.fail_with is not None:
-            raise GRPCError(Status(self.fail_with[0]), self.fail_with[1])
+            raise GrpcError(self.fail_with[0], self.fail_with[1])
         if "x-status" in meta:
-            raise GRPCError(Status(int(meta["x-status"])), meta.get("x-message", ""))
+            raise GrpcError(int(meta["x-status"]), str(meta.get("x-message", "")))
         if self.echo:
-            await stream.send_message(Raw(self._echo_reply(call.plain(message))))
-            return
-        await stream.send_message(Raw(b"reply:" + request))
+            return self._echo_reply(bytes(call.plain(message)))
+        return b"reply:" + request
 
-    async def _register(self, stream) -> None:
-        request = pb.SystemSharedMemoryRegisterRequest.parse(await stream.recv_message())
+    async def _register(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.SystemSharedMemoryRegisterRequest.parse(bytes(call.plain(message)))
         with self._lock:
             self.register_calls.append(request.name)
         if self.register_fail_with is not None:
-            raise GRPCError(Status(self.register_fail_with[0]), self.register_fail_with[1])
+            raise GrpcError(self.register_fail_with[0], self.register_fail_with[1])
         self.regions[request.name] = request.key
-        await stream.send_message(Raw(b""))
+        return b""
 
-    async def _unregister(self, stream) -> None:
-        request = pb.SystemSharedMemoryUnregisterRequest.parse(await stream.recv_message())
+    async def _unregister(self, call: Call, message: RawMessage) -> bytes:
+        request = pb.SystemSharedMemoryUnregisterRequest.parse(bytes(call.plain(message)))
         if request.name:
             self.regions.pop(request.name, None)
         else:
             self.regions.clear()
-        await stream.send_message(Raw(b""))
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        def handler(fn):
-            return grpclib.const.Handler(fn, Cardinality.UNARY_UNARY, Raw, Raw)
-
-        return {
-            "/inference.GRPCInferenceService/ServerReady": handler(self._ready),
-            "/inference.GRPCInferenceService/RepositoryIndex": handler(self._index),
-            "/reactant_control.ControlService/ModelControlStatus": handler(self._control),
-            INFER: handler(self._infer),
-            "/inference.GRPCInferenceService/ModelReady": handler(self._model_ready),
-            "/inference.GRPCInferenceService/ModelMetadata": handler(self._model_metadata),
-            "/inference.GRPCInferenceService/ModelConfig": handler(self._model_config),
-            "/inference.GRPCInferenceService/ModelStatistics": handler(self._statistics),
-            "/inference.GRPCInferenceService/IsSameIPCNamespace": handler(self._same_ipc),
-            "/inference.GRPCInferenceService/RepositoryModelLoad": handler(
-                lambda stream: self._load(stream, "load")
-            ),
-            "/inference.GRPCInferenceService/RepositoryModelUnload": handler(
-                lambda stream: self._load(stream, "unload")
-            ),
-            "/reactant_control.ControlService/CompactMemory": handler(self._compact),
-            "/inference.GRPCInferenceService/SystemSharedMemoryRegister": handler(self._register),
-            "/inference.GRPCInferenceService/SystemSharedMemoryUnregister": handler(
-                self._unregister
-            ),
-        }
+        return b""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    server_class = _Server
+    stop_like_a_killed_process = True
 
-    def servables(self) -> list[Any]:
-        return [self]
-
-    def _closing(self, server: grpclib.server.Server) -> None:
-        """Drop every open connection too, as a killed process would."""
-        for protocol in getattr(server, "protocols", ()):
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
+    def methods(self) -> dict[str, Method]:
+        handlers: dict[str, Handler] = {
+            "/inference.GRPCInferenceService/ServerReady": self._ready,
+            "/inference.GRPCInferenceService/RepositoryIndex": self._index,
+            "/reactant_control.ControlService/ModelControlStatus": self._control,
+            INFER: self._infer,
+            "/inference.GRPCInferenceService/ModelReady": self._model_ready,
+            "/inference.GRPCInferenceService/ModelMetadata": self._model_metadata,
+            "/inference.GRPCInferenceService/ModelConfig": self._model_config,
+            "/inference.GRPCInferenceService/ModelStatistics": self._statistics,
+            "/inference.GRPCInferenceService/IsSameIPCNamespace": self._same_ipc,
+            "/inference.GRPCInferenceService/RepositoryModelLoad": self._load("load"),
+            "/inference.GRPCInferenceService/RepositoryModelUnload": self._load("unload"),
+            "/reactant_control.ControlService/CompactMemory": self._compact,
+            "/inference.GRPCInferenceService/SystemSharedMemoryRegister": self._register,
+            "/inference.GRPCInferenceService/SystemSharedMemoryUnregister": self._unregister,
+        }
+        return {
+            path: raw_unary(fn, LIMITS, path.rsplit("/", 1)[1]) for path, fn in handlers.items()
+        }
