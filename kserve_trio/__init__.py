@@ -1,7 +1,7 @@
 """kserve_trio: a multi-model KServe V2 gRPC inference server for compiled StableHLO bundles.
 
 The package is layered (``docs/architecture.md``): ``proto`` and ``core`` at the bottom (no jax, no
-grpclib server), ``client`` above them, ``runtime``/``export`` (the only jax importers), then
+server code), ``client`` above them, ``runtime``/``export`` (the only jax importers), then
 ``worker``, ``gateway`` and ``node``. Importing this top-level package imports nothing else.
 """
 

@@ -1,8 +1,8 @@
 """Regenerate the betterproto2 message classes in ``kserve_trio/proto`` from ``protos/``.
 
 Messages only (``client_generation=none,server_generation=none``): the stub and servicer output
-imports ``betterproto2.grpclib`` and with it ``grpclib.server``, which the ``proto`` layer must
-not load. grpclib service mappings are written by hand where they are served.
+imports betterproto2's grpclib support, and grpclib is no dependency of ours. Each server maps
+its RPC paths to ``serving.grpc`` methods by hand where it serves them.
 
 Usage: ``python tools/gen_protos.py [--check]``. ``--check`` regenerates into a temporary folder
 and exits 1 when the committed code differs (the staleness test runs this).

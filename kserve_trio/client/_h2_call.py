@@ -4,8 +4,7 @@ No I/O: ``grpc_timeout`` / ``metadata_headers`` build request header values,
 ``decode_grpc_message`` / ``status_from_http`` / ``status_from_reset`` read the server's side,
 and ``_Call`` accumulates what arrives on one stream (headers, DATA, trailers, a reset) and
 turns it into the reply message or the call's ``RpcError`` (``_Call.message``). The wording of
-every error matches the grpclib transport's, so callers see one vocabulary whichever transport
-ran the call. ``h2_transport`` drives it.
+every error is one vocabulary, whichever server answered. ``h2_transport`` drives it.
 
 A compressed reply (flag 1) is decompressed with the algorithm of the reply's
 ``grpc-encoding`` (``core.compression``): the receive cap applies to the length announced on

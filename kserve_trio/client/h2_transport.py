@@ -13,8 +13,8 @@ Wire behaviour (gRPC over HTTP/2): HEADERS with ``:method POST``, ``:scheme``, `
 ``:authority``, ``content-type: application/grpc``, ``te: trailers``, ``grpc-timeout`` from the
 deadline and the caller's metadata; then the 5-byte-prefixed message in DATA frames within the
 peer's flow-control windows. We advertise 64 MiB windows and 1 MiB frames. The reply's
-``grpc-status`` / percent-decoded ``grpc-message`` become an ``RpcError`` with the same codes
-and wording as the grpclib transport; message caps are checked before sending and when the
+``grpc-status`` / percent-decoded ``grpc-message`` become an ``RpcError`` with the server's codes
+and wording; message caps are checked before sending and when the
 reply's length prefix arrives; a cancelled or timed-out call resets its stream (RST_STREAM
 CANCEL). A stream the server provably did not process (GOAWAY with a lower last stream id,
 RST_STREAM REFUSED_STREAM) is retried once on a fresh connection.

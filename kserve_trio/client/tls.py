@@ -4,7 +4,7 @@ A ``grpcs://`` target (or ``secure=True``) needs a context that verifies the ser
 CA bundle, optionally presents a client certificate (mutual TLS), and negotiates HTTP/2 through
 ALPN. ``client_ssl_context`` builds it from the same three PEM inputs gRPC clients take
 (``root_certificates``, ``certificate_chain``, ``private_key``), each given as PEM bytes or as a
-file path. Both transports (grpclib and the h2 transport) take the context as is.
+file path. The h2 transport takes the context as is.
 
 Rules (``client_ssl_context``):
 1. No ``root_certificates``: the system's default CA store. Given: only that bundle is trusted.

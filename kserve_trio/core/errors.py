@@ -1,7 +1,7 @@
 """The status-carrying exception family.
 
-Every error that can reach a client carries its gRPC status code, so the grpclib adapter maps
-exceptions to statuses in one place. ``StatusCode`` mirrors the gRPC code numbers without
+Every error that can reach a client carries its gRPC status code, so the server layer maps
+exceptions to statuses in one place (``serving.grpc.status_of``). ``StatusCode`` mirrors the gRPC code numbers without
 importing any gRPC library, so this module stays importable by every layer.
 """
 
@@ -11,7 +11,7 @@ import enum
 
 
 class StatusCode(enum.IntEnum):
-    """gRPC status codes (same numbers as ``grpclib.const.Status`` and ``grpc.StatusCode``)."""
+    """gRPC status codes (the numbers of the gRPC spec and of ``grpc.StatusCode``)."""
 
     OK = 0
     CANCELLED = 1

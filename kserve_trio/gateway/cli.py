@@ -9,8 +9,9 @@ gateway found itself wedged (its supervisor should restart it), 2 for a configur
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from kserve_trio.serving.background import add_event_loop_flags, event_loop_from_args
 
 
 def configure_parser(parser: argparse.ArgumentParser):
@@ -28,11 +29,7 @@ def configure_parser(parser: argparse.ArgumentParser):
         choices=["json", "console", "auto"],
         help="log rendering (default: logging.format; auto = console on a TTY, else JSON)",
     )
-    parser.add_argument(
-        "--no-uvloop",
-        action="store_true",
-        help="run on asyncio's own event loop instead of uvloop (env KSERVE_TRIO_UVLOOP=0)",
-    )
+    add_event_loop_flags(parser, "event_loop, env KSERVE_TRIO_GATEWAY_EVENT_LOOP")
     return run
 
 
@@ -45,10 +42,11 @@ def run(args: argparse.Namespace) -> int:
         log_gateway_config,
     )
 
-    if args.no_uvloop:
-        os.environ["KSERVE_TRIO_UVLOOP"] = "0"
     log = get_logger("kserve_trio.gateway")
-    overrides = {"logging": {"level": args.log_level, "format": args.log_format}}
+    overrides: dict[str, object] = {"logging": {"level": args.log_level, "format": args.log_format}}
+    event_loop = event_loop_from_args(args)
+    if event_loop is not None:
+        overrides["event_loop"] = event_loop
     try:
         loaded = load_gateway_config(args.config, overrides=overrides)
     except ConfigError as exc:

@@ -1,7 +1,7 @@
 """Forwarding one ModelInfer: route, forward the raw bytes, fail over, account.
 
 This is the request path the gateway's gRPC service calls for ModelInfer and for each
-ModelStreamInfer message. It needs only the pool, the routing table and the policy; the grpclib
+ModelStreamInfer message. It needs only the pool, the routing table and the policy; the gRPC
 service around it turns a returned reply into the response bytes and a raised
 ``ServingError`` (``RpcError`` included) into its status, unchanged.
 

@@ -5,7 +5,7 @@ Nothing is persisted: a change lives until the gateway restarts (``gateway.yml``
 start-up state, generation 0). The mutators need lpt_packing (FAILED_PRECONDITION otherwise);
 a value the configuration rules refuse is INVALID_ARGUMENT with the rule; anything unexpected
 is INTERNAL. The pure parts (applying an update mask, building the status) are functions of
-their inputs; ``GatewayControl`` is the thin grpclib shell.
+their inputs; ``GatewayControl`` is the thin gRPC shell.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import anyio
-import grpclib.const
 
 from kserve_trio.core.errors import (
     ConfigError,
@@ -40,8 +39,7 @@ from kserve_trio.gateway.fill import FillMode, FillPolicy
 from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.placement import ALL_REPLICAS
 from kserve_trio.proto import reactant_control as rc
-from kserve_trio.serving.grpc_adapter import Limits
-from kserve_trio.serving.raw import RawCall, RawMessage, raw_unary
+from kserve_trio.serving.grpc import Call, Limits, Method, RawMessage, raw_unary
 
 SERVICE = "/reactant_control.GatewayControlService/"
 MAX_WAIT_SECONDS = 120.0
@@ -314,7 +312,7 @@ def placement_override(
 
 
 class GatewayControl:
-    """The grpclib servable of GatewayControlService (see the module docstring)."""
+    """The gRPC methods of GatewayControlService (see the module docstring)."""
 
     def __init__(
         self,
@@ -329,7 +327,7 @@ class GatewayControl:
         self._models = routable_models
         self.limits = limits
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+    def methods(self) -> dict[str, Method]:
         rpcs = {
             "GetSchedulingStatus": (self.get_status, rc.GetSchedulingStatusRequest),
             "SetSchedulingPolicy": (self.set_policy, rc.SetSchedulingPolicyRequest),
@@ -342,7 +340,7 @@ class GatewayControl:
         }
 
     def _handler(self, fn, cls, rpc: str):
-        async def run(call: RawCall, message: RawMessage) -> bytes:
+        async def run(call: Call, message: RawMessage) -> bytes:
             data = call.plain(message)
             try:
                 request = cls.parse(bytes(data))

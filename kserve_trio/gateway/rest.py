@@ -21,8 +21,7 @@ health is refused once the gateway drains.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -31,9 +30,8 @@ from kserve_trio.core import compression
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
-from kserve_trio.serving.grpc_adapter import Limits
+from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
-from kserve_trio.serving.raw import RawCall, RawMessage
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
     grpc_request,
@@ -43,29 +41,23 @@ from kserve_trio.serving.rest_routes import (
     unsupported,
 )
 
-Handler = Callable[[RawCall, RawMessage], Awaitable[bytes]]
+Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
-class RestRawCall(RawCall):
+class RestRawCall(Call):
     """A REST request as a raw gRPC handler sees its call: an uncompressed message, no custom
     metadata, no deadline of its own (the attempt timeouts of the worker clients apply)."""
 
     __slots__ = ()
 
     def __init__(self, rpc: str, limits: Limits) -> None:
-        self.stream = None
         self.rpc = rpc
         self.limits = limits
         self.encoding = compression.IDENTITY
-        self._send_lock = None
-
-    @property
-    def metadata(self) -> Mapping[str, Any]:
-        return {}
-
-    @property
-    def deadline(self) -> float | None:
-        return None
+        self.headers = ()
+        self.deadline = None
+        self.deadline_ns = 0
+        self._metadata = {}
 
 
 class GatewayRest:
@@ -87,7 +79,7 @@ class GatewayRest:
             """Counted by the gateway's admission like the gRPC call (refused once it
             drains)."""
 
-            async def run(call: RawCall, message: RawMessage) -> bytes:
+            async def run(call: Call, message: RawMessage) -> bytes:
                 with s.admission.call():
                     return await fn(call, message)
 

@@ -9,11 +9,11 @@
        ├─ compactor (lpt_packing)        CompactMemory fan-outs after repacks
        ├─ admin HTTP                     /metrics /healthz /readyz /routing on listen.metrics
        ├─ REST (when listen.http is set) KServe V2 HTTP/REST (``rest``), bound before gRPC
-       └─ grpclib server                 listen.grpc (TLS from tls:); started, closed on exit
+       └─ gRPC server (serving.grpc)     listen.grpc (TLS from tls:); a task per connection
+                                         and per call, drained on exit
 
-grpclib runs its handlers as its own tasks; they only await work of this tree (the pool's
-connections, the refresher, the prober's state) and every task a handler starts (a stream's
-per-request tasks) lives in that handler's own task group, so nothing outlives the tree.
+Every call task and every task a handler starts (a stream's per-request tasks) lives under the
+server's task group, so nothing outlives the tree.
 
 Start-up: the first prober round runs before the ports open (discovery, probes, shared-memory
 replay, routing table). If no worker is routable after it, the gateway waits up to
@@ -24,7 +24,7 @@ the start-up with its error.
 
 Shutdown (``stop``, SIGTERM, SIGINT) drains: admission stops (new requests are refused
 UNAVAILABLE, ``/readyz`` turns 503, ServerReady false), requests in flight finish within
-``DRAIN_SECONDS``, then the grpclib server closes, the tree is cancelled and the worker
+``DRAIN_SECONDS`` (the gRPC server's two-phase GOAWAY), then the tree is cancelled and the worker
 connections close. A wedged gateway (``prober.GatewayWedged``) ends the tree with that error,
 and the CLI exits 1 so its supervisor restarts it.
 """
@@ -81,9 +81,7 @@ from kserve_trio.serving.background import (
     serve_until_signal,
     start_in_thread,
 )
-from kserve_trio.serving.grpc_adapter import Limits
-from kserve_trio.serving.grpc_server import GrpcServer
-from kserve_trio.serving.h2_settings import server_config
+from kserve_trio.serving.grpc import GrpcServer, Limits
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -223,20 +221,6 @@ async def _wait_for_a_worker(gateway: Gateway, wait: float) -> None:
             gateway.prober.wake()
 
 
-def _running_calls(server: GrpcServer | None) -> int:
-    """grpclib handler tasks still running (a handler returns before grpclib sends its
-    trailers, so the drain waits for the tasks, not only for our own counters). grpclib keeps
-    them per connection handler, privately; this reads them defensively."""
-    if server is None:
-        return 0
-    running = 0
-    for handler in list(getattr(server, "_handlers", ())):
-        running += sum(
-            1 for task in list(getattr(handler, "_tasks", {}).values()) if not task.done()
-        )
-    return running
-
-
 async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
     """Refuse new requests, let those in flight finish (bounded), close the server."""
     admission = gateway.admission
@@ -244,15 +228,11 @@ async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
     busy = admission.busy
     if busy:
         _log.info("gateway_draining", inflight=busy, seconds=DRAIN_SECONDS)
-    with anyio.move_on_after(DRAIN_SECONDS):
-        await admission.drained(DRAIN_SECONDS)
-        while _running_calls(server):
-            await anyio.sleep(0.02)
-    if admission.busy or _running_calls(server):
-        _log.warning("gateway_drain_timeout", inflight=admission.busy, calls=_running_calls(server))
-    if server is not None:
-        server.close()
-        await server.wait_closed()
+    if server is None:
+        return
+    cancelled = await server.shutdown(DRAIN_SECONDS)
+    if cancelled:
+        _log.warning("gateway_drain_timeout", inflight=admission.busy, cancelled_calls=cancelled)
 
 
 @contextlib.asynccontextmanager
@@ -298,12 +278,12 @@ async def serve_gateway_async(
                         ssl_context=ssl_context,
                     )
                 )
-            server = GrpcServer([gateway.service, gateway.control], config=server_config())
-            await server.start(grpc_host, grpc_port, ssl=ssl_context)
+            server = GrpcServer({**gateway.service.methods(), **gateway.control.methods()})
+            bound_grpc = await tg.start(server.serve, grpc_host, grpc_port, ssl_context)
             running = RunningGateway(
                 config=config,
                 host=grpc_host,
-                port=server.port,
+                port=bound_grpc,
                 metrics_port=bound_metrics,
                 gateway=gateway,
                 http_port=bound_http,
@@ -325,9 +305,6 @@ async def serve_gateway_async(
                 with anyio.CancelScope(shield=True):
                     if not tg.cancel_scope.cancel_called:
                         await _drain(gateway, server)
-                    elif server is not None:  # the tree failed (a wedge): no drain
-                        server.close()
-                        await server.wait_closed()
                     tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise _single(group) from None
@@ -387,12 +364,18 @@ def serve_gateway(
     """
     config = resolve_gateway_config(path, overrides=overrides)
     if blocking:
-        run_loop(serve_until_signal, serve_gateway_async(config, resolver=resolver), _log)
+        run_loop(
+            serve_until_signal,
+            serve_gateway_async(config, resolver=resolver),
+            _log,
+            event_loop=config.event_loop or None,
+        )
         return None
     loop = start_in_thread(
         lambda: serve_gateway_async(config, resolver=resolver),
         thread_name="kserve_trio-gateway",
         what="the gateway",
+        event_loop=config.event_loop or None,
     )
     loop.value._loop = loop
     return loop.value

@@ -1,5 +1,5 @@
 """The gateway's gRPC surface: ``inference.GRPCInferenceService`` and the fleet-wide part of
-``reactant_control.ControlService``, as raw-bytes grpclib handlers (``serving.raw``).
+``reactant_control.ControlService``, as raw-bytes ``serving.grpc`` methods.
 
 Where each answer comes from:
 
@@ -21,7 +21,7 @@ Where each answer comes from:
 
 Admission (``admission.Admission``): ModelInfer and stream messages count against the inbound
 cap; every other RPC except ServerLive and ServerReady is refused UNAVAILABLE once the gateway
-drains. A compressed request is read uncompressed (``RawCall.plain``) where the gateway must
+drains. A compressed request is read uncompressed (``Call.plain``) where the gateway must
 read it; ModelInfer and stream messages are forwarded compressed, under their
 ``grpc-encoding``.
 """
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-
-import grpclib.const
 
 import kserve_trio
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -42,9 +40,16 @@ from kserve_trio.gateway.forward import Forwarder
 from kserve_trio.gateway.shm_fanout import ShmFanout
 from kserve_trio.gateway.stream import StreamInfer
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc_adapter import Limits, unimplemented
+from kserve_trio.serving.grpc import (
+    Call,
+    Limits,
+    Method,
+    RawMessage,
+    raw_unary,
+    stream,
+    unimplemented,
+)
 from kserve_trio.serving.log_settings import answer as answer_log_settings
-from kserve_trio.serving.raw import RawCall, RawMessage, raw_stream, raw_unary
 
 SERVER_NAME = "kserve_trio"
 INFERENCE = "/inference.GRPCInferenceService/"
@@ -60,20 +65,20 @@ EXTENSIONS = (
 
 _HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "proxy-connection", "upgrade"})
 
-Handler = Callable[[RawCall, RawMessage], Awaitable[bytes]]
+Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
 def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     """The caller's custom metadata to pass on to the worker (``None`` when there is none):
-    grpclib has already dropped ``grpc-*`` and gRPC's reserved headers; HTTP hop-by-hop
-    headers are dropped here."""
+    ``Call.metadata`` has already left out ``grpc-*`` and gRPC's reserved headers; HTTP
+    hop-by-hop headers are dropped here."""
     if not metadata:
         return None
     out = {k: v for k, v in metadata.items() if k not in _HOP_HEADERS}
     return out or None
 
 
-def _plain(call: RawCall, message: RawMessage) -> bytes:
+def _plain(call: Call, message: RawMessage) -> bytes:
     """A control request's bytes, uncompressed (these are small: a compressed one is copied
     into ``bytes`` once)."""
     data = call.plain(message)
@@ -88,7 +93,7 @@ def _parse(cls: type, data: bytes, rpc: str) -> Any:
 
 
 class GatewayService:
-    """The grpclib servable (``__mapping__``) of the gateway (see the module docstring)."""
+    """The gateway's gRPC methods (``methods``; see the module docstring)."""
 
     def __init__(
         self,
@@ -110,7 +115,7 @@ class GatewayService:
         self._ready = ready
         self.stream_infer = StreamInfer(forwarder, admission)
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+    def methods(self) -> dict[str, Method]:
         lim = self.limits
         inference: dict[str, Handler] = {
             "ModelInfer": self.model_infer,
@@ -133,9 +138,7 @@ class GatewayService:
         }
         mapping[INFERENCE + "ServerLive"] = raw_unary(self.server_live, lim, "ServerLive")
         mapping[INFERENCE + "ServerReady"] = raw_unary(self.server_ready, lim, "ServerReady")
-        mapping[INFERENCE + "ModelStreamInfer"] = raw_stream(
-            self.stream_infer, lim, "ModelStreamInfer"
-        )
+        mapping[INFERENCE + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
         mapping[INFERENCE + "LogSettings"] = raw_unary(self.log_settings, lim, "LogSettings")
         mapping[CONTROL + "CompactMemory"] = raw_unary(
             self._admitted(self.compact_memory), lim, "CompactMemory"
@@ -147,21 +150,21 @@ class GatewayService:
             "TraceSetting": "trace settings are not supported",
         }
         for rpc, reason in later.items():
-            mapping[INFERENCE + rpc] = unimplemented(rpc, reason)
+            mapping[INFERENCE + rpc] = unimplemented(rpc, reason, lim)
         for rpc in ("ModelControlStatus", "SetModelResidency", "SetModelPolicy"):
             mapping[CONTROL + rpc] = unimplemented(
-                rpc, "it acts on one worker: call that worker's own port"
+                rpc, "it acts on one worker: call that worker's own port", lim
             )
         return mapping
 
-    async def log_settings(self, call: RawCall, message: RawMessage) -> bytes:
+    async def log_settings(self, call: Call, message: RawMessage) -> bytes:
         """The gateway process's own log settings (Triton's LogSettings): read, or change all
         or nothing. Workers keep theirs; change a worker's on its own port."""
         request = _parse(pb.LogSettingsRequest, _plain(call, message), "LogSettings")
         return bytes(answer_log_settings(request))
 
     def _admitted(self, fn: Handler) -> Handler:
-        async def run(call: RawCall, message: RawMessage) -> bytes:
+        async def run(call: Call, message: RawMessage) -> bytes:
             with self.admission.call():
                 return await fn(call, message)
 
@@ -169,28 +172,28 @@ class GatewayService:
 
     # -- the gateway's own answers -----------------------------------------------------------
 
-    async def server_live(self, call: RawCall, message: RawMessage) -> bytes:
+    async def server_live(self, call: Call, message: RawMessage) -> bytes:
         return bytes(pb.ServerLiveResponse(live=True))
 
-    async def server_ready(self, call: RawCall, message: RawMessage) -> bytes:
+    async def server_ready(self, call: Call, message: RawMessage) -> bytes:
         ready = self._ready() and not self.admission.draining
         return bytes(pb.ServerReadyResponse(ready=ready))
 
-    async def server_metadata(self, call: RawCall, message: RawMessage) -> bytes:
+    async def server_metadata(self, call: Call, message: RawMessage) -> bytes:
         return bytes(
             pb.ServerMetadataResponse(
                 name=SERVER_NAME, version=kserve_trio.__version__, extensions=list(EXTENSIONS)
             )
         )
 
-    async def shm_status(self, call: RawCall, message: RawMessage) -> bytes:
+    async def shm_status(self, call: Call, message: RawMessage) -> bytes:
         request = _parse(pb.SystemSharedMemoryStatusRequest, _plain(call, message), "status")
         registered = [data for _, data in self.shm.registrations.items()]
         return bytes(aggregate.shm_status(registered, request.name))
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def model_infer(self, call: RawCall, message: RawMessage) -> bytes:
+    async def model_infer(self, call: Call, message: RawMessage) -> bytes:
         with self.admission.inference():
             if message.compressed:
                 return await self.forwarder.infer(
@@ -208,7 +211,7 @@ class GatewayService:
 
     # -- from a ready replica ----------------------------------------------------------------
 
-    async def _from_replica(self, call: RawCall, message: RawMessage, rpc: str, cls: type):
+    async def _from_replica(self, call: Call, message: RawMessage, rpc: str, cls: type):
         data = _plain(call, message)
         request = _parse(cls, data, rpc)
         reply = await self.forwarder.call_replica(
@@ -216,11 +219,11 @@ class GatewayService:
         )
         return request, reply
 
-    async def model_ready(self, call: RawCall, message: RawMessage) -> bytes:
+    async def model_ready(self, call: Call, message: RawMessage) -> bytes:
         _, reply = await self._from_replica(call, message, "ModelReady", pb.ModelReadyRequest)
         return bytes(pb.ModelReadyResponse(ready=False)) if reply is None else reply
 
-    async def model_metadata(self, call: RawCall, message: RawMessage) -> bytes:
+    async def model_metadata(self, call: Call, message: RawMessage) -> bytes:
         request, reply = await self._from_replica(
             call, message, "ModelMetadata", pb.ModelMetadataRequest
         )
@@ -228,7 +231,7 @@ class GatewayService:
             raise NotFound(f"model '{request.name}' not found on any worker")
         return reply
 
-    async def model_config(self, call: RawCall, message: RawMessage) -> bytes:
+    async def model_config(self, call: Call, message: RawMessage) -> bytes:
         request, reply = await self._from_replica(
             call, message, "ModelConfig", pb.ModelConfigRequest
         )
@@ -238,29 +241,27 @@ class GatewayService:
 
     # -- fan-outs ----------------------------------------------------------------------------
 
-    async def repository_index(self, call: RawCall, message: RawMessage) -> bytes:
+    async def repository_index(self, call: Call, message: RawMessage) -> bytes:
         data = _plain(call, message)
         _parse(pb.RepositoryIndexRequest, data, "RepositoryIndex")
         return await self.fleet.repository_index(data, call.deadline)
 
-    async def model_statistics(self, call: RawCall, message: RawMessage) -> bytes:
+    async def model_statistics(self, call: Call, message: RawMessage) -> bytes:
         data = _plain(call, message)
         request = _parse(pb.ModelStatisticsRequest, data, "ModelStatistics")
         return await self.fleet.model_statistics(data, request.name, call.deadline)
 
-    async def repository_model_load(self, call: RawCall, message: RawMessage) -> bytes:
+    async def repository_model_load(self, call: Call, message: RawMessage) -> bytes:
         return await self._load_or_unload(
             call, message, "RepositoryModelLoad", pb.RepositoryModelLoadRequest
         )
 
-    async def repository_model_unload(self, call: RawCall, message: RawMessage) -> bytes:
+    async def repository_model_unload(self, call: Call, message: RawMessage) -> bytes:
         return await self._load_or_unload(
             call, message, "RepositoryModelUnload", pb.RepositoryModelUnloadRequest
         )
 
-    async def _load_or_unload(
-        self, call: RawCall, message: RawMessage, rpc: str, cls: type
-    ) -> bytes:
+    async def _load_or_unload(self, call: Call, message: RawMessage, rpc: str, cls: type) -> bytes:
         data = _plain(call, message)
         request = _parse(cls, data, rpc)
         if not request.model_name:
@@ -273,18 +274,18 @@ class GatewayService:
             )
         return await self.fleet.load_or_unload(rpc, data, request.model_name, call.deadline)
 
-    async def is_same_ipc_namespace(self, call: RawCall, message: RawMessage) -> bytes:
+    async def is_same_ipc_namespace(self, call: Call, message: RawMessage) -> bytes:
         data = _plain(call, message)
         _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace")
         return await self.fleet.same_ipc_namespace(data)
 
-    async def compact_memory(self, call: RawCall, message: RawMessage) -> bytes:
+    async def compact_memory(self, call: Call, message: RawMessage) -> bytes:
         return await self.fleet.compact_memory(_plain(call, message))
 
-    async def shm_register(self, call: RawCall, message: RawMessage) -> bytes:
+    async def shm_register(self, call: Call, message: RawMessage) -> bytes:
         return await self.shm.register(_plain(call, message), deadline=call.deadline)
 
-    async def shm_unregister(self, call: RawCall, message: RawMessage) -> bytes:
+    async def shm_unregister(self, call: Call, message: RawMessage) -> bytes:
         return await self.shm.unregister(_plain(call, message), deadline=call.deadline)
 
 

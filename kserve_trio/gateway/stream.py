@@ -29,7 +29,7 @@ from kserve_trio.core.wire import encode_varint
 from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
 from kserve_trio.gateway.forward import Forwarder
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.raw import RawCall, RawMessage
+from kserve_trio.serving.grpc import Call, RawMessage
 
 _INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, bytes
 
@@ -51,7 +51,7 @@ def stream_error(message: str, model: str = "", request_id: str = "") -> bytes:
 
 
 class StreamInfer:
-    """The ModelStreamInfer handler (a ``serving.raw`` stream function); see the module
+    """The ModelStreamInfer handler (a ``serving.grpc.stream`` function); see the module
     docstring."""
 
     rpc = "ModelStreamInfer"
@@ -60,7 +60,7 @@ class StreamInfer:
         self.forwarder = forwarder
         self.admission = admission
 
-    async def __call__(self, call: RawCall) -> None:
+    async def __call__(self, call: Call) -> None:
         reading = anyio.CancelScope()
         watching = anyio.CancelScope()
 
@@ -78,7 +78,7 @@ class StreamInfer:
         if reading.cancel_called:
             raise Unavailable(SHUTTING_DOWN)
 
-    async def _one(self, call: RawCall, message: RawMessage) -> None:
+    async def _one(self, call: Call, message: RawMessage) -> None:
         model = request_id = ""
         forwarder = self.forwarder
         try:
@@ -111,7 +111,7 @@ class StreamInfer:
         finally:
             self.admission.release_inference()
 
-    def _ids(self, call: RawCall, message: RawMessage) -> tuple[str, str]:
+    def _ids(self, call: Call, message: RawMessage) -> tuple[str, str]:
         """Model and id of a request that was not admitted (best effort: malformed -> "")."""
         try:
             head = self.forwarder.peek(call.plain(message))

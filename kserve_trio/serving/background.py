@@ -11,6 +11,7 @@ thread live here once. This is the one module that names an event loop library.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -60,6 +61,25 @@ def run_loop(fn: Callable[..., Awaitable[Any]], *args: Any, event_loop: str | No
         return anyio.run(fn, *args, backend="trio")
     use_uvloop = loop == "uvloop" and uvloop_available()
     return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
+
+
+def add_event_loop_flags(parser: argparse.ArgumentParser, config_key: str) -> None:
+    """``--event-loop`` and its old synonym ``--no-uvloop`` on a server CLI."""
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        help=f"event loop to serve on (default: uvloop when installed; {config_key})",
+    )
+    parser.add_argument("--no-uvloop", action="store_true", help="the same as --event-loop asyncio")
+
+
+def event_loop_from_args(args: argparse.Namespace) -> str | None:
+    """The event loop the flags of ``add_event_loop_flags`` ask for (None: not given)."""
+    if getattr(args, "event_loop", None):
+        return args.event_loop
+    if getattr(args, "no_uvloop", False):
+        return "asyncio"
+    return None
 
 
 async def serve_until_signal(server: AbstractAsyncContextManager[object], log: Any) -> None:
@@ -149,7 +169,9 @@ def start_in_thread(
 __all__ = [
     "EVENT_LOOPS",
     "BackgroundLoop",
+    "add_event_loop_flags",
     "default_event_loop",
+    "event_loop_from_args",
     "run_loop",
     "serve_until_signal",
     "start_in_thread",

@@ -1,4 +1,4 @@
-"""Server-side TLS: the ``ssl.SSLContext`` a grpclib server (worker or gateway) listens with.
+"""Server-side TLS: the ``ssl.SSLContext`` our gRPC servers (worker or gateway) listen with.
 
 Built from ``endpoints.tls`` (``core.config.TlsConfig``): no certificate means plaintext (no
 context); a certificate and key give TLS; a client CA bundle on top requires every client to

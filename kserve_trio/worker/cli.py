@@ -7,8 +7,9 @@ With no arguments it serves ``./models`` on 127.0.0.1:8001. Precedence: defaults
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from kserve_trio.serving.background import add_event_loop_flags, event_loop_from_args
 
 
 def configure_parser(parser: argparse.ArgumentParser):
@@ -44,11 +45,7 @@ def configure_parser(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--log-level", default="info", help="debug|info|warning|error (default info)"
     )
-    parser.add_argument(
-        "--no-uvloop",
-        action="store_true",
-        help="run on asyncio's own event loop instead of uvloop (env KSERVE_TRIO_UVLOOP=0)",
-    )
+    add_event_loop_flags(parser, "endpoints.event_loop, env INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP")
     return run
 
 
@@ -68,6 +65,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         endpoints["metrics_port"] = args.metrics_port
     if getattr(args, "http_port", None) is not None:
         endpoints["http_port"] = args.http_port
+    event_loop = event_loop_from_args(args)
+    if event_loop is not None:
+        endpoints["event_loop"] = event_loop
     if endpoints:
         raw["endpoints"] = endpoints
     return raw
@@ -78,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
     from kserve_trio.core.logging import configure_logging, get_logger
 
     configure_logging(args.log_format or "auto", args.log_level)
-    if args.no_uvloop:
-        os.environ["KSERVE_TRIO_UVLOOP"] = "0"
     from kserve_trio.serving.process_tuning import tune_allocator, tuning_enabled
 
     if tuning_enabled():

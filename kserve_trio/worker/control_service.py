@@ -28,7 +28,7 @@ from kserve_trio.runtime.weight_cache import (
     least_resident,
     residency_target,
 )
-from kserve_trio.serving.grpc_adapter import CallContext, unary
+from kserve_trio.serving.grpc import CallContext, Method, unary
 from kserve_trio.worker.registry import unknown_model
 
 if TYPE_CHECKING:
@@ -228,12 +228,12 @@ def _status_message(row: ModelControlRow) -> pb.ModelStatus:
 
 
 class ControlService:
-    """grpclib servable for ``reactant_control.ControlService`` over a ``WorkerState``."""
+    """``reactant_control.ControlService`` over a ``WorkerState`` (``methods`` maps its paths)."""
 
     def __init__(self, state: WorkerState) -> None:
         self.state = state
 
-    def __mapping__(self) -> dict:
+    def methods(self) -> dict[str, Method]:
         lim = self.state.limits
         rpcs = {
             "ModelControlStatus": (self.model_control_status, pb.ModelControlStatusRequest),

@@ -21,7 +21,7 @@ from typing import Any
 from kserve_trio.core import codec, rest_codec
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.serving.grpc_adapter import CallContext
+from kserve_trio.serving.grpc import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
 from kserve_trio.serving.rest_routes import (
     RestCall,

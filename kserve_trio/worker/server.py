@@ -1,7 +1,8 @@
 """``serve`` / ``stop``: one worker process as one nursery tree.
 
 ``serve_async`` is the tree itself: it resolves the configuration, loads and compiles the model
-repository, starts the dispatch loop and the grpclib server inside one task group, and tears
+repository, starts the dispatch loop and the gRPC server (``serving.grpc``) inside one task
+group, and tears
 them down in order on cancellation. ``serve(..., blocking=False)`` runs that tree on a background
 thread with its own event loop and returns a ``RunningServer``; ``stop(server)`` cancels it and
 returns once everything is released.
@@ -10,13 +11,13 @@ Memory: the worker builds its ``WeightCache`` from the backend's arena. With the
 on, bundles compile without putting their weights on the device; each model is admitted at its
 residency floor (device-pinned ones first, so they sit at the base of the arena), then the
 isolation probe measures the scratch and resolves the on-demand budget before the server
-accepts requests. The ``ControlService`` is served on the same grpclib server.
+accepts requests. The ``ControlService`` is served on the same gRPC server.
 
 Shutdown order: stop accepting (new ModelInfer calls answer UNAVAILABLE), answer queued requests
-UNAVAILABLE "server is shutting down", let the running execution finish, wait up to
-``DRAIN_SECONDS`` for in-flight handlers (grpclib runs them outside our task group and has no
-drain of its own), close the grpclib server, then release every model's device and host
-weights (shared host regions are unlinked by their last holder).
+UNAVAILABLE "server is shutting down", let the running execution finish, drain the gRPC server
+(two-phase GOAWAY; calls in flight finish within ``DRAIN_SECONDS``, then are cancelled), then
+release every model's device and host weights (shared host regions are unlinked by their last
+holder).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from kserve_trio.worker import heartbeat
 if TYPE_CHECKING:
     from kserve_trio.runtime.backend import WorkerBackend
     from kserve_trio.runtime.weight_cache import WeightCache
-    from kserve_trio.serving.grpc_server import GrpcServer
+    from kserve_trio.serving.grpc import GrpcServer
     from kserve_trio.worker.inference import InferenceCore
     from kserve_trio.worker.registry import ModelBundle
     from kserve_trio.worker.repository import ModelRepository
@@ -130,9 +131,7 @@ async def serve_async(
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
-    from kserve_trio.serving.grpc_adapter import Limits
-    from kserve_trio.serving.grpc_server import GrpcServer
-    from kserve_trio.serving.h2_settings import server_config
+    from kserve_trio.serving.grpc import GrpcServer, Limits
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.inference import InferenceCore
@@ -208,9 +207,10 @@ async def serve_async(
         http_port = 0
         if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
             http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
-        server = GrpcServer([service, ControlService(state)], config=server_config())
-        await server.start(config.endpoints.host, config.endpoints.port, ssl=ssl_context)
-        port = server.port
+        server = GrpcServer({**service.methods(), **ControlService(state).methods()})
+        port = await tg.start(
+            server.serve, config.endpoints.host, config.endpoints.port, ssl_context
+        )
         running = RunningServer(
             config=config,
             port=port,
@@ -360,13 +360,9 @@ async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer
     state.shutting_down = True
     state.streams.close()  # open ModelStreamInfer calls stop reading and end UNAVAILABLE
     await scheduler.stop()
-    deadline = time.monotonic() + DRAIN_SECONDS
-    while (state.inflight > 0 or state.streams.count > 0) and time.monotonic() < deadline:
-        await anyio.sleep(0.01)
-    if state.inflight or state.streams.count:
-        log.warning("shutdown_drain_timeout", inflight=state.inflight, streams=state.streams.count)
-    server.close()
-    await server.wait_closed()
+    cancelled = await server.shutdown(DRAIN_SECONDS)
+    if cancelled:
+        log.warning("shutdown_drain_timeout", cancelled_calls=cancelled)
     if state.shm_registry is not None:
         state.shm_registry.close()
 
@@ -386,12 +382,18 @@ def serve(
     """
     config = resolve_config(node_path_or_config, worker, **overrides)
     if blocking:
-        run_loop(serve_until_signal, serve_async(config, backend=backend), log)
+        run_loop(
+            serve_until_signal,
+            serve_async(config, backend=backend),
+            log,
+            event_loop=config.endpoints.event_loop or None,
+        )
         return None
     loop = start_in_thread(
         lambda: serve_async(config, backend=backend),
         thread_name="kserve_trio-worker",
         what="worker",
+        event_loop=config.endpoints.event_loop or None,
     )
     loop.value._loop = loop
     return loop.value

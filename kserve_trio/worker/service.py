@@ -1,9 +1,8 @@
 """The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the worker.
 
-Written by hand against grpclib (``grpc_adapter``) so handlers see the stream. ``ModelInfer`` is
-a thin adapter: the parsed request goes to the transport-free ``InferenceCore``
-(``worker/inference.py``) with the call's ``grpc-timeout`` deadline, and its encoded reply goes
-back to the adapter as it is; ``ModelStreamInfer`` serves each message of a stream the same way
+Each RPC is a ``serving.grpc`` method (``methods``). ``ModelInfer`` is a thin adapter: the
+parsed request goes to the transport-free ``InferenceCore`` (``worker/inference.py``) with the
+call's ``grpc-timeout`` deadline, and its encoded reply goes back to the server layer as it is; ``ModelStreamInfer`` serves each message of a stream the same way
 (``worker/stream.py``). Models are found in the ``ModelRepository``. Statuses: unknown
 model or version NOT_FOUND; malformed or mismatching input INVALID_ARGUMENT; queue full or
 concurrency cap RESOURCE_EXHAUSTED; expired deadline DEADLINE_EXCEEDED; shutting down
@@ -34,7 +33,7 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc_adapter import CallContext, stream_stream, unary, unimplemented
+from kserve_trio.serving.grpc import CallContext, Method, typed_stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
@@ -64,7 +63,7 @@ worker really answers (docs/protocol.md says why the others are left out)."""
 
 
 class InferenceService:
-    """grpclib servable for ``inference.GRPCInferenceService``."""
+    """The worker's ``inference.GRPCInferenceService`` (``methods`` maps its paths)."""
 
     def __init__(self, state: WorkerState, core: InferenceCore) -> None:
         self.state = state
@@ -72,7 +71,7 @@ class InferenceService:
         self.core = core
         self.stream_infer = StreamInfer(core, state.streams)
 
-    def __mapping__(self) -> dict:
+    def methods(self) -> dict[str, Method]:
         lim = self.state.limits
         rpcs = {
             "ServerLive": (self.server_live, pb.ServerLiveRequest),
@@ -98,11 +97,8 @@ class InferenceService:
             ),
             "LogSettings": (self.log_settings, pb.LogSettingsRequest),
         }
-        mapping = {
-            _PREFIX + rpc: unary(fn, req, lim, rpc, fast=rpc == "ModelInfer")
-            for rpc, (fn, req) in rpcs.items()
-        }
-        mapping[_PREFIX + "ModelStreamInfer"] = stream_stream(
+        mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+        mapping[_PREFIX + "ModelStreamInfer"] = typed_stream(
             self.stream_infer, pb.ModelInferRequest, lim, "ModelStreamInfer"
         )
         later = {
@@ -112,7 +108,7 @@ class InferenceService:
             "TraceSetting": "trace settings are not supported",
         }
         for rpc, reason in later.items():
-            mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason))
+            mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason, lim))
         return mapping
 
     async def server_live(self, request, ctx: CallContext):
@@ -220,8 +216,8 @@ class InferenceService:
         return self.state.shm_registry
 
     def model_infer(self, request: ParsedInferRequest, ctx: CallContext) -> Awaitable[InferReply]:
-        """The inference core does the work; its encoded reply goes back to the adapter as it
-        is. A plain method handing the adapter the core's coroutine (one frame less per
+        """The inference core does the work; its encoded reply goes back to the server layer as
+        it is. A plain method handing the layer the core's coroutine (one frame less per
         request than awaiting it here)."""
         return self.core.infer(request, transport_deadline_ns=ctx.deadline_ns)
 

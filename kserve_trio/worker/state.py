@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.serving.grpc_adapter import Limits
+from kserve_trio.serving.grpc import Limits
 from kserve_trio.worker.stream import OpenStreams
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.wire import encode_varint
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc_adapter import MessageError, StreamCall, status_error
+from kserve_trio.serving.grpc import MessageError, StreamCall, status_of
 
 if TYPE_CHECKING:
     from kserve_trio.core.infer_wire import InferRequestMessage
@@ -116,7 +116,7 @@ class _Answer:
 
 
 class StreamInfer:
-    """The ModelStreamInfer handler (a ``grpc_adapter.stream_stream`` function)."""
+    """The ModelStreamInfer handler (a ``serving.grpc.typed_stream`` function)."""
 
     def __init__(self, core: InferenceCore, streams: OpenStreams) -> None:
         self.core = core
@@ -201,7 +201,7 @@ class _Session:
             except ServingError as exc:
                 answer.error = exc.message or exc.status.name
             except Exception as exc:  # TimeoutError, or a bug: the status_error wording
-                answer.error = status_error(exc, request_id=request.id, rpc=RPC).message or ""
+                answer.error = status_of(exc, request_id=request.id, rpc=RPC)[1]
             await send.send(answer)
 
     async def _write(

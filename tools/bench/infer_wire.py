@@ -4,7 +4,7 @@ trees compared in one session (before/after a change), interleaved round by roun
 What one request costs, per stage (microseconds, median of the rounds):
 
 - server ``parse``: the received message bytes -> the request object the handler gets
-  (``grpc_adapter._parse``); ``decode``: that plus ``codec.decode_infer_request``;
+  (``serving.grpc``'s ``parse_message``); ``decode``: that plus ``codec.decode_infer_request``;
 - server ``encode``: ``codec.encode_infer_response(..., zero_copy=True)`` plus what
   ``send_reply`` prepares before it writes (the joined bytes, or the segments it sends from the
   arrays' own buffers);
@@ -62,7 +62,20 @@ def _round(tree: str) -> dict:
     from kserve_trio.core import codec
     from kserve_trio.core.tensor import NamedTensor
     from kserve_trio.proto import inference as pb
-    from kserve_trio.serving import grpc_adapter
+
+    try:  # the server layer of this tree: serving.grpc, or the older grpc_adapter
+        from kserve_trio.serving.grpc._call import JOIN_BYTES
+        from kserve_trio.serving.grpc._messages import parse_message
+
+        def segments(pieces: list) -> list:
+            return pieces
+
+    except ImportError:
+        from kserve_trio.serving import grpc_adapter  # type: ignore[attr-defined]
+
+        JOIN_BYTES = grpc_adapter._JOIN_BYTES
+        parse_message = grpc_adapter._parse
+        segments = grpc_adapter._segments
 
     assert sys.modules["kserve_trio"].__file__.startswith(tree), "imported the wrong tree"
     try:
@@ -81,9 +94,9 @@ def _round(tree: str) -> dict:
         if new:
             assert isinstance(reply, WirePieces)
             prefix = struct.pack(">?I", False, reply.nbytes)
-            if reply.nbytes <= grpc_adapter._JOIN_BYTES:
+            if reply.nbytes <= JOIN_BYTES:
                 return [b"".join([prefix, *reply.pieces])]
-            return grpc_adapter._segments([prefix, *reply.pieces])
+            return segments([prefix, *reply.pieces])
         pieces = wire.infer_response_pieces(reply)
         length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
         return [b"".join([struct.pack(">?I", False, length), *pieces])]
@@ -115,7 +128,7 @@ def _round(tree: str) -> dict:
         inputs = [InferInput("input_0", x)]
 
         def server_parse():
-            return grpc_adapter._parse(request_bytes, pb.ModelInferRequest)
+            return parse_message(request_bytes, pb.ModelInferRequest)
 
         def server_decode():
             return codec.decode_infer_request(server_parse())

@@ -50,6 +50,7 @@ ENDPOINTS_PORT                         endpoints.port                      int
 ENDPOINTS_METRICS_PORT                 endpoints.metrics_port              int
 ENDPOINTS_HTTP_PORT                    endpoints.http_port                 int
 ENDPOINTS_MAX_CONCURRENT_REQUESTS      endpoints.max_concurrent_requests   int
+ENDPOINTS_EVENT_LOOP                   endpoints.event_loop                str
 ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str
 ENDPOINTS_TLS_KEY_FILE                 endpoints.tls.key_file              str
 ENDPOINTS_TLS_CLIENT_CA_FILE           endpoints.tls.client_ca_file        str

@@ -219,7 +219,8 @@ class TlsConfig:
 class EndpointsConfig:
     """Listen addresses; port 0 binds an ephemeral port, ``metrics_port`` 0 disables metrics,
     ``http_port`` 0 disables the KServe V2 REST endpoint, ``max_concurrent_requests`` 0 means
-    uncapped; ``tls`` secures the gRPC and REST ports."""
+    uncapped; ``tls`` secures the gRPC and REST ports; ``event_loop`` is what the servers run on
+    (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed, else asyncio)."""
 
     host: str = "127.0.0.1"
     port: int = 8001
@@ -227,6 +228,7 @@ class EndpointsConfig:
     max_concurrent_requests: int = 64
     tls: TlsConfig = TlsConfig()
     http_port: int = 0
+    event_loop: str = ""
 
 
 @dataclass(frozen=True)

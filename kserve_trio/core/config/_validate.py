@@ -29,6 +29,11 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
             ep.max_concurrent_requests >= 0,
             "must be >= 0 (0 = uncapped)",
         ),
+        (
+            "endpoints.event_loop",
+            ep.event_loop in ("", "uvloop", "asyncio", "trio"),
+            "must be uvloop, asyncio or trio (empty: uvloop when installed)",
+        ),
         ("grpc.max_recv_msg_bytes", cfg.grpc.max_recv_msg_bytes > 0, "must be positive"),
         ("grpc.max_send_msg_bytes", cfg.grpc.max_send_msg_bytes > 0, "must be positive"),
         ("scheduler.ema_halflife_seconds", sc.ema_halflife_seconds > 0, "must be positive"),

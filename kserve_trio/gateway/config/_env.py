@@ -47,6 +47,7 @@ TLS_KEY_FILE                              tls.key_file                          
 TLS_CLIENT_CA_FILE                        tls.client_ca_file                       str
 LOGGING_LEVEL                             logging.level                            str
 LOGGING_FORMAT                            logging.format                           str
+EVENT_LOOP                                event_loop                               str
 """
 _ENV_TABLE: tuple[tuple[str, str, str], ...] = tuple(
     (ENV_PREFIX + var, path, kind)

@@ -59,6 +59,7 @@ SCHEMA: dict[str, Any] = {
     "grpc": _leaves(GatewayGrpcConfig),
     "tls": _leaves(TlsConfig),
     "logging": _leaves(LoggingConfig),
+    "event_loop": None,
 }
 
 LPT_SCHEDULING_KEYS = (
@@ -244,6 +245,12 @@ def build_gateway_config(
     metrics = _list(raw, "worker_metrics")
     http = _list(raw, "worker_http_endpoints")
     endpoints = _dedup_endpoints(endpoints, aligned=bool(names or metrics or http))
+    event_loop = raw.get("event_loop") or ""
+    if event_loop not in ("", "uvloop", "asyncio", "trio"):
+        raise ConfigError(
+            f"must be uvloop, asyncio or trio (empty: uvloop when installed), not {event_loop!r}",
+            "event_loop",
+        )
     return GatewayConfig(
         listen=listen,
         endpoints=tuple(endpoints),
@@ -256,6 +263,7 @@ def build_gateway_config(
         tls=tls,
         logging=logging_,
         prober=prober or ProberConfig(),
+        event_loop=event_loop,
     )
 
 

@@ -227,7 +227,8 @@ class GatewayConfig:
     the label of the workers behind ``endpoints[i]``. ``worker_http_endpoints`` (optional) is
     aligned the same way: entry ``i`` is the KServe V2 REST address of the workers behind
     ``endpoints[i]`` (a name resolves per round, and each worker takes the REST address equal to
-    its own), where the gateway forwards REST requests that name a model.
+    its own), where the gateway forwards REST requests that name a model. ``event_loop`` is
+    what the gateway runs on (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed).
     """
 
     listen: ListenConfig = ListenConfig()
@@ -241,6 +242,7 @@ class GatewayConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     logging: LoggingConfig = LoggingConfig()
     prober: ProberConfig = ProberConfig()
+    event_loop: str = ""
 
     def __post_init__(self) -> None:
         for name in ("endpoints", "worker_metrics", "worker_names", "worker_http_endpoints"):

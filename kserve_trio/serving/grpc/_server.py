@@ -30,7 +30,7 @@ from anyio.streams.tls import TLSStream
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.grpc._connection import Connection
 from kserve_trio.serving.grpc._methods import Method
-from kserve_trio.serving.grpc._settings import ServerSettings
+from kserve_trio.serving.grpc._settings import ServerSettings, warn_removed_switches
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -44,6 +44,7 @@ class GrpcServer:
     def __init__(
         self, methods: Mapping[str, Method], settings: ServerSettings | None = None
     ) -> None:
+        warn_removed_switches()
         self.methods = dict(methods)
         self.settings = settings or ServerSettings()
         self.port = 0
@@ -66,7 +67,7 @@ class GrpcServer:
         """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port."""
         self._ssl = ssl_context
         listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
-        listeners = list(listener.listeners)
+        listeners = [one for one in listener.listeners if isinstance(one, anyio.abc.SocketListener)]
         self.port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))
         try:
             async with anyio.create_task_group() as tg:
@@ -122,8 +123,9 @@ class GrpcServer:
         if not self.connections and self._no_connections is not None:
             self._no_connections.set()
 
-    async def shutdown(self, grace: float) -> None:
-        """The orderly end of the module docstring; returns once every connection is closed."""
+    async def shutdown(self, grace: float) -> int:
+        """The orderly end of the module docstring; returns once every connection is closed,
+        with the number of calls that were still running after ``grace`` and were cancelled."""
         self._shutting_down = True
         self._accepting.cancel()
         for conn in list(self.connections):
@@ -132,6 +134,7 @@ class GrpcServer:
             while self.connections:
                 self._no_connections = anyio.Event()
                 await self._no_connections.wait()
+        cancelled = self.running_calls()
         for conn in list(self.connections):
             conn.close_calls()
         with anyio.move_on_after(1.0):
@@ -140,6 +143,7 @@ class GrpcServer:
                 await self._no_connections.wait()
         if self._scope is not None:
             self._scope.cancel()
+        return cancelled
 
     def running_calls(self) -> int:
         """Calls in flight on every connection."""

@@ -18,7 +18,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+from kserve_trio.core.logging import get_logger
 
 WINDOW_BYTES = 64 << 20
 MAX_FRAME_BYTES = 1 << 20
@@ -42,10 +45,27 @@ class ServerSettings:
     handshake_timeout_seconds: float = 10.0
 
 
+REMOVED_SWITCHES = {
+    "KSERVE_TRIO_GRPC_FAST_UNARY": "every unary call takes the one call path now",
+    "KSERVE_TRIO_H2_TUNING": "the HTTP/2 settings are ServerSettings, always in force",
+}
+"""Environment switches of the server layer that no longer exist, and why."""
+
+
+def warn_removed_switches() -> None:
+    """One warning per removed switch that is still set, naming it."""
+    log = get_logger("kserve_trio.serving.grpc")
+    for name, why in REMOVED_SWITCHES.items():
+        if name in os.environ:
+            log.warning("removed_switch_ignored", variable=name, detail=f"{name} is gone: {why}")
+
+
 __all__ = [
     "MAX_CONCURRENT_STREAMS",
     "MAX_FRAME_BYTES",
     "MAX_HEADER_LIST_BYTES",
+    "REMOVED_SWITCHES",
     "WINDOW_BYTES",
     "ServerSettings",
+    "warn_removed_switches",
 ]
