@@ -1,18 +1,17 @@
-"""ModelInfer end to end through a real grpclib server on the serving adapter and the codec (an
-echo model: outputs = inputs), read by stock tritonclient and by our client on asyncio and trio.
+"""ModelInfer end to end through a real ``serving.grpc`` server with the typed ``unary`` shape
+and the codec (an echo model: outputs = inputs), read by stock tritonclient and by our client
+on asyncio and trio.
 
-Replies cover both send paths of ``grpc_adapter.send_reply``: one joined write for a small
-reply, and piece by piece from the arrays' own buffers for a large one, through grpclib's
-default 4 MiB stream window (so the sender waits for WINDOW_UPDATEs) and 16 KiB frames, with
-small pieces between large payloads, and compressed when the request was."""
+Replies cover both send paths of ``Call``: one joined frame for a small reply, and framed from
+the arrays' own buffers for a large one, through small 4 MiB windows (so the sender waits for
+WINDOW_UPDATEs) and 16 KiB frames, with small pieces between large payloads, and compressed
+when the request was."""
 
 from __future__ import annotations
 
-import grpclib.const
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from anyio.from_thread import start_blocking_portal
 
 from kserve_trio.client import InferInput, InferOutput, KServeModel, RetryPolicy
 from kserve_trio.client.errors import RpcError
@@ -24,31 +23,35 @@ from kserve_trio.core.infer_wire import (
     infer_response_pieces,
 )
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving import grpc_adapter
-from kserve_trio.serving.grpc_adapter import Limits, unary
-from kserve_trio.serving.grpc_server import GrpcServer
+from kserve_trio.serving.grpc import Limits, Method, ServerSettings, unary
+from kserve_trio.serving.grpc._call import JOIN_BYTES
+from kserve_trio.serving.grpc._messages import reply_pieces
+from tests.threaded_grpc import ThreadedGrpcServer
 
 PREFIX = "/inference.GRPCInferenceService/"
 SEND_CAP = 64 << 20
 
 
-class Echo:
+async def model_infer(request, ctx):
     """ModelInfer answering with its inputs (views of the received request: zero copy)."""
+    decoded = codec.decode_infer_request(request)
+    with decoded:
+        return codec.encode_infer_response(
+            request.model_name,
+            decoded.id,
+            decoded.inputs,
+            decoded.requested_outputs,
+            zero_copy=True,
+        )
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+
+class Echo(ThreadedGrpcServer):
+    """The echo model on small windows and frames, on its own thread."""
+
+    settings = ServerSettings(window_bytes=4 << 20, max_frame_bytes=16 << 10)
+
+    def methods(self) -> dict[str, Method]:
         limits = Limits(256 << 20, SEND_CAP)
-
-        async def model_infer(request, ctx):
-            decoded = codec.decode_infer_request(request)
-            with decoded:
-                return codec.encode_infer_response(
-                    request.model_name,
-                    decoded.id,
-                    decoded.inputs,
-                    decoded.requested_outputs,
-                    zero_copy=True,
-                )
-
         return {
             PREFIX + "ModelInfer": unary(model_infer, pb.ModelInferRequest, limits, "ModelInfer")
         }
@@ -56,21 +59,8 @@ class Echo:
 
 @pytest.fixture(scope="module")
 def echo_address():
-    with start_blocking_portal(backend="asyncio") as portal:
-
-        async def start() -> GrpcServer:
-            server = GrpcServer([Echo()])  # made on its loop; grpclib's 4 MiB windows
-            await server.start("127.0.0.1", 0)
-            return server
-
-        server = portal.call(start)
+    with Echo() as server:
         yield f"127.0.0.1:{server.port}"
-
-        async def stop() -> None:
-            server.close()
-            await server.wait_closed()
-
-        portal.call(stop)
 
 
 RNG = np.random.default_rng(7)
@@ -158,14 +148,14 @@ async def test_a_malformed_request_is_invalid_argument(echo_address):
         )
 
 
-def test_large_payloads_are_sent_from_their_own_buffers_small_pieces_joined():
-    big = np.ones(grpc_adapter._JOIN_BYTES, np.uint8)
+def test_a_large_reply_is_framed_from_the_arrays_own_buffers():
+    big = np.ones(JOIN_BYTES, np.uint8)
     tiny = np.arange(3, dtype=np.uint8)
-    pieces = infer_response_pieces(
+    wire = infer_response_pieces(
         "m", "", "", None, [], [memoryview(big), memoryview(tiny), memoryview(big)]
-    ).pieces
-    segments = grpc_adapter._segments([b"\x00\x00\x00\x00\x00", *pieces])
-    assert [type(s) for s in segments] == [bytes, memoryview, bytes, memoryview]
-    assert segments[1] is pieces[1] and segments[3] is pieces[5]
-    assert np.shares_memory(np.frombuffer(segments[1], np.uint8), big)
-    assert b"".join(segments) == b"\x00" * 5 + b"".join(pieces)
+    )
+    pieces, length = reply_pieces(wire)
+    assert length > JOIN_BYTES  # so Call frames it from the pieces instead of joining them
+    assert length == sum(len(p) for p in pieces)
+    shared = [p for p in pieces if np.shares_memory(np.frombuffer(p, np.uint8), big)]
+    assert len(shared) == 2 and all(len(p) == big.nbytes for p in shared)

@@ -1,4 +1,5 @@
-"""``serving.raw``'s handlers on a real ``GrpcServer``: message bytes as they arrived
+"""The raw-bytes call shapes the gateway forwards with (``serving.grpc``'s ``Call``,
+``raw_unary`` and ``stream``) on a real ``GrpcServer``: message bytes as they arrived
 (compressed ones still compressed, ``plain`` inflating them within the cap), the framing rules
 and caps with their statuses, large replies framed from the payload, and stream replies from
 concurrent tasks that never interleave."""
@@ -11,10 +12,9 @@ import os
 import random
 import struct
 import zlib
+from collections.abc import AsyncIterator
 
 import anyio
-import grpclib.client
-import grpclib.const
 import pytest
 
 from kserve_trio.client.errors import RpcError
@@ -22,9 +22,8 @@ from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.pool import RawReply
-from kserve_trio.serving.grpc_adapter import EncodedMessage, Limits
-from kserve_trio.serving.grpc_server import GrpcServer
-from kserve_trio.serving.raw import RawCall, RawMessage, raw_stream, raw_unary
+from kserve_trio.serving.grpc import Call, GrpcServer, Limits, Method, RawMessage, raw_unary, stream
+from tests.worker.raw_h2 import RawReply as RawH2Reply
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
 
 pytestmark = pytest.mark.anyio
@@ -32,51 +31,58 @@ LIMITS = Limits(max_recv_bytes=1 << 20, max_send_bytes=4 << 20)
 BIG = os.urandom(3 << 20)
 
 
-class Service:
-    def __mapping__(self):
-        return {
-            "/t.T/Info": raw_unary(self.info, LIMITS, "Info"),
-            "/t.T/Big": raw_unary(self.big, LIMITS, "Big"),
-            "/t.T/TooBig": raw_unary(self.too_big, LIMITS, "TooBig"),
-            "/t.T/Stream": raw_stream(self.stream, LIMITS, "Stream"),
-        }
+async def info(call: Call, message: RawMessage) -> bytes:
+    """What the handler was given: the message as it arrived and what the call says of it."""
+    doc = {
+        "encoding": call.encoding,
+        "compressed": message.compressed,
+        "data": message.data.hex(),
+        "plain": bytes(call.plain(message)).hex(),
+        "deadline": call.deadline is not None,
+        "metadata": dict(call.metadata),
+    }
+    return json.dumps(doc).encode()
 
-    async def info(self, call: RawCall, message: RawMessage) -> bytes:
-        doc = {
-            "encoding": call.encoding,
-            "compressed": message.compressed,
-            "data": message.data.hex(),
-            "plain": call.plain(message).hex(),
-            "deadline": call.deadline is not None,
-            "metadata": dict(call.metadata),
-        }
-        return json.dumps(doc).encode()
 
-    async def big(self, call: RawCall, message: RawMessage) -> bytes:
-        return BIG
+async def big(call: Call, message: RawMessage) -> bytes:
+    return BIG
 
-    async def too_big(self, call: RawCall, message: RawMessage) -> bytes:
-        return b"x" * (LIMITS.max_send_bytes + 1)
 
-    async def stream(self, call: RawCall) -> None:
-        async def answer(data: bytes) -> None:
-            await anyio.sleep(random.random() * 0.05)
-            await call.send(data * 5000)  # 5000x each message: several frames per reply
+async def too_big(call: Call, message: RawMessage) -> bytes:
+    return b"x" * (LIMITS.max_send_bytes + 1)
 
-        async with anyio.create_task_group() as tg:
-            while (message := await call.receive()) is not None:
-                tg.start_soon(answer, message.data)
+
+async def echo_stream(call: Call) -> None:
+    """Each message back 5000 times over (several frames per reply), from its own task, the
+    tasks finishing in random order."""
+
+    async def answer(data: bytes) -> None:
+        await anyio.sleep(random.random() * 0.05)
+        await call.send(data * 5000)
+
+    async with anyio.create_task_group() as tg:
+        while (message := await call.receive()) is not None:
+            tg.start_soon(answer, message.data)
+
+
+METHODS: dict[str, Method] = {
+    "/t.T/Info": raw_unary(info, LIMITS, "Info"),
+    "/t.T/Big": raw_unary(big, LIMITS, "Big"),
+    "/t.T/TooBig": raw_unary(too_big, LIMITS, "TooBig"),
+    "/t.T/Stream": stream(echo_stream, LIMITS, "Stream"),
+}
 
 
 @pytest.fixture()
-async def server():
-    srv = GrpcServer([Service()])
-    await srv.start("127.0.0.1", 0)
-    try:
-        yield f"127.0.0.1:{srv.port}"
-    finally:
-        srv.close()
-        await srv.wait_closed()
+async def server() -> AsyncIterator[str]:
+    srv = GrpcServer(METHODS)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(srv.serve, "127.0.0.1", 0)
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            with anyio.fail_after(10):
+                await srv.shutdown(1.0)
 
 
 async def call(address: str, method: str, payload: bytes, **kw) -> bytes:
@@ -85,10 +91,23 @@ async def call(address: str, method: str, payload: bytes, **kw) -> bytes:
         return await t.unary(method, payload, RawReply, timeout=10.0, **kw)
 
 
-async def raw(address: str, path: str, body: bytes, headers=()) -> object:
+async def raw(address: str, path: str, body: bytes, headers=()) -> RawH2Reply:
     return await anyio.to_thread.run_sync(
         lambda: raw_grpc_call(address, path, body, headers=tuple(headers))
     )
+
+
+def messages(body: bytes) -> list[bytes]:
+    """The length-prefixed messages of a reply body, each checked whole."""
+    out = []
+    pos = 0
+    while pos < len(body):
+        flag, length = struct.unpack_from(">BI", body, pos)
+        assert flag == 0
+        out.append(body[pos + 5 : pos + 5 + length])
+        assert len(out[-1]) == length, "a message cut short"
+        pos += 5 + length
+    return out
 
 
 async def test_a_message_arrives_as_sent_and_plain_inflates_a_compressed_one(server):
@@ -145,27 +164,14 @@ async def test_framing_errors_and_caps_have_their_statuses(server, body, headers
 
 async def test_a_large_reply_arrives_intact_and_one_over_the_cap_is_refused(server):
     assert await call(server, "/t.T/Big", b"") == BIG
-    with pytest.raises(RpcError) as info:
+    with pytest.raises(RpcError) as err:
         await call(server, "/t.T/TooBig", b"")
-    assert info.value.status is StatusCode.RESOURCE_EXHAUSTED
-    assert "response larger than max" in info.value.message
+    assert err.value.status is StatusCode.RESOURCE_EXHAUSTED
+    assert "response larger than max" in err.value.message
 
 
 async def test_stream_replies_from_concurrent_tasks_never_interleave(server):
-    host, port = server.rsplit(":", 1)
-    channel = grpclib.client.Channel(host, int(port))
-    try:
-        async with channel.request(
-            "/t.T/Stream",
-            grpclib.const.Cardinality.STREAM_STREAM,
-            EncodedMessage,
-            EncodedMessage,
-        ) as stream:
-            sent = [f"<{i:03d}>".encode() for i in range(40)]
-            for data in sent:
-                await stream.send_message(EncodedMessage(data))
-            await stream.end()
-            got = [bytes(m) async for m in stream]
-        assert sorted(got) == sorted(d * 5000 for d in sent)  # each reply whole
-    finally:
-        channel.close()
+    sent = [f"<{i:03d}>".encode() for i in range(40)]
+    reply = await raw(server, "/t.T/Stream", b"".join(grpc_frame(d) for d in sent))
+    assert reply.status == int(StatusCode.OK), reply
+    assert sorted(messages(reply.body)) == sorted(d * 5000 for d in sent)  # each reply whole
