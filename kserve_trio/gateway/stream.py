@@ -1,35 +1,34 @@
-"""ModelStreamInfer through the gateway: each message of the client's stream routed like a
-unary ModelInfer, each answer written back on the stream.
+"""ModelStreamInfer through the gateway: the shared stream engine over the forwarder.
 
-Rules (``StreamInfer.__call__``, one call per client stream):
-1. Messages are read from the client's stream in order; each becomes a task of the handler's
-   own task group, so requests on one stream run concurrently, across workers, and nothing
-   outlives the stream: when the client cancels, every task (and its worker call) is
-   cancelled with it.
-2. A message is admitted like a unary request (it counts against the inbound cap while it is
+``serving.grpc.StreamSession`` owns the stream's rules (ordering, the bound on outstanding
+requests with backpressure, one writer, the ends, cancellation, drain), the same as on a
+worker. What the gateway adds is how one message is served (``StreamInfer._one``):
+
+1. A message is admitted like a unary request (it counts against the inbound cap while it is
    in flight), peeked, and forwarded with a unary ModelInfer to a worker, exactly as
    ``Forwarder.infer`` forwards a unary call (same routing, failover, deadlines: the stream's
    own deadline bounds each message).
-3. A worker's reply goes back as a ``ModelStreamInferResponse`` whose ``infer_response`` is the
+2. A worker's reply goes back as a ``ModelStreamInferResponse`` whose ``infer_response`` is the
    worker's ``ModelInferResponse`` bytes, unchanged (so it carries its request's id). A failing
    request (malformed, shed, unknown model, a worker's error) goes back as a response whose
    ``error_message`` is the error's message, with the request's model and id in
-   ``infer_response``, and the stream stays open. Answers are written in completion order.
-4. When the client ends its side, the stream ends OK once every answer is written. When the
-   gateway drains, it stops reading, writes the answers in flight and ends the stream
-   UNAVAILABLE (``gateway is shutting down``). A framing error ends the stream with its status.
+   ``infer_response``, and the stream stays open.
+3. When the gateway drains (``Admission.drain_started``), the session stops reading, writes the
+   answers in flight and ends the stream UNAVAILABLE (``gateway is shutting down``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 
-from kserve_trio.core.errors import ServingError, Unavailable
+from kserve_trio.core.errors import ServingError
 from kserve_trio.core.wire import encode_varint
 from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
 from kserve_trio.gateway.forward import Forwarder
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc import Call, RawMessage
+from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
 
 _INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, bytes
 
@@ -61,31 +60,26 @@ class StreamInfer:
         self.admission = admission
 
     async def __call__(self, call: Call) -> None:
-        reading = anyio.CancelScope()
-        watching = anyio.CancelScope()
+        session = StreamSession(
+            call,
+            self._one,
+            closing=self.admission.drain_started.wait,
+            shutting_down=SHUTTING_DOWN,
+        )
+        await session.run()
 
-        async def stop_reading_on_drain() -> None:
-            with watching:
-                await self.admission.drain_started.wait()
-                reading.cancel()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_reading_on_drain)
-            with reading:
-                while (message := await call.receive()) is not None:
-                    tg.start_soon(self._one, call, message)
-            watching.cancel()
-        if reading.cancel_called:
-            raise Unavailable(SHUTTING_DOWN)
-
-    async def _one(self, call: Call, message: RawMessage) -> None:
-        model = request_id = ""
+    async def _one(self, call: Call, message: RawMessage) -> tuple[bytes, Callable[[str], bytes]]:
         forwarder = self.forwarder
         try:
             self.admission.admit_inference()
         except ServingError as exc:
-            await call.send(stream_error(exc.message, *self._ids(call, message)))
-            return
+            model, request_id = self._ids(call, message)
+            return stream_error(exc.message, model, request_id), stream_error
+        model = request_id = ""
+
+        def failed(why: str) -> bytes:
+            return stream_error(why, model, request_id)
+
         try:
             started = anyio.current_time()
             try:
@@ -105,9 +99,9 @@ class StreamInfer:
                 deadline=call.deadline,
                 rpc=self.rpc,
             )
-            await call.send(stream_response(reply))
+            return stream_response(reply), failed
         except ServingError as exc:
-            await call.send(stream_error(exc.message or exc.status.name, model, request_id))
+            return failed(exc.message or exc.status.name), failed
         finally:
             self.admission.release_inference()
 

@@ -33,7 +33,7 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc import CallContext, Method, typed_stream, unary, unimplemented
+from kserve_trio.serving.grpc import CallContext, Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
@@ -98,9 +98,7 @@ class InferenceService:
             "LogSettings": (self.log_settings, pb.LogSettingsRequest),
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
-        mapping[_PREFIX + "ModelStreamInfer"] = typed_stream(
-            self.stream_infer, pb.ModelInferRequest, lim, "ModelStreamInfer"
-        )
+        mapping[_PREFIX + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
         later = {
             "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
             "CudaSharedMemoryRegister": "CUDA shared memory is not supported",

@@ -6,11 +6,12 @@ control, stream states, HPACK) stays h2's; what is ours is the policy around it:
 opened, read, answered, timed out, cancelled and drained.
 
 - ``GrpcServer``: listeners, connections, the two-phase drain (``_server``).
-- ``Method`` and its builders ``unary``, ``raw_unary``, ``stream``, ``typed_stream``,
-  ``unimplemented``; ``CallContext`` for typed unary handlers, ``StreamCall`` for typed
-  streams (``_methods``).
+- ``Method`` and its builders ``unary``, ``raw_unary``, ``stream``, ``unimplemented``;
+  ``CallContext`` for typed unary handlers (``_methods``).
+- ``StreamSession``: the request/answer stream engine of ModelStreamInfer, shared by the
+  worker and the gateway (``_stream_session``).
 - ``Call``: one call's receive and send paths (``_call``).
-- ``Limits``, ``RawMessage``, ``MessageError`` (``_messages``).
+- ``Limits``, ``RawMessage``, ``parse_message`` (``_messages``).
 - ``GrpcError`` and ``status_of``: the one exception-to-status mapping (``_status``).
 - ``ServerSettings`` and the HTTP/2 defaults (``_settings``).
 - ``header_problem``: the request-header checks (``_headers``).
@@ -21,16 +22,14 @@ from __future__ import annotations
 from kserve_trio.serving.grpc._call import Call, CallClosed
 from kserve_trio.serving.grpc._frames import patch_frame_repr
 from kserve_trio.serving.grpc._headers import header_problem
-from kserve_trio.serving.grpc._messages import Limits, MessageError, RawMessage
+from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message
 from kserve_trio.serving.grpc._methods import (
     CallContext,
     Method,
     RawStreamFn,
     RawUnaryFn,
-    StreamCall,
     raw_unary,
     stream,
-    typed_stream,
     unary,
     unimplemented,
 )
@@ -42,12 +41,14 @@ from kserve_trio.serving.grpc._settings import (
     ServerSettings,
 )
 from kserve_trio.serving.grpc._status import GrpcError, status_of
+from kserve_trio.serving.grpc._stream_session import MAX_OUTSTANDING, StreamSession
 
 patch_frame_repr()
 
 __all__ = [
     "MAX_CONCURRENT_STREAMS",
     "MAX_FRAME_BYTES",
+    "MAX_OUTSTANDING",
     "WINDOW_BYTES",
     "Call",
     "CallClosed",
@@ -55,18 +56,17 @@ __all__ = [
     "GrpcError",
     "GrpcServer",
     "Limits",
-    "MessageError",
     "Method",
     "RawMessage",
     "RawStreamFn",
     "RawUnaryFn",
     "ServerSettings",
-    "StreamCall",
+    "StreamSession",
     "header_problem",
+    "parse_message",
     "raw_unary",
     "status_of",
     "stream",
-    "typed_stream",
     "unary",
     "unimplemented",
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kserve_trio.core import compression
-from kserve_trio.core.errors import InvalidArgument, ServingError
+from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import (
     Buffer,
     InferRequestMessage,
@@ -47,15 +47,6 @@ class RawMessage:
 
     data: bytes
     compressed: bool = False
-
-
-class MessageError(Exception):
-    """One message of a client stream that could not be used (it does not decompress or
-    parse); the stream itself is intact and can be read on. ``error`` is why."""
-
-    def __init__(self, error: ServingError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 def parse_message(data: Buffer, message_type: Any) -> Any:
@@ -94,7 +85,6 @@ def reply_encoding(request_encoding: str, accept_encoding: str | None, limits: L
 
 __all__ = [
     "Limits",
-    "MessageError",
     "RawMessage",
     "parse_message",
     "reply_encoding",

@@ -5,9 +5,7 @@
 - ``raw_unary(fn, limits, rpc)``: ``fn(call, message) -> bytes`` with the message as it
   arrived: for a proxy that never decodes a payload.
 - ``stream(fn, limits, rpc)``: ``fn(call)`` reads and writes the ``Call`` itself (raw
-  messages); ``typed_stream(fn, request_type, limits, rpc)`` hands ``fn`` a ``StreamCall``
-  that parses each message on its own (a bad one raises ``MessageError`` and the stream
-  reads on).
+  messages; ``StreamSession`` is the request/answer engine such a handler runs).
 - ``unimplemented(rpc, reason)``: UNIMPLEMENTED naming the RPC.
 
 When ``fn`` returns the call ends OK unless it ended the call itself; when it raises, the
@@ -21,15 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kserve_trio.core import compression
-from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode, Unimplemented
+from kserve_trio.core.errors import InvalidArgument, Unimplemented
 from kserve_trio.serving.grpc._call import Call
-from kserve_trio.serving.grpc._messages import (
-    Limits,
-    MessageError,
-    RawMessage,
-    parse_message,
-)
-from kserve_trio.serving.grpc._status import status_of
+from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,66 +86,6 @@ def stream(fn: RawStreamFn, limits: Limits, rpc: str) -> Method:
     return Method(rpc, limits, fn)
 
 
-class StreamCall:
-    """A stream of typed messages on one call (``typed_stream``).
-
-    1. ``receive`` gives the next message parsed, ``None`` at the end of the client's side; a
-       message that does not decompress or parse raises ``MessageError`` (the stream is
-       intact); a framing error raises its ``ServingError`` and ends the reading.
-    2. ``send`` writes one reply, compressed when the request's ``grpc-encoding`` asks and the
-       client accepts it.
-    3. ``end`` ends the call now, OK or with an error's status; a second call does nothing.
-    """
-
-    __slots__ = ("_request_type", "call", "reply_encoding")
-
-    def __init__(self, call: Call, request_type: Any) -> None:
-        self.call = call
-        self._request_type = request_type
-        self.reply_encoding = call.reply_encoding()
-
-    @property
-    def deadline_ns(self) -> int:
-        return self.call.deadline_ns
-
-    @property
-    def metadata(self) -> dict[str, str | bytes]:
-        return self.call.metadata
-
-    async def receive(self) -> Any | None:
-        """The next message (rule 1)."""
-        message = await self.call.receive()
-        if message is None:
-            return None
-        try:
-            return parse_message(self.call.plain(message), self._request_type)
-        except ServingError as exc:
-            raise MessageError(exc) from None
-
-    async def send(self, reply: Any) -> None:
-        """Send one reply message (rule 2)."""
-        await self.call.send(reply, encoding=self.reply_encoding)
-
-    async def end(self, error: BaseException | None = None) -> None:
-        """End the call now (rule 3)."""
-        if error is None:
-            self.call.finish(StatusCode.OK)
-            return
-        status, message = status_of(error, rpc=self.call.rpc)
-        self.call.finish(status, message)
-
-
-def typed_stream(
-    fn: Callable[[StreamCall], Awaitable[None]], request_type: Any, limits: Limits, rpc: str
-) -> Method:
-    """A streaming RPC whose handler reads typed messages (``StreamCall``)."""
-
-    async def run(call: Call) -> None:
-        await fn(StreamCall(call, request_type))
-
-    return Method(rpc, limits, run)
-
-
 def unimplemented(rpc: str, reason: str, limits: Limits) -> Method:
     """An RPC answered UNIMPLEMENTED with a message naming it."""
 
@@ -168,10 +100,8 @@ __all__ = [
     "Method",
     "RawStreamFn",
     "RawUnaryFn",
-    "StreamCall",
     "raw_unary",
     "stream",
-    "typed_stream",
     "unary",
     "unimplemented",
 ]
