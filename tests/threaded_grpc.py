@@ -53,9 +53,9 @@ class ThreadedGrpcServer:
 
     def start(self) -> Self:
         self._cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
-        self._portal = self._cm.__enter__()
+        portal = self._portal = self._cm.__enter__()
         try:
-            self._future, self.port = self._portal.start_task(self._run)
+            self._future, self.port = portal.start_task(self._run)
         except BaseException:
             self._cm.__exit__(None, None, None)
             self._portal = None

@@ -1,6 +1,6 @@
 """A scriptable ``serving.grpc`` server on its own thread and asyncio loop, for transport tests.
 
-Serves ``/test.Echo/<Method>`` with raw-bytes messages (no codec), with grpclib's old default
+Serves ``/test.Echo/<Method>`` with raw-bytes messages (no codec), X
 HTTP/2 settings (4 MiB windows, 16 KiB frames) rather than our servers' large ones, so flow
 control is exercised both ways:
 
@@ -37,7 +37,7 @@ from tests.threaded_grpc import ThreadedGrpcServer
 
 LIMITS = Limits(max_recv_bytes=512 << 20, max_send_bytes=512 << 20)
 SMALL_WINDOWS = ServerSettings(window_bytes=4 << 20, max_frame_bytes=16 << 10)
-"""grpclib's default windows and HTTP/2's default frame size: many WINDOW_UPDATEs and frames."""
+"""Common client-library windows and HTTP/2's default frame size: many WINDOW_UPDATEs and frames."""
 
 
 class Raw(bytes):
@@ -118,7 +118,7 @@ class EchoServer(ThreadedGrpcServer):
 
 
 # --------------------------------------------------------------------------------------------
-# A scripted raw HTTP/2 server, for replies grpclib never sends
+# A scripted raw HTTP/2 server, for replies a gRPC server never sends
 
 
 class ScriptedH2Server:

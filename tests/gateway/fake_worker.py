@@ -34,6 +34,7 @@ from __future__ import annotations
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -50,7 +51,7 @@ LIMITS = Limits(max_recv_bytes=512 << 20, max_send_bytes=512 << 20)
 Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
-def _peer_of(call: Call) -> tuple:
+def _peer_of(call: Call) -> Any:
     """The client's (host, port) of ``call``'s connection: tells connections apart."""
     return call._conn.stream.extra(anyio.abc.SocketAttribute.remote_address)
 

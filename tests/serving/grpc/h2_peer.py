@@ -89,7 +89,7 @@ class Peer:
     def __init__(
         self,
         stream: anyio.abc.ByteStream,
-        settings: dict[int, int] | None = None,
+        settings: dict[h2.settings.SettingCodes, int] | None = None,
         *,
         feed: bool = True,
         manual_window: bool = False,
@@ -116,7 +116,7 @@ class Peer:
     async def connect(
         cls,
         port: int,
-        settings: dict[int, int] | None = None,
+        settings: dict[h2.settings.SettingCodes, int] | None = None,
         *,
         feed: bool = True,
         manual_window: bool = False,
@@ -193,8 +193,8 @@ class Peer:
 
     def _dispatch(self, events: list[h2.events.Event]) -> None:
         for event in events:
-            sid = getattr(event, "stream_id", None)
-            reply = self.replies.get(sid) if sid else None
+            sid: int = getattr(event, "stream_id", 0) or 0
+            reply = self.replies.get(sid)
             if isinstance(event, h2.events.ResponseReceived) and reply is not None:
                 reply.headers.update(dict(event.headers))  # type: ignore[arg-type]
             elif isinstance(event, h2.events.TrailersReceived) and reply is not None:
