@@ -78,6 +78,7 @@ from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.background import (
     BackgroundLoop,
     run_loop,
+    running_event_loop,
     serve_until_signal,
     start_in_thread,
 )
@@ -230,7 +231,12 @@ async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
         _log.info("gateway_draining", inflight=busy, seconds=DRAIN_SECONDS)
     if server is None:
         return
-    cancelled = await server.shutdown(DRAIN_SECONDS)
+    # The ports keep accepting meanwhile: a new call is answered UNAVAILABLE "gateway is
+    # shutting down", which tells a client more than a refused connection.
+    deadline = anyio.current_time() + DRAIN_SECONDS
+    with anyio.move_on_after(DRAIN_SECONDS):
+        await admission.drained(DRAIN_SECONDS)
+    cancelled = await server.shutdown(max(0.0, deadline - anyio.current_time()))
     if cancelled:
         _log.warning("gateway_drain_timeout", inflight=admission.busy, cancelled_calls=cancelled)
 
@@ -298,6 +304,7 @@ async def serve_gateway_async(
                 workers=sorted(gateway.pool.clients),
                 routable=sorted(gateway.prober.routable_labels),
                 models=sorted(gateway.state.table.models),
+                event_loop=running_event_loop(),
             )
             try:
                 yield running

@@ -63,6 +63,18 @@ def run_loop(fn: Callable[..., Awaitable[Any]], *args: Any, event_loop: str | No
     return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
 
 
+def running_event_loop() -> str:
+    """Which of ``EVENT_LOOPS`` the calling task runs on (for the start-up log line)."""
+    import sniffio
+
+    if sniffio.current_async_library() == "trio":
+        return "trio"
+    import asyncio
+
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.startswith("uvloop") else "asyncio"
+
+
 def add_event_loop_flags(parser: argparse.ArgumentParser, config_key: str) -> None:
     """``--event-loop`` and its old synonym ``--no-uvloop`` on a server CLI."""
     parser.add_argument(
@@ -173,6 +185,7 @@ __all__ = [
     "default_event_loop",
     "event_loop_from_args",
     "run_loop",
+    "running_event_loop",
     "serve_until_signal",
     "start_in_thread",
     "uvloop_available",

@@ -13,9 +13,10 @@ residency floor (device-pinned ones first, so they sit at the base of the arena)
 isolation probe measures the scratch and resolves the on-demand budget before the server
 accepts requests. The ``ControlService`` is served on the same gRPC server.
 
-Shutdown order: stop accepting (new ModelInfer calls answer UNAVAILABLE), answer queued requests
-UNAVAILABLE "server is shutting down", let the running execution finish, drain the gRPC server
-(two-phase GOAWAY; calls in flight finish within ``DRAIN_SECONDS``, then are cancelled), then
+Shutdown order: refuse new work (new ModelInfer calls answer UNAVAILABLE), answer queued requests
+UNAVAILABLE "server is shutting down", let the running execution finish and the requests in
+flight end, then drain the gRPC server (listeners closed, two-phase GOAWAY; whatever still runs
+when ``DRAIN_SECONDS`` have passed in all is cancelled), then
 release every model's device and host weights (shared host regions are unlinked by their last
 holder).
 """
@@ -49,6 +50,7 @@ from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.serving.background import (
     BackgroundLoop,
     run_loop,
+    running_event_loop,
     serve_until_signal,
     start_in_thread,
 )
@@ -229,6 +231,7 @@ async def serve_async(
             models=sorted(bundles),
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),
+            event_loop=running_event_loop(),
         )
         heartbeat.fire("up", config)
         try:
@@ -360,7 +363,12 @@ async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer
     state.shutting_down = True
     state.streams.close()  # open ModelStreamInfer calls stop reading and end UNAVAILABLE
     await scheduler.stop()
-    cancelled = await server.shutdown(DRAIN_SECONDS)
+    # New calls are still accepted meanwhile and answered UNAVAILABLE "server is shutting
+    # down", which tells a client more than a refused connection.
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while (state.inflight > 0 or state.streams.count > 0) and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    cancelled = await server.shutdown(max(0.0, deadline - time.monotonic()))
     if cancelled:
         log.warning("shutdown_drain_timeout", cancelled_calls=cancelled)
     if state.shm_registry is not None:

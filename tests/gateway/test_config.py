@@ -417,6 +417,7 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "grpc.max_concurrent_requests_per_worker": ("9", 9),
         "logging.level": ("warning", "warning"),
         "logging.format": ("json", "json"),
+        "event_loop": ("trio", "trio"),
     }
     return samples.get(path, ("/some/file.pem", "/some/file.pem"))
 

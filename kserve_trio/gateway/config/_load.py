@@ -122,6 +122,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "grpc": block(cfg.grpc),
         "tls": block(cfg.tls),
         "logging": block(cfg.logging),
+        "event_loop": cfg.event_loop,
     }
 
 

@@ -191,10 +191,10 @@ class Call:
         """The client reset the stream, or the connection is gone."""
         self.reset = True
         self.closed = True
+        if self.scope is not None:  # first: a waiter woken before it would miss the cancel
+            self.scope.cancel()
         self._wake_reader()
         self._wake_sender()
-        if self.scope is not None:
-            self.scope.cancel()
 
     def _expire(self) -> None:
         """The call's deadline has passed (from the connection's timer)."""

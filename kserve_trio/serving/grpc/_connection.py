@@ -353,10 +353,14 @@ class Connection:
         """Rules 3-5."""
         method = call.method
         try:
+            if call.deadline is not None and anyio.current_time() >= call.deadline:
+                call.expired = True  # before the handler: it may never reach a checkpoint
+            if call.expired or call.reset:
+                if call.expired:
+                    call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                return
             with anyio.CancelScope() as scope:
                 call.scope = scope
-                if call.expired or call.reset:
-                    scope.cancel()
                 try:
                     await method.run(call)
                 except Exception as exc:

@@ -55,6 +55,7 @@ class GrpcServer:
         self._ssl: ssl.SSLContext | None = None
         self._no_connections: anyio.Event | None = None
         self._shutting_down = False
+        self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
 
     async def serve(
         self,
@@ -67,6 +68,7 @@ class GrpcServer:
         """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port."""
         self._ssl = ssl_context
         listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        self._listener = listener
         listeners = [one for one in listener.listeners if isinstance(one, anyio.abc.SocketListener)]
         self.port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))
         try:
@@ -128,6 +130,9 @@ class GrpcServer:
         with the number of calls that were still running after ``grace`` and were cancelled."""
         self._shutting_down = True
         self._accepting.cancel()
+        if self._listener is not None:  # refused from now on, not queued and reset later
+            with anyio.CancelScope(shield=True):
+                await self._listener.aclose()
         for conn in list(self.connections):
             conn.start_drain()
         with anyio.move_on_after(grace):

@@ -269,11 +269,6 @@ async def test_a_reset_mid_request_never_runs_or_cancels_the_handler_and_serving
     assert not peer.replies[half].done and not peer.replies[open_].done  # nothing answered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serving.grpc bug: Call._on_reset wakes the blocked reader before it cancels the "
-    "scope, so receive() returns None as if the client had ended its side (fix: cancel first)",
-)
 async def test_a_reset_while_a_stream_handler_waits_for_a_message_cancels_it(srv: Served):
     probe = srv.probe
     with anyio.fail_after(BOUND):
@@ -291,11 +286,6 @@ async def test_a_reset_while_a_stream_handler_waits_for_a_message_cancels_it(srv
     assert probe.cancelled == ["echo_stream"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serving.grpc bug: Call._on_reset wakes the blocked sender before it cancels the "
-    "scope, so the handler gets CallClosed, never the cancellation (fix: cancel first)",
-)
 async def test_a_reset_mid_reply_cancels_the_handler_and_serving_goes_on(srv: Served):
     probe = srv.probe
     settings = {Codes.INITIAL_WINDOW_SIZE: 4096}
@@ -356,12 +346,6 @@ async def test_shutdown_is_a_two_phase_goaway_that_lets_the_call_in_flight_finis
     assert probe.handled == 1 and probe.cancelled == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serving.grpc bug: shutdown stops the accept loops but leaves the listening sockets "
-    "open until serve returns, so a client connecting during the drain is queued in the "
-    "backlog, never served, and reset at the end (fix: shutdown closes the listener first)",
-)
 async def test_a_connection_attempt_during_the_drain_is_refused(srv: Served):
     probe = srv.probe
     with anyio.fail_after(BOUND):
@@ -482,16 +466,7 @@ async def test_headers_on_a_closed_stream_are_an_h2_error_and_the_server_survive
     "timeout",
     [
         "0n",
-        pytest.param(
-            "1n",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="serving.grpc bug: a deadline that passes before the call's task starts "
-                "only cancels its scope, and a handler with its message buffered runs to its "
-                "reply without a checkpoint (fix: Connection._run_call answers "
-                "DEADLINE_EXCEEDED without running it)",
-            ),
-        ),
+        "1n",
     ],
 )
 async def test_an_expired_grpc_timeout_is_deadline_exceeded_without_running_the_handler(
