@@ -24,6 +24,7 @@ MODEL_POLL_SECONDS                     model_poll_seconds                  float
 MODEL_CONTROL_MODE                     model_control_mode                  str
 MODEL_DIRS                             model_dirs                          list
 MODELS_INCLUDE                         models_include                      list
+SERVE_WITHOUT_HOOKS                    serve_without_hooks                 bool
 RUNTIME_BACKEND                        runtime.backend                     str
 RUNTIME_DEVICE_ORDINAL                 runtime.device_ordinal              int
 RUNTIME_MEM_FRACTION                   runtime.mem_fraction                float
