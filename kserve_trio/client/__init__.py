@@ -6,7 +6,8 @@ batch axis first, ``-1`` for batch and variable axes; nothing is ever reversed.
 - ``KServeModel(target, port_or_model=None, model_name=None, *, ...)``: a model on an endpoint;
   ``await model.infer(inputs)`` is the async one-shot.
 - ``infer_sync(model, inputs_or_io)``, ``infer_async(model, io)``: the drivers.
-- ``InferInput``, ``InferOutput``, ``InferenceIO``, ``OutputSpec``, ``scratch``, ``pool_view``,
+- ``InferInput`` (also ``InferInput.from_buffer`` / ``.from_contents``), ``InferOutput``,
+  ``InferenceIO``, ``OutputSpec``, ``scratch``, ``subslot``, ``pool_view``,
   ``with_bounds_checks``: the I/O vocabulary.
 - ``model_io_spec``, ``manifest_io_spec``, ``ModelIOSpec``, ``TensorMeta``, ``validate_io``.
 - ``RetryPolicy``, ``BufferPool``, ``PoolAcquireTimeout``, ``kserve_init``, ``kserve_shutdown``.
@@ -52,7 +53,7 @@ from kserve_trio.client.spec import (
 )
 from kserve_trio.client.tls import client_ssl_context
 from kserve_trio.client.transport import Endpoint, Transport
-from kserve_trio.core.buffer_pool import BufferPool, PoolSlot, ScratchBuffer
+from kserve_trio.core.buffer_pool import BufferPool, PoolSlot, ScratchBuffer, subslot
 from kserve_trio.core.errors import PoolAcquireTimeout
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "model_io_spec",
     "pool_view",
     "scratch",
+    "subslot",
     "validate_io",
     "with_bounds_checks",
 ]

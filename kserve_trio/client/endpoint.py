@@ -13,6 +13,8 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kserve_trio.core.upstream_env import with_upstream_aliases
+
 DEFAULT_MAX_MESSAGE_BYTES = 512 << 20
 """Default cap on one gRPC message each way (matches the worker and gateway)."""
 
@@ -68,7 +70,8 @@ def parse_url(url: str) -> tuple[str, int, bool]:
 def resolve_message_cap(
     value: int | None, env_var: str, environ: Mapping[str, str] | None = None
 ) -> int:
-    """A message cap: the keyword when given, else the environment variable, else 512 MiB.
+    """A message cap: the keyword when given, else the environment variable (or its upstream
+    ``REACTANT_*`` alias, ``core.upstream_env``), else 512 MiB.
 
     A cap must be a positive integer; a malformed environment value is a ``ValueError`` naming
     the variable rather than a silent default.
@@ -77,7 +80,7 @@ def resolve_message_cap(
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"message size cap must be a positive integer, got {value!r}")
         return value
-    env = os.environ if environ is None else environ
+    env = with_upstream_aliases(os.environ if environ is None else environ)
     raw = env.get(env_var, "").strip()
     if not raw:
         return DEFAULT_MAX_MESSAGE_BYTES

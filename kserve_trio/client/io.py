@@ -191,15 +191,24 @@ def _slice_str(s: slice) -> str:
 @overload
 def pool_view(desc: ScratchBuffer, /) -> np.ndarray: ...
 @overload
+def pool_view(slot: PoolSlot, shape: Any, dtype: Any, /) -> np.ndarray: ...
+@overload
 def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]: ...
 
 
-def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
+def pool_view(*descs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
     """Writable zero-copy arrays over ``scratch`` descriptors: one array for one descriptor,
-    else a tuple in argument order. Inside ``with_bounds_checks`` they are ``CheckedArray``
-    views named after their tensors."""
+    else a tuple in argument order. ``pool_view(slot, shape, dtype)`` is the array at the start
+    of a slot carved by hand with ``subslot`` (wrap it in an ``InferInput`` to send it through
+    shared memory). Inside ``with_bounds_checks`` they are ``CheckedArray`` views named after
+    their tensors."""
     if not descs:
         raise TypeError("pool_view() needs at least one scratch descriptor")
+    if isinstance(descs[0], PoolSlot):
+        slot, shape, dtype = descs  # the core view refuses any other arity
+        arr = _core_pool_view(slot, shape, dtype)
+        assert isinstance(arr, np.ndarray)  # one slot, one array
+        return checked(arr, "subslot") if bounds_checks_enabled() else arr
     arrays = _core_pool_view(*descs)
     if bounds_checks_enabled():
         if isinstance(arrays, np.ndarray):  # exactly one descriptor
@@ -210,6 +219,18 @@ def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
 
 # --------------------------------------------------------------------------------------------
 # Inputs and outputs
+
+
+def _numpy_dtype(name: str, dtype: Any) -> np.dtype:
+    """A numpy dtype-like, a ``DType`` or a wire datatype string (``"FP32"``) as numpy's."""
+    if isinstance(dtype, DType):
+        return dtype.numpy
+    if isinstance(dtype, str) and dtype.isupper():
+        try:
+            return dtype_from_wire(dtype).numpy
+        except ValueError:
+            raise TypeError(f"input '{name}' has unknown wire datatype {dtype!r}") from None
+    return np.dtype(dtype)
 
 
 def _wire_dtype_of(name: str, dtype: Any, what: str) -> DType:
@@ -246,6 +267,65 @@ class InferInput:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "dtype", _wire_dtype_of(name, arr.dtype, "input"))
         object.__setattr__(self, "array", arr)
+
+    @classmethod
+    def from_buffer(
+        cls, name: str, buffer: Any, shape: Sequence[int], dtype: Any = None
+    ) -> InferInput:
+        """An input from a flat buffer and its explicit row-major ``shape``.
+
+        ``buffer`` is an array of any shape (read in C order) or a bytes-like object, which
+        then needs ``dtype`` (a numpy dtype-like, a ``DType`` or a wire string such as
+        ``"FP32"``). No copy when the buffer is contiguous, so a ``pool_view`` stays a view of
+        its slot. The element count must equal the shape's."""
+        dims = tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ValueError(f"input '{name}' shape {list(dims)} has a negative dimension")
+        dt = None if dtype is None else _numpy_dtype(name, dtype)
+        if isinstance(buffer, bytes | bytearray | memoryview):
+            if dt is None:
+                raise TypeError(f"input '{name}': a bytes buffer needs a dtype")
+            if len(memoryview(buffer).cast("B")) % dt.itemsize:
+                raise ValueError(
+                    f"input '{name}': {len(memoryview(buffer).cast('B'))} bytes is not a "
+                    f"whole number of {dt.name} elements"
+                )
+            flat = np.frombuffer(buffer, dtype=dt)
+        else:
+            flat = np.asarray(buffer, dtype=dt).reshape(-1)
+        if flat.size != math.prod(dims):
+            raise ValueError(
+                f"input '{name}': {flat.size} element(s) do not fill shape {list(dims)} "
+                f"({math.prod(dims)} element(s))"
+            )
+        return cls(name, flat.reshape(dims))
+
+    @classmethod
+    def from_contents(
+        cls, name: str, contents: Sequence[Any], shape: Sequence[int], datatype: Any
+    ) -> InferInput:
+        """An input from typed contents: a flat sequence of Python values (as KServe's typed
+        ``contents`` fields carry them, ``bool_contents`` ... ``bytes_contents``), the row-major
+        ``shape`` and the wire ``datatype`` (``"FP32"``, ``"BYTES"``, ... or a numpy dtype).
+
+        The values are converted to that datatype exactly once, here (a value it cannot hold is
+        a ``ValueError``, not a silent wrap-around), and the tensor is sent like any other
+        input, in ``raw_input_contents``."""
+        dt = _numpy_dtype(name, datatype)
+        values = list(contents)
+        if dt == np.dtype(object):
+            flat = np.empty(len(values), dtype=object)
+            flat[:] = values
+        else:
+            try:
+                flat = np.array(values, dtype=dt)
+            except (OverflowError, ValueError, TypeError) as exc:
+                raise ValueError(f"input '{name}': contents do not fit {dt.name}: {exc}") from None
+            if flat.ndim != 1:
+                raise ValueError(f"input '{name}': contents must be a flat sequence of values")
+            if dt.kind in "iu" and not np.array_equal(np.array(values, dtype=object), flat):
+                raise ValueError(f"input '{name}': contents do not fit {dt.name} exactly")
+        return cls.from_buffer(name, flat, shape)
 
     @property
     def shape(self) -> tuple[int, ...]:

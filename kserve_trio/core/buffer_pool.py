@@ -186,35 +186,61 @@ def subslot(parent: PoolSlot, n: int) -> PoolSlot:
     return child
 
 
+def _is_shape(value: Any) -> bool:
+    """A row-major shape: a bare int or a sequence of ints (what tells the nameless
+    ``scratch`` forms from the named ones)."""
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        return True
+    return isinstance(value, tuple | list) and all(
+        isinstance(d, int | np.integer) and not isinstance(d, bool) for d in value
+    )
+
+
 @overload
 def scratch(slot: PoolSlot, spec: str, shape: Any, dtype: Any) -> ScratchBuffer: ...
 @overload
 def scratch(slot: PoolSlot, spec: Sequence[tuple[str, Any, Any]]) -> list[ScratchBuffer]: ...
+@overload
+def scratch(slot: PoolSlot, spec: int | Sequence[int], shape: Any) -> np.ndarray: ...
+@overload
+def scratch(slot: PoolSlot, spec: Sequence[tuple[Any, Any]]) -> list[np.ndarray]: ...
 
 
 def scratch(
     slot: PoolSlot,
-    spec: str | Sequence[tuple[str, Any, Any]],
+    spec: Any,
     shape: Any = None,
     dtype: Any = None,
-) -> ScratchBuffer | list[ScratchBuffer]:
+) -> ScratchBuffer | list[ScratchBuffer] | np.ndarray | list[np.ndarray]:
     """Carve typed buffers from ``slot`` in one call.
 
-    ``scratch(slot, name, shape, dtype)`` returns one descriptor; ``scratch(slot, [(name,
-    shape, dtype), ...])`` returns a list. Rules:
+    Named, for the tensors a request sends: ``scratch(slot, name, shape, dtype)`` returns one
+    descriptor, ``scratch(slot, [(name, shape, dtype), ...])`` a list (``pool_view`` turns them
+    into arrays). Nameless, for buffers that are only written and read here (a meta model's
+    scratch, a staging area): ``scratch(slot, shape, dtype)`` returns the writable array itself,
+    ``scratch(slot, [(shape, dtype), ...])`` a list of arrays. Rules:
     1. Buffers are carved in order from the slot's cursor; each starts at the next absolute
        offset aligned to its dtype's itemsize, so the ranges are disjoint and contiguous up to
        that padding.
     2. ``shape`` is a row-major numpy shape or a bare int; ``dtype`` a numpy dtype-like or a
-       ``DType``.
+       ``DType``. A first argument that is a shape (an int or a sequence of ints) is the
+       nameless form.
     3. If any buffer would overrun the slot, ``ValueError`` is raised and nothing is carved.
     """
+    if _is_shape(spec):
+        if shape is None:
+            raise TypeError("scratch(slot, shape, dtype) needs a dtype")
+        return pool_view(scratch(slot, "", spec, shape))
     if isinstance(spec, str):
         if shape is None or dtype is None:
             raise TypeError("scratch(slot, name, shape, dtype) needs a shape and a dtype")
-        specs: Sequence[tuple[str, Any, Any]] = [(spec, shape, dtype)]
+        specs: list[tuple[str, Any, Any]] = [(spec, shape, dtype)]
     else:
-        specs = list(spec)
+        items = list(spec)
+        if items and all(isinstance(it, tuple | list) and len(it) == 2 for it in items):
+            views = pool_view(*scratch(slot, [("", dims, dt) for dims, dt in items]))
+            return [views] if isinstance(views, np.ndarray) else list(views)
+        specs = items
     region = slot.pool.region_name
     cursor = slot.cursor
     carved: list[ScratchBuffer] = []
@@ -224,8 +250,9 @@ def scratch(
         nbytes = math.prod(shp) * dt.itemsize
         start = cursor + (-(slot.offset + cursor)) % dt.itemsize
         if nbytes > slot.capacity - start:
+            label = f"'{name}' " if name else ""
             raise ValueError(
-                f"scratch buffer '{name}' ({nbytes} bytes of {dt.name} {shp}) overruns the "
+                f"scratch buffer {label}({nbytes} bytes of {dt.name} {shp}) overruns the "
                 f"slot: {max(0, slot.capacity - start)} of {slot.capacity} bytes left"
             )
         carved.append(ScratchBuffer(name, dt, shp, slot.offset + start, nbytes, region, slot.pool))
@@ -237,13 +264,32 @@ def scratch(
 @overload
 def pool_view(desc: ScratchBuffer, /) -> np.ndarray: ...
 @overload
+def pool_view(slot: PoolSlot, shape: Any, dtype: Any, /) -> np.ndarray: ...
+@overload
 def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]: ...
 
 
-def pool_view(*descs: ScratchBuffer) -> np.ndarray | tuple[np.ndarray, ...]:
-    """Writable zero-copy arrays over scratch buffers: one array for one descriptor, else a
-    tuple in argument order (``feats, mask = pool_view(*scratch(slot, [...]))``)."""
-    arrays = tuple(d.pool.array(d.offset, d.dtype, d.shape) for d in descs)
+def pool_view(*args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Writable zero-copy arrays over pool memory.
+
+    ``pool_view(desc, ...)``: one array per scratch descriptor (one array for one, else a tuple
+    in argument order: ``feats, mask = pool_view(*scratch(slot, [...]))``).
+    ``pool_view(slot, shape, dtype)``: the array of ``shape`` and ``dtype`` at the start of a
+    slot, typically one ``subslot`` carved by hand (the lower-level path; the array must fit).
+    """
+    if args and isinstance(args[0], PoolSlot):
+        if len(args) != 3:
+            raise TypeError("pool_view(slot, shape, dtype) takes a slot, a shape and a dtype")
+        slot, dims, dt_like = args
+        dt, shp = _np_dtype(dt_like), _shape(dims)
+        nbytes = math.prod(shp) * dt.itemsize
+        if nbytes > slot.capacity:
+            raise ValueError(
+                f"pool_view of {nbytes} bytes ({dt.name} {shp}) overruns the slot of "
+                f"{slot.capacity} bytes"
+            )
+        return slot.pool.array(slot.offset, dt, shp)
+    arrays = tuple(d.pool.array(d.offset, d.dtype, d.shape) for d in args)
     return arrays[0] if len(arrays) == 1 else arrays
 
 
@@ -309,6 +355,12 @@ class BufferPool:
     ``BufferPool(n_bytes, n_slots=8, use_shm=False, name=...)``: ``slot_bytes = n_bytes //
     n_slots`` (must be > 0), usable bytes ``slot_bytes * n_slots``. With ``use_shm`` the
     backing is a fresh POSIX object (``key``, ``region_name``) other processes can map.
+
+    The backing defaults to the heap: a POSIX object is a system resource that outlives a
+    process killed before ``close`` and needs a server in the same IPC namespace to be of any
+    use, so a pool is shared only when asked. The client's drivers ask for it themselves when
+    the server confirms it shares the namespace (``kserve_init``'s pools); a meta model's
+    scratch pool is never shared.
     """
 
     def __init__(

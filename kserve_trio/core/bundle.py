@@ -6,6 +6,9 @@ A bundle is a directory whose basename is the model's serving name. It holds:
   ``format_version`` ``FORMAT_VERSION``;
 * ``weights.safetensors`` (``WEIGHTS_FILE``), the trailing arguments of every module;
 * ``model.py`` (``MODEL_PY``), the optional pre/post-processing or meta-model hooks;
+* ``model.jl`` (``MODEL_JL``), the upstream Julia server's hooks: never run here. A bundle whose
+  hooks are only there is refused with how to port them (``validate_manifest``), unless it is
+  explicitly served without them (``serve_without_hooks``);
 * the compiled StableHLO modules ``model[.v{i}][.b{N}].mlir`` (``module_file``): ``.v{i}`` for
   the ``i``-th entry of ``input_shapes`` of a multi-shape model, ``.b{N}`` for a module compiled
   for batch size N (without it, one module serves any batch size);
@@ -34,6 +37,9 @@ from kserve_trio.core.manifest import Manifest, parse_manifest_text
 MANIFEST_FILE = "manifest.yaml"
 WEIGHTS_FILE = "weights.safetensors"
 MODEL_PY = "model.py"
+MODEL_JL = "model.jl"
+PORTING_GUIDE = "docs/bundles.md, 'Porting model.jl to model.py'"
+"""Where a refusal of a ``model.jl``-only bundle sends its author."""
 PATCH_FILE = "working_tree.patch"
 FORMAT_VERSION = "2.0"
 """The ``format_version`` a producer writes (readers also accept ``2``)."""
@@ -130,13 +136,20 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     return parse_manifest_text(text, name, source=str(p))
 
 
-def validate_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
+def validate_manifest(
+    bundle_dir: str | os.PathLike[str], *, serve_without_hooks: bool = False
+) -> Manifest:
     """Load a bundle's manifest and check the rules that involve the directory around it.
 
     1. ``manifest.yaml`` exists and parses (``parse_manifest``'s rules);
-    2. a meta model ships ``model.py``;
-    3. ``client_inputs``/``client_outputs`` appear only when ``model.py`` is present;
-    4. a regular model's compiled modules are all present (``discover_modules``), and it ships
+    2. hooks only in ``model.jl`` (no ``model.py``; the Julia server's hooks, which nothing
+       here runs) are refused naming the file and how to port it: always for a meta model or
+       one with ``client_inputs``/``client_outputs`` (without its hooks its wire I/O does not
+       exist), otherwise unless the manifest's ``serve_without_hooks: true`` or the worker's
+       ``serve_without_hooks`` (the keyword) says to serve the executable as it is;
+    3. a meta model ships ``model.py``;
+    4. ``client_inputs``/``client_outputs`` appear only when ``model.py`` is present;
+    5. a regular model's compiled modules are all present (``discover_modules``), and it ships
        ``weights.safetensors``.
 
     Whether ``model.py`` calls the right registration function is checked by whoever executes it.
@@ -148,6 +161,8 @@ def validate_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
         raise _bundle_error(name, d, f"missing {MANIFEST_FILE}")
     m = load_manifest(mpath)
     has_py = (d / MODEL_PY).is_file()
+    if not has_py and (d / MODEL_JL).is_file():
+        _check_julia_hooks(m, d, serve_without_hooks)
     where = f"manifest '{name}' ({mpath})"
     if m.is_meta and not has_py:
         raise ManifestError(
@@ -163,6 +178,33 @@ def validate_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
     if not (d / WEIGHTS_FILE).is_file():
         raise _bundle_error(name, d, f"missing {WEIGHTS_FILE}")
     return m
+
+
+def _check_julia_hooks(m: Manifest, d: Path, serve_without_hooks: bool) -> None:
+    """Rule 2 of ``validate_manifest``: a bundle with ``model.jl`` and no ``model.py``."""
+    port = (
+        f"{MODEL_JL} holds this bundle's hooks and this server does not run Julia: port them to "
+        f"{MODEL_PY}"
+    )
+    if m.is_meta:
+        raise _bundle_error(
+            m.name, d, f"{port} (register_meta_model(name, run=...); see {PORTING_GUIDE})"
+        )
+    hooks = "register_model(name, preprocess=..., postprocess=...)"
+    if m.client_inputs is not None or m.client_outputs is not None:
+        raise _bundle_error(
+            m.name,
+            d,
+            f"{port} ({hooks}; see {PORTING_GUIDE}); its client_inputs/client_outputs exist "
+            "only through those hooks, so it cannot be served without them",
+        )
+    if not (serve_without_hooks or m.serve_without_hooks):
+        raise _bundle_error(
+            m.name,
+            d,
+            f"{port} ({hooks}; see {PORTING_GUIDE}), or set 'serve_without_hooks: true' in its "
+            f"{MANIFEST_FILE} (or the worker's configuration) to serve the executable without them",
+        )
 
 
 def _batch_modules(
@@ -239,12 +281,12 @@ def discover_modules(
 def bundle_signature_files(bundle_dir: str | os.PathLike[str]) -> list[Path]:
     """Every existing file that defines a bundle's version, sorted by name.
 
-    ``manifest.yaml``, ``weights.safetensors``, ``model.py`` and every ``model*.mlir`` /
+    ``manifest.yaml``, ``weights.safetensors``, ``model.py``, ``model.jl`` and every ``model*.mlir`` /
     ``model*.jaxexport`` (variant files included). The watcher stats these
     to notice that a bundle changed.
     """
     d = Path(bundle_dir)
-    fixed = {MANIFEST_FILE, WEIGHTS_FILE, MODEL_PY}
+    fixed = {MANIFEST_FILE, WEIGHTS_FILE, MODEL_PY, MODEL_JL}
     try:
         entries = [e for e in os.scandir(d) if e.is_file()]
     except OSError:
@@ -257,10 +299,12 @@ __all__ = [
     "FORMAT_VERSION",
     "JAXEXPORT_SUFFIX",
     "MANIFEST_FILE",
+    "MODEL_JL",
     "MODEL_PY",
     "MODULE_PREFIX",
     "MODULE_SUFFIX",
     "PATCH_FILE",
+    "PORTING_GUIDE",
     "WEIGHTS_FILE",
     "bundle_signature_files",
     "discover_modules",

@@ -36,6 +36,7 @@ from kserve_trio.core.config import (
 )
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.upstream_env import with_upstream_aliases
 
 NODE_KEYS = (
     "model_repo",
@@ -357,6 +358,7 @@ def choose_worker(
 
     Returns ``(name, chosen_by_env)``; an unknown name or an ambiguous node is a ConfigError.
     """
+    env = with_upstream_aliases(env)
     names = worker_names(node)
     by_env = worker is None and bool(env.get(WORKER_NAME_ENV))
     chosen = worker if worker is not None else env.get(WORKER_NAME_ENV) or None
@@ -380,6 +382,7 @@ def node_server_config(
     Returns ``(config, applied env pairs, worker name)``; ``load_server_config`` is the full
     pipeline (adds command-line overrides and ``validate_config``).
     """
+    env = with_upstream_aliases(env)
     name, by_env = choose_worker(node, worker, env)
     raw, applied = apply_env_overrides(worker_raw_config(node, name), env)
     if by_env:
@@ -403,6 +406,7 @@ def load_server_config(
     values mean "flag not given" and are dropped). Returns the config and the applied
     environment ``(VAR, value)`` pairs for logging.
     """
+    env = with_upstream_aliases(env)
     if node_path is not None:
         loaded = load_node(node_path)
         name, chosen_by_env = choose_worker(loaded, worker, env)

@@ -12,7 +12,7 @@ extra they fail with an error that says what to install.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ def export_bundle(
     input_shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     matmul_precision: str | None = None,
     provenance: Mapping[str, Any] | None = None,
+    output_select: Callable[[Any], Any] | None = None,
 ) -> Path:
     """Export a model to a bundle in ``dir`` and return ``dir``.
 
@@ -65,6 +66,11 @@ def export_bundle(
     * ``matmul_precision``: jax's default matmul precision while tracing (``highest``,
       ``tensorfloat32``, ``bfloat16``, ``default``, ...); it is frozen into the program. The
       torch frontends default to torch's own ``torch.get_float32_matmul_precision()``.
+    * ``output_select`` (jax only): maps ``fn``'s raw result to the tuple (or list) of arrays to
+      export, in output order; a result that is not a tuple or list is one output. It is how a
+      function that also returns something else (a step count, a dict of extras) is exported:
+      the selector drops what is not an array; an element of its result that is not an array
+      is a ``TypeError``.
     * ``client_inputs``/``client_outputs`` and ``provenance`` go to ``write_bundle``; the
       provenance is stamped with the framework versions first, and the caller's keys win.
 
@@ -89,8 +95,13 @@ def export_bundle(
     if frontend == "jax":
         from kserve_trio.export.jax_frontend import export_jax
 
-        return export_jax(fn, example_inputs, weights, **kwargs)
+        return export_jax(fn, example_inputs, weights, output_select=output_select, **kwargs)
     if frontend in ("torch", "torchscript"):
+        if output_select is not None:
+            raise TypeError(
+                f"output_select is a jax frontend argument; the {frontend} frontend exports "
+                "what the module's forward returns"
+            )
         if weights is not None:
             raise TypeError(
                 f"the {frontend} frontend takes the weights from the module; pass weights=None"

@@ -12,8 +12,9 @@ torch frontends; ``export_bundle`` (``export.frontends``) is the entry point.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,30 @@ def precision_scope(matmul_precision: str | None) -> Any:
     return jax.default_matmul_precision(matmul_precision)
 
 
+def _selected(fn: Any, output_select: Callable[[Any], Any]) -> Any:
+    """``fn`` followed by ``output_select``: the traced function returns exactly the selected
+    arrays, as a tuple (a single selected value is a 1-tuple only when the selector returned a
+    tuple or list, so ``lambda r: r[0]`` keeps one output named ``output``)."""
+    import jax
+
+    if not callable(output_select):
+        raise TypeError(f"output_select must be callable, got {type(output_select).__name__}")
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        chosen = output_select(fn(*args))
+        items = list(chosen) if isinstance(chosen, tuple | list) else [chosen]
+        for i, item in enumerate(items):
+            if not isinstance(item, jax.Array):
+                raise TypeError(
+                    f"output_select returned a {type(item).__name__} at position {i}; it must "
+                    "return only arrays (drop the non-array returns in the selector)"
+                )
+        return tuple(items) if isinstance(chosen, tuple | list) else chosen
+
+    return traced
+
+
 def _positional_capacity(fn: Any) -> int | None:
     """How many positional arguments ``fn`` takes (``None``: any number, or unknown)."""
     try:
@@ -127,9 +152,13 @@ def export_jax(
     input_shapes: Sequence[Sequence[Sequence[int]]] | None = None,
     matmul_precision: str | None = None,
     provenance: Mapping[str, Any] | None = None,
+    output_select: Callable[[Any], Any] | None = None,
 ) -> Path:
     """``export_bundle("jax", ...)``: see ``export.frontends.export_bundle``."""
     import jax
+
+    if output_select is not None:
+        fn = _selected(fn, output_select)
 
     examples = (
         list(example_inputs) if isinstance(example_inputs, tuple | list) else [example_inputs]

@@ -29,6 +29,7 @@ from kserve_trio.core.node import (
     worker_names,
     worker_raw_config,
 )
+from kserve_trio.core.upstream_env import with_upstream_aliases
 from kserve_trio.node._devices import (
     Machine,
     check_devices,
@@ -340,7 +341,11 @@ def plan_node(
        (``gateway_launch``) and a worker port equal to a public port is warned about; every
        child gets ``PYTHONUNBUFFERED=1`` unless the environment sets it;
     5. advisory warnings: unused devices, private host weight copies, unpinned workers.
+
+    Upstream ``REACTANT_*`` names are read as their new names first (``core.upstream_env``),
+    and the children inherit only the new names.
     """
+    env = with_upstream_aliases(env)
     role = resolve_role(role, env, node)
     source = gateway if gateway is not None else GatewaySource()
     notes: list[str] = []

@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import struct
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,7 +201,7 @@ def read_weights_index(path: str | os.PathLike[str], *, bundle: str | None = Non
             raise _err(
                 name, p, f"{p.name} __metadata__ '{ARGUMENT_ORDER_KEY}' is not a JSON list of names"
             )
-        dups = sorted({n for n in order if order.count(n) > 1})
+        dups = sorted(n for n, count in Counter(order).items() if count > 1)
         if dups:
             raise _err(name, p, f"{p.name} argument_order repeats {dups}")
     for n in order:

@@ -23,9 +23,12 @@ from kserve_trio.worker.watcher import Change
 class Lifecycle:
     """Applies load / reload / unload / rename changes to a worker's model repository."""
 
-    def __init__(self, repository: ModelRepository, backend: Backend) -> None:
+    def __init__(
+        self, repository: ModelRepository, backend: Backend, *, serve_without_hooks: bool = False
+    ) -> None:
         self.repository = repository
         self.backend = backend
+        self.serve_without_hooks = serve_without_hooks
 
     async def apply(self, change: Change) -> None:
         """The watcher's ``apply`` callback; raises on failure so the change is retried."""
@@ -43,7 +46,9 @@ class Lifecycle:
     async def load(self, name: str, bundle_dir: str | os.PathLike[str]) -> ModelBundle:
         """Compile ``bundle_dir`` (in a thread) and install it under ``name``."""
         bundle = await anyio.to_thread.run_sync(
-            lambda: load_bundle(bundle_dir, self.backend, name=name)
+            lambda: load_bundle(
+                bundle_dir, self.backend, name=name, serve_without_hooks=self.serve_without_hooks
+            )
         )
         await self.repository.install(bundle)
         heartbeat.fire("load", name)

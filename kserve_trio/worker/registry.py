@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.bundle import MANIFEST_FILE, MODEL_PY, validate_manifest
+from kserve_trio.core.bundle import MANIFEST_FILE, MODEL_JL, MODEL_PY, validate_manifest
 from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.errors import BundleError, NotFound
 from kserve_trio.core.logging import get_logger
@@ -144,14 +144,27 @@ def _apply_registration(bundle: ModelBundle, reg: Registration | None) -> None:
 
 
 def load_bundle(
-    bundle_dir: str | os.PathLike[str], backend: Backend, *, name: str | None = None
+    bundle_dir: str | os.PathLike[str],
+    backend: Backend,
+    *,
+    name: str | None = None,
+    serve_without_hooks: bool = False,
 ) -> ModelBundle:
     """Validate, run ``model.py`` and compile one bundle (compilation happens here, once).
 
-    The manifest is validated here, once per load, and handed to the runtime loader as is."""
+    The manifest is validated here, once per load, and handed to the runtime loader as is.
+    ``serve_without_hooks`` is the worker's opt-in for bundles whose hooks are only in
+    ``model.jl`` (``validate_manifest``); one served that way is logged as such."""
     bundle_dir = pathlib.Path(bundle_dir)
     name = name or bundle_dir.name
-    manifest = validate_manifest(bundle_dir)
+    manifest = validate_manifest(bundle_dir, serve_without_hooks=serve_without_hooks)
+    if (bundle_dir / MODEL_JL).is_file():
+        log.warning(
+            "model_jl_not_run",
+            model=name,
+            path=str(bundle_dir / MODEL_JL),
+            served_with=MODEL_PY if (bundle_dir / MODEL_PY).is_file() else "no hooks",
+        )
     bundle = ModelBundle(name=name, bundle_dir=bundle_dir, manifest=manifest)
     _apply_registration(bundle, run_model_py(bundle_dir, name))
     if not bundle.is_meta:
@@ -162,14 +175,20 @@ def load_bundle(
 
 
 def load_repository(
-    model_dirs: Sequence[str | pathlib.Path], backend: Backend, *, include: Iterable[str] = ()
+    model_dirs: Sequence[str | pathlib.Path],
+    backend: Backend,
+    *,
+    include: Iterable[str] = (),
+    serve_without_hooks: bool = False,
 ) -> tuple[dict[str, ModelBundle], dict[str, str]]:
     """Load every bundle; returns (loaded bundles by name, failures name -> reason)."""
     bundles: dict[str, ModelBundle] = {}
     failures: dict[str, str] = {}
     for name, path in scan_repository(model_dirs, include).items():
         try:
-            bundles[name] = load_bundle(path, backend, name=name)
+            bundles[name] = load_bundle(
+                path, backend, name=name, serve_without_hooks=serve_without_hooks
+            )
         except Exception as exc:  # a bad bundle never takes the others down
             failures[name] = str(exc)
             log.error("model_load_failed", model=name, path=str(path), reason=str(exc))

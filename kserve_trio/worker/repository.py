@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.logging import get_logger
 from kserve_trio.worker.registry import ModelBundle, check_version, hidden_submodels, unknown_model
@@ -108,11 +109,15 @@ class ModelRepository:
 
     # ---------------------------------------------------------------- readiness
 
-    def model_ready(self, name: str) -> bool:
+    def model_ready(self, name: str, version: str = "") -> bool:
         """Compiled and admitted; in explicit mode also servable from the device (a meta: all
-        its declared sub-models so)."""
+        its declared sub-models so).
+
+        A version other than the one a bundle is served as is not ready, as an unknown model
+        is not: a readiness poll answers yes or no (Triton's way), it never fails, while the
+        RPCs that read a model (``lookup``) answer NOT_FOUND for it."""
         bundle = self._bundles.get(name)
-        if bundle is None:
+        if bundle is None or version not in ("", BUNDLE_VERSION):
             return False
         if bundle.is_meta:
             if not self._externally_managed:

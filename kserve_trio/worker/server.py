@@ -192,7 +192,12 @@ async def serve_async(
             )
         await tg.start(scheduler.run)
         bundles, failures = await anyio.to_thread.run_sync(
-            lambda: load_repository(config.model_dirs, backend, include=config.models_include)
+            lambda: load_repository(
+                config.model_dirs,
+                backend,
+                include=config.models_include,
+                serve_without_hooks=config.serve_without_hooks,
+            )
         )
         for _, bundle in sorted(bundles.items(), key=lambda kv: _admission_order(config, kv[0])):
             # The same install a watcher reload goes through; with the cache on, the startup
@@ -319,7 +324,7 @@ async def _run_watcher(
         lambda: scan(config.model_dirs, config.models_include)
     )
     detector = ChangeDetector({n: s for n, s in snapshot.items() if n in state.repository})
-    lifecycle = Lifecycle(state.repository, backend)
+    lifecycle = Lifecycle(state.repository, backend, serve_without_hooks=config.serve_without_hooks)
     with scope:
         await watch(
             config.model_dirs,

@@ -37,7 +37,6 @@ from kserve_trio.serving.grpc import CallContext, Method, stream, unary, unimple
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
-from kserve_trio.worker.registry import check_version
 from kserve_trio.worker.state import WorkerState
 from kserve_trio.worker.stream import StreamInfer
 from kserve_trio.worker.triton_views import PLATFORM, model_config, model_statistics
@@ -116,10 +115,10 @@ class InferenceService:
         return pb.ServerReadyResponse(ready=self.state.server_ready())
 
     async def model_ready(self, request, ctx: CallContext):
-        """An unknown model is not ready; a known one asked for another version is NOT_FOUND."""
-        if request.name in self.repository:
-            check_version(request.name, request.version)
-        return pb.ModelReadyResponse(ready=self.repository.model_ready(request.name))
+        """An unknown model, or a known one asked for another version, is not ready."""
+        return pb.ModelReadyResponse(
+            ready=self.repository.model_ready(request.name, request.version)
+        )
 
     async def server_metadata(self, request, ctx: CallContext):
         extensions = [

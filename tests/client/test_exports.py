@@ -36,6 +36,7 @@ EXPECTED = {
     "model_io_spec",
     "pool_view",
     "scratch",
+    "subslot",
     "validate_io",
     "with_bounds_checks",
 }

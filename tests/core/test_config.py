@@ -514,6 +514,7 @@ ENV_CASES = [
     ),
     ("INFERENCE_SERVER_MODEL_DIRS", "/a::/b:", lambda c: c.model_dirs, ("/a", "/b")),
     ("INFERENCE_SERVER_MODELS_INCLUDE", "x:y", lambda c: c.models_include, ("x", "y")),
+    ("INFERENCE_SERVER_SERVE_WITHOUT_HOOKS", "yes", lambda c: c.serve_without_hooks, True),
     ("INFERENCE_SERVER_RUNTIME_BACKEND", "cuda", lambda c: c.runtime.backend, "cuda"),
     ("INFERENCE_SERVER_RUNTIME_DEVICE_ORDINAL", "3", lambda c: c.runtime.device_ordinal, 3),
     ("INFERENCE_SERVER_RUNTIME_MEM_FRACTION", "0.5", lambda c: c.runtime.mem_fraction, 0.5),

@@ -106,6 +106,17 @@ def test_health_and_metadata(worker):
     assert raw(worker, "GET", "/v2/models/nope/ready") == (503, {"name": "nope", "ready": False})
 
 
+def test_an_unknown_version_is_not_ready_and_not_found_elsewhere(worker):
+    c = client(worker)
+    assert c.is_model_ready("mlp", "1") and not c.is_model_ready("mlp", "7")
+    assert raw(worker, "GET", "/v2/models/mlp/versions/7/ready") == (
+        503,
+        {"name": "mlp", "ready": False},
+    )
+    status, body = raw(worker, "GET", "/v2/models/mlp/versions/7")
+    assert status == 404 and "has no version '7'" in body["error"]
+
+
 def test_config_matches_grpc(worker):
     c = client(worker)
     cfg = c.get_model_config("mlp")

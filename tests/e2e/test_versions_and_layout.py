@@ -182,7 +182,7 @@ def test_a_bundle_is_version_1_everywhere(worker):
         assert [(s["name"], s["version"]) for s in stats] == [(MODEL, "1")]
     message = not_found(lambda: c.infer(MODEL, [triton_input(x)], model_version="7"))
     assert message == "model 'three' has no version '7' (a bundle is served as version 1 only)"
-    not_found(lambda: c.is_model_ready(MODEL, "7"))
+    assert not c.is_model_ready(MODEL, "7")  # readiness answers, as for an unknown model
     not_found(lambda: c.get_model_metadata(MODEL, "7"))
     not_found(lambda: c.get_model_config(MODEL, "7"))
     not_found(lambda: c.get_inference_statistics(MODEL, "7"))

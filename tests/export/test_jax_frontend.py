@@ -45,6 +45,7 @@ def test_the_signature_is_the_contract():
         ("input_shapes", "KEYWORD_ONLY", None),
         ("matmul_precision", "KEYWORD_ONLY", None),
         ("provenance", "KEYWORD_ONLY", None),
+        ("output_select", "KEYWORD_ONLY", None),
     ]
     assert sig.return_annotation in ("Path", pathlib.Path)
 
@@ -63,6 +64,45 @@ def test_unbatched_export_of_a_bare_array(tmp_path, backend):
     m = load_compiled_model(d, backend)
     x = _rand(2, 3, seed=1)
     np.testing.assert_allclose(m.execute(None, 0, [x])[0], np.tanh(x @ w["w"]), rtol=1e-5)
+
+
+def test_output_select_exports_the_chosen_arrays_and_drops_the_rest(tmp_path, backend):
+    w = {"w": _rand(3, 3)}
+
+    def step(x, w):  # returns (logits, hidden, an int step count) like a training-style forward
+        h = jnp.tanh(x @ w)
+        return {"logits": h.sum(axis=1), "hidden": h, "step": 7}
+
+    d = export_bundle(
+        "jax",
+        step,
+        _rand(2, 3),
+        w,
+        dir=tmp_path / "sel",
+        batch_sizes=[2],
+        output_select=lambda r: (r["hidden"], r["logits"]),
+    )
+    assert [o["name"] for o in _yaml(d)["executable_outputs"]] == ["output_0", "output_1"]
+    m = load_compiled_model(d, backend)
+    x = _rand(2, 3, seed=2)
+    hidden, logits = m.execute(None, 2, [x])
+    np.testing.assert_allclose(hidden, np.tanh(x @ w["w"]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, np.tanh(x @ w["w"]).sum(axis=1), rtol=1e-5, atol=1e-6)
+    one = export_bundle(
+        "jax", step, _rand(2, 3), w, dir=tmp_path / "one", output_select=lambda r: r["logits"]
+    )
+    assert [o["name"] for o in _yaml(one)["executable_outputs"]] == ["output"]
+
+
+def test_output_select_must_return_only_arrays(tmp_path):
+    def step(x):
+        return x * 2, 7
+
+    with pytest.raises(TypeError, match="output_select returned a int at position 1"):
+        export_bundle("jax", step, _rand(2, 3), dir=tmp_path / "bad", output_select=lambda r: r)
+    assert not (tmp_path / "bad" / "manifest.yaml").exists()
+    with pytest.raises(TypeError, match="output_select is a jax frontend argument"):
+        export_bundle("torch", object(), (), dir=tmp_path / "t", output_select=lambda r: r)
 
 
 def test_tuple_outputs_are_numbered_and_names_can_be_given(tmp_path):

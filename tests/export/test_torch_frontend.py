@@ -358,3 +358,31 @@ def test_eval_mode_dropout_and_attention_are_not_random(tmp_path, backend):
     (out,) = _run(backend, d, 2, x.numpy())
     np.testing.assert_allclose(out, m(x).detach().numpy(), rtol=1e-5, atol=1e-5)
     assert "f64" not in _module_text(d, "model.b2.mlir")
+
+
+def test_no_lowering_the_exporters_use_is_a_skipped_overload():
+    """torchax 0.0.13 names Dimname overloads torch 2.13 removed; ``import_torchax`` answers
+    them with placeholders. That tolerance is safe only while no op a program of the test
+    models decomposes to is among them, and while it covers Dimname overloads only."""
+    from kserve_trio.export.torch_lowering import decompose, import_torchax, skipped_overloads
+
+    import_torchax()
+    skipped = set(skipped_overloads())
+    named = [n for n in skipped if "dimname" in n.lower() or ".names" in n or "_names" in n]
+    assert skipped and sorted(named) == sorted(skipped), sorted(skipped)  # named tensors only
+    examples = {
+        "mlp": (torch_models.mlp(), (torch.randn(2, 16),)),
+        "cnn": (torch_models.cnn(), (torch.randn(2, 3, 8, 8),)),
+        "encoder": (torch_models.encoder(), (torch.randn(2, 5, 16),)),
+        "multi_io": (torch_models.multi_io(), (torch.randn(2, 8), torch.randn(2, 4))),
+        "tokens": (torch_models.tokens(), (torch.randn(2, 6, 8),)),
+    }
+    used: set[str] = {"aten::convolution"}  # the lowering traced TorchScript's _convolution uses
+    for module, args in examples.values():
+        ep = decompose(torch.export.export(module, args, strict=False))
+        for node in ep.graph.nodes:
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                used.add(f"{node.target._schema.name}.{node.target._overloadname}")
+                used.add(node.target._schema.name)
+    assert len(used) > 10  # the probe saw real programs
+    assert not used & skipped, sorted(used & skipped)

@@ -79,6 +79,7 @@ def test_tritonclient_sees_one_server_and_traffic_spreads_over_both_workers(e2e)
     assert c.is_server_live() and c.is_server_ready()
     assert c.get_server_metadata(as_json=True)["name"] == "kserve_trio"
     assert c.is_model_ready("mlp") and not c.is_model_ready("cnn")
+    assert c.is_model_ready("mlp", "1") and not c.is_model_ready("mlp", "7")
     assert [m["name"] for m in c.get_model_repository_index(as_json=True)["models"]] == ["mlp"]
     assert c.get_model_metadata("mlp", as_json=True)["inputs"][0]["shape"] == ["-1", "16"]
     assert c.get_model_config("mlp", as_json=True)["config"]["name"] == "mlp"

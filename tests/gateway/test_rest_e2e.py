@@ -118,6 +118,7 @@ def test_one_server_over_rest_and_traffic_spreads_over_both_workers(fleet):
     assert c.is_server_live() and c.is_server_ready()
     assert c.get_server_metadata()["name"] == "kserve_trio"
     assert c.is_model_ready("mlp") and not c.is_model_ready("cnn")
+    assert c.is_model_ready("mlp", "1") and not c.is_model_ready("mlp", "7")
     assert c.get_model_metadata("mlp")["inputs"] == [
         {"name": "input_0", "datatype": "FP32", "shape": [-1, 16]}
     ]

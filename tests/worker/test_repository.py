@@ -127,6 +127,7 @@ async def test_lookup_has_one_message_per_fault(backend, models):
             repo.lookup("nope")
         with pytest.raises(NotFound, match="model 'mlp' has no version '2'"):
             repo.lookup("mlp", "2")
+        assert repo.model_ready("mlp", "1") and not repo.model_ready("mlp", "2")
         await sched.stop()
     repo.close()
 

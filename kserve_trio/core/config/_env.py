@@ -15,6 +15,7 @@ from kserve_trio.core.config._raw import deep_merge, set_path
 from kserve_trio.core.config._schema import BATCH_POLICY_REMOVED, RESIDENCY_MODE_REMOVED
 from kserve_trio.core.config._types import ENV_PREFIX, FrozenMap
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.upstream_env import with_upstream_aliases
 
 # variable (INFERENCE_SERVER_ prefix implied unless spelled out)   YAML path   kind
 _ENV_TABLE_TEXT = """
@@ -23,6 +24,7 @@ MODEL_POLL_SECONDS                     model_poll_seconds                  float
 MODEL_CONTROL_MODE                     model_control_mode                  str
 MODEL_DIRS                             model_dirs                          list
 MODELS_INCLUDE                         models_include                      list
+SERVE_WITHOUT_HOOKS                    serve_without_hooks                 bool
 RUNTIME_BACKEND                        runtime.backend                     str
 RUNTIME_DEVICE_ORDINAL                 runtime.device_ordinal              int
 RUNTIME_MEM_FRACTION                   runtime.mem_fraction                float
@@ -114,7 +116,10 @@ def apply_env_overrides(
     2. any other unknown ``INFERENCE_SERVER_*`` variable fails (a typo must not be inert);
     3. known variables are parsed by kind (int/float/bool strictly, lists colon-separated with
        empties dropped) and set at their YAML path, in table order; ``raw`` is not modified.
+
+    Upstream ``REACTANT_*`` names are read as their new names first (``core.upstream_env``).
     """
+    env = with_upstream_aliases(env)
     for var in sorted(env):
         if var.startswith(ENV_PREFIX + "BATCH_POLICY_"):
             raise ConfigError(f"environment override {var}: {BATCH_POLICY_REMOVED}")

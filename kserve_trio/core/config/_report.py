@@ -44,6 +44,7 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         "models_include": list(cfg.models_include),
         "model_control_mode": cfg.model_control_mode.value,
         "model_poll_seconds": cfg.model_poll_seconds,
+        "serve_without_hooks": cfg.serve_without_hooks,
         "runtime": runtime,
         "scheduler": scheduler,
         "endpoints": endpoints,

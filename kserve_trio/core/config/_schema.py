@@ -47,6 +47,7 @@ SCHEMA: dict[str, Any] = {
     "models_include": None,
     "model_control_mode": None,
     "model_poll_seconds": None,
+    "serve_without_hooks": None,
     "runtime": {f.name: None for f in dataclasses.fields(RuntimeConfig)},
     "scheduler": {
         **{f.name: None for f in dataclasses.fields(SchedulerConfig) if f.name != "models"},
@@ -243,6 +244,8 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
         top["model_control_mode"] = parse_enum(ModelControlMode, value, "model_control_mode")
     if "model_poll_seconds" in raw:
         top["model_poll_seconds"] = as_float(raw["model_poll_seconds"], "model_poll_seconds")
+    if "serve_without_hooks" in raw:
+        top["serve_without_hooks"] = as_bool(raw["serve_without_hooks"], "serve_without_hooks")
 
     def enum_reader(cls: type[enum.Enum]) -> Any:
         return lambda v, p: parse_enum(cls, as_str(v, p), p)

@@ -263,6 +263,9 @@ class ServerConfig:
 
     ``worker_name`` is the node worker entry it was resolved for ("" when none); it is not a
     YAML key. A non-empty ``cache_dir`` enables JAX's persistent compilation cache there.
+    ``serve_without_hooks`` serves a bundle whose hooks are only in the Julia server's
+    ``model.jl`` without them, for every bundle (off: such a bundle is refused, so a model whose
+    hooks change its tensors never answers wrongly without anyone saying so).
     """
 
     model_dirs: tuple[str, ...] = ("models",)
@@ -276,6 +279,7 @@ class ServerConfig:
     grpc: GrpcConfig = GrpcConfig()
     worker_name: str = ""
     meta: MetaConfig = MetaConfig()
+    serve_without_hooks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("model_dirs", "models_include"):

@@ -311,7 +311,8 @@ def parse_manifest(raw: Mapping[str, Any], name: str, *, source: str = "<manifes
     7. every client-facing tensor has a KServe wire dtype (no fp8);
     8. no executable tensor is ``bytes``: string tensors exist only on ``client_inputs`` /
        ``client_outputs``, which a ``model.py`` turns into tensors and back (so a model without
-       client specs cannot take or return them either).
+       client specs cannot take or return them either);
+    9. ``serve_without_hooks``, when present, is a boolean.
     """
     where = _Where.manifest(name, source)
     if not isinstance(raw, Mapping):
@@ -392,6 +393,11 @@ def parse_manifest(raw: Mapping[str, Any], name: str, *, source: str = "<manifes
                     "them into tensors in model.py"
                 )
 
+    serve_without_hooks = raw.get("serve_without_hooks", False)
+    if not isinstance(serve_without_hooks, bool):
+        raise where.error(
+            f"field 'serve_without_hooks' must be a boolean (got {_tname(serve_without_hooks)})"
+        )
     provenance = raw.get("provenance")
     return Manifest(
         format_version=format_version,
@@ -409,6 +415,7 @@ def parse_manifest(raw: Mapping[str, Any], name: str, *, source: str = "<manifes
         meta_calls=meta_calls,
         provenance=dict(provenance) if isinstance(provenance, Mapping) else {},
         input_batch_dim=next((t.batch_axis for t in exec_in if t.is_batched), None),
+        serve_without_hooks=serve_without_hooks,
     )
 
 

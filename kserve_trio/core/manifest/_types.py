@@ -137,6 +137,9 @@ class Manifest:
     meta_calls: tuple[str, ...]
     provenance: dict[str, Any] = field(hash=False)
     input_batch_dim: int | None
+    serve_without_hooks: bool = False
+    """The bundle's opt-in to be served although its hooks are only in ``model.jl`` (the Julia
+    server's), which this server does not run (``core.bundle.validate_manifest``)."""
 
     @property
     def is_meta(self) -> bool:

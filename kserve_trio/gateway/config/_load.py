@@ -12,6 +12,7 @@ from typing import Any
 
 from kserve_trio.core.config import deep_merge, load_yaml_mapping
 from kserve_trio.core.logging import configure_logging, get_logger
+from kserve_trio.core.upstream_env import with_upstream_aliases
 from kserve_trio.gateway.config._env import apply_gateway_env, prober_from_env
 from kserve_trio.gateway.config._schema import (
     LPT_SCHEDULING_KEYS,
@@ -53,6 +54,7 @@ def load_gateway_config(
     named file that does not exist is an error. ``overrides`` is a raw dict in YAML shape
     holding the command-line flags (``None`` values mean "flag not given").
     """
+    env = with_upstream_aliases(env)  # REACTANT_GATEWAY_* read as KSERVE_TRIO_GATEWAY_*
     if path is None and env.get(FILE_ENV, "").strip():
         path = env[FILE_ENV].strip()
     raw: dict[str, Any] = {} if path is None else load_yaml_mapping(path, "gateway config")
