@@ -1,7 +1,7 @@
 """One client connection: h2's sans-IO state driven by an anyio byte stream.
 
 A connection is three tasks in its own task group (inside the server's, inside the process's
-one tree) plus one task per call:
+one tree) plus the call tasks, which are reused from call to call:
 
 - the read loop: bytes from the socket into ``h2.H2Connection.receive_data``, each event
   dispatched at once (a request opens a ``Call`` and starts its task; DATA feeds the call's
@@ -23,6 +23,9 @@ Rules of a call's life:
 4. An exception from the handler ends the call with ``status_of``'s status.
 5. When a call ends before the client has ended its side, the stream is reset (NO_ERROR), and
    what the call had buffered unread is given back to the connection window.
+6. Call tasks are reused: a task that has served a call waits for the next one of its
+   connection instead of ending (an anyio task spawn costs several times a hand-over; the
+   figures are in docs/benchmarks.md).
 
 Drain (``start_drain``, at shutdown or at the maximum connection age): GOAWAY with the last
 stream id 2^31-1 and a PING; once the PING is answered (or after a timeout) GOAWAY with the
@@ -64,6 +67,8 @@ if TYPE_CHECKING:
 log = get_logger("kserve_trio.serving.grpc")
 
 _RECEIVE_BYTES = 1 << 20
+_MAX_IDLE_RUNNERS = 64
+"""Idle call tasks a connection keeps for its next calls (more exit when they go idle)."""
 _MAX_STREAM_ID = 2**31 - 1
 _DRAIN_PING = b"drain\x00\x00\x00"
 _KEEPALIVE_PING = b"alive\x00\x00\x00"
@@ -118,6 +123,7 @@ class Connection:
         self._last_stream_id = _MAX_STREAM_ID
         self._close_at = math.inf
         self._idle: anyio.Event | None = None
+        self._idle_runners: list[_Runner] = []
         self.closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -310,8 +316,7 @@ class Connection:
             call.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
             self._add_deadline(call)
         self.calls[sid] = call
-        assert self._tg is not None
-        self._tg.start_soon(self._run_call, call)
+        self._dispatch_call(call)
 
     def _refuse(
         self,
@@ -349,30 +354,72 @@ class Connection:
 
     # ------------------------------------------------------------------ calls
 
-    async def _run_call(self, call: Call) -> None:
-        """Rules 3-5."""
-        method = call.method
-        try:
-            if call.deadline is not None and anyio.current_time() >= call.deadline:
-                call.expired = True  # before the handler: it may never reach a checkpoint
-            if call.expired or call.reset:
-                if call.expired:
-                    call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
-                return
+    def _dispatch_call(self, call: Call) -> None:
+        """Hand ``call`` to an idle runner, or start a new one (rule 6)."""
+        idle = self._idle_runners
+        if idle:
+            runner = idle.pop()
+            runner.call = call
+            wake = runner.wake
+            if wake is not None:
+                runner.wake = None
+                wake.set()
+            return
+        assert self._tg is not None
+        self._tg.start_soon(self._runner, _Runner(call))
+
+    async def _runner(self, runner: _Runner) -> None:
+        """A call task that serves one call after another (rule 6).
+
+        Its cancel scope lasts across calls: a call's deadline or reset cancels it, and only
+        then is a new one opened, so a call that is not cancelled costs no scope of its own.
+        """
+        idle = self._idle_runners
+        while True:
+            call: Call | None = None
             with anyio.CancelScope() as scope:
-                call.scope = scope
-                try:
-                    await method.run(call)
-                except Exception as exc:
-                    if not call.reset:
-                        status, message = status_of(exc, rpc=call.rpc)
-                        call.finish(status, message)
-            if call.expired and not call.closed:
-                call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
-            elif not call.closed and not call.reset:
-                call.finish(StatusCode.OK)
-        finally:
-            self._end_call(call)
+                while True:
+                    call = runner.call
+                    if call is None:
+                        if len(idle) >= _MAX_IDLE_RUNNERS:
+                            return
+                        idle.append(runner)
+                        wake = runner.wake = anyio.Event()
+                        await wake.wait()
+                        continue
+                    runner.call = None
+                    if self._starts(call):
+                        call.scope = scope
+                        await self._serve_call(call)
+                    self._finish_call(call)
+                    call = None
+            if call is not None:  # cancelled in the middle of it
+                self._finish_call(call)
+
+    def _starts(self, call: Call) -> bool:
+        """Rule 2 once more at the start (a deadline may pass while the call waits for its
+        task: the handler might never reach a checkpoint), and a call reset meanwhile."""
+        if call.deadline is not None and anyio.current_time() >= call.deadline:
+            call.expired = True
+        return not (call.expired or call.reset)
+
+    async def _serve_call(self, call: Call) -> None:
+        """Rule 4: the handler, and its exception as the call's status."""
+        try:
+            await call.method.run(call)
+        except Exception as exc:
+            if not call.reset:
+                status, message = status_of(exc, rpc=call.rpc)
+                call.finish(status, message)
+
+    def _finish_call(self, call: Call) -> None:
+        """Rules 3 and 5 once the handler is done (or was never run, or was cancelled)."""
+        call.scope = None
+        if call.expired and not call.closed:
+            call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        elif not call.closed and not call.reset:
+            call.finish(StatusCode.OK)
+        self._end_call(call)
 
     def _end_call(self, call: Call) -> None:
         if self.calls.get(call.stream_id) is call:
@@ -595,6 +642,16 @@ class Connection:
             if event is None:
                 event = self._idle = anyio.Event()
             await event.wait()
+
+
+class _Runner:
+    """One reusable call task's mailbox: the call handed to it, and its wake-up."""
+
+    __slots__ = ("call", "wake")
+
+    def __init__(self, call: Call) -> None:
+        self.call: Call | None = call
+        self.wake: anyio.Event | None = None
 
 
 def _ping(opaque: bytes) -> PingFrame:
