@@ -98,6 +98,8 @@ def _message_pieces(request: Any) -> tuple[Sequence[Buffer], int]:
 
 
 _NOT_SET: Any = object()
+_DEADLINE_TIE_SECONDS = 0.01
+"""A server's DEADLINE_EXCEEDED this close to our own deadline is our deadline (a tie)."""
 
 
 class H2Transport:
@@ -277,14 +279,25 @@ class H2Transport:
                 )
             block = self._request_block(method, timeout, metadata, compressed_with)
             data = _NOT_SET
-            with anyio.CancelScope(deadline=anyio.current_time() + timeout):
-                data = await self._call(rpc, block, pieces, nbytes, flag)
+            expired = RpcError(
+                StatusCode.DEADLINE_EXCEEDED,
+                f"deadline of {timeout:.3f}s exceeded calling {rpc} on {self._address}",
+                method=rpc,
+            )
+            deadline = anyio.current_time() + timeout
+            with anyio.CancelScope(deadline=deadline):
+                try:
+                    data = await self._call(rpc, block, pieces, nbytes, flag)
+                except RpcError as exc:
+                    # The server holds the same deadline (grpc-timeout) and may answer first:
+                    # a tie is our own deadline, told in our own words. (The slack covers the
+                    # header's rounding; an earlier DEADLINE_EXCEEDED is the server's own.)
+                    tie = anyio.current_time() >= deadline - _DEADLINE_TIE_SECONDS
+                    if exc.status is StatusCode.DEADLINE_EXCEEDED and tie:
+                        raise expired from None
+                    raise
             if data is _NOT_SET:
-                raise RpcError(
-                    StatusCode.DEADLINE_EXCEEDED,
-                    f"deadline of {timeout:.3f}s exceeded calling {rpc} on {self._address}",
-                    method=rpc,
-                )
+                raise expired
         if reply_type is not InferResponseMessage and type(data) is not bytes:
             data = bytes(data)  # only the ModelInfer reply is parsed from a view
         try:

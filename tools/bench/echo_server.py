@@ -3,6 +3,9 @@ gRPC layer as the worker (``serving.grpc`` + ``core.codec``), with no scheduler 
 Whatever the worker costs above this is the worker's own.
 
 Usage: python tools/bench/echo_server.py --port P [--event-loop uvloop|asyncio|trio]
+
+``ECHO_UNPATCHED_FRAME_REPR=1`` serves with hyperframe's own (O(payload)) DATA-frame repr, to
+measure what ``serving.grpc``'s fix of it saves.
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ from kserve_trio.serving.background import EVENT_LOOPS, run_loop
 
 
 async def main(port: int) -> None:
+    import os
+
+    if os.environ.get("ECHO_UNPATCHED_FRAME_REPR") == "1":
+        # For the A/B of serving.grpc's frame-repr fix: hyperframe's own DATA repr again.
+        import hyperframe.frame
+
+        import kserve_trio.serving.grpc  # noqa: F401  (applies the fix, which this undoes)
+
+        del hyperframe.frame.DataFrame._body_repr
     from kserve_trio.core import codec
     from kserve_trio.proto import inference as pb
     from kserve_trio.serving.grpc import GrpcServer, Limits, unary

@@ -186,9 +186,10 @@ class Server:
         env: dict[str, str],
         cwd: pathlib.Path,
         metrics_port: int = 0,
+        port: int = 0,
     ) -> None:
         self.label, self.kind, self.metrics_port = label, kind, metrics_port
-        self.port = int(cmd[cmd.index("--port" if kind != "kserve" else "--grpc_port") + 1])
+        self.port = port or int(cmd[cmd.index("--port" if kind != "kserve" else "--grpc_port") + 1])
         self.proc = subprocess.Popen(
             [*pin(0), *cmd],
             env={**os.environ, **env},

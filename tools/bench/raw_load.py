@@ -15,6 +15,7 @@ seconds, rps, p50/p99 ms.
 
 Usage: python tools/bench/raw_load.py --url H:P --model M --input INPUT0 --output OUTPUT0 \
            --shape 1,16 --concurrency 8 --duration 4 [--warmup 1] [--expect identity|sum|none]
+           [--ca CA.pem]
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ async def run(args: argparse.Namespace) -> dict:
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     request = build_request(args.model, args.input, x)
     options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    channel = grpc.aio.insecure_channel(args.url, options=options)
+    if args.ca:
+        with open(args.ca, "rb") as f:
+            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        channel = grpc.aio.secure_channel(args.url, credentials, options=options)
+    else:
+        channel = grpc.aio.insecure_channel(args.url, options=options)
     call = channel.unary_unary(METHOD)  # bytes in, bytes out
     check_reply(await call(request, timeout=60), args.output, x, args.expect)
     latencies: list[float] = []
@@ -152,6 +158,7 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--expect", choices=("identity", "sum", "none"), default="identity")
+    p.add_argument("--ca", default="", help="TLS: the CA bundle (PEM) the server chains to")
     args = p.parse_args()
     result = asyncio.run(run(args))
     print(json.dumps(result), flush=True)
