@@ -370,7 +370,7 @@ async def test_unreachable_malformed_truncated_and_oversized_answers_are_client_
 async def test_a_timeout_closes_the_connection_and_the_next_request_works():
     async with served() as (port, peer), HttpClient() as client:
         start = anyio.current_time()
-        with pytest.raises(TimeoutError, match=f"no answer from {HOST}:{port} within 0.2s"):
+        with pytest.raises(TimeoutError, match=rf"no answer from {HOST}:{port} within 0\.2s"):
             await client.request(HOST, port, "GET", "/sleep?5", timeout=0.2)
         assert anyio.current_time() - start < 1.5
         assert client.open_connections(HOST, port) == 0
