@@ -11,7 +11,9 @@ The rules, per ``(host, port)``:
    than ``IDLE_SECONDS`` (under the server's own ``IDLE_SECONDS``) is closed, not reused;
 3. a reused connection that breaks while the request is written is retried once on a new
    connection; once the request was written nothing is retried (the server may have acted on
-   it), the failure is ``HttpClientError``;
+   it), the failure is ``HttpClientError``. (anyio's asyncio stream buffers a write into a
+   connection reset after the ``poll`` and reports it at the read, so there that narrow race
+   counts as written: an error, never a second delivery);
 4. ``timeout`` bounds the whole request (the wait for a connection, connecting, TLS, writing,
    reading) as one cancel scope; past it the connection is closed and ``TimeoutError`` raised;
 5. a connection is kept only after a complete response that allows it (``Connection: close``,
