@@ -24,7 +24,7 @@ from kserve_trio.gateway.metrics_merge import ExpositionError, add_worker_label,
 from kserve_trio.gateway.pool import WorkerPool
 from kserve_trio.gateway.routing import RoutingState
 from kserve_trio.serving.admin_http import Route
-from kserve_trio.serving.http import parse_response
+from kserve_trio.serving.http import HttpClient, HttpClientError
 
 SCRAPE_TIMEOUT_SECONDS = 5.0
 MAX_SCRAPE_BYTES = 64 << 20
@@ -37,45 +37,23 @@ class ScrapeError(Exception):
     """A worker's metrics endpoint could not be read."""
 
 
-def parse_http_response(raw: bytes) -> tuple[int, bytes]:
-    """``(status, body)`` of an HTTP/1.1 response read to the end of the connection; the body
-    is de-chunked under ``Transfer-Encoding: chunked`` and cut to ``Content-Length``
-    (``serving.http.parse_response``: the HTTP stack's own parser library)."""
-    try:
-        return parse_response(raw)
-    except ValueError as exc:
-        raise ScrapeError(str(exc)) from None
-
-
 async def scrape(host: str, port: int, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str:
-    """``GET /metrics`` from ``host:port``; the exposition text, or ``ScrapeError``."""
+    """``GET /metrics`` from ``host:port`` (``serving.http.HttpClient``, the project's one HTTP
+    client, one connection closed after the answer); the exposition text, or ``ScrapeError``."""
     target = format_host_port(host, port)
-    chunks: list[bytes] = []
-    size = 0
-    with anyio.move_on_after(timeout) as scope:
-        try:
-            async with await anyio.connect_tcp(host, port) as sock:
-                await sock.send(
-                    f"GET /metrics HTTP/1.1\r\nHost: {target}\r\nAccept: text/plain\r\n"
-                    "Connection: close\r\n\r\n".encode("ascii")
-                )
-                while True:
-                    try:
-                        chunk = await sock.receive(1 << 16)
-                    except anyio.EndOfStream:
-                        break
-                    size += len(chunk)
-                    if size > MAX_SCRAPE_BYTES:
-                        raise ScrapeError(f"exposition of {target} over {MAX_SCRAPE_BYTES} bytes")
-                    chunks.append(chunk)
-        except (OSError, anyio.BrokenResourceError) as exc:
-            raise ScrapeError(f"cannot read {target}/metrics: {exc}") from None
-    if scope.cancelled_caught:
-        raise ScrapeError(f"{target}/metrics did not answer within {timeout:g}s")
-    status, body = parse_http_response(b"".join(chunks))
-    if status != 200:
-        raise ScrapeError(f"{target}/metrics answered HTTP {status}")
-    return body.decode("utf-8", "replace")
+    headers = (("accept", "text/plain"), ("connection", "close"))
+    try:
+        async with HttpClient(per_host=1, max_body_bytes=MAX_SCRAPE_BYTES) as client:
+            reply = await client.request(
+                host, port, "GET", "/metrics", headers=headers, timeout=timeout
+            )
+    except TimeoutError:
+        raise ScrapeError(f"{target}/metrics did not answer within {timeout:g}s") from None
+    except HttpClientError as exc:
+        raise ScrapeError(f"cannot read {target}/metrics: {exc}") from None
+    if reply.status != 200:
+        raise ScrapeError(f"{target}/metrics answered HTTP {reply.status}")
+    return reply.body.decode("utf-8", "replace")
 
 
 class AdminEndpoints:
@@ -141,4 +119,4 @@ class AdminEndpoints:
         return 200, "application/json", body
 
 
-__all__ = ["AdminEndpoints", "ScrapeError", "parse_http_response", "scrape"]
+__all__ = ["AdminEndpoints", "ScrapeError", "scrape"]

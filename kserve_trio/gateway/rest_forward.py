@@ -25,10 +25,11 @@ the gateway re-registers its regions on that worker and retries once, as for gRP
 replica failed, the last worker's own answer is passed back as it came (``WorkerHttpError``); a
 failure of the gateway's own (unreachable worker, deadline) is its JSON error.
 
-The HTTP client is aiohttp (chosen by measurement, docs/benchmarks.md "REST through the
-gateway"): one session whose connector keeps a keep-alive pool per worker REST address, at most
+The HTTP client is the project's own (``serving.http.HttpClient``: httptools on anyio streams,
+so forwarding runs on asyncio, uvloop and trio; measured in docs/benchmarks.md "REST through the
+gateway"): a keep-alive pool per worker REST address, at most
 ``worker_client.max_concurrent_streams`` connections each (a request waits for a free one within
-its deadline, like a gRPC call for a stream slot).
+its deadline, like a gRPC call for a stream slot), TLS with the worker clients' context.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import anyio
 
 from kserve_trio.client.errors import STALE_REGION_PREFIX, RpcError
@@ -50,7 +50,14 @@ from kserve_trio.gateway.forward import MODEL_INFER, Forwarder
 from kserve_trio.gateway.peek import PeekedRequest
 from kserve_trio.gateway.pool import WorkerClient
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.http import JSON_TYPE, HttpRequest, HttpResponse, grpc_status
+from kserve_trio.serving.http import (
+    JSON_TYPE,
+    HttpClient,
+    HttpClientError,
+    HttpRequest,
+    HttpResponse,
+    grpc_status,
+)
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
     RestCall,
@@ -171,22 +178,18 @@ class WorkerHttpError(RpcError):
 
 
 class RestUpstream:
-    """The gateway's HTTP client to its workers' REST ports (one aiohttp session, a keep-alive
+    """The gateway's HTTP client to its workers' REST ports (one ``HttpClient``, a keep-alive
     pool per worker address); opened on first use, closed by ``aclose``."""
 
     def __init__(self, *, per_worker: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self.per_worker = per_worker
         self.ssl_context = ssl_context
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
 
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.per_worker),
-                auto_decompress=False,  # a compressed reply is passed back compressed
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            )
-        return self._session
+    def _open(self) -> HttpClient:
+        if self._client is None:
+            self._client = HttpClient(per_host=self.per_worker, ssl_context=self.ssl_context)
+        return self._client
 
     async def send(
         self, client: WorkerClient, request: HttpRequest, deadline: float, rpc: str
@@ -196,41 +199,35 @@ class RestUpstream:
         ``RpcError`` UNAVAILABLE (unreachable, the connection broke) or DEADLINE_EXCEEDED."""
         spec = client.spec
         assert spec.http is not None
-        scheme = "https" if self.ssl_context is not None else "http"
+        host, port = spec.http
         target = request.path + (f"?{request.query}" if request.query else "")
-        url = f"{scheme}://{spec.http_target}{target}"
-        extra: dict[str, Any] = {}
-        if self.ssl_context is not None:
-            extra = {"ssl": self.ssl_context, "server_hostname": spec.host}
         left = max(deadline - anyio.current_time(), 0.001)
         try:
-            async with self._open().request(
+            answer = await self._open().request(
+                host,
+                port,
                 # A HEAD is asked of the worker as a GET: the gateway's server then answers it
                 # with the GET's headers (Content-Length included) and no body, as the worker would.
                 "GET" if request.method == "HEAD" else request.method,
-                url,
-                data=request.body or None,
-                headers=forwarded_headers(request.headers),
-                timeout=aiohttp.ClientTimeout(total=left),
-                allow_redirects=False,
-                **extra,
-            ) as answer:
-                body = await answer.read()
-                status = answer.status
-                content_type, headers = reply_headers(answer.raw_headers)
+                target,
+                headers=forwarded_headers(request.headers).items(),
+                body=request.body,
+                timeout=left,
+            )
         except TimeoutError:
             raise RpcError(
                 StatusCode.DEADLINE_EXCEEDED,
                 f"deadline exceeded at the gateway waiting for {spec.label}'s REST answer",
                 method=rpc,
             ) from None
-        except aiohttp.ClientError as exc:
+        except HttpClientError as exc:
             raise RpcError(
                 StatusCode.UNAVAILABLE,
-                f"worker {spec.label} REST endpoint {spec.http_target} failed: "
-                f"{exc or type(exc).__name__}",
+                f"worker {spec.label} REST endpoint {spec.http_target} failed: {exc}",
                 method=rpc,
             ) from None
+        status, body = answer.status, answer.body
+        content_type, headers = reply_headers(answer.headers)
         reply = WorkerReply(status, body, content_type, headers)
         if status >= 400:
             code = reply_status(status, body)
@@ -239,9 +236,9 @@ class RestUpstream:
         return reply
 
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
 
 # ------------------------------------------------------------------------- one model's request

@@ -1,6 +1,6 @@
 """The pure parts behind the gateway's fan-out and admin answers: merges of the workers'
-replies, admission and drain, the stream response framing, the hosts-file resolver, the
-admin scrape parser and the metadata passed on to workers."""
+replies, admission and drain, the stream response framing, the hosts-file resolver and
+the metadata passed on to workers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import ResourceExhausted, StatusCode, Unavailable
 from kserve_trio.gateway import aggregate
-from kserve_trio.gateway.admin import ScrapeError, parse_http_response
 from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
 from kserve_trio.gateway.discovery import hosts_file_resolver, parse_hosts
 from kserve_trio.gateway.service import forwarded_metadata
@@ -205,20 +204,6 @@ def test_the_hosts_format_and_the_hosts_file_resolver(tmp_path):
 
     anyio.run(go)
     assert asked == ["elsewhere.test", "a.test"]
-
-
-def test_the_scrape_parser_reads_plain_and_chunked_bodies():
-    plain = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello-extra"
-    assert parse_http_response(plain) == (200, b"hello")
-    chunked = (
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"5\r\nhello\r\n6;x=y\r\n world\r\n0\r\n\r\n"
-    )
-    assert parse_http_response(chunked) == (200, b"hello world")
-    assert parse_http_response(b"HTTP/1.0 503 X\r\n\r\nno")[0] == 503
-    for bad in (b"HTTP/1.1 200 OK\r\nContent-Len", b"SSH-2.0\r\n\r\n"):
-        with pytest.raises(ScrapeError):
-            parse_http_response(bad)
 
 
 def test_only_the_callers_own_metadata_is_passed_on():

@@ -3,15 +3,17 @@ admin endpoints (``/metrics``, ``/healthz``, ``/readyz``) all stand on it.
 
 - ``serve_app``: serve an ``App`` (``HttpRequest`` -> ``HttpResponse``) on a port, inside the
   caller's task tree, optionally over TLS (``_server``: httptools' parser, anyio streams);
-- ``parse_response``: a whole response read back with the same parser library (``_client``;
-  the gateway's metrics scrape);
+- ``HttpClient``: keep-alive connections pooled per host, the same parser library and anyio
+  streams (``_client``, one connection in ``_connection``; the gateway's REST forwarding and
+  its scrape of worker ``/metrics``);
 - ``http_status`` / ``error_body`` / ``error_response``: one HTTP status per gRPC status and the
   ``{"error": ...}`` body, so a fault reads the same on both transports (``_status``).
 """
 
 from __future__ import annotations
 
-from kserve_trio.serving.http._client import parse_response
+from kserve_trio.serving.http._client import HttpClient
+from kserve_trio.serving.http._connection import HttpClientError, HttpReply
 from kserve_trio.serving.http._server import (
     App,
     HttpRequest,
@@ -33,6 +35,9 @@ __all__ = [
     "HTTP_STATUS",
     "JSON_TYPE",
     "App",
+    "HttpClient",
+    "HttpClientError",
+    "HttpReply",
     "HttpRequest",
     "HttpResponse",
     "error_body",
@@ -40,7 +45,6 @@ __all__ = [
     "error_response",
     "grpc_status",
     "http_status",
-    "parse_response",
     "serve_app",
     "serve_connection",
 ]
