@@ -13,8 +13,7 @@ merges the answers with ``aggregate``'s pure functions. Rules per RPC:
    (an error counts false; no worker: false).
 4. RepositoryModelLoad / Unload go to every routable worker that has the model, i.e. lists it
    in its RepositoryIndex whatever its state (in explicit mode an unloaded model is listed,
-   not ready), except as a bundle it failed to load (UNAVAILABLE with a reason: it has no
-   version to pin or release). No worker has it: NOT_FOUND. OK when all succeed (the first reply is
+   not ready). No worker has it: NOT_FOUND. OK when all succeed (the first reply is
    returned); otherwise the first failure, unchanged (a worker outside explicit mode answers
    FAILED_PRECONDITION), with every worker's outcome logged. Either way the routing table is
    rebuilt at once, so a loaded model is routable and an unloaded one is not.
@@ -93,12 +92,6 @@ def _outcomes(results: Mapping[str, object]) -> dict[str, str]:
         label: "ok" if not isinstance(r, RpcError) else f"{r.status.name}: {r.message}"
         for label, r in results.items()
     }
-
-
-def _failed_load(entry: pb.RepositoryIndexResponseModelIndex) -> bool:
-    """A worker lists a bundle it could not load as UNAVAILABLE with the load error as reason;
-    a loaded model it does not serve yet (explicit mode) is UNAVAILABLE without one."""
-    return entry.state == "UNAVAILABLE" and bool(entry.reason)
 
 
 class Fleet:
@@ -223,7 +216,7 @@ class Fleet:
             c
             for c in clients
             if isinstance(r := results[c.label], pb.RepositoryIndexResponse)
-            and any(m.name == model and not _failed_load(m) for m in r.models)
+            and any(m.name == model for m in r.models)
         ]
 
     async def compact_memory(self, data: bytes) -> bytes:
