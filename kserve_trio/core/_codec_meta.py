@@ -32,14 +32,18 @@ def encode_model_metadata(name: str, manifest: Manifest, platform: str) -> pb.Mo
 
 
 def encode_repository_index(
-    entries: Iterable[str] | Iterable[tuple[str, bool]],
+    entries: Iterable[str] | Iterable[tuple[str, bool]] | Iterable[tuple[str, bool, str]],
 ) -> pb.RepositoryIndexResponse:
     """``RepositoryIndexResponse`` in the given order: a bare name is READY, a ``(name, ready)``
-    pair is READY or UNAVAILABLE. Sorting and filtering are the caller's business."""
+    pair is READY or UNAVAILABLE, a ``(name, ready, reason)`` triple also carries why it is not
+    ready (a bundle that failed to load). Sorting and filtering are the caller's business."""
     models = []
     for entry in entries:
+        reason = ""
         if isinstance(entry, str):
             name, ready = entry, True
+        elif len(entry) == 3:
+            name, ready, reason = entry
         else:
             name, ready = entry
         models.append(
@@ -47,7 +51,7 @@ def encode_repository_index(
                 name=name,
                 version=BUNDLE_VERSION,
                 state="READY" if ready else "UNAVAILABLE",
-                reason="",
+                reason=reason,
             )
         )
     return pb.RepositoryIndexResponse(models=models)

@@ -44,13 +44,24 @@ class Lifecycle:
             raise ValueError(f"unknown change action {change.action!r}")
 
     async def load(self, name: str, bundle_dir: str | os.PathLike[str]) -> ModelBundle:
-        """Compile ``bundle_dir`` (in a thread) and install it under ``name``."""
-        bundle = await anyio.to_thread.run_sync(
-            lambda: load_bundle(
-                bundle_dir, self.backend, name=name, serve_without_hooks=self.serve_without_hooks
+        """Compile ``bundle_dir`` (in a thread) and install it under ``name``.
+
+        A bundle that fails to compile or install is recorded in the repository with the error
+        (RepositoryIndex shows why it is not served; a later successful load clears it), and the
+        error propagates so the watcher retries the change."""
+        try:
+            bundle = await anyio.to_thread.run_sync(
+                lambda: load_bundle(
+                    bundle_dir,
+                    self.backend,
+                    name=name,
+                    serve_without_hooks=self.serve_without_hooks,
+                )
             )
-        )
-        await self.repository.install(bundle)
+            await self.repository.install(bundle)
+        except Exception as exc:
+            self.repository.record_failure(name, str(exc))
+            raise
         heartbeat.fire("load", name)
         return bundle
 

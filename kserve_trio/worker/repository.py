@@ -9,7 +9,10 @@ drift apart:
   closes the version it replaced;
 - ``remove`` and ``rename`` change the scheduler and the bundles together;
 - requests find their model with ``lookup`` (one dict lookup and the version rule), and the
-  readiness RPCs ask ``model_ready`` / ``model_compiled`` / ``ready``.
+  readiness RPCs ask ``model_ready`` / ``model_compiled`` / ``ready``;
+- a bundle that failed to load is remembered with its reason (``record_failure``) until a later
+  load under its name succeeds, so ``index`` (RepositoryIndex) can say why it is not served
+  instead of leaving the reason in the log alone.
 
 Compilation itself (``registry.load_bundle``) happens before any of this, off the event loop;
 this class only runs on the event loop thread, so it needs no lock.
@@ -59,6 +62,9 @@ class ModelRepository:
         self._bundles: dict[str, ModelBundle] = {}
         self.bundles: Mapping[str, ModelBundle] = MappingProxyType(self._bundles)
         """A read-only live view of the loaded bundles by serving name."""
+        self._failures: dict[str, str] = {}
+        self.failures: Mapping[str, str] = MappingProxyType(self._failures)
+        """A read-only live view of the bundles whose last load failed: name -> reason."""
 
     # ---------------------------------------------------------------- queries
 
@@ -100,6 +106,18 @@ class ModelRepository:
         """The models a client or gateway may address directly, sorted."""
         hidden = self.hidden()
         return sorted(n for n in self._bundles if n not in hidden)
+
+    def index(self) -> list[tuple[str, bool, str]]:
+        """RepositoryIndex's entries, sorted by name: ``(name, ready, reason)``.
+
+        Every routable model (reason ``""``), and every bundle whose load failed and that
+        serves no version (not ready, the load error as reason): Triton lists a model it could
+        not load as UNAVAILABLE with the reason, and a user moving a bundle over learns there why
+        it is refused. A failed reload of a served model lists the served version (still ready).
+        """
+        entries = [(n, self.model_ready(n), "") for n in self.routable_names()]
+        entries += [(n, False, r) for n, r in self._failures.items() if n not in self._bundles]
+        return sorted(entries)
 
     def metas_calling(self, name: str) -> list[str]:
         """The loaded meta models that declare ``name`` among their calls, sorted."""
@@ -146,6 +164,11 @@ class ModelRepository:
 
     # ---------------------------------------------------------------- membership
 
+    def record_failure(self, name: str, reason: str) -> None:
+        """Remember that the bundle under ``name`` failed to load, and why (shown by ``index``
+        until ``install`` or ``remove`` of that name)."""
+        self._failures[name] = reason
+
     async def install(self, bundle: ModelBundle, *, warm: bool = True) -> ModelBundle | None:
         """Serve ``bundle`` under its name: the one path start-up loading and reloads share.
 
@@ -179,6 +202,7 @@ class ModelRepository:
         elif self.scheduler.has_model(name):
             await self.scheduler.remove_model(name)
         self._bundles[name] = bundle
+        self._failures.pop(name, None)
         if old is not None and old.model is not None and old.model is not bundle.model:
             with contextlib.suppress(Exception):
                 old.model.close()
@@ -192,6 +216,7 @@ class ModelRepository:
     async def remove(self, name: str) -> ModelBundle | None:
         """Stop serving ``name``: queued requests answer NOT_FOUND, its weights are released.
         Returns the removed bundle, or None when nothing was loaded under that name."""
+        self._failures.pop(name, None)
         bundle = self._bundles.pop(name, None)
         if bundle is None:
             return None

@@ -135,11 +135,10 @@ class InferenceService:
         return codec.encode_model_metadata(request.name, bundle.manifest, PLATFORM)
 
     async def repository_index(self, request, ctx: CallContext):
-        repository = self.repository
-        pairs = [(n, repository.model_ready(n)) for n in repository.routable_names()]
+        entries = self.repository.index()  # failed bundles too, with the reason
         if request.ready:
-            pairs = [(n, r) for n, r in pairs if r]
-        return codec.encode_repository_index(pairs)
+            entries = [e for e in entries if e[1]]
+        return codec.encode_repository_index(entries)
 
     async def shm_status(self, request, ctx: CallContext):
         # Register, Unregister and Status validate names and keys in ShmRegistry

@@ -5,7 +5,10 @@ with client tensors never can be)."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +123,50 @@ def test_the_worker_refuses_it_with_the_reason_and_serves_it_when_opted_in(jl_ml
         got = c.infer("mlp", [inp]).as_numpy("output")
     np.testing.assert_allclose(got, ref.mlp(x, ref.weights(demo_repo, "mlp")), rtol=1e-5, atol=1e-5)
     assert [e["served_with"] for e in logs if e["event"] == "model_jl_not_run"] == ["no hooks"]
+
+
+def _index(client) -> dict[str, tuple[str, str]]:
+    """name -> (state, reason) of a tritonclient (gRPC) repository index."""
+    return {m.name: (m.state, m.reason) for m in client.get_model_repository_index().models}
+
+
+def test_the_repository_index_lists_the_refused_bundle_with_its_reason_until_it_loads(
+    jl_mlp, demo_repo
+):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from tests.e2e.conftest import free_port
+
+    models = jl_mlp.parent
+    shutil.copytree(demo_repo / "scale4", models / "scale4")
+    http_port = free_port()
+    with in_process_worker(
+        models,
+        model_control_mode="dynamic",
+        model_poll_seconds=0.05,
+        endpoints={"http_port": http_port},
+    ) as running:
+        c = grpcclient.InferenceServerClient(running.address)
+        index = _index(c)
+        assert index["scale4"] == ("READY", "")
+        state, reason = index["mlp"]
+        assert state == "UNAVAILABLE"
+        assert "model.jl holds this bundle's hooks" in reason and "model.py" in reason
+        rest = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        rest_index = {m["name"]: m for m in rest.get_model_repository_index()}
+        assert rest_index["mlp"]["state"] == "UNAVAILABLE"
+        assert rest_index["mlp"]["reason"] == reason
+        ready_only = urllib.request.urlopen(
+            f"http://127.0.0.1:{http_port}/v2/repository/index", data=b'{"ready": true}'
+        )
+        assert [m["name"] for m in json.load(ready_only)] == ["scale4"]
+        assert not c.is_model_ready("mlp")
+
+        (jl_mlp / "model.py").write_text('register_model("mlp")\n')  # the port, done
+        deadline = time.monotonic() + 120
+        while _index(c)["mlp"][0] != "READY":
+            assert time.monotonic() < deadline, f"mlp never loaded: {_index(c)['mlp']}"
+            time.sleep(0.05)
+        assert _index(c)["mlp"] == ("READY", "")
+        assert c.is_model_ready("mlp")
