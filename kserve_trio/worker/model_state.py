@@ -5,7 +5,7 @@ model's queue, policy, learned costs and counters), the queued items (``QueuedRe
 ``DeviceUnit``) with their one-shot outcome (``finish``), and the bookkeeping on them that needs
 no event loop: recording a batch (``record_batch``), decaying the recent-compute EMA (``decay``)
 and the observability snapshot (``model_metrics``). The dispatch loop (``worker/dispatch.py``)
-and the model admin (``worker/model_admin.py``) mutate these; nothing here does I/O.
+(its model table methods included) mutates these; nothing here does I/O.
 """
 
 from __future__ import annotations
