@@ -21,14 +21,10 @@ import numpy as np
 
 from kserve_trio.core.errors import Internal
 from kserve_trio.runtime.weight_cache import NotResidentError
+from kserve_trio.worker.disciplines import MIN_COST_SECONDS
+from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.model_state import ModelEntry, ModelState
-from kserve_trio.worker.planner import (
-    MIN_COST_SECONDS,
-    BatchPlan,
-    ModelLayout,
-    coalesce_inputs,
-    slice_outputs,
-)
+from kserve_trio.worker.planner import BatchPlan, coalesce_inputs, slice_outputs
 
 if TYPE_CHECKING:
     from kserve_trio.runtime.weight_cache import WeightCache

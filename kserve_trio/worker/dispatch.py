@@ -32,7 +32,17 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.runtime.weight_cache import ProbeResult, Program
 from kserve_trio.worker.device import DeviceThread, execute_plan, warm_model
+from kserve_trio.worker.disciplines import (
+    Candidate,
+    deadline_expired,
+    effective_cost,
+    laxity_margin_ns,
+    select_edf,
+    select_fair,
+    select_fifo,
+)
 from kserve_trio.worker.hooks import Hook
+from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.model_state import (
     DeviceUnit,
     ItemState,
@@ -44,18 +54,7 @@ from kserve_trio.worker.model_state import (
     record_batch,
     same_io,
 )
-from kserve_trio.worker.planner import (
-    BatchPlan,
-    Candidate,
-    ModelLayout,
-    deadline_expired,
-    effective_cost,
-    laxity_margin_ns,
-    plan_batch,
-    select_edf,
-    select_fair,
-    select_fifo,
-)
+from kserve_trio.worker.planner import BatchPlan, plan_batch
 
 if TYPE_CHECKING:
     from kserve_trio.core.config import SchedulerConfig

@@ -10,8 +10,9 @@ device thread only sees the arrays and the model entry of the unit it runs.
 
 The pieces: ``worker/model_state.py`` (what is kept per model, the queued items, the metrics
 snapshot), ``worker/dispatch.py`` (the loop, its lifecycle and the discipline's choice of the
-next batch, and the changes to the model table), ``worker/planner.py``
-(the pure planning rules) and ``worker/device.py`` (what runs on the device thread).
+next batch, and the changes to the model table), the pure rules in ``worker/disciplines.py``
+(the disciplines' arithmetic), ``worker/planner.py`` (the batch plan) and ``worker/layout.py``
+(what a request is to the plan), and ``worker/device.py`` (what runs on the device thread).
 
 A *unit* of device work is either a planned batch of one model or an arbitrary callable
 (``run_on_device``: meta models, control operations); callables are served before the
