@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from kserve_trio.worker.server import serve, stop
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 BODY = json.dumps(
     {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
