@@ -48,10 +48,10 @@ class _Job:
 class DeviceThread:
     """The one thread that runs device work, fed through a queue.
 
-    A dedicated thread rather than ``to_thread.run_sync(limiter=CapacityLimiter(1))``: measured
-    here (uvloop, 10k sequential no-op calls) the round trip costs about 50-100 us against
-    75-300 us through anyio's worker pool, whose limiter, cancel-scope and context bookkeeping
-    is paid per call. It also gives meta models and control operations one stable thread.
+    A dedicated thread rather than ``to_thread.run_sync(limiter=CapacityLimiter(1))``: its round
+    trip is cheaper than anyio's worker pool, whose limiter, cancel-scope and context bookkeeping
+    is paid per call (docs/benchmarks.md). It also gives meta models and control operations one
+    stable thread.
     """
 
     def __init__(self, token: anyio.lowlevel.EventLoopToken) -> None:

@@ -67,14 +67,13 @@ SHUTTING_DOWN = "server is shutting down"
 INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
 """Batches whose fastest execution seen is at most this many microseconds run on the event
 loop thread instead of the device thread (default ``INLINE_DEFAULT_US``, 0: never), which saves
-two thread crossings per batch. Off by default: in three A/B sessions on a loaded 2-core machine
-its effect on CPU per request stayed within the noise (docs/benchmarks.md, "Small requests
-against KServe")."""
+two thread crossings per batch. Off by default: its effect on CPU per request measured within
+the noise (docs/benchmarks.md, "Small requests against KServe")."""
 INLINE_DEFAULT_US = 0.0
 COALESCE_ENV = "KSERVE_TRIO_COALESCE_YIELDS"
 """How many times the loop yields to the event loop before planning a batch that is not full:
-requests already read but still being decoded join the batch (default 0: plan at once; no
-coalescing was measured from it at c=8, docs/benchmarks.md)."""
+requests already read but still being decoded join the batch (default 0: plan at once; it
+measured no gain, docs/benchmarks.md)."""
 
 
 def _env_number(name: str, default: float) -> float:
