@@ -25,6 +25,7 @@ from kserve_trio.client import (
 )
 from kserve_trio.client.spec import ModelIOSpec, TensorMeta
 from kserve_trio.client.transport import parse_url
+from kserve_trio.core.event_loops import uvloop_available
 from kserve_trio.core.infer_wire import InferResponseMessage
 
 # --------------------------------------------------------------------------------------------
@@ -215,21 +216,13 @@ async def _tritonclient_levels(cfg: BenchConfig) -> list[Window]:
         await client.close()
 
 
-def _uvloop_available() -> bool:
-    try:
-        import uvloop  # noqa: F401  (optional: the load runs on plain asyncio without it)
-    except ImportError:
-        return False
-    return True
-
-
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run every level and return the report (the event loop is asyncio, uvloop if present)."""
     if cfg.client == "tritonclient" and cfg.transport != "inline":
         raise ValueError("--client tritonclient supports --transport inline only")
     levels = _tritonclient_levels if cfg.client == "tritonclient" else _kserve_trio_levels
     windows = anyio.run(
-        levels, cfg, backend="asyncio", backend_options={"use_uvloop": _uvloop_available()}
+        levels, cfg, backend="asyncio", backend_options={"use_uvloop": uvloop_available()}
     )
     return report(cfg, windows)
 

@@ -1,8 +1,7 @@
 """One HTTP/2 connection of the h2 transport: its protocol state (settings, flow-control
 windows, streams), the anyio byte stream under it, and the calls in flight on it
 (``kserve_trio.client.h2_transport`` opens and replaces these; ``_h2_call`` holds the pure
-per-call half, ``_h2_frames`` the frame and header-block coding, ``_h2_inbound`` what received
-frames do to the connection and its calls).
+per-call half, ``_h2_frames`` the frame and header-block coding).
 
 The protocol state is kept here rather than in a general HTTP/2 state machine: a unary gRPC
 call needs one HEADERS and the DATA of one message out, HEADERS, DATA and trailers back, and
@@ -31,6 +30,12 @@ socket write must never be cut in half by a cancellation (a half-written frame w
 the connection for every call on it): on asyncio's plain TCP streams the bytes go to the
 transport's buffer synchronously, which no cancellation can interrupt; any other stream (TLS,
 trio) is written inside a shielded scope, bounded by its own stall timeout instead.
+
+What received frames do (``Connection.dispatch``, no I/O): a reply's HEADERS, DATA and trailers
+go to its call, resets and GOAWAY to the calls they end, SETTINGS, PING and WINDOW_UPDATE to the
+connection's state; whatever breaks the protocol raises ``_h2_frames.FrameError`` with its HTTP/2
+error code. Answers (SETTINGS and PING acknowledgements, WINDOW_UPDATEs, RST_STREAMs) are queued
+on ``out`` for the connection's next flush.
 """
 
 from __future__ import annotations
@@ -43,14 +48,19 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import hpack
 import hpack.exceptions
 
 from kserve_trio.client import _h2_frames as fr
-from kserve_trio.client._h2_call import _Call
-from kserve_trio.client._h2_inbound import DECODED_BLOCKS, WINDOW_BYTES, Inbound, _wake
+from kserve_trio.client._h2_call import _Call, _error_name
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import StatusCode
 
+WINDOW_BYTES = 64 << 20
+"""Our receive windows (connection and each stream): a large reply never waits for a
+WINDOW_UPDATE round trip."""
+DECODED_BLOCKS = 64
+"""How many indexed-only reply header blocks a connection keeps decoded."""
 MAX_FRAME_BYTES = 1 << 20
 """The largest DATA frame we accept (HTTP/2's default is 16 KiB)."""
 RECEIVE_BYTES = 1 << 20
@@ -61,6 +71,8 @@ JOIN_BYTES = 64 << 10
 are (a view of the caller's buffer, not copied)."""
 SEND_STALL_SECONDS = 30.0
 """A socket write that makes no progress for this long declares the connection dead."""
+
+_REFUSED = 0x7  # RST_STREAM's REFUSED_STREAM
 
 CONNECTION_ERRORS = (
     anyio.BrokenResourceError,
@@ -86,9 +98,9 @@ def _asyncio_transport(stream: anyio.abc.ByteStream) -> tuple[Any, Any] | None:
     return transport, protocol
 
 
-class Connection(Inbound):
-    """One HTTP/2 connection and the calls on it (see the module docstring for who reads;
-    ``Inbound`` applies the frames received)."""
+class Connection:
+    """One HTTP/2 connection and the calls on it (see the module docstring for who reads and
+    what received frames do)."""
 
     def __init__(self, stream: anyio.abc.ByteStream, address: str) -> None:
         self.stream = stream
@@ -105,8 +117,16 @@ class Connection(Inbound):
             self.poller = select.poll()
             self.poller.register(self.sock.fileno(), select.POLLIN)
         self._direct = _asyncio_transport(stream)
-        # protocol state (the receiving half's is ``Inbound``'s)
-        Inbound.__init__(self)
+        # protocol state
+        self.out: list[Buffer] = []  # frames queued for the socket
+        self.decoder = hpack.Decoder()
+        self.decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # indexed-only blocks
+        self.max_streams = 1 << 32  # the peer's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.max_frame = fr.DEFAULT_FRAME  # the peer's SETTINGS_MAX_FRAME_SIZE
+        self.initial_window = fr.DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self.send_window = fr.DEFAULT_WINDOW  # the connection's send window
+        self.unacked = 0  # DATA received on the connection, not yet given back
+        self.continued: tuple[int, int, list[bytes]] | None = None  # a header block in parts
         self.reader = fr.FrameReader(MAX_FRAME_BYTES)
         self.next_stream_id = 1
         self.first_block = True
@@ -302,6 +322,173 @@ class Connection(Inbound):
         """The peer broke the protocol: every call fails UNAVAILABLE, no more frames go out."""
         self.fail(f"HTTP/2 protocol error on the connection to {self.address}: {message}")
 
+    def dispatch(self, frames: Sequence[tuple[int, int, int, memoryview]]) -> None:
+        """Apply each frame to the connection or its call; wake the calls whose state changed."""
+        calls = self.calls
+        wake_parked = False
+        for ftype, flags, sid, payload in frames:
+            if self.continued is not None and ftype != fr.CONTINUATION:
+                raise fr.FrameError(fr.PROTOCOL_ERROR, "a header block was interrupted")
+            if ftype == fr.DATA:
+                if sid == 0:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "DATA on stream 0")
+                self._data(calls.get(sid), flags, payload)
+            elif ftype == fr.HEADERS:
+                if sid == 0:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "HEADERS on stream 0")
+                block = fr.unpad(payload, flags)
+                if flags & fr.PRIORITY_FLAG:
+                    block = block[5:]
+                if flags & fr.END_HEADERS:
+                    self._headers(sid, flags, block)
+                else:
+                    self.continued = (sid, flags, [bytes(block)])
+            elif ftype == fr.CONTINUATION:
+                if self.continued is None or self.continued[0] != sid:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+                self.continued[2].append(bytes(payload))
+                if flags & fr.END_HEADERS:
+                    first_flags, parts = self.continued[1], self.continued[2]
+                    self.continued = None
+                    self._headers(sid, first_flags, b"".join(parts))
+            elif ftype == fr.RST_STREAM:
+                if len(payload) != 4:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "an RST_STREAM frame not 4 bytes")
+                call = calls.get(sid)
+                if call is not None:
+                    call.remote_closed = call.local_closed = True
+                    if not call.done:
+                        code = fr.u32(payload)
+                        call.reset_code = code
+                        call.refused = code == _REFUSED
+                        call.done = True
+                        _wake(call)
+            elif ftype == fr.SETTINGS:
+                if sid != 0:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, "SETTINGS on a stream")
+                if not flags & fr.ACK:
+                    self._settings(payload)
+                    wake_parked = True
+            elif ftype == fr.WINDOW_UPDATE:
+                if len(payload) != 4:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame not 4 bytes")
+                increment = fr.u32(payload) & fr.MAX_WINDOW
+                if sid == 0:
+                    if increment == 0:
+                        raise fr.FrameError(fr.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+                    self.send_window += increment
+                    if self.send_window > fr.MAX_WINDOW:
+                        raise fr.FrameError(fr.FLOW_CONTROL_ERROR, "the send window overflowed")
+                else:
+                    call = calls.get(sid)
+                    if call is not None:
+                        call.window += increment
+                wake_parked = True
+            elif ftype == fr.PING:
+                if len(payload) != 8:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a PING frame not 8 bytes")
+                if not flags & fr.ACK:
+                    self.out.append(fr.frame(fr.PING, fr.ACK, 0, bytes(payload)))
+            elif ftype == fr.GOAWAY:
+                if len(payload) < 8:
+                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a GOAWAY frame under 8 bytes")
+                self.goaway(fr.u32(payload) & fr.MAX_STREAM_ID, fr.u32(payload, 4))
+                wake_parked = True
+            elif ftype == fr.PUSH_PROMISE:
+                raise fr.FrameError(fr.PROTOCOL_ERROR, "PUSH_PROMISE, which we disabled")
+            # PRIORITY and unknown frame types are ignored
+        if wake_parked:
+            for call in self.parked:
+                _wake(call)
+
+    def _data(self, call: _Call | None, flags: int, payload: memoryview) -> None:
+        size = len(payload)  # padding included: all of it counts against the windows
+        self.unacked += size
+        if self.unacked >= WINDOW_BYTES // 2:
+            self.out.append(fr.window_update(0, self.unacked))
+            self.unacked = 0
+        if call is None or call.done:
+            return  # a stream already answered or reset: the bytes only count for the window
+        body = fr.unpad(payload, flags)
+        if not call.data(body):
+            call.done = True
+            self.reset(call)
+            _wake(call)
+            return
+        if flags & fr.END_STREAM:
+            call.remote_closed = call.done = True
+            _wake(call)
+            return
+        call.unacked += size
+        if call.unacked >= WINDOW_BYTES // 2:
+            self.out.append(fr.window_update(call.stream_id, call.unacked))
+            call.unacked = 0
+
+    def _headers(self, sid: int, flags: int, block: bytes | memoryview) -> None:
+        # every block is decoded, a closed stream's too, to keep the HPACK table in step; a
+        # server answers each call with the same few indexed-only blocks, decoded once
+        key = bytes(block)
+        headers = self.decoded.get(key)
+        if headers is None:
+            headers = self.decoder.decode(key, raw=True)  # type: ignore[assignment]
+            if fr.indexed_only(key):
+                if len(self.decoded) >= DECODED_BLOCKS:
+                    self.decoded.clear()
+                self.decoded[key] = headers  # type: ignore[assignment]
+            else:  # the table may have changed: what the cached blocks meant, too
+                self.decoded.clear()
+        call = self.calls.get(sid)
+        if call is None:
+            return
+        if not call.done:
+            call.headers(headers)  # type: ignore[arg-type]
+        if flags & fr.END_STREAM:
+            call.remote_closed = True
+            if not call.done:
+                call.done = True
+                _wake(call)
+
+    def _settings(self, payload: memoryview) -> None:
+        for key, value in fr.settings_values(payload):
+            if key == fr.INITIAL_WINDOW_SIZE:
+                if value > fr.MAX_WINDOW:
+                    raise fr.FrameError(fr.FLOW_CONTROL_ERROR, f"an initial window of {value}")
+                delta = value - self.initial_window
+                self.initial_window = value
+                for call in self.calls.values():
+                    call.window += delta
+            elif key == fr.MAX_FRAME_SIZE:
+                if not fr.DEFAULT_FRAME <= value <= (1 << 24) - 1:
+                    raise fr.FrameError(fr.PROTOCOL_ERROR, f"a max frame size of {value}")
+                self.max_frame = value
+            elif key == fr.MAX_CONCURRENT_STREAMS:
+                self.max_streams = value
+        self.out.append(fr.SETTINGS_ACK)
+
+    def goaway(self, last_stream_id: int | None, error_code: int | None) -> None:
+        """GOAWAY: no new streams here; streams above ``last_stream_id`` were not processed
+        (retry-safe); the others may still complete."""
+        self.draining = True
+        last = last_stream_id if last_stream_id is not None else 0
+        reason = _error_name(error_code) if error_code is not None else "no error code"
+        for sid, call in self.calls.items():
+            if sid > last and not call.done:
+                call.fail(
+                    RpcError(
+                        StatusCode.UNAVAILABLE,
+                        f"{self.address} is going away ({reason}); the call was not processed",
+                        method=call.rpc,
+                    ),
+                    refused=True,
+                )
+                _wake(call)
+
+    def reset(self, call: _Call) -> None:
+        """Queue RST_STREAM CANCEL for ``call``'s stream (if it is still open)."""
+        if call.stream_id and not (call.local_closed and call.remote_closed):
+            call.local_closed = call.remote_closed = True
+            self.out.append(fr.rst_stream(call.stream_id, fr.CANCEL))
+
     # -- waiting -----------------------------------------------------------------------------
 
     async def progress(
@@ -452,6 +639,12 @@ class Connection(Inbound):
                     return True
             await self.flush()
         return False
+
+
+def _wake(call: _Call) -> None:
+    event: anyio.Event | None = call.event
+    if event is not None:
+        event.set()
 
 
 def describe(exc: BaseException) -> str:

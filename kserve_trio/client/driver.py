@@ -46,13 +46,13 @@ from kserve_trio.client.io import (
     output_specs,
     string_param,
 )
+from kserve_trio.client.loop_thread import refuse_in_event_loop
 from kserve_trio.client.model import KServeModel, send_infer
 from kserve_trio.client.runtime import (
     ClientState,
     EndpointState,
     Route,
     get_state,
-    refuse_in_event_loop,
 )
 from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
 from kserve_trio.core.bytes_tensor import encode_bytes_tensor

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 from kserve_trio.client.endpoint import check_compression
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
+from kserve_trio.client.loop_thread import current_loop_key, loop_closed
 from kserve_trio.client.retry import RetryPolicy, call_with_retry
-from kserve_trio.client.runtime import EndpointState, _loop_closed, current_loop_key, get_state
+from kserve_trio.client.runtime import EndpointState, get_state
 from kserve_trio.client.tls import PemSource, client_ssl_context
 from kserve_trio.client.transport import (
     ENV_MAX_RECV,
@@ -212,7 +213,7 @@ class KServeModel:
                     return transport
         transport = self.transport_factory(self.endpoint)
         with self._lock:
-            self._transports = [(o, t) for o, t in self._transports if not _loop_closed(o)]
+            self._transports = [(o, t) for o, t in self._transports if not loop_closed(o)]
             self._transports.append((key, transport))
             self._last = (key, transport)
         return transport

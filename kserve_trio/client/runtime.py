@@ -8,10 +8,8 @@ One ``ClientState`` per process owns:
 - one ``EndpointState`` per server ``(host, port)``: whether our shm pool is registered there,
   the registration generation, the decided route per ``shared_memory`` mode, and the latch that
   sends it inline after an unrecoverable stale registration;
-- the client loop thread: a daemon thread running an asyncio event loop behind an anyio
-  ``BlockingPortal``. Blocking calls (``infer_sync``, ``model_io_spec``) run there so their
-  connections and registrations live on between calls; the background re-probe task is a child
-  of that loop, so ``kserve_shutdown`` cancels it with the loop.
+- the client loop thread (``client/loop_thread.py``), where blocking calls run; the background
+  re-probe task is a child of that loop, so ``kserve_shutdown`` cancels it with the loop.
 
 Thread safety: ``ClientState.lock`` (a ``threading.Lock``, never held across an ``await``) guards
 every mutation; async single-flight sections (probing, registering) use one ``anyio.Lock`` per
@@ -21,7 +19,6 @@ unregisters every region from every server and unlinks the POSIX objects.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import enum
@@ -32,9 +29,9 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
-import sniffio
 
 from kserve_trio.client.errors import RpcError, SharedMemoryUnavailable, ShmUnrecoverableError
+from kserve_trio.client.loop_thread import LoopThread, current_loop_key, loop_closed
 from kserve_trio.client.transport import Endpoint, Transport, TransportFactory, method_path
 from kserve_trio.core.buffer_pool import BufferPool
 from kserve_trio.core.errors import StatusCode
@@ -94,114 +91,6 @@ class EndpointState:
     @property
     def key(self) -> tuple[str, int]:
         return self.endpoint.key
-
-
-def current_loop_key() -> object:
-    """An object identifying the running event loop (compared by identity)."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        return asyncio.get_running_loop()
-    if library == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token()
-    raise RuntimeError(f"unsupported async library {library!r}")
-
-
-def _loop_closed(key: object) -> bool:
-    is_closed = getattr(key, "is_closed", None)
-    return bool(is_closed()) if callable(is_closed) else False
-
-
-def in_event_loop() -> str | None:
-    """The async library running in this thread, or ``None`` on a plain thread."""
-    try:
-        return sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        pass
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    return "asyncio"
-
-
-def refuse_in_event_loop(what: str, alternative: str) -> None:
-    """Raise ``RuntimeError`` when a blocking call is made from a thread running an event loop
-    (blocking there would stall that loop, or deadlock it if the server shares it)."""
-    library = in_event_loop()
-    if library is not None:
-        raise RuntimeError(
-            f"{what} would block this thread's {library} event loop; use {alternative} instead"
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# The client loop thread
-
-
-class _LoopThread:
-    """A daemon thread running an event loop (asyncio, uvloop when installed) and a portal.
-
-    Daemon, so it never holds interpreter exit up; the ``atexit`` hook still finds it running
-    (daemon threads run until finalization) and uses it to unregister regions.
-    """
-
-    def __init__(self) -> None:
-        self._ready = threading.Event()
-        self._portal: anyio.from_thread.BlockingPortal | None = None
-        self._error: BaseException | None = None
-        self.loop_key: object | None = None
-        self._thread = threading.Thread(target=self._run, name="kserve_trio-client", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._portal is None:
-            raise RuntimeError("the kserve_trio client loop failed to start") from self._error
-
-    def _run(self) -> None:
-        async def main() -> None:
-            async with anyio.from_thread.BlockingPortal() as portal:
-                self.loop_key = current_loop_key()
-                self._portal = portal
-                self._ready.set()
-                await portal.sleep_until_stopped()
-
-        try:
-            anyio.run(main, backend="asyncio", backend_options={"use_uvloop": _has_uvloop()})
-        except BaseException as exc:  # reported by the constructor or ignored at shutdown
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
-
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        assert self._portal is not None
-        return self._portal.call(fn, *args)
-
-    def start_task_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        assert self._portal is not None
-        self._portal.start_task_soon(fn, *args)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Cancel every task on the loop (the re-prober included) and end the thread."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("the kserve_trio client loop cannot stop itself")
-        portal = self._portal
-        if portal is not None and self._thread.is_alive():
-            with contextlib.suppress(Exception):
-                portal.call(portal.stop, True)
-        self._thread.join(timeout)
-
-
-def _has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,7 +156,7 @@ class ClientState:
         self._shm_pool: BufferPool | None = None
         self._inline_pool: BufferPool | None = None
         self.endpoints: dict[tuple[str, int], EndpointState] = {}
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._reprober = False
 
     # -- pools -------------------------------------------------------------------------------
@@ -292,10 +181,10 @@ class ClientState:
 
     # -- the loop thread ---------------------------------------------------------------------
 
-    def loop(self) -> _LoopThread:
+    def loop(self) -> LoopThread:
         with self.lock:
             if self._loop is None or not self._loop.thread.is_alive():
-                self._loop = _LoopThread()
+                self._loop = LoopThread()
             return self._loop
 
     def run_blocking(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -322,7 +211,7 @@ class ClientState:
                 if owner is key:
                     return lock
             # locks of event loops that have ended go (asyncio loops say so; trio tokens don't)
-            ep.locks = [(o, lk) for o, lk in ep.locks if not _loop_closed(o)]
+            ep.locks = [(o, lk) for o, lk in ep.locks if not loop_closed(o)]
             lock = anyio.Lock()
             ep.locks.append((key, lock))
             return lock
@@ -499,7 +388,7 @@ class ClientState:
         try:
             if registered and shm_pool is not None:
                 if loop is None or not loop.thread.is_alive():
-                    loop = _LoopThread()
+                    loop = LoopThread()
                 loop.call(_unregister_all, registered, shm_pool.region_name)
         finally:
             if loop is not None:
@@ -591,10 +480,7 @@ __all__ = [
     "ClientSettings",
     "ClientState",
     "Route",
-    "current_loop_key",
     "get_state",
-    "in_event_loop",
     "kserve_init",
     "kserve_shutdown",
-    "refuse_in_event_loop",
 ]

@@ -26,7 +26,8 @@ from kserve_trio.client.io import (
     output_specs,
     with_bounds_checks,
 )
-from kserve_trio.client.runtime import get_state, refuse_in_event_loop
+from kserve_trio.client.loop_thread import refuse_in_event_loop
+from kserve_trio.client.runtime import get_state
 from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset
 from kserve_trio.core.bundle import MANIFEST_FILE, load_manifest
 from kserve_trio.core.codec import encode_model_metadata

@@ -210,7 +210,7 @@ _quiet_default()
 
 
 def debug_enabled() -> bool:
-    """Whether debug events are emitted under the current configuration (about 1 us).
+    """Whether debug events are emitted under the current configuration (a cheap check).
 
     Hot paths check this before computing a debug event's fields, which a filtered
     ``log.debug(...)`` would otherwise still pay for.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from kserve_trio.core.config import (
     WORKER_NAME_ENV,
@@ -36,6 +36,7 @@ from kserve_trio.core.config import (
 )
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.plain import is_int
 from kserve_trio.core.upstream_env import with_upstream_aliases
 
 NODE_KEYS = (
@@ -64,10 +65,6 @@ _DERIVED = {
 }
 
 _log = get_logger(__name__)
-
-
-def _is_int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def load_node_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -110,14 +107,14 @@ def worker_names(node: Mapping[str, Any]) -> list[str]:
 
 def _int_key(node: Mapping[str, Any], key: str) -> int:
     value = node.get(key)
-    if not _is_int(value):
+    if not is_int(value):
         raise ConfigError(f"node config '{key}' must be an integer", key)
     return value
 
 
 def _port(node: Mapping[str, Any], w: Mapping[str, Any], index: int) -> int:
     if "port" in w:
-        if not _is_int(w["port"]):
+        if not is_int(w["port"]):
             raise ConfigError(
                 f"node worker '{_name(w, index)}' port must be an integer", f"workers[{index}].port"
             )
@@ -213,7 +210,7 @@ def validate_node(node: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         if name in names:
             raise ConfigError(f"duplicate node worker name '{name}'", f"workers[{i}].name")
         names.append(name)
-        if "gpu" in w and not (_is_int(w["gpu"]) and w["gpu"] >= 0):
+        if "gpu" in w and not (is_int(w["gpu"]) and w["gpu"] >= 0):
             raise ConfigError(
                 f"node worker '{name}' gpu must be a non-negative integer", f"workers[{i}].gpu"
             )
@@ -444,7 +441,7 @@ def node_gpus(node: Mapping[str, Any]) -> Literal["auto"] | int | list[str]:
     g = node["gpus"]
     if isinstance(g, str) and g.strip().lower() == "auto":
         return "auto"
-    if _is_int(g):
+    if is_int(g):
         if g < 0:
             raise ConfigError("node config 'gpus' count must be >= 0", "gpus")
         return g
@@ -453,7 +450,7 @@ def node_gpus(node: Mapping[str, Any]) -> Literal["auto"] | int | list[str]:
             raise ConfigError("node config 'gpus' list must not be empty", "gpus")
         out = []
         for d in g:
-            if _is_int(d) and d >= 0:
+            if is_int(d) and d >= 0:
                 out.append(str(d))
             elif isinstance(d, str) and d.strip():
                 out.append(d.strip())
@@ -498,7 +495,7 @@ def materialize_node(
         name = _name(w, i)
         index = i
         if "gpu" in w:
-            if not (_is_int(w["gpu"]) and w["gpu"] >= 0):
+            if not (is_int(w["gpu"]) and w["gpu"] >= 0):
                 raise ConfigError(
                     f"node worker '{name}' gpu must be a non-negative integer", f"workers[{i}].gpu"
                 )

@@ -203,8 +203,8 @@ ALIGNMENT = 64
 in place and copies any other, so an aligned copy costs the request one copy, not two."""
 
 ALIGN_FROM = 64 << 10
-"""Copies below this size are not aligned: finding the address costs more (about 3 us) than
-jax copying a small array."""
+"""Copies below this size are not aligned: finding the address costs more than jax copying a
+small array."""
 
 
 def _aligned_empty(n: int) -> np.ndarray:

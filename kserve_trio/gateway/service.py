@@ -50,8 +50,8 @@ from kserve_trio.serving.grpc import (
     unimplemented,
 )
 from kserve_trio.serving.log_settings import answer as answer_log_settings
+from kserve_trio.serving.surface import SERVER_NAME, UNIMPLEMENTED_RPCS
 
-SERVER_NAME = "kserve_trio"
 INFERENCE = "/inference.GRPCInferenceService/"
 CONTROL = "/reactant_control.ControlService/"
 EXTENSIONS = (
@@ -143,13 +143,7 @@ class GatewayService:
         mapping[CONTROL + "CompactMemory"] = raw_unary(
             self._admitted(self.compact_memory), lim, "CompactMemory"
         )
-        later = {
-            "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
-            "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
-            "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
-            "TraceSetting": "trace settings are not supported",
-        }
-        for rpc, reason in later.items():
+        for rpc, reason in UNIMPLEMENTED_RPCS.items():
             mapping[INFERENCE + rpc] = unimplemented(rpc, reason, lim)
         for rpc in ("ModelControlStatus", "SetModelResidency", "SetModelPolicy"):
             mapping[CONTROL + rpc] = unimplemented(

@@ -6,7 +6,7 @@ cheap. Public surface:
 
 * ``JaxBackend`` (``create(...)``, ``from_config(runtime_cfg, cache_dir)``) and the ``Backend``
   protocol; ``Executable``; ``compile_count()``; ``transfer_to_device``/``free_weights``;
-  the pure planners ``plan_numerics`` and ``plan_jax_settings``;
+  the pure planners ``plan_numerics`` and ``plan_jax_settings`` (``runtime/settings.py``);
 * ``load_compiled_model(bundle_dir, backend, *, name=None)`` -> ``CompiledModel``;
 * the weights-file helpers ``read_weights_index``, ``write_weights``, ``WeightsIndex``;
 * the StableHLO module questions a bundle producer asks too: ``as_portable_artifact`` (text or
@@ -28,15 +28,12 @@ from kserve_trio.runtime.backend import (
     Backend,
     Executable,
     JaxBackend,
-    JaxSettings,
-    NumericsPlan,
     compile_count,
     free_weights,
-    plan_jax_settings,
-    plan_numerics,
     transfer_to_device,
 )
 from kserve_trio.runtime.model import CompiledModel, check_module_signature, load_compiled_model
+from kserve_trio.runtime.settings import JaxSettings, NumericsPlan, plan_jax_settings, plan_numerics
 from kserve_trio.runtime.weights import WeightsIndex, read_weights_index, write_weights
 
 __all__ = [

@@ -13,10 +13,9 @@ imports these names. The module owns four jobs:
 4. Wrapping a bare module in a ``jax.export.Exported`` (``exported_from_module``) so that a
    bundle carrying only ``.mlir`` files (any StableHLO producer) compiles and runs through jax's
    public ``jax.jit(exp.call).lower(...).compile()`` path, the same fast C++ dispatch path the
-   ``.jaxexport`` sidecars use. Measured on CPU (notes/stack_probe.md section 4 and
-   docs/benchmarks.md): that path accepts host numpy inputs in C++ (about 30 us per call for the
-   demo mlp at batch 1), whereas the raw ``Client.compile_and_load`` executable needs its inputs
-   as jax arrays, and ``jax.device_put`` alone costs 50-75 us per call.
+   ``.jaxexport`` sidecars use: that path takes host numpy inputs in C++, whereas the raw
+   ``Client.compile_and_load`` executable needs its inputs as jax arrays, and a
+   ``jax.device_put`` per call costs more than the whole call (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ The process-wide ``jax_enable_x64`` flag is left as the user set it, on purpose:
 for the whole process would change what every other piece of jax code in it computes (default
 dtypes become 64-bit, Python scalars promote to ``float64``), which matters wherever the runtime
 is used as a library next to user code, and 32-bit modules keep exactly the code path they had.
-A 64-bit module pays for one context enter/exit per call, about 1 us (docs/benchmarks.md).
+A 64-bit module pays for one context enter/exit per call, which is small beside the call
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -25,22 +25,11 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from kserve_trio.core.event_loops import EVENT_LOOPS, uvloop_available
+
 T = TypeVar("T")
 
 _OFF = ("0", "false", "no", "off")
-
-
-EVENT_LOOPS = ("uvloop", "asyncio", "trio")
-"""The event loops our servers run on (``--event-loop``, ``endpoints.event_loop``)."""
-
-
-def uvloop_available() -> bool:
-    """Whether uvloop can be imported (it is optional: not on every platform)."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def default_event_loop() -> str:

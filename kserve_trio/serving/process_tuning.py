@@ -2,11 +2,10 @@
 
 XLA:CPU allocates a fresh buffer for every execution's outputs (and for unaligned inputs).
 glibc serves allocations above 32 MiB with a new ``mmap`` and returns them with ``munmap`` on
-free, so every large tensor pays a first-touch page fault per 4 KiB page, every time: measured
-here, the identity model on a 38.5 MB tensor took 30.6 ms per execution, of which about 25 ms
-were page faults. Serving large blocks from the heap instead (``M_MMAP_MAX=0``) and not
-trimming freed heap memory back to the kernel (``M_TRIM_THRESHOLD``) lets them be reused
-warm: 5.5 ms. The cost is that freed memory stays with the process at its high-water mark,
+free, so every large tensor pays a first-touch page fault per 4 KiB page, every time, and
+those faults dominate a large execution (docs/benchmarks.md). Serving large blocks from the
+heap instead (``M_MMAP_MAX=0``) and not trimming freed heap memory back to the kernel
+(``M_TRIM_THRESHOLD``) lets them be reused warm. The cost is that freed memory stays with the process at its high-water mark,
 the usual trade of a long-running server (jemalloc/tcmalloc behave alike).
 
 Applied by the worker CLI at start-up; ``KSERVE_TRIO_MALLOC_TUNING=0`` turns it off. Embedding

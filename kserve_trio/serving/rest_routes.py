@@ -49,6 +49,7 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.rest_codec import HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.http import HttpRequest, HttpResponse
+from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
 
 
 class MethodNotAllowed(ServingError):
@@ -58,14 +59,9 @@ class MethodNotAllowed(ServingError):
     http_status = 405
 
 
-UNSUPPORTED = {
-    "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
-    "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
-    "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
-    "TraceSetting": "trace settings are not supported",
-    "LogSettings": "log settings are not supported",
-}
-"""RPCs a REST path names that the server does not answer, with the reason 501 gives."""
+UNSUPPORTED = UNIMPLEMENTED_RPCS
+"""RPCs a REST path names that the server does not answer, with the reason 501 gives
+(``serving.surface``, shared with the gRPC adapters; both REST apps answer LogSettings)."""
 
 
 @dataclass(frozen=True)

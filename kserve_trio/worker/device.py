@@ -21,14 +21,10 @@ import numpy as np
 
 from kserve_trio.core.errors import Internal
 from kserve_trio.runtime.weight_cache import NotResidentError
+from kserve_trio.worker.disciplines import MIN_COST_SECONDS
+from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.model_state import ModelEntry, ModelState
-from kserve_trio.worker.planner import (
-    MIN_COST_SECONDS,
-    BatchPlan,
-    ModelLayout,
-    coalesce_inputs,
-    slice_outputs,
-)
+from kserve_trio.worker.planner import BatchPlan, coalesce_inputs, slice_outputs
 
 if TYPE_CHECKING:
     from kserve_trio.runtime.weight_cache import WeightCache
@@ -52,10 +48,10 @@ class _Job:
 class DeviceThread:
     """The one thread that runs device work, fed through a queue.
 
-    A dedicated thread rather than ``to_thread.run_sync(limiter=CapacityLimiter(1))``: measured
-    here (uvloop, 10k sequential no-op calls) the round trip costs about 50-100 us against
-    75-300 us through anyio's worker pool, whose limiter, cancel-scope and context bookkeeping
-    is paid per call. It also gives meta models and control operations one stable thread.
+    A dedicated thread rather than ``to_thread.run_sync(limiter=CapacityLimiter(1))``: its round
+    trip is cheaper than anyio's worker pool, whose limiter, cancel-scope and context bookkeeping
+    is paid per call (docs/benchmarks.md). It also gives meta models and control operations one
+    stable thread.
     """
 
     def __init__(self, token: anyio.lowlevel.EventLoopToken) -> None:

@@ -4,44 +4,57 @@
 thread. Its loop serves units first (meta models, control and residency operations, warmups),
 then asks the configured discipline (fifo, edf, fair) for the next (model, batch plan), admits
 the batch against deadlines, executes it on the device thread and delivers each request's slice.
-The request path and the model admin (``worker/scheduler.py``, ``worker/model_admin.py``) queue
-work here and wait on it; everything runs on the event loop thread, so nothing is locked.
+Its model table changes only through its own methods (add, replace, remove, rename, probe). The
+request path and the model admin (``worker/scheduler.py``) queue work here and wait on it; everything runs on the event loop thread, so nothing is locked.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import numpy as np
 
-from kserve_trio.core.errors import DeadlineExceeded, Internal, ServingError, Unavailable
+from kserve_trio.core.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    NotFound,
+    ServingError,
+    Unavailable,
+)
 from kserve_trio.core.logging import get_logger
+from kserve_trio.runtime.weight_cache import ProbeResult, Program
 from kserve_trio.worker.device import DeviceThread, execute_plan, warm_model
+from kserve_trio.worker.disciplines import (
+    Candidate,
+    deadline_expired,
+    effective_cost,
+    laxity_margin_ns,
+    select_edf,
+    select_fair,
+    select_fifo,
+)
+from kserve_trio.worker.hooks import Hook
+from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.model_state import (
     DeviceUnit,
     ItemState,
+    ModelEntry,
     ModelState,
     QueuedRequest,
     decay,
     finish,
     record_batch,
+    same_io,
 )
-from kserve_trio.worker.planner import (
-    BatchPlan,
-    Candidate,
-    deadline_expired,
-    effective_cost,
-    laxity_margin_ns,
-    plan_batch,
-    select_edf,
-    select_fair,
-    select_fifo,
-)
+from kserve_trio.worker.planner import BatchPlan, plan_batch
 
 if TYPE_CHECKING:
     from kserve_trio.core.config import SchedulerConfig
@@ -54,14 +67,13 @@ SHUTTING_DOWN = "server is shutting down"
 INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
 """Batches whose fastest execution seen is at most this many microseconds run on the event
 loop thread instead of the device thread (default ``INLINE_DEFAULT_US``, 0: never), which saves
-two thread crossings per batch. Off by default: in three A/B sessions on a loaded 2-core machine
-its effect on CPU per request stayed within the noise (docs/benchmarks.md, "Small requests
-against KServe")."""
+two thread crossings per batch. Off by default: its effect on CPU per request measured within
+the noise (docs/benchmarks.md, "Small requests against KServe")."""
 INLINE_DEFAULT_US = 0.0
 COALESCE_ENV = "KSERVE_TRIO_COALESCE_YIELDS"
 """How many times the loop yields to the event loop before planning a batch that is not full:
-requests already read but still being decoded join the batch (default 0: plan at once; no
-coalescing was measured from it at c=8, docs/benchmarks.md)."""
+requests already read but still being decoded join the batch (default 0: plan at once; it
+measured no gain, docs/benchmarks.md)."""
 
 
 def _env_number(name: str, default: float) -> float:
@@ -187,6 +199,144 @@ class DispatchLoop:
         """Tell an idle loop that a request or a unit was queued."""
         if self._wake is not None:
             self._wake.set()
+
+    # ---------------------------------------------------------------- the model table
+    # The only changes to ``models``. Each keeps the table consistent with the weight cache
+    # (every residency change runs on the device thread, through ``cache_op``) and with the
+    # requests in flight: a running execution finishes on the version it started on, queued
+    # requests move to a replacement or are answered.
+
+    async def add_model(
+        self,
+        entry: ModelEntry,
+        *,
+        preprocess: Hook | None,
+        postprocess: Hook | None,
+        warm: bool,
+    ) -> None:
+        """Admit ``entry`` (see ``Scheduler.add_model``)."""
+        self.refuse_if_stopping()
+        name = entry.name
+        if name in self.models:
+            raise FailedPrecondition(f"model '{name}' is already loaded")
+        overrides = self.config.models.get(name)
+        state = ModelState.build(
+            entry,
+            weight=overrides.weight if overrides is not None else 1.0,
+            max_batch_size=overrides.max_batch_size if overrides is not None else None,
+            preprocess=preprocess,
+            postprocess=postprocess,
+            now_ns=self.clock(),
+            cached=self.cache is not None,
+        )
+        self.models[name] = state
+        if self.cache is not None:
+            floor = overrides.residency if overrides is not None else None
+            try:
+                await self.cache_op(self.cache.admit, state.managed_entry, floor)
+            except BaseException:
+                if self.models.get(name) is state:
+                    del self.models[name]
+                raise
+        if not self.warmup or not warm:
+            return
+        if self.phase is Phase.NEW:
+            self.pending_warmups.append(state)
+        else:
+            await self.warm(state)
+
+    async def remove_model(self, name: str) -> None:
+        """Unload ``name`` (see ``Scheduler.remove_model``)."""
+        state = self.models.pop(name, None)
+        if state is None:
+            raise NotFound(f"unknown model: {name}")
+        state.removed = True
+        while state.queue:
+            finish(state.queue.popleft(), error=NotFound(f"model '{name}' was unloaded"))
+        if state in self.pending_warmups:
+            self.pending_warmups.remove(state)
+        await self.wait_idle(state)
+        if self.cache is not None:  # device buffers freed, host copy released
+            await self.cache_op(self.cache.release, name, state.managed_entry)
+
+    async def replace_model(
+        self, entry: ModelEntry, *, preprocess: Hook | None, postprocess: Hook | None
+    ) -> None:
+        """Swap in a new version of a loaded model, or add it (see ``Scheduler.replace_model``)."""
+        name = entry.name
+        old = self.models.get(name)
+        if old is None:
+            await self.add_model(entry, preprocess=preprocess, postprocess=postprocess, warm=True)
+            return
+        self.refuse_if_stopping()
+        overrides = self.config.models.get(name)
+        new = ModelState.build(
+            entry,
+            weight=old.weight,
+            max_batch_size=overrides.max_batch_size if overrides is not None else None,
+            preprocess=preprocess,
+            postprocess=postprocess,
+            now_ns=self.clock(),
+            cached=self.cache is not None,
+        )
+        if self.warmup and self.phase is Phase.RUNNING and self.cache is None:
+            await self.warm(new)
+        await self.wait_idle(old)
+        old.removed = True
+        old.replaced_by = new
+        if same_io(old, new):
+            new.queue, old.queue = old.queue, collections.deque()
+        else:
+            while old.queue:
+                finish(
+                    old.queue.popleft(), error=Unavailable(f"model '{name}' was reloaded; retry")
+                )
+        self.models[name] = new
+        self.wake()
+        if self.cache is not None:
+            # Queued before any batch of the new version can run (units go first): the old
+            # version's tiers are released and the new one admitted at the old floor.
+            await self.cache_op(self.cache.replace, new.managed_entry)
+            if self.warmup and self.phase is Phase.RUNNING:
+                await self.warm(new)
+
+    def rename_model(self, old: str, new: str) -> None:
+        """Rekey a loaded model (see ``Scheduler.rename_model``)."""
+        if new in self.models:
+            raise FailedPrecondition(f"cannot rename '{old}' to '{new}': '{new}' is loaded")
+        state = self.models.pop(old, None)
+        if state is None:
+            raise NotFound(f"unknown model: {old}")
+        if self.cache is not None:
+            try:
+                self.cache.rename(old, new)
+            except BaseException:
+                self.models[old] = state
+                raise
+        state.name = new
+        with contextlib.suppress(AttributeError):
+            state.entry.name = new
+        state.layout = ModelLayout.build(new, state.entry.manifest, state.layout.keys)
+        overrides = self.config.models.get(new)
+        if overrides is not None:
+            state.weight = overrides.weight
+            state.max_batch_size = overrides.max_batch_size
+        self.models[new] = state
+
+    async def probe_weights(self) -> ProbeResult | None:
+        """The cache's startup probe (see ``Scheduler.probe_weights``)."""
+        if self.cache is None or not self.cache.enabled:
+            return None
+        result: ProbeResult = await self.cache_op(self.cache.probe, _programs(dict(self.models)))
+        for name, costs in result.costs.items():
+            state = self.models.get(name)
+            if state is not None:
+                for key, cost in costs.items():
+                    state.cost.setdefault(key, cost)
+        for name, failures in result.failures.items():
+            for failure in failures:
+                log.warning("probe_failed", model=name, detail=failure)
+        return result
 
     # ---------------------------------------------------------------- device work
 
@@ -467,6 +617,29 @@ class DispatchLoop:
             finish(r)
         if inline:  # the loop thread ran it: let the waiters (and the network) have a turn
             await anyio.lowlevel.cancel_shielded_checkpoint()
+
+
+def _programs(states: dict[str, ModelState]) -> Callable[[str], Sequence[Program]]:
+    """The probe's view of the models: every compiled (variant, key) with zero inputs."""
+
+    def programs(name: str) -> list[Program]:
+        state = states.get(name)
+        if state is None:
+            return []
+        entry = state.entry
+
+        def run(
+            variant: int | None, key: int
+        ) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+            return lambda inputs: entry.execute(variant, key, inputs)
+
+        return [
+            ((variant, key), state.layout.zero_inputs(variant, key), run(variant, key))
+            for variant, keys in state.layout.keys.items()
+            for key in keys
+        ]
+
+    return programs
 
 
 __all__ = ["SHUTTING_DOWN", "DispatchLoop", "Phase"]

@@ -2,13 +2,16 @@
 
 ``InferenceCore.infer`` is what every inference transport calls (the unary gRPC handler today,
 a stream or REST handler the same way): it knows nothing of gRPC, HTTP/2 or call contexts, only
-a parsed request, the transport's own deadline and the worker's shared state. It is also the
+a parsed request, the transport's own deadline and its named collaborators (the model
+repository, the request observer, the shared-memory registry, the admission and the meta
+models' scratch pool). It is also the
 one place that calls the ModelInfer codec (``decode_infer_request`` / ``encode_infer_response``).
 
 A request's path, each step once:
 
-1. admission: a worker that is shutting down answers UNAVAILABLE; one at its concurrency cap
-   answers RESOURCE_EXHAUSTED and counts the shed request;
+1. admission (``serving.admission.Admission``, built by ``worker_admission``): a worker that
+   is shutting down answers UNAVAILABLE; one at its concurrency cap answers RESOURCE_EXHAUSTED
+   and counts the shed request;
 2. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
    NOT_FOUND), before any payload is decoded;
 3. decode (shared-memory inputs are leased here);
@@ -25,7 +28,7 @@ A request's path, each step once:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
@@ -38,13 +41,13 @@ from kserve_trio.core.errors import (
     Internal,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
     ServingError,
-    Unavailable,
 )
 from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.manifest import Manifest, TensorSpec
 from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.serving.admission import Admission
+from kserve_trio.worker.dispatch import SHUTTING_DOWN
 from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle
 from kserve_trio.worker.scheduler import RequestTrace
@@ -53,10 +56,12 @@ if TYPE_CHECKING:
     # The parsed ModelInfer request a transport hands over (the codec reads it; the core
     # itself reads only model_name, model_version and id).
     from kserve_trio.core.infer_wire import InferRequestMessage as ParsedInferRequest
+    from kserve_trio.core.shm import ShmRegistry
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.worker.hooks import Hook
-    from kserve_trio.worker.state import WorkerState
+    from kserve_trio.worker.observer import RequestObserver
+    from kserve_trio.worker.repository import ModelRepository
 
 InferReply = WirePieces
 """What ``codec.encode_infer_response`` returns and a transport sends as it is."""
@@ -82,7 +87,15 @@ class ResponseEncoder(Protocol[_Reply]):
     ) -> _Reply: ...
 
 
-SHUTTING_DOWN = "server is shutting down"
+def worker_admission(max_concurrent_requests: int, *, on_shed: Callable[[], None]) -> Admission:
+    """The worker's admission: a fixed cap (``endpoints.max_concurrent_requests``, 0 = none),
+    refused RESOURCE_EXHAUSTED past it and UNAVAILABLE once shutting down."""
+    return Admission(
+        lambda: max_concurrent_requests,
+        shutting_down=SHUTTING_DOWN,
+        over_cap=lambda cap: f"server is at its concurrency cap ({cap} requests in flight)",
+        on_shed=on_shed,
+    )
 
 
 def check_requested_outputs(
@@ -111,10 +124,21 @@ def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
 class InferenceCore:
     """Serves ModelInfer requests for one worker, whatever transport carried them."""
 
-    def __init__(self, state: WorkerState) -> None:
-        self._state = state
-        self._scheduler = state.scheduler
-        self._scratch: BufferPool | None = None
+    def __init__(
+        self,
+        *,
+        repository: ModelRepository,
+        observer: RequestObserver,
+        shm_registry: ShmRegistry | None,
+        admission: Admission,
+        meta_pool: BufferPool | None,
+    ) -> None:
+        self._repository = repository
+        self._scheduler = repository.scheduler
+        self._observer = observer
+        self._shm_registry = shm_registry
+        self._admission = admission
+        self._meta_pool = meta_pool
 
     @overload
     async def infer(
@@ -145,26 +169,17 @@ class InferenceCore:
         Raises the ``ServingError`` whose status the transport answers with; the observer has
         recorded the outcome by then.
         """
-        state = self._state
+        admission, registry = self._admission, self._shm_registry
         started = time.perf_counter_ns()
         status = "UNKNOWN"
         trace = RequestTrace()
         try:
-            if state.shutting_down:
-                raise Unavailable(SHUTTING_DOWN)
-            cap = state.max_concurrent_requests
-            if cap > 0 and state.inflight >= cap:
-                if state.metrics is not None:
-                    state.metrics.shed.inc()
-                raise ResourceExhausted(
-                    f"server is at its concurrency cap ({cap} requests in flight)"
-                )
-            state.inflight += 1
+            admission.admit_inference()
             try:
                 # One coroutine from admission to encode: every frame on this path is paid
                 # per request (docs/benchmarks.md counts them).
-                bundle = state.repository.lookup(request.model_name, request.model_version)
-                decoded = codec.decode_infer_request(request, state.shm_registry)
+                bundle = self._repository.lookup(request.model_name, request.model_version)
+                decoded = codec.decode_infer_request(request, registry)
                 try:
                     validate_request(bundle, decoded)
                     deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
@@ -186,14 +201,14 @@ class InferenceCore:
                         decoded.id,
                         outputs,
                         decoded.requested_outputs,
-                        state.shm_registry,
+                        registry,
                         model_version=codec.BUNDLE_VERSION,
                         zero_copy=True,
                     )
                 finally:
                     decoded.release()  # exactly once, cancelled or not
             finally:
-                state.inflight -= 1
+                admission.release_inference()
             status = "OK"
             return reply
         except ServingError as exc:
@@ -206,7 +221,7 @@ class InferenceCore:
             status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
             raise
         finally:
-            state.observer.finished(
+            self._observer.finished(
                 request.model_name,
                 status,
                 time.perf_counter_ns() - started,
@@ -216,16 +231,6 @@ class InferenceCore:
 
     # ---------------------------------------------------------------- meta models
 
-    def scratch_pool(self) -> BufferPool | None:
-        """The meta models' scratch ``BufferPool``, created on first use (None when disabled)."""
-        cfg = self._state.config
-        meta = cfg.meta if cfg is not None else None
-        if meta is None or not meta.pool_enabled:
-            return None
-        if self._scratch is None:
-            self._scratch = BufferPool(meta.fanout_bytes, meta.fanout_slots, name="meta_scratch")
-        return self._scratch
-
     async def _run_meta(
         self,
         bundle: ModelBundle,
@@ -234,10 +239,9 @@ class InferenceCore:
         trace: RequestTrace,
     ) -> list[NamedTensor]:
         """A meta's ``run`` as one scheduled unit on the device thread."""
-        state = self._state
         if deadline_ns and time.monotonic_ns() >= deadline_ns:
             raise DeadlineExceeded(bundle.name)
-        repository, cache = state.repository, state.cache
+        repository, cache = self._repository, self._scheduler.cache
 
         def resolve(callee: str) -> tuple[CompiledModel | _Acquiring, Hook | None, Hook | None]:
             sub = repository.get(callee)
@@ -251,7 +255,7 @@ class InferenceCore:
             bundle.manifest.meta_calls,
             resolve,
             deadline_ns=deadline_ns,
-            pool=self.scratch_pool(),
+            pool=self._meta_pool,
         )
         run = bundle.run
         if run is None:  # registry refuses a meta bundle whose model.py registered no run
@@ -296,4 +300,5 @@ __all__ = [
     "ResponseEncoder",
     "check_requested_outputs",
     "validate_request",
+    "worker_admission",
 ]

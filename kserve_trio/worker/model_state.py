@@ -5,13 +5,14 @@ model's queue, policy, learned costs and counters), the queued items (``QueuedRe
 ``DeviceUnit``) with their one-shot outcome (``finish``), and the bookkeeping on them that needs
 no event loop: recording a batch (``record_batch``), decaying the recent-compute EMA (``decay``)
 and the observability snapshot (``model_metrics``). The dispatch loop (``worker/dispatch.py``)
-and the model admin (``worker/model_admin.py``) mutate these; nothing here does I/O.
+(its model table methods included) mutates these; nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,14 +23,10 @@ import numpy as np
 from kserve_trio.core.errors import Internal
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.runtime.weight_cache import ManagedModel
+from kserve_trio.worker.disciplines import decay_ema, update_cost
 from kserve_trio.worker.hooks import Hook
-from kserve_trio.worker.planner import (
-    BatchPlan,
-    ModelLayout,
-    decay_ema,
-    update_cost,
-    wait_percentiles,
-)
+from kserve_trio.worker.layout import ModelLayout
+from kserve_trio.worker.planner import BatchPlan
 
 if TYPE_CHECKING:
     from kserve_trio.runtime.weight_cache import WeightCache
@@ -315,6 +312,21 @@ def model_metrics(
     )
 
 
+def nearest_rank(sorted_samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile: ``sorted[clamp(ceil(q*n), 1, n)]`` (1-based); 0 when empty."""
+    n = len(sorted_samples)
+    if n == 0:
+        return 0.0
+    rank = min(max(math.ceil(q * n), 1), n)
+    return float(sorted_samples[rank - 1])
+
+
+def wait_percentiles(samples: Sequence[float]) -> tuple[float, float]:
+    """(p50, p99) of queue-wait samples by nearest rank."""
+    ordered = sorted(samples)
+    return nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.99)
+
+
 __all__ = [
     "WAIT_SAMPLES",
     "CostKey",
@@ -328,6 +340,8 @@ __all__ = [
     "decay",
     "finish",
     "model_metrics",
+    "nearest_rank",
     "record_batch",
     "same_io",
+    "wait_percentiles",
 ]

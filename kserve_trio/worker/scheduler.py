@@ -10,8 +10,9 @@ device thread only sees the arrays and the model entry of the unit it runs.
 
 The pieces: ``worker/model_state.py`` (what is kept per model, the queued items, the metrics
 snapshot), ``worker/dispatch.py`` (the loop, its lifecycle and the discipline's choice of the
-next batch), ``worker/model_admin.py`` (the changes to the model table), ``worker/planner.py``
-(the pure planning rules) and ``worker/device.py`` (what runs on the device thread).
+next batch, and the changes to the model table), the pure rules in ``worker/disciplines.py``
+(the disciplines' arithmetic), ``worker/planner.py`` (the batch plan) and ``worker/layout.py``
+(what a request is to the plan), and ``worker/device.py`` (what runs on the device thread).
 
 A *unit* of device work is either a planned batch of one model or an arbitrary callable
 (``run_on_device``: meta models, control operations); callables are served before the
@@ -47,7 +48,6 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.runtime.weight_cache import NEEDS_CACHE, ProbeResult
-from kserve_trio.worker import model_admin
 from kserve_trio.worker.dispatch import DispatchLoop
 from kserve_trio.worker.hooks import Hook
 from kserve_trio.worker.model_state import (
@@ -126,13 +126,11 @@ class Scheduler:
         instead). With a weight cache the model is admitted there first, at the residency
         floor its ``scheduler.models`` block sets, as a device unit.
         """
-        await model_admin.add_model(
-            self._loop, entry, preprocess=preprocess, postprocess=postprocess, warm=warm
-        )
+        await self._loop.add_model(entry, preprocess=preprocess, postprocess=postprocess, warm=warm)
 
     async def remove_model(self, name: str) -> None:
         """Unload: queued requests get NOT_FOUND; returns once no execution of it is running."""
-        await model_admin.remove_model(self._loop, name)
+        await self._loop.remove_model(name)
 
     async def replace_model(
         self, entry: ModelEntry, *, preprocess: Hook | None = None, postprocess: Hook | None = None
@@ -148,14 +146,12 @@ class Scheduler:
         3. The live fair weight carries over; learned costs start afresh (the new version is
            warmed like a new model).
         """
-        await model_admin.replace_model(
-            self._loop, entry, preprocess=preprocess, postprocess=postprocess
-        )
+        await self._loop.replace_model(entry, preprocess=preprocess, postprocess=postprocess)
 
     def rename_model(self, old: str, new: str) -> None:
         """Rekey a loaded model (a renamed bundle directory): no recompilation, queued requests
         keep their place. The new name's configured policy applies when it has one."""
-        model_admin.rename_model(self._loop, old, new)
+        self._loop.rename_model(old, new)
 
     def has_model(self, name: str) -> bool:
         return name in self._loop.models
@@ -216,7 +212,7 @@ class Scheduler:
     async def probe_weights(self) -> ProbeResult | None:
         """The cache's startup isolation probe over every model's compiled programs;
         the measured times seed the learned costs like a warmup. None without a cache."""
-        return await model_admin.probe_weights(self._loop)
+        return await self._loop.probe_weights()
 
     # ---------------------------------------------------------------- requests
 

@@ -37,6 +37,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
+from kserve_trio.core.buffer_pool import BufferPool
 from kserve_trio.core.config import (
     ModelControlMode,
     ResidencyMode,
@@ -136,7 +137,7 @@ async def serve_async(
     from kserve_trio.serving.grpc import GrpcServer, Limits
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
-    from kserve_trio.worker.inference import InferenceCore
+    from kserve_trio.worker.inference import InferenceCore, worker_admission
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
     from kserve_trio.worker.observer import RequestObserver
     from kserve_trio.worker.registry import load_repository
@@ -162,18 +163,19 @@ async def serve_async(
         externally_managed=config.residency_mode is ResidencyMode.EXTERNALLY_MANAGED,
         compilations=metrics.compilations,
     )
+    admission = worker_admission(config.endpoints.max_concurrent_requests, on_shed=metrics.shed.inc)
     state = WorkerState(
         repository=repository,
         observer=RequestObserver(repository, metrics),
         config=config,
         platform=_platform(backend),
-        max_concurrent_requests=config.endpoints.max_concurrent_requests,
         limits=Limits(
             config.grpc.max_recv_msg_bytes,
             config.grpc.max_send_msg_bytes,
             config.grpc.compress_responses,
         ),
         shm_registry=ShmRegistry(),
+        admission=admission,
         metrics=metrics,
         cache=cache,
         backend=backend,
@@ -211,7 +213,18 @@ async def serve_async(
         watcher_scope = anyio.CancelScope()
         if config.model_control_mode is ModelControlMode.DYNAMIC:
             await tg.start(_run_watcher, config, state, backend, watcher_scope)
-        core = InferenceCore(state)
+        meta = config.meta
+        core = InferenceCore(
+            repository=repository,
+            observer=state.observer,
+            shm_registry=state.shm_registry,
+            admission=admission,
+            meta_pool=(
+                BufferPool(meta.fanout_bytes, meta.fanout_slots, name="meta_scratch")
+                if meta.pool_enabled
+                else None
+            ),
+        )
         service = InferenceService(state, core)
         http_port = 0
         if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
@@ -367,7 +380,8 @@ async def _serve_rest(
 
 
 async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:
-    state.shutting_down = True
+    if state.admission is not None:
+        state.admission.start_drain()
     state.streams.close()  # open ModelStreamInfer calls stop reading and end UNAVAILABLE
     await scheduler.stop()
     # New calls are still accepted meanwhile and answered UNAVAILABLE "server is shutting

@@ -35,6 +35,7 @@ from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import CallContext, Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
+from kserve_trio.serving.surface import SERVER_NAME, UNIMPLEMENTED_RPCS
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.state import WorkerState
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 
 log = get_logger("kserve_trio.worker.service")
 
-SERVER_NAME = "kserve_trio"
 _PREFIX = "/inference.GRPCInferenceService/"
 
 EXTENSIONS = (
@@ -98,13 +98,7 @@ class InferenceService:
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
         mapping[_PREFIX + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
-        later = {
-            "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
-            "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
-            "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
-            "TraceSetting": "trace settings are not supported",
-        }
-        for rpc, reason in later.items():
+        for rpc, reason in UNIMPLEMENTED_RPCS.items():
             mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason, lim))
         return mapping
 

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.manifests import DEPLOY, DOCKERFILES, ROOT, load_yaml_docs, parse_dockerfile
+from tests.ports import free_port
 
 DEPLOY_VENV_ENV = "KSERVE_TRIO_DEPLOY_VENV"
 K8S_VERSION = "1.32.0"
@@ -31,12 +31,6 @@ KUSTOMIZATIONS = {
     "cpu": DEPLOY / "k8s" / "overlays" / "cpu",
     "monitoring": DEPLOY / "monitoring",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kubectl() -> str:

@@ -26,7 +26,8 @@ from kserve_trio.gateway.routing import build_routing_table, make_policy
 from kserve_trio.proto import reactant_control as rc
 from kserve_trio.worker import metrics as worker_metrics
 from tests.deploy.manifests import DEPLOY, find, load_yaml_file, pod_spec, port_numbers
-from tests.gateway.procs import Gateway, Worker, free_port
+from tests.gateway.procs import Gateway, Worker
+from tests.ports import free_port
 
 GRAFANA = DEPLOY / "monitoring" / "grafana"
 PROMETHEUS = DEPLOY / "monitoring" / "prometheus"

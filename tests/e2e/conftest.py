@@ -5,18 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import free_port
 
 
 class WorkerProcess:

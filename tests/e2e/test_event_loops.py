@@ -20,7 +20,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.gateway.conftest import pki  # noqa: F401  (the session's throwaway PKI)
-from tests.gateway.procs import Gateway, Worker, free_port
+from tests.gateway.procs import Gateway, Worker
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,8 @@ from tritonclient.utils import InferenceServerException
 from kserve_trio.client import InferInput, InferOutput, KServeModel, infer_sync, kserve_shutdown
 from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
 from tests.e2e import reference as ref
-from tests.e2e.conftest import WorkerProcess, free_port
+from tests.e2e.conftest import WorkerProcess
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

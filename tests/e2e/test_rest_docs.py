@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import WorkerProcess, free_port
+from tests.e2e.conftest import WorkerProcess
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

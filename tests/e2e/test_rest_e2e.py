@@ -20,7 +20,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import reference as ref
-from tests.e2e.conftest import WorkerProcess, free_port
+from tests.e2e.conftest import WorkerProcess
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -23,12 +23,13 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+
+from tests.ports import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tools" / "triton_peer" / "models"
@@ -39,12 +40,6 @@ STOP_TIMEOUT = 20.0
 
 class PeerStartError(RuntimeError):
     """The Triton peer could not be started (the message says why, with the log tail)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def triton_venv() -> pathlib.Path:
@@ -118,7 +113,7 @@ class TritonPeer:
         libs = [libdir, str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in libs if p)
         env.pop("PYTHONPATH", None)
-        self.grpc_port, self.http_port, self.metrics_port = (_free_port() for _ in range(3))
+        self.grpc_port, self.http_port, self.metrics_port = (free_port() for _ in range(3))
         cmd = [
             str(binary),
             f"--model-repository={self.models}",

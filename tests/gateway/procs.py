@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,21 +15,7 @@ import urllib.request
 
 import tritonclient.grpc as grpcclient
 
-
-def free_port(*hosts: str) -> int:
-    """A port free on every one of ``hosts`` (127.0.0.1 by default)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((hosts[0] if hosts else "127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            for host in hosts[1:]:
-                with socket.socket() as t:
-                    t.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no port free on all of {hosts}")
+from tests.ports import free_port
 
 
 class Proc:

@@ -31,8 +31,8 @@ from kserve_trio.gateway.lpt_scheduler import LptStartupError
 from kserve_trio.gateway.server import serve_gateway, stop
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.procs import Gateway as GatewayProc
-from tests.gateway.procs import free_port
 from tests.gateway.test_prober import fleet
+from tests.ports import free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 LPT = SchedulingMode.LPT_PACKING

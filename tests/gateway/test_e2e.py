@@ -25,7 +25,8 @@ from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint, method_path
 from kserve_trio.proto import inference as pb
 from tests.e2e import reference as ref
-from tests.gateway.procs import Gateway, Worker, free_port
+from tests.gateway.procs import Gateway, Worker
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"

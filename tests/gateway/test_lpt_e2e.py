@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.proto import reactant_control as rc
-from tests.gateway.procs import Gateway, Worker, free_port
+from tests.gateway.procs import Gateway, Worker
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"

@@ -23,8 +23,9 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import reference as ref
-from tests.gateway.procs import Gateway, Worker, free_port
+from tests.gateway.procs import Gateway, Worker
 from tests.gateway.rest_relay import Relay
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"

@@ -13,7 +13,7 @@ import pytest
 
 from kserve_trio.gateway.config import GatewayConfig, ListenConfig
 from kserve_trio.gateway.server import serve_gateway
-from tests.gateway.procs import free_port
+from tests.ports import free_port
 
 G = "KSERVE_TRIO_GATEWAY_"
 

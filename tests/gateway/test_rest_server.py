@@ -151,7 +151,7 @@ def test_a_drain_answers_503_and_the_request_in_flight_finishes():
 def test_rest_ports_that_are_down_fail_over_then_answer_503_and_the_gateway_serves_on():
     import tritonclient.grpc as grpcclient
 
-    from tests.gateway.procs import free_port
+    from tests.ports import free_port
 
     with fleet(2) as (a, b):
         dead = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")

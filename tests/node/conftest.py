@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,29 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive ports that are free on 127.0.0.1 right now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def write_node(tmp_path: Path, repo: Path, base_port: int, extra: str = "") -> Path:

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from tests.node.conftest import ROOT, free_ports
+from tests.node.conftest import ROOT
+from tests.ports import free_ports
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

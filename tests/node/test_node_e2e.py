@@ -29,11 +29,11 @@ from tests.node.conftest import (
     NodeProcess,
     alive,
     children_of,
-    free_ports,
     processes_with_env,
     wait_ready,
     write_node,
 )
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.slow
 

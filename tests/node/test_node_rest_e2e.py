@@ -9,7 +9,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.e2e import reference as ref
-from tests.node.conftest import free_ports, wait_ready, write_node
+from tests.node.conftest import wait_ready, write_node
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -16,14 +16,16 @@ from kserve_trio.runtime import _xla
 from kserve_trio.runtime import backend as be_mod
 from kserve_trio.runtime.backend import (
     JaxBackend,
-    NumericsPlan,
     compile_count,
     free_weights,
+    transfer_to_device,
+)
+from kserve_trio.runtime.settings import (
+    NumericsPlan,
     numerics_token,
     plan_jax_settings,
     plan_numerics,
     tf32_capable,
-    transfer_to_device,
 )
 
 from .conftest import mlp_fn, rand
@@ -283,7 +285,7 @@ def test_cuda_backend_compiles_runs_frees_and_reports_memory():
         import numpy as np
         from kserve_trio.core.errors import ConfigError
         from kserve_trio.runtime import JaxBackend
-        from kserve_trio.runtime.backend import tf32_capable
+        from kserve_trio.runtime.settings import tf32_capable
         b = JaxBackend.create("cuda", allow_cpu_fallback=False, preallocate=False)
         assert b.platform == "cuda"
         exe = b.compile_module({SCALE4!r}.encode(), name="scale4")

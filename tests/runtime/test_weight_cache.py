@@ -545,7 +545,7 @@ def test_probe_failures_are_reported_not_raised(tmp_path):
 
 def test_probe_on_the_cpu_measures_real_scratch(backend, demo_bundles):
     from kserve_trio.runtime.model import load_compiled_model
-    from kserve_trio.worker.planner import ModelLayout
+    from kserve_trio.worker.layout import ModelLayout
 
     backend._cpu_memory_limit = 10 << 20
     try:

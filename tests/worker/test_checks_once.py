@@ -29,8 +29,8 @@ from tritonclient.utils import InferenceServerException
 from kserve_trio.core import codec, validation
 from kserve_trio.core.manifest import TensorSpec
 from kserve_trio.runtime import model as runtime_model
-from kserve_trio.worker import inference, planner, registry
-from kserve_trio.worker.planner import ModelLayout
+from kserve_trio.worker import inference, layout, registry
+from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.server import RunningServer, serve, stop
 from tests.e2e import reference as ref
@@ -75,7 +75,7 @@ def wrap_request_path(counts: Counts) -> None:
     counts.wrap(inference, "check_requested_outputs", "check_requested_outputs")
     counts.wrap(ModelLayout, "check_wire", "check_wire")
     counts.wrap(ModelLayout, "prepare", "prepare")
-    counts.wrap(planner, "check_executable_input", "check_executable_input")
+    counts.wrap(layout, "check_executable_input", "check_executable_input")
     counts.wrap(TensorSpec, "matches", "spec_matches")
     counts.wrap(codec, "encode_infer_response", "encode")
 

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from kserve_trio.serving.admin_http import route
 from kserve_trio.worker.metrics import LATENCY_BUCKETS, gpu_label, inject_labels
 from kserve_trio.worker.observer import UNKNOWN_MODEL
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 
 def test_inject_labels_adds_constant_labels_to_samples_only():

@@ -10,27 +10,23 @@ import pytest
 
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.worker.mock_backend import mock_manifest, tensor
-from kserve_trio.worker.planner import (
+from kserve_trio.worker.disciplines import (
     DEFAULT_COST_SECONDS,
-    BatchPlan,
     Candidate,
-    ModelLayout,
-    coalesce_inputs,
     deadline_expired,
     decay_ema,
     effective_cost,
     fair_priority,
     laxity_margin_ns,
-    nearest_rank,
-    plan_batch,
     select_edf,
     select_fair,
     select_fifo,
-    slice_outputs,
     update_cost,
-    wait_percentiles,
 )
+from kserve_trio.worker.layout import ModelLayout
+from kserve_trio.worker.mock_backend import mock_manifest, tensor
+from kserve_trio.worker.model_state import nearest_rank, wait_percentiles
+from kserve_trio.worker.planner import BatchPlan, coalesce_inputs, plan_batch, slice_outputs
 
 # ----------------------------------------------------------------------------- fair priority
 

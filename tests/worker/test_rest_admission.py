@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from kserve_trio.worker.server import serve, stop
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 BODY = json.dumps(
     {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -60,23 +60,23 @@ def test_the_cap_sheds_429_and_shutdown_is_503(worker):
     state = worker.state
     assert post(worker, "/v2/models/scale4/infer")[0] == 200
     shed_before = shed(worker)
-    state.inflight += 1  # one request in flight: the cap of 1 is reached
+    state.admission.inflight += 1  # one request in flight: the cap of 1 is reached
     try:
         assert post(worker, "/v2/models/scale4/infer") == (
             429,
             {"error": "server is at its concurrency cap (1 requests in flight)"},
         )
     finally:
-        state.inflight -= 1
+        state.admission.inflight -= 1
     assert shed(worker) == shed_before + 1
-    state.shutting_down = True
+    state.admission.draining = True
     try:
         assert post(worker, "/v2/models/scale4/infer") == (
             503,
             {"error": "server is shutting down"},
         )
     finally:
-        state.shutting_down = False
+        state.admission.draining = False
     status, doc = post(worker, "/v2/models/scale4/infer")
     assert status == 200 and doc["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]
 

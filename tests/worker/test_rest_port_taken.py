@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from tests.gateway.procs import free_port
+from tests.ports import free_port
 
 
 def test_a_taken_rest_port_fails_the_start_in_one_line(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from kserve_trio.worker.server import serve, stop
 from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PKI)
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 
 def start(demo_repo, pki, *, mutual: bool):  # noqa: F811

@@ -9,7 +9,7 @@ from tritonclient.utils import InferenceServerException
 
 from kserve_trio.worker import heartbeat
 from kserve_trio.worker.server import serve, stop
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 
 def start(repo, **overrides):

@@ -35,6 +35,7 @@ from kserve_trio.core.config._types import (
     parse_octal_mode,
 )
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.plain import is_int
 
 # ---------------------------------------------------------------------------------------------
 # Schema: every accepted key. A leaf is None; a nested mapping is a dict; _ANY matches any key.
@@ -109,18 +110,14 @@ def _check_keys(raw: Any, prefix: str, rel: str, schema: Mapping[str, Any]) -> N
 # Typed reads from a raw dict (YAML shape). Missing keys keep the dataclass default.
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def as_int(v: Any, path: str) -> int:
-    if not _is_int(v):
+    if not is_int(v):
         raise ConfigError(f"config '{path}' must be an integer (got {v!r})", path)
     return int(v)
 
 
 def as_float(v: Any, path: str) -> float:
-    if not (_is_int(v) or isinstance(v, float)):
+    if not (is_int(v) or isinstance(v, float)):
         raise ConfigError(f"config '{path}' must be a number (got {v!r})", path)
     return float(v)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from kserve_trio.core.config._types import ModelControlMode, NumericsMode, ServerConfig, TlsConfig
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.event_loops import EVENT_LOOPS
 
 
 def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
@@ -31,7 +32,7 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
         ),
         (
             "endpoints.event_loop",
-            ep.event_loop in ("", "uvloop", "asyncio", "trio"),
+            ep.event_loop in ("", *EVENT_LOOPS),
             "must be uvloop, asyncio or trio (empty: uvloop when installed)",
         ),
         ("grpc.max_recv_msg_bytes", cfg.grpc.max_recv_msg_bytes > 0, "must be positive"),

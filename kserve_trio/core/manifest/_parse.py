@@ -33,6 +33,7 @@ from kserve_trio.core.manifest._types import (
     TensorSpec,
     VariableAxis,
 )
+from kserve_trio.core.plain import is_int
 
 SUPPORTED_FORMAT_VERSIONS: tuple[str, ...] = ("2.0", "2")
 SUPPORTED_KINDS: tuple[str, ...] = ("model", "meta")
@@ -59,10 +60,6 @@ class _Where:
 
     def error(self, rule: str) -> ManifestError:
         return ManifestError(f"{self.prefix}: {rule}")
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _tname(v: object) -> str:
@@ -117,7 +114,7 @@ def _parse_tensor(raw: object, section: str, index: int, where: _Where) -> Tenso
             raise where.error(f"{t} dims key '{k}' is not a single ASCII letter")
         if k in BATCH_LETTERS:
             raise where.error(f"{t} dims key '{k}' is reserved for the batch axis")
-        if not _is_int(v):
+        if not is_int(v):
             raise where.error(f"{t} dims['{k}'] is not an integer (got {_tname(v)})")
         if not (v > 0 or v == -1):
             raise where.error(f"{t} dims['{k}']={v}; must be > 0 or -1")
@@ -184,7 +181,7 @@ def _parse_batching(raw: Mapping[str, Any], where: _Where) -> BatchingSpec:
     if not isinstance(sizes, list):
         raise where.error("'batching.compiled_batch_sizes' must be a list")
     for s in sizes:
-        if not _is_int(s):
+        if not is_int(s):
             raise where.error(
                 f"'batching.compiled_batch_sizes' entries must be integers (got {_tname(s)})"
             )
@@ -266,7 +263,7 @@ def _parse_input_shapes(
         for k, v in entry.items():
             if not (isinstance(k, str) and len(k) == 1 and k in _LETTERS):
                 raise where.error(f"{at} key '{k}' is not a single ASCII letter")
-            if not _is_int(v):
+            if not is_int(v):
                 raise where.error(f"{at}['{k}'] is not an integer (got {_tname(v)})")
             if v <= 0:
                 raise where.error(f"{at}['{k}']={v} must be > 0")

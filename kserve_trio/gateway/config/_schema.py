@@ -19,6 +19,7 @@ from kserve_trio.core.config import (
     read_block,
 )
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.event_loops import EVENT_LOOPS
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._types import (
     ALL_REPLICAS,
@@ -246,7 +247,7 @@ def build_gateway_config(
     http = _list(raw, "worker_http_endpoints")
     endpoints = _dedup_endpoints(endpoints, aligned=bool(names or metrics or http))
     event_loop = raw.get("event_loop") or ""
-    if event_loop not in ("", "uvloop", "asyncio", "trio"):
+    if event_loop not in ("", *EVENT_LOOPS):
         raise ConfigError(
             f"must be uvloop, asyncio or trio (empty: uvloop when installed), not {event_loop!r}",
             "event_loop",

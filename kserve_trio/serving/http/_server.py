@@ -214,8 +214,8 @@ class IdleReaper:
 
     A connection registers its cancel scope while it waits in ``receive`` and unregisters when
     bytes arrive, so a request being answered is never cut; one task (``run``) checks every
-    quarter of the limit. Measured: a timeout scope around every receive cost about 25 us per
-    request, a dictionary entry costs well under one.
+    quarter of the limit: a timeout scope around every receive cost far more per request than a
+    dictionary entry does (docs/benchmarks.md).
     """
 
     def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:

@@ -1,23 +1,6 @@
-"""The KServe V2 codec: ModelInfer messages <-> boundary ``NamedTensor`` values.
-
-This module is the codec's face: it owns request decode (``decode_infer_request``, from the
-``InferRequestMessage`` that ``core.infer_wire`` parses, to ``InferRequest``, the scheduler's
-transport-agnostic unit of work) and states the whole public surface once, re-exporting what the
-private modules implement:
-
-- ``_codec_shared``: the boundary types (``RequestedOutput``, ``ShmRef``, ``ShmRegistryLike``),
-  the request parameters (deadlines, Triton's ``timeout``, shared memory) and their accessors;
-- ``_codec_response``: ``encode_infer_response``, outputs straight to ``WirePieces``, and
-  ``response_outputs``, the output selection and shared-memory writes every encoder shares;
-- ``_codec_client``: the client's request encoders and response decoder;
-- ``_codec_meta``: the ModelMetadata and RepositoryIndex encoders.
-
-Everything here is pure: messages in, values out, no I/O besides the registry calls. Shapes are
-row-major on both sides: no axis is ever reversed here. Parameters are plain values
-(``core.wire.ParamValue``). Decoded arrays are ``np.frombuffer`` views of the received bytes or
-of the shared-memory mapping, never copies; the only decode path that allocates is typed
-``contents`` (Python lists must become arrays).
-"""
+"""Server side of the codec: a parsed ``ModelInferRequest`` decoded into an ``InferRequest``,
+the scheduler's transport-agnostic unit of work (zero-copy views of the body or of shared
+memory)."""
 
 from __future__ import annotations
 
@@ -28,41 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core._codec_client import (
-    decode_infer_response,
-    encode_infer_request,
-    encode_infer_request_shm,
-    raw_output_indices,
-)
-from kserve_trio.core._codec_meta import encode_model_metadata, encode_repository_index
-from kserve_trio.core._codec_response import encode_infer_response, response_outputs
-from kserve_trio.core._codec_shared import (
-    BUNDLE_VERSION,
-    INT64_MAX,
-    MAX_RANK,
-    MAX_TENSOR_BYTES,
-    SHM_BYTE_SIZE_PARAM,
-    SHM_OFFSET_PARAM,
-    SHM_REGION_PARAM,
-    TIMEOUT_NS_PARAM,
-    TRITON_TIMEOUT_PARAM,
-    RequestedOutput,
-    ShmRef,
-    ShmRegistryLike,
+from kserve_trio.core.codec._params import SHM_BYTE_SIZE_PARAM, deadline_from_parameters, shm_ref
+from kserve_trio.core.codec._tensors import (
     checked_nbytes,
-    combine_deadlines,
-    deadline_from_parameters,
-    deadline_params,
     from_buffer,
     from_typed,
-    in_shared_memory,
-    int64_param,
     shape_str,
-    shm_params,
-    shm_ref,
-    string_param,
     wire_dtype,
 )
+from kserve_trio.core.codec._types import RequestedOutput, ShmRef, ShmRegistryLike
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import InferRequestMessage
@@ -274,37 +231,3 @@ def decode_infer_request(
         raise
     request.inputs = [NamedTensor(p.msg.name, p.dtype, p.shape, arrays[id(p)]) for p in plans]
     return request
-
-
-__all__ = [
-    "BUNDLE_VERSION",
-    "INT64_MAX",
-    "MAX_RANK",
-    "MAX_TENSOR_BYTES",
-    "SHM_BYTE_SIZE_PARAM",
-    "SHM_OFFSET_PARAM",
-    "SHM_REGION_PARAM",
-    "TIMEOUT_NS_PARAM",
-    "TRITON_TIMEOUT_PARAM",
-    "InferRequest",
-    "RequestedOutput",
-    "ShmRef",
-    "ShmRegistryLike",
-    "combine_deadlines",
-    "deadline_from_parameters",
-    "deadline_params",
-    "decode_infer_request",
-    "decode_infer_response",
-    "encode_infer_request",
-    "encode_infer_request_shm",
-    "encode_infer_response",
-    "encode_model_metadata",
-    "encode_repository_index",
-    "in_shared_memory",
-    "int64_param",
-    "raw_output_indices",
-    "response_outputs",
-    "shm_params",
-    "shm_ref",
-    "string_param",
-]

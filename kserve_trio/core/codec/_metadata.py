@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from kserve_trio.core._codec_shared import BUNDLE_VERSION
+from kserve_trio.core.codec._types import BUNDLE_VERSION
 from kserve_trio.proto import inference as pb
 
 if TYPE_CHECKING:

@@ -11,16 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kserve_trio.core._codec_shared import (
-    SHM_BYTE_SIZE_PARAM,
-    RequestedOutput,
-    ShmRef,
-    ShmRegistryLike,
-    checked_array,
-    encoded_bytes,
-    payload,
-    shm_params,
-)
+from kserve_trio.core.codec._params import SHM_BYTE_SIZE_PARAM, shm_params
+from kserve_trio.core.codec._tensors import checked_array, encoded_bytes, payload
+from kserve_trio.core.codec._types import RequestedOutput, ShmRef, ShmRegistryLike
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import InferOutputTensor, WirePieces, infer_response_pieces
 from kserve_trio.core.tensor import NamedTensor

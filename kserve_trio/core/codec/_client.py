@@ -11,21 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kserve_trio.core._codec_shared import (
-    RequestedOutput,
-    ShmRef,
+from kserve_trio.core.bytes_tensor import encode_bytes_tensor
+from kserve_trio.core.codec._params import deadline_params, in_shared_memory, shm_params, shm_ref
+from kserve_trio.core.codec._tensors import (
     checked_array,
     checked_nbytes,
-    deadline_params,
     from_buffer,
     from_typed,
-    in_shared_memory,
     shape_str,
-    shm_params,
-    shm_ref,
     wire_dtype,
 )
-from kserve_trio.core.bytes_tensor import encode_bytes_tensor
+from kserve_trio.core.codec._types import RequestedOutput, ShmRef
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import (
     InferInputTensor,

@@ -1,0 +1,21 @@
+"""What both servers (worker and gateway) say about themselves on either protocol: the server
+name ``ServerMetadata`` reports, and the KServe/Triton RPCs neither answers with the reason the
+UNIMPLEMENTED (gRPC) or 501 (REST) reply gives. One owner, so the adapters cannot drift."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+SERVER_NAME = "kserve_trio"
+"""``ServerMetadata.name`` of the worker and the gateway."""
+
+UNIMPLEMENTED_RPCS: Mapping[str, str] = {
+    "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
+    "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
+    "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
+    "TraceSetting": "trace settings are not supported",
+}
+"""The ``inference.GRPCInferenceService`` RPCs no server here answers, with the reason."""
+
+
+__all__ = ["SERVER_NAME", "UNIMPLEMENTED_RPCS"]
