@@ -56,7 +56,8 @@ def demo_repo(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
-    """Server-side tests run on asyncio (grpclib is asyncio-only)."""
+    """Tests run on asyncio unless their module parametrizes ``anyio_backend`` itself (the
+    servers and the client run on trio too: tests/serving/grpc, tests/e2e/test_event_loops.py)."""
     return "asyncio"
 
 

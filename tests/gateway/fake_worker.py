@@ -52,8 +52,8 @@ Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
 def _peer_of(call: Call) -> Any:
-    """The client's (host, port) of ``call``'s connection: tells connections apart."""
-    return call._conn.stream.extra(anyio.abc.SocketAttribute.remote_address)
+    """The client's ``host:port`` of ``call``'s connection: tells connections apart."""
+    return call.peer
 
 
 def _remaining(call: Call) -> float | None:
@@ -94,7 +94,7 @@ class FakeWorker(ThreadedGrpcServer):
         self.encodings: list[str | None] = []  # each ModelInfer's grpc-encoding if compressed
         self.deadlines: list[float | None] = []
         self.metadata: list[dict] = []
-        self.peers: list[tuple] = []
+        self.peers: list[str] = []
         self.probes = 0
         self.in_flight = 0
         self.max_in_flight = 0

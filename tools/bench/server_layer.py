@@ -228,9 +228,10 @@ def main() -> int:
                         str(pki / "ca.pem"),
                     )
                 )
+        tls_servers = {id(t[2]) for t in plan if t[7]}
         for s in servers:
-            if s.kind == "gateway":
-                _wait_gateway(s)
+            if s.kind == "gateway" or id(s) in tls_servers:
+                _wait_ready(s, str(pki / "ca.pem") if id(s) in tls_servers else "")
             else:
                 s.wait_ready()
         runs: dict[tuple[str, str, int], list[dict]] = {}
@@ -285,10 +286,13 @@ def main() -> int:
     return 0
 
 
-def _wait_gateway(server: Server, timeout: float = 120.0) -> None:
+def _wait_ready(server: Server, ca: str, timeout: float = 300.0) -> None:
+    """ServerReady of a gateway or of a TLS server (``ca``: the CA to trust)."""
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(server.url)
+    client = grpcclient.InferenceServerClient(
+        server.url, ssl=bool(ca), root_certificates=ca or None
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:

@@ -39,6 +39,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import h2.exceptions
 
 from kserve_trio.core import compression
@@ -146,6 +147,17 @@ class Call:
         if self._metadata is None:
             self._metadata = custom_metadata(self.headers)
         return self._metadata
+
+    @property
+    def peer(self) -> str:
+        """The client's address as ``host:port`` (empty when the stream does not say)."""
+        try:
+            address = self._conn.stream.extra(anyio.abc.SocketAttribute.remote_address)
+        except anyio.TypedAttributeLookupError:
+            return ""
+        if isinstance(address, tuple):
+            return f"{address[0]}:{address[1]}"
+        return str(address)
 
     def header(self, name: str) -> str | None:
         """The first value of request header ``name``."""

@@ -118,7 +118,10 @@ class GrpcServer:
         self.connections.add(conn)
         if self._shutting_down:
             conn.start_drain()
-        await conn.run()
+        try:
+            await conn.run()
+        except Exception as exc:  # a bug in one connection must not end the server
+            log.error("connection_failed", error=repr(exc)[:500], exc_info=exc)
 
     def _closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
