@@ -63,11 +63,11 @@ def stack(request, demo_repo: pathlib.Path, pki: pathlib.Path):  # noqa: F811
         )
         gateway.wait_ready()
         yield _Stack(loop, workers, http_port, gateway)
-    finally:
-        if gateway is not None:
-            assert gateway.stop() == 0, gateway.logs()
-        for worker in workers:
-            assert worker.stop() == 0, worker.logs()
+    finally:  # every process is stopped before any exit status is judged
+        codes = [(gateway, gateway.stop())] if gateway is not None else []
+        codes += [(worker, worker.stop()) for worker in workers]
+        for proc, code in codes:
+            assert code == 0, proc.logs()
 
 
 def _input(rows: int = 3, seed: int = 0) -> tuple[np.ndarray, grpcclient.InferInput]:
