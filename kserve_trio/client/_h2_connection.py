@@ -55,6 +55,7 @@ from kserve_trio.client import _h2_frames as fr
 from kserve_trio.client._h2_call import _Call, _error_name
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.event_loops import asyncio_transport
 
 WINDOW_BYTES = 64 << 20
 """Our receive windows (connection and each stream): a large reply never waits for a
@@ -85,19 +86,6 @@ Buffer = bytes | bytearray | memoryview
 """What a queued frame piece or a message piece is."""
 
 
-def _asyncio_transport(stream: anyio.abc.ByteStream) -> tuple[Any, Any] | None:
-    """``(transport, protocol)`` of anyio's asyncio TCP stream, whose ``write`` takes the
-    bytes synchronously; None for any other stream (TLS, trio, a wrapper)."""
-    cls = type(stream)
-    if cls.__name__ != "SocketStream" or not cls.__module__.startswith("anyio._backends._asyncio"):
-        return None
-    transport = getattr(stream, "_transport", None)
-    protocol = getattr(stream, "_protocol", None)
-    if transport is None or not hasattr(protocol, "write_event"):
-        return None
-    return transport, protocol
-
-
 class Connection:
     """One HTTP/2 connection and the calls on it (see the module docstring for who reads and
     what received frames do)."""
@@ -116,7 +104,7 @@ class Connection:
         if self.sock is not None and hasattr(select, "poll"):
             self.poller = select.poll()
             self.poller.register(self.sock.fileno(), select.POLLIN)
-        self._direct = _asyncio_transport(stream)
+        self._direct = asyncio_transport(stream)
         # protocol state
         self.out: list[Buffer] = []  # frames queued for the socket
         self.decoder = hpack.Decoder()

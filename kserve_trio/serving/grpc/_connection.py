@@ -57,6 +57,7 @@ from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.grpc._call import Call
+from kserve_trio.serving.grpc._fast_io import FastIO, attach
 from kserve_trio.serving.grpc._headers import header_problem, timeout_seconds
 from kserve_trio.serving.grpc._settings import ServerSettings
 from kserve_trio.serving.grpc._status import encode_message, status_of
@@ -106,6 +107,7 @@ class Connection:
         self._tg: anyio.abc.TaskGroup | None = None
         self._read_scope = anyio.CancelScope()
         self._stash: list[bytes] = []
+        self._fast: FastIO | None = None
         self._write_pending = False
         self._writer_wake: anyio.Event | None = None
         self._writing = False
@@ -154,10 +156,14 @@ class Connection:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self._fast = attach(self.stream, self)
                 tg.start_soon(self._writer)
                 tg.start_soon(self._timer)
                 with self._read_scope:
-                    await self._read_loop()
+                    if self._fast is not None:
+                        await self._fast.lost.wait()  # the transport feeds us meanwhile
+                    else:
+                        await self._read_loop()
                 await self._flush_final()
                 tg.cancel_scope.cancel()
         finally:
@@ -176,7 +182,7 @@ class Connection:
     # ------------------------------------------------------------------ reading
 
     async def _read_loop(self) -> None:
-        conn = self.h2
+        """The reading of every stream but asyncio TCP's (``_fast_io``): bytes into ``feed``."""
         stream = self.stream
         while True:
             try:
@@ -185,26 +191,39 @@ class Connection:
                 return
             except OSError:
                 return
-            self._reads += 1
-            try:
-                events = conn.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
-                # h2 has queued its GOAWAY; send it and leave.
-                log.info("h2_protocol_error", error=str(exc)[:200])
-                self.want_write()
+            if not self.feed(data):
                 return
-            except Exception as exc:  # a parsing bug must never take the process down
-                log.warning("h2_receive_failed", error=repr(exc)[:200])
-                self._goaway_now(ErrorCodes.PROTOCOL_ERROR)
-                return
-            if events:
-                self._dispatch(events)
-            out = conn.data_to_send()
-            if out:
-                self._stash.append(out)
-                self.want_write()
-            if self.draining and not self.calls and self._last_stream_id != _MAX_STREAM_ID:
-                return
+
+    def _stop_reading(self) -> None:
+        """End the connection's reading (callable from a task or a transport callback)."""
+        if self._fast is not None:
+            self._fast.lost.set()
+        else:
+            self._read_scope.cancel()
+
+    def feed(self, data: bytes) -> bool:
+        """Received bytes into h2 and each event dispatched; False once the connection is to
+        stop reading (a protocol error, the end of a drain)."""
+        conn = self.h2
+        self._reads += 1
+        try:
+            events = conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            # h2 has queued its GOAWAY; send it and leave.
+            log.info("h2_protocol_error", error=str(exc)[:200])
+            self.want_write()
+            return False
+        except Exception as exc:  # a parsing bug must never take the process down
+            log.warning("h2_receive_failed", error=repr(exc)[:200])
+            self._goaway_now(ErrorCodes.PROTOCOL_ERROR)
+            return False
+        if events:
+            self._dispatch(events)
+        out = conn.data_to_send()
+        if out:
+            self._stash.append(out)
+            self.want_write()
+        return not (self.draining and not self.calls and self._last_stream_id != _MAX_STREAM_ID)
 
     def _dispatch(self, events: list[Any]) -> None:
         calls = self.calls
@@ -242,7 +261,7 @@ class Connection:
                 self._on_ping_ack(event.ping_data)
             elif kind is h2.events.ConnectionTerminated:
                 # The client's GOAWAY: h2 sends nothing more on this connection.
-                self._read_scope.cancel()
+                self._stop_reading()
             elif kind is h2.events.TrailersReceived:
                 call = calls.get(event.stream_id)
                 if call is not None:
@@ -434,7 +453,7 @@ class Connection:
                 self._idle = None
                 idle.set()
             if self.draining and self._last_stream_id != _MAX_STREAM_ID:
-                self._read_scope.cancel()
+                self._stop_reading()
 
     def _give_back(self, call: Call) -> None:
         owed = call._release()
@@ -469,7 +488,19 @@ class Connection:
         return self._writing and self._write_pending
 
     def want_write(self) -> None:
-        """Something is queued in h2 (or the stash): the writer takes it on its next turn."""
+        """Something is queued in h2 (or the stash): the writer takes it on its next turn, or,
+        on asyncio TCP with at most one call in flight (nothing to coalesce with), it goes to
+        the transport at once (no task switch on the latency path)."""
+        fast = self._fast
+        if (
+            fast is not None
+            and len(self.calls) <= 1
+            and not self._write_pending
+            and not self._writing
+            and not fast.paused
+        ):
+            self._write_now(fast)
+            return
         if not self._write_pending:
             self._write_pending = True
             wake = self._writer_wake
@@ -477,16 +508,34 @@ class Connection:
                 self._writer_wake = None
                 wake.set()
 
+    def _take(self) -> bytes:
+        """Everything queued for the socket, in order: the stash, then what h2 holds."""
+        data = self.h2.data_to_send()
+        if self._stash:
+            stash = self._stash
+            self._stash = []
+            if data:
+                stash.append(data)
+            data = b"".join(stash)
+        return data
+
+    def _write_now(self, fast: FastIO) -> None:
+        data = self._take()
+        if data and not fast.write(data):  # the transport is closing: the peer is gone
+            fast.lost.set()
+
     async def drained(self) -> None:
-        """Return once everything queued so far has been written to the socket."""
+        """Return once everything queued so far has been written to the socket (and, written
+        straight to an asyncio transport, its buffer is below its high-water mark again)."""
         while self._write_pending or self._writing:
             event = self._drained_event
             if event is None:
                 event = self._drained_event = anyio.Event()
             await event.wait()
+        if self._fast is not None:
+            await self._fast.writable()
 
     async def _writer(self) -> None:
-        conn = self.h2
         stream = self.stream
         try:
             while True:
@@ -498,21 +547,21 @@ class Connection:
                     wake = self._writer_wake = anyio.Event()
                     await wake.wait()
                 self._write_pending = False
-                data = conn.data_to_send()
-                if self._stash:
-                    stash = self._stash
-                    self._stash = []
-                    if data:
-                        stash.append(data)
-                    data = b"".join(stash)
+                data = self._take()
                 if data:
                     self._writing = True
                     try:
-                        await stream.send(data)
+                        fast = self._fast
+                        if fast is None:
+                            await stream.send(data)
+                        elif fast.write(data):
+                            await fast.writable()
+                        else:
+                            raise anyio.BrokenResourceError
                     finally:
                         self._writing = False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self._read_scope.cancel()  # the peer is gone
+            self._stop_reading()  # the peer is gone
         finally:
             self._write_pending = False
             drained = self._drained_event
@@ -591,7 +640,7 @@ class Connection:
             # A PING is out and unanswered past its timeout: the client is gone.
             log.info("keepalive_timeout")
             self._goaway_now(ErrorCodes.NO_ERROR, b"keepalive timeout")
-            self._read_scope.cancel()
+            self._stop_reading()
             return math.inf
         if self._reads != self._keepalive_reads:  # heard from the client since: wait again
             self._keepalive_reads = self._reads
@@ -626,14 +675,14 @@ class Connection:
         self._last_stream_id = self.h2.highest_inbound_stream_id
         self._inject(GoAwayFrame(0, last_stream_id=self._last_stream_id, error_code=0))
         if not self.calls:
-            self._read_scope.cancel()
+            self._stop_reading()
 
     def close_calls(self) -> None:
         """Cancel every call still running and close the connection (the drain's end)."""
         for call in list(self.calls.values()):
             self._reset_stream(call.stream_id, ErrorCodes.CANCEL)
             call._on_reset()
-        self._read_scope.cancel()
+        self._stop_reading()
 
     async def wait_idle(self) -> None:
         """Return once no call is running."""
