@@ -43,10 +43,19 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from noise import (
+    NOISY_CORES,
+    RETRIES,
+    cpu_seconds,
+    load_average,
+    machine_busy_seconds,
+)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "tools" / "bench"
 PY = sys.executable
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 BATCH_SIZES = [1, 2, 4, 8, 16, 32]
 PINNED = (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
 
@@ -66,11 +75,6 @@ CASES = {
     "mlp": ("1,16", "mlp", "output", ("ours16",), (1, 8), "none"),
     "echo": ("1,16", "echo", "INPUT0", ("echo", "floor"), (1, 8, 32), "identity"),
 }
-
-NOISY_CORES = 0.10
-"""A point where processes other than the server and the load generator used more than this
-many cores over the window is measured again (up to ``RETRIES`` times), then reported as noisy."""
-RETRIES = 2
 
 
 def pin(cpu: int) -> list[str]:
@@ -94,29 +98,6 @@ def _descendants(pid: int) -> list[int]:
         except OSError:
             pass
     return out
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds every core of the machine has spent busy so far (``/proc/stat``)."""
-    fields = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-def load_average() -> float:
-    return float(pathlib.Path("/proc/loadavg").read_text().split()[0])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of ``pid`` and every live descendant."""
-    total = 0
-    for p in _descendants(pid):
-        try:
-            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
 
 
 # ------------------------------------------------------------------------------ repositories
