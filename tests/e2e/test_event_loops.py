@@ -42,7 +42,11 @@ def stack(request, demo_repo: pathlib.Path, pki: pathlib.Path):  # noqa: F811
         demo_repo,
         "127.0.0.1",
         free_port(),
-        env={**common, "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT": str(http_port)},
+        env={
+            **common,
+            "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT": str(http_port),
+            "KSERVE_TRIO_GRPC_FAST_UNARY": "0",  # a switch that no longer exists
+        },
     )
     second = Worker(demo_repo, "127.0.0.1", free_port(), env=common)
     workers = [first, second]
@@ -193,3 +197,16 @@ def test_rest_inference(stack: _Stack):
         reply = json.loads(response.read())
     out = np.array(reply["outputs"][0]["data"], np.float32).reshape(reply["outputs"][0]["shape"])
     np.testing.assert_allclose(out, _reference(stack, x), rtol=1e-5)
+
+
+def test_logs_are_json_lines_and_a_removed_switch_is_named(stack: _Stack):
+    """Runs last: every line the servers logged through the tests above (expired deadlines,
+    cancellations, a TLS gateway) is a JSON object, and the worker started with a removed
+    switch said so by name."""
+    for proc in (*stack.workers, stack.gateway):
+        for line in proc.logs().splitlines():
+            if line.strip():
+                assert isinstance(json.loads(line), dict), line
+    events = [json.loads(line) for line in stack.workers[0].logs().splitlines() if line.strip()]
+    removed = [e for e in events if e.get("event") == "removed_switch_ignored"]
+    assert [e["variable"] for e in removed] == ["KSERVE_TRIO_GRPC_FAST_UNARY"]
