@@ -5,7 +5,9 @@ closed loop over tritonclient's aio client, in its own process) to CPU 1. Report
 requests/s, p50/p99 latency, the server's CPU time per request (utime+stime of every thread,
 from /proc, over the measured window) and, for worker cases, the scheduler's mean batch size
 (requests per device execution, from /metrics). A single-thread memcpy of the large payload is
-measured in the same run as the yardstick for the shared-memory case.
+measured in the same run as the yardstick for the shared-memory case. Each point applies the
+clean-run rule of tools/bench/noise.py (others' CPU and the load average over the window; a
+point where others used over ``NOISY_CORES`` is measured again, and reported as noisy).
 
 Usage: python tools/bench/run.py [--duration 5] [--quick] [--only echo,mlp,...] [--json FILE]
        [--no-uvloop]
@@ -31,6 +33,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "tools" / "bench"
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from noise import Window, clean_point  # noqa: E402
 
 
 def free_port() -> int:
@@ -147,6 +152,23 @@ def run_case(
     duration: float,
     shm: bool,
 ) -> dict:
+    """One clean point (``noise.clean_point``): ``_run_case_once`` again while it is noisy."""
+    return clean_point(
+        lambda: _run_case_once(server, model, shape, out_shape, output, conc, duration, shm),
+        f"{model} c={conc}",
+    )
+
+
+def _run_case_once(
+    server: Server,
+    model: str,
+    shape: str,
+    out_shape: str,
+    output: str,
+    conc: int,
+    duration: float,
+    shm: bool,
+) -> dict:
     cmd = [
         "taskset",
         "-c",
@@ -174,15 +196,18 @@ def run_case(
         cmd.append("--shm")
     gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert gen.stdout is not None
+    window = Window([server.proc.pid, gen.pid])
     served0, disp0 = 0.0, 0.0
     cpu0 = 0.0
     result = None
     for line in gen.stdout:
         if line.startswith("WINDOW_START"):
+            window.start()
             cpu0 = cpu_seconds(server.proc.pid)
             served0, disp0 = server.served_and_dispatches(model)
         elif line.startswith("{"):
             cpu1 = cpu_seconds(server.proc.pid)
+            window.stop()
             result = json.loads(line)
     gen.wait()
     if result is None:
@@ -192,7 +217,7 @@ def run_case(
     result["server_cpu_ms_per_request"] = round((cpu1 - cpu0) / n * 1e3, 3)
     if disp1 > disp0:
         result["mean_batch"] = round((served1 - served0) / (disp1 - disp0), 2)
-    return result
+    return window.record(result)
 
 
 def memcpy_gbps(nbytes: int) -> float:
@@ -263,8 +288,11 @@ def main() -> int:
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} commit {commit} uvloop={'off' if args.no_uvloop else 'on'}"
     )
-    print("| case | c | req/s | p50 ms | p99 ms | server CPU ms/req | mean batch | MB/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| case | c | req/s | p50 ms | p99 ms | server CPU ms/req | mean batch | MB/s "
+        "| others' cores |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     servers: dict[str, Server] = {}
     try:
         for name, kind, model, shape, out_shape, output, concs, shm in CASES:
@@ -280,7 +308,8 @@ def main() -> int:
                 results.append(r)
                 print(
                     f"| {name} | {c} | {r['rps']} | {r['p50_ms']} | {r['p99_ms']} | "
-                    f"{r['server_cpu_ms_per_request']} | {r.get('mean_batch', '')} | {mbps:.0f} |",
+                    f"{r['server_cpu_ms_per_request']} | {r.get('mean_batch', '')} | {mbps:.0f} | "
+                    f"{r['others_cores']:.3f}{' noisy' if r.get('noisy') else ''} |",
                     flush=True,
                 )
                 if r["errors"]:
