@@ -8,7 +8,10 @@ client process running a closed loop of ``KServeModel.infer`` calls (``mlp``, on
 input, inline) at a given concurrency on one event loop, with one transport. It reports
 requests/s, p50 / p99 latency and the client process's CPU time (user + system, all threads)
 per request over the measurement window. Configurations are interleaved round by round and the
-medians of the rounds are printed as a Markdown table (and as JSON with ``--json``).
+medians of the rounds are printed as a Markdown table (and as JSON with ``--json``). Each point
+applies the clean-run rule of tools/bench/noise.py (others' CPU and the load average over the
+window, sampled at the client's ``WINDOW_START``/``WINDOW_END`` lines; a point where others used
+over ``NOISY_CORES`` is measured again, and reported as noisy).
 
 Usage:
     python tools/bench/client_transport.py [--repo DIR] [--rounds 3] [--duration 5]
@@ -29,6 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from noise import Window, clean_point
 
 CONFIGS = (
     ("h2", "asyncio"),
@@ -76,12 +83,14 @@ def _child(args: argparse.Namespace) -> None:
                     tg.start_soon(worker)
                 await anyio.sleep(args.warmup)
                 counting = True
+                print("WINDOW_START", flush=True)
                 ru0 = resource.getrusage(resource.RUSAGE_SELF)
                 t_start = time.perf_counter()
                 stop_at = t_start + args.duration
                 await anyio.sleep(args.duration)
                 elapsed = time.perf_counter() - t_start
                 ru1 = resource.getrusage(resource.RUSAGE_SELF)
+                print("WINDOW_END", flush=True)
                 n = len(latencies)
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         latencies.sort()
@@ -139,6 +148,27 @@ def _wait_ready(url: str, timeout: float = 120.0) -> None:
     raise RuntimeError(f"the worker at {url} was not ready within {timeout:.0f}s")
 
 
+def _point(cmd: list[str], worker_pid: int) -> dict:
+    """One client process; the noise window is sampled at its WINDOW_START / WINDOW_END lines."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdout is not None
+        window = Window([worker_pid, proc.pid])
+        lines = []
+        for line in proc.stdout:
+            if line.startswith("WINDOW_START"):
+                window.start()
+            elif line.startswith("WINDOW_END"):
+                window.stop()
+            else:
+                lines.append(line)
+        out = "".join(lines)
+        if proc.wait():
+            err.seek(0)
+            raise subprocess.CalledProcessError(proc.returncode, cmd, out, err.read())
+    return window.record(json.loads(out.strip().splitlines()[-1]))
+
+
 def _run(args: argparse.Namespace) -> list[dict]:
     tmp = tempfile.mkdtemp(prefix="client-transport-bench-")
     repo = pathlib.Path(args.repo) if args.repo else pathlib.Path(tmp) / "models"
@@ -174,30 +204,27 @@ def _run(args: argparse.Namespace) -> list[dict]:
         for rnd in range(args.rounds):
             for c in concurrencies:
                 for transport, backend in configs:
-                    out = subprocess.run(
-                        [
-                            *_pin(args.client_cpu),
-                            sys.executable,
-                            __file__,
-                            "--child",
-                            "--url",
-                            url,
-                            "--transport",
-                            transport,
-                            "--backend",
-                            backend,
-                            "--concurrency",
-                            str(c),
-                            "--warmup",
-                            str(args.warmup),
-                            "--duration",
-                            str(args.duration),
-                        ],
-                        check=True,
-                        capture_output=True,
-                        text=True,
-                    ).stdout
-                    row = json.loads(out.strip().splitlines()[-1])
+                    cmd = [
+                        *_pin(args.client_cpu),
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        "--url",
+                        url,
+                        "--transport",
+                        transport,
+                        "--backend",
+                        backend,
+                        "--concurrency",
+                        str(c),
+                        "--warmup",
+                        str(args.warmup),
+                        "--duration",
+                        str(args.duration),
+                    ]
+                    row = clean_point(
+                        lambda cmd=cmd: _point(cmd, worker.pid), f"{transport}/{backend} c={c}"
+                    )
                     row["round"] = rnd
                     results.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -224,14 +251,17 @@ def summarize(results: list[dict]) -> list[dict]:
             values = [r[field] for r in runs]
             row[field] = statistics.median(values)
             row[field + "_range"] = (min(values), max(values))
+        row["others_cores"] = max(r["others_cores"] for r in runs)
+        row["noisy"] = any(r.get("noisy") for r in runs)
         rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| c | transport | loop | req/s | p50 (ms) | p99 (ms) | client CPU/req (µs) |",
-        "|---|---|---|---|---|---|---|",
+        "| c | transport | loop | req/s | p50 (ms) | p99 (ms) | client CPU/req (µs) "
+        "| others' cores (max) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["cpu_us_per_req_range"]
@@ -239,7 +269,8 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['concurrency']} | {r['transport']} | {r['loop']} | "
             f"{r['rps']:.0f} [{rlo:.0f}-{rhi:.0f}] | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['cpu_us_per_req']:.0f} [{lo:.0f}-{hi:.0f}] |"
+            f"{r['cpu_us_per_req']:.0f} [{lo:.0f}-{hi:.0f}] | "
+            f"{r['others_cores']:.3f}{' noisy' if r['noisy'] else ''} |"
         )
     return "\n".join(lines)
 

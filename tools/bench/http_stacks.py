@@ -17,7 +17,9 @@ The load generator runs in this process: ``--concurrency`` keep-alive connection
 request in flight (a closed loop on raw asyncio streams, so the client costs as little of the
 two cores as possible). Rounds interleave the candidates. Reported per candidate and case: the
 median req/s over rounds and the server's CPU time per request (utime+stime of the server
-process over the measured window, from /proc).
+process over the measured window, from /proc). Each point applies the clean-run rule of
+tools/bench/noise.py (others' CPU and the load average over the window; a point where others used
+over ``NOISY_CORES`` is measured again, and reported as noisy).
 
 Usage: python tools/bench/http_stacks.py [--seconds 3] [--rounds 3] [--concurrency 1,8]
 """
@@ -28,11 +30,16 @@ import argparse
 import asyncio
 import json
 import os
+import pathlib
 import socket
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from noise import Window, clean_point
 
 STACKS = ("h11", "httptools", "serving.http", "uvicorn-httptools", "uvicorn-h11", "hypercorn")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -270,7 +277,22 @@ def _wait(port: int) -> None:
     raise RuntimeError(f"server on {port} did not start")
 
 
-def measure(stack: str, cases, seconds: float) -> dict[str, tuple[float, float]]:
+def _point(pid: int, port: int, kind: str, c: int, seconds: float) -> dict:
+    """One window of load: req/s and the server's CPU us per request, with the noise record.
+
+    The load generator is this process; the server is its child, so ``include_self`` (this
+    process and its live descendants) covers both.
+    """
+    window = Window([], include_self=True)
+    window.start()
+    cpu0, t0 = _cpu(pid), time.perf_counter()
+    n = asyncio.run(_load(port, kind, c, seconds))
+    wall, cpu = time.perf_counter() - t0, _cpu(pid) - cpu0
+    window.stop()
+    return window.record({"rps": n / wall, "cpu_us": cpu / max(n, 1) * 1e6})
+
+
+def measure(stack: str, cases, seconds: float) -> dict[str, dict]:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve", stack, str(port)])
     try:
@@ -278,10 +300,17 @@ def measure(stack: str, cases, seconds: float) -> dict[str, tuple[float, float]]
         asyncio.run(_load(port, "get", 1, 0.5))  # warm up
         out = {}
         for kind, c in cases:
-            cpu0, t0 = _cpu(proc.pid), time.perf_counter()
-            n = asyncio.run(_load(port, kind, c, seconds))
-            wall, cpu = time.perf_counter() - t0, _cpu(proc.pid) - cpu0
-            out[f"{kind} c={c}"] = (n / wall, cpu / max(n, 1) * 1e6)
+            point = clean_point(
+                lambda kind=kind, c=c: _point(proc.pid, port, kind, c, seconds),
+                f"{stack} {kind} c={c}",
+            )
+            out[f"{kind} c={c}"] = point
+            print(
+                f"{stack} {kind} c={c}: {point['rps']:,.0f} req/s, {point['cpu_us']:.0f} us CPU, "
+                f"others {point['others_cores']:.3f} cores, load {point['load']}"
+                + (" NOISY" if point.get("noisy") else ""),
+                flush=True,
+            )
             if ERRORS:
                 print(f"{stack} {kind} c={c}: {len(ERRORS)} dropped connections", ERRORS[0])
                 ERRORS.clear()
@@ -306,7 +335,7 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     cases = [(kind, c) for kind in ("get", "post") for c in levels]
     stacks = args.stacks.split(",")
-    results: dict[str, dict[str, list[tuple[float, float]]]] = {s: {} for s in stacks}
+    results: dict[str, dict[str, list[dict]]] = {s: {} for s in stacks}
     for _ in range(args.rounds):
         for stack in stacks:
             for case, figures in measure(stack, cases, args.seconds).items():
@@ -318,10 +347,20 @@ def main() -> None:
         cells = []
         for kind, c in cases:
             rows = results[stack][f"{kind} c={c}"]
-            rps = statistics.median(r[0] for r in rows)
-            cpu = statistics.median(r[1] for r in rows)
-            cells.append(f"{rps:,.0f} req/s, {cpu:.0f} us CPU")
-            summary.setdefault(stack, {})[f"{kind} c={c}"] = {"rps": rps, "cpu_us": cpu}
+            rps = statistics.median(r["rps"] for r in rows)
+            cpu = statistics.median(r["cpu_us"] for r in rows)
+            others = max(r["others_cores"] for r in rows)
+            noisy = any(r.get("noisy") for r in rows)
+            cells.append(
+                f"{rps:,.0f} req/s, {cpu:.0f} us CPU, others {others:.3f}"
+                + (" noisy" if noisy else "")
+            )
+            summary.setdefault(stack, {})[f"{kind} c={c}"] = {
+                "rps": rps,
+                "cpu_us": cpu,
+                "others_cores": others,
+                "noisy": noisy,
+            }
         print(f"| {stack} | {' | '.join(cells)} |")
     if args.json:
         with open(args.json, "w") as f:
