@@ -13,6 +13,11 @@ binary, c=1 and 8, rounds alternating the servers' order; CPU is the measured pr
 it is installed: it is no longer a dependency) against the project's own HTTP server answering
 with the request body: client CPU and wall time per sequential keep-alive POST, 200 B and 0.6 MB.
 
+Each point (a level, or a client's timed run) applies the clean-run rule of tools/bench/noise.py
+(others' CPU and the load average over the window, sampled at the load generator's
+``WINDOW_START``/``WINDOW_END`` lines; a point where others used over ``NOISY_CORES`` is measured
+again, and reported as noisy).
+
 Usage: python tools/bench/rest_forward.py [--duration 3] [--rounds 2] [--json FILE]
        python tools/bench/rest_forward.py --clients [--requests 3000]
 """
@@ -34,9 +39,11 @@ BENCH = ROOT / "tools" / "bench"
 PY = sys.executable
 sys.path.insert(0, str(BENCH))
 
+import rest_peer  # noqa: E402
 from gateway import build_repository  # noqa: E402  (the identity bundles)
-from rest_peer import CASES, run_level, start_rest_worker, wait_http  # noqa: E402
-from run import free_port  # noqa: E402
+from noise import Window, clean_point  # noqa: E402
+from rest_peer import CASES, check_reply, request_body, start_rest_worker, wait_http  # noqa: E402
+from run import cpu_seconds, free_port  # noqa: E402
 
 G = "KSERVE_TRIO_GATEWAY_"
 
@@ -69,10 +76,13 @@ def _client_run(name: str, port: int, n: int, size: int) -> tuple[float, float]:
     async def timed(one) -> tuple[float, float]:
         for _ in range(100):
             await one()
+        print("WINDOW_START", flush=True)
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(n):
             await one()
-        return (time.process_time() - cpu) / n, (time.perf_counter() - wall) / n
+        out = (time.process_time() - cpu) / n, (time.perf_counter() - wall) / n
+        print("WINDOW_END", flush=True)
+        return out
 
     async def with_ours():
         from kserve_trio.serving.http import HttpClient
@@ -145,6 +155,35 @@ def _client_run(name: str, port: int, n: int, size: int) -> tuple[float, float]:
     return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": True})
 
 
+def _window_run(cmd: list[str], pids: list[int]) -> tuple[Window, str]:
+    """Run ``cmd`` (a load generator), the noise window sampled at its WINDOW_START/END lines.
+
+    ``pids`` (the processes under test) and the load generator are not "others". Returns the
+    window and the rest of its stdout; a failed run raises ``CalledProcessError``.
+    """
+    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert gen.stdout is not None
+    window = Window([*dict.fromkeys(pids), gen.pid])
+    lines = []
+    for line in gen.stdout:
+        if line.startswith("WINDOW_START"):
+            window.start()
+        elif line.startswith("WINDOW_END"):
+            window.stop()
+        else:
+            lines.append(line)
+    if gen.wait():
+        raise subprocess.CalledProcessError(gen.returncode, cmd)
+    return window, "".join(lines)
+
+
+def _client_point(name: str, port: int, count: int, size: int, server_pid: int) -> dict:
+    cmd = [PY, __file__, "--client", name, str(port), str(count), str(size)]
+    window, out = _window_run(cmd, [server_pid])
+    cpu, wall = json.loads(out.strip().splitlines()[-1])
+    return window.record({"cpu": cpu, "wall": wall})
+
+
 def clients(n: int) -> None:
     port = free_port()
     server = subprocess.Popen([PY, __file__, "--echo-server", str(port)])
@@ -155,15 +194,16 @@ def clients(n: int) -> None:
                 if name == "aiohttp" and importlib.util.find_spec("aiohttp") is None:
                     print("aiohttp  not installed (no longer a dependency): skipped")
                     continue
-                out = subprocess.run(
-                    [PY, __file__, "--client", name, str(port), str(count), str(size)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.strip()
-                cpu, wall = json.loads(out)
+                r = clean_point(
+                    lambda name=name, count=count, size=size: _client_point(
+                        name, port, count, size, server.pid
+                    ),
+                    f"{name} {size} B",
+                )
                 print(
-                    f"{name:8s} {size:>7d} B  cpu {cpu * 1e6:6.0f} us/req  wall {wall * 1e6:6.0f}"
+                    f"{name:8s} {size:>7d} B  cpu {r['cpu'] * 1e6:6.0f} us/req  "
+                    f"wall {r['wall'] * 1e6:6.0f}  others {r['others_cores']:.3f} cores, "
+                    f"load {r['load']}" + (" NOISY" if r.get("noisy") else "")
                 )
     finally:
         server.terminate()
@@ -171,6 +211,51 @@ def clients(n: int) -> None:
 
 
 # ---------------------------------------------------------------------------- forward vs translate
+
+
+def run_level(server: dict, case, duration: float, worker_pid: int) -> dict:
+    """``rest_peer.run_level``, one clean point (``noise.clean_point``) of ``_run_level_once``."""
+    return clean_point(
+        lambda: _run_level_once(server, case, duration, worker_pid),
+        f"{case[0]} c={case[3]} {server['label']}",
+    )
+
+
+def _run_level_once(server: dict, case, duration: float, worker_pid: int) -> dict:
+    """``rest_peer.run_level`` with a noise window over the server, the worker and the load."""
+    name, shape, binary, conc = case
+    body, header_length, x = request_body(server["input"], shape, binary)
+    path = server["path"](shape)
+    check_reply(
+        f"http://127.0.0.1:{server['port']}{path}", body, header_length, x, server["output"]
+    )
+    body_file = pathlib.Path(f"/tmp/kserve_trio_rest_bench_{os.getpid()}.bin")
+    body_file.write_bytes(body)
+    cmd = [
+        PY, rest_peer.__file__, "--load", str(server["port"]), path, str(body_file),
+        "" if header_length is None else str(header_length), str(conc), str(duration),
+    ]  # fmt: skip
+    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert gen.stdout is not None
+    pid = server["proc"].pid
+    window = Window([*dict.fromkeys([pid, worker_pid]), gen.pid])
+    cpu0 = cpu1 = 0.0
+    result = None
+    for line in gen.stdout:
+        if line.startswith("WINDOW_START"):
+            window.start()
+            cpu0 = cpu_seconds(pid)
+        elif line.startswith("WINDOW_END"):
+            cpu1 = cpu_seconds(pid)
+            window.stop()
+        elif line.startswith("{"):
+            result = json.loads(line)
+    gen.wait()
+    body_file.unlink(missing_ok=True)
+    if result is None:
+        raise RuntimeError(f"the load generator failed ({name} c={conc} on {server['label']})")
+    result["server_cpu_us"] = (cpu1 - cpu0) / max(result["requests"], 1) * 1e6
+    return window.record(result)
 
 
 def _gateway(worker_grpc: int, http_port: int, rest: str | None) -> subprocess.Popen:
@@ -216,7 +301,7 @@ def ab(args: argparse.Namespace) -> None:
             runs: dict[str, list[dict]] = {s["label"]: [] for s in servers}
             for r in range(args.rounds):
                 for server in servers if r % 2 == 0 else servers[::-1]:
-                    runs[server["label"]].append(run_level(server, case, args.duration))
+                    runs[server["label"]].append(run_level(server, case, args.duration, worker.pid))
             row: dict = {"case": case[0], "concurrency": case[3]}
             for label, results in runs.items():
                 row[label] = {
@@ -224,7 +309,11 @@ def ab(args: argparse.Namespace) -> None:
                     for k in ("rps", "p50_ms", "p99_ms", "server_cpu_us")
                 }
                 row[label]["errors"] = sum(x["errors"] for x in results)
+                row[label]["others_cores"] = max(x["others_cores"] for x in results)
+                row[label]["noisy"] = any(x.get("noisy") for x in results)
             rows.append(row)
+            others = max(row[s]["others_cores"] for s in ("direct", "forward", "translate"))
+            noisy = any(row[s]["noisy"] for s in ("direct", "forward", "translate"))
             print(
                 f"| {row['case']} | {row['concurrency']} | "
                 + " | ".join(f"{row[s]['rps']:,.0f}" for s in ("direct", "forward", "translate"))
@@ -237,7 +326,7 @@ def ab(args: argparse.Namespace) -> None:
                 + " | ".join(f"{row[s]['server_cpu_us']:.0f}" for s in ("forward", "translate"))
                 + " | "
                 + str(sum(row[s]["errors"] for s in ("direct", "forward", "translate")))
-                + " |",
+                + f" | {others:.3f}{' noisy' if noisy else ''} |",
                 flush=True,
             )
         if args.json:
