@@ -151,13 +151,7 @@ class Call:
     @property
     def peer(self) -> str:
         """The client's address as ``host:port`` (empty when the stream does not say)."""
-        try:
-            address = self._conn.stream.extra(anyio.abc.SocketAttribute.remote_address)
-        except anyio.TypedAttributeLookupError:
-            return ""
-        if isinstance(address, tuple):
-            return f"{address[0]}:{address[1]}"
-        return str(address)
+        return self._conn.peer()
 
     def header(self, name: str) -> str | None:
         """The first value of request header ``name``."""

@@ -93,12 +93,14 @@ class Connection:
 
     def __init__(
         self,
-        stream: anyio.abc.ByteStream,
+        stream: anyio.abc.ByteStream | None,
         methods: Mapping[str, Method],
         settings: ServerSettings,
         on_closed: RequestDone,
+        fast: FastIO | None = None,
     ) -> None:
         self.stream = stream
+        self._native = fast
         self.methods = methods
         self.settings = settings
         self._on_closed = on_closed
@@ -156,7 +158,11 @@ class Connection:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                self._fast = attach(self.stream, self)
+                if self._native is not None:
+                    self._fast = self._native
+                    self._native.bind(self)
+                else:
+                    self._fast = attach(self.stream, self)
                 tg.start_soon(self._writer)
                 tg.start_soon(self._timer)
                 with self._read_scope:
@@ -170,8 +176,11 @@ class Connection:
             self.closed = True
             for call in list(self.calls.values()):
                 call._on_reset()
-            with anyio.CancelScope(shield=True):
-                await self.stream.aclose()
+            if self.stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.stream.aclose()
+            elif self._fast is not None:
+                self._fast.close()
             self._on_closed(self)
 
     async def _flush_final(self) -> None:
@@ -184,6 +193,7 @@ class Connection:
     async def _read_loop(self) -> None:
         """The reading of every stream but asyncio TCP's (``_fast_io``): bytes into ``feed``."""
         stream = self.stream
+        assert stream is not None
         while True:
             try:
                 data = await stream.receive(_RECEIVE_BYTES)
@@ -193,6 +203,20 @@ class Connection:
                 return
             if not self.feed(data):
                 return
+
+    def peer(self) -> str:
+        """The client's ``host:port`` (empty when the stream does not say)."""
+        if self._fast is not None:
+            return self._fast.peer()
+        if self.stream is None:
+            return ""
+        try:
+            address = self.stream.extra(anyio.abc.SocketAttribute.remote_address)
+        except anyio.TypedAttributeLookupError:
+            return ""
+        if isinstance(address, tuple):
+            return f"{address[0]}:{address[1]}"
+        return str(address)
 
     def _stop_reading(self) -> None:
         """End the connection's reading (callable from a task or a transport callback)."""
@@ -553,6 +577,7 @@ class Connection:
                     try:
                         fast = self._fast
                         if fast is None:
+                            assert stream is not None
                             await stream.send(data)
                         elif fast.write(data):
                             await fast.writable()

@@ -1,13 +1,15 @@
 """The connection's bytes on asyncio without anyio's stream in between: the one place our gRPC
 layer touches asyncio.
 
-On asyncio (and uvloop) a plain TCP connection's transport is handed a protocol of ours
-(``transport.set_protocol``): received bytes go straight into ``Connection.feed`` from the
-transport's callback, with no read task, no wake-up and no pause/resume of the transport per
-read, and writes go straight to ``transport.write``, which takes them whole and synchronously.
-That is how the raw asyncio + h2 floor works, and it is where the layer's cost above that floor
-per request went on the latency path (docs/benchmarks.md). Every other stream (trio, TLS)
-keeps anyio's read loop and writer task.
+On asyncio (and uvloop) the server accepts on its listening sockets itself (``acceptor``) and
+gives each connection a transport of the event loop's own, TLS included (uvloop's native TLS,
+not a Python-level ``MemoryBIO``), with a protocol of ours: received bytes go straight into
+``Connection.feed`` from the transport's callback, with no read task, no wake-up and no
+pause/resume of the transport per read, and writes go straight to ``transport.write``, which
+takes them whole and synchronously. That is how the raw asyncio + h2 floor works, and it is
+where the layer's cost above that floor per request went on the latency path
+(docs/benchmarks.md). A connection that arrives as an anyio stream on asyncio TCP is taken over
+the same way (``attach``); on trio the connection keeps anyio's read loop and writer task.
 
 Backpressure: the transport's ``pause_writing`` / ``resume_writing`` become ``writable``, which
 the writer waits for before it writes more; ``pause_reading`` is the connection's to call when
@@ -17,9 +19,14 @@ it holds enough unread bytes.
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
+import sniffio
 
 from kserve_trio.core.event_loops import asyncio_transport
 from kserve_trio.core.logging import get_logger
@@ -33,18 +40,43 @@ log = get_logger("kserve_trio.serving.grpc")
 class FastIO(asyncio.Protocol):
     """A connection's transport and the callbacks it calls (module docstring)."""
 
-    def __init__(self, transport: Any, conn: Connection) -> None:
+    def __init__(self, transport: Any = None, conn: Connection | None = None) -> None:
         self.transport = transport
         self.conn = conn
         self.paused = False
         self._resumed: anyio.Event | None = None
+        self._early: list[bytes] = []  # what arrived before a connection was bound
         self.lost = anyio.Event()
 
+    def bind(self, conn: Connection) -> None:
+        """Feed ``conn`` from now on, starting with what arrived before."""
+        self.conn = conn
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+
+    def peer(self) -> str:
+        """The client's ``host:port``."""
+        address = self.transport.get_extra_info("peername") if self.transport else None
+        if isinstance(address, tuple):
+            return f"{address[0]}:{address[1]}"
+        return str(address or "")
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
     # ---- the transport's callbacks
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         if self.lost.is_set():
             return  # the connection stopped reading; it closes soon
+        if self.conn is None:
+            self._early.append(data)
+            return
         try:
             if not self.conn.feed(data):
                 self.lost.set()
@@ -94,6 +126,43 @@ class FastIO(asyncio.Protocol):
             await resumed.wait()
 
 
+Acceptor = Callable[[], Awaitable[tuple[socket.socket, Any]]]
+
+
+def acceptor(listener: anyio.abc.SocketListener) -> Acceptor | None:
+    """On asyncio: a function accepting the next client socket of ``listener``'s socket (the
+    event loop's ``sock_accept``), so a connection can get a native transport; else None."""
+    if sniffio.current_async_library() != "asyncio":
+        return None
+    raw = listener.extra(anyio.abc.SocketAttribute.raw_socket)
+    loop = asyncio.get_running_loop()
+
+    async def accept() -> tuple[socket.socket, Any]:
+        return await loop.sock_accept(raw)
+
+    return accept
+
+
+async def open_native(
+    sock: socket.socket, ssl_context: ssl.SSLContext | None, handshake_timeout: float
+) -> FastIO:
+    """An accepted socket as a native transport (TLS handshake done) and its ``FastIO``."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    loop = asyncio.get_running_loop()
+    fast = FastIO()
+    try:
+        if ssl_context is None:
+            await loop.connect_accepted_socket(lambda: fast, sock)
+        else:
+            await loop.connect_accepted_socket(
+                lambda: fast, sock, ssl=ssl_context, ssl_handshake_timeout=handshake_timeout
+            )
+    except BaseException:
+        sock.close()
+        raise
+    return fast
+
+
 def attach(stream: object, conn: Connection) -> FastIO | None:
     """Take over ``stream``'s transport for ``conn`` when it is asyncio TCP (else None)."""
     found = asyncio_transport(stream)
@@ -113,4 +182,4 @@ def attach(stream: object, conn: Connection) -> FastIO | None:
     return fast
 
 
-__all__ = ["FastIO", "attach"]
+__all__ = ["Acceptor", "FastIO", "acceptor", "attach", "open_native"]

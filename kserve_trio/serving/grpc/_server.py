@@ -20,6 +20,7 @@ are not affected. TLS connections finish their handshake (ALPN ``h2``) within
 from __future__ import annotations
 
 import errno
+import socket
 import ssl
 from collections.abc import Mapping
 
@@ -29,6 +30,7 @@ from anyio.streams.tls import TLSStream
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.grpc._connection import Connection
+from kserve_trio.serving.grpc._fast_io import acceptor, open_native
 from kserve_trio.serving.grpc._methods import Method
 from kserve_trio.serving.grpc._settings import ServerSettings, warn_removed_switches
 
@@ -84,9 +86,16 @@ class GrpcServer:
 
     async def _accept_loop(self, listener: anyio.abc.SocketListener) -> None:
         failures = 0
+        native = acceptor(listener)
         with self._accepting:
             while True:
                 try:
+                    if native is not None:
+                        sock, _ = await native()
+                        assert self._tg is not None
+                        self._tg.start_soon(self._serve_socket, sock)
+                        failures = 0
+                        continue
                     stream = await listener.accept()
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_RETRY_ERRNOS:
@@ -102,6 +111,18 @@ class GrpcServer:
                 assert self._tg is not None
                 self._tg.start_soon(self._serve_connection, stream)
 
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        """An accepted socket on asyncio: a native transport (TLS on it when configured)."""
+        try:
+            with anyio.fail_after(self.settings.handshake_timeout_seconds):
+                fast = await open_native(sock, self._ssl, self.settings.handshake_timeout_seconds)
+        except Exception as exc:
+            log.info(
+                "tls_handshake_failed" if self._ssl else "accept_failed", error=repr(exc)[:200]
+            )
+            return
+        await self._run(Connection(None, self.methods, self.settings, self._closed, fast))
+
     async def _serve_connection(self, stream: anyio.abc.ByteStream) -> None:
         if self._ssl is not None:
             try:
@@ -114,7 +135,9 @@ class GrpcServer:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
                 return
-        conn = Connection(stream, self.methods, self.settings, self._closed)
+        await self._run(Connection(stream, self.methods, self.settings, self._closed))
+
+    async def _run(self, conn: Connection) -> None:
         self.connections.add(conn)
         if self._shutting_down:
             conn.start_drain()
