@@ -5,7 +5,10 @@ One "request" is what the worker does for an input and an output in system share
 which, like the identity bundle, reads its input and writes a fresh output), and
 ``ShmRegistry.write`` of the output into the client's region. Medians over interleaved rounds,
 per payload size. ``--before FILE`` loads a second ``core/shm.py`` (e.g. from a
-``git worktree`` of an older commit) and measures both, interleaved, for an A/B on one box.
+``git worktree`` of an older commit) and measures both, interleaved, for an A/B on one box. Each
+payload size's rounds are one point under the clean-run rule of tools/bench/noise.py (others'
+CPU and the load average over the window, this process being the load; a point where others
+used over ``NOISY_CORES`` is measured again, and reported as noisy).
 
 Usage: python tools/bench/shm_path.py [--before /tmp/base/kserve_trio/core/shm.py] [--rounds 3]
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import mmap
+import pathlib
 import secrets
 import statistics
 import sys
@@ -23,6 +27,10 @@ from types import ModuleType
 
 import numpy as np
 import posix_ipc
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from noise import Window, clean_point
 
 SIZES = ((4096, 400), (1 << 20, 100), (64 * 3 * 224 * 224 * 4, 15))
 
@@ -80,16 +88,25 @@ def main() -> int:
     mods = {"before": load(args.before, "shm_before")} if args.before else {}
     mods["current"] = current
     fn = jax.jit(lambda a: a + 0)
-    print("| payload | registry | read_view us | model us | write us | total us |")
-    print("|---|---|---|---|---|---|")
+    print("| payload | registry | read_view us | model us | write us | total us | others' cores |")
+    print("|---|---|---|---|---|---|---|")
     for size, n in SIZES:
         key, mm = make_object(size, b"\1")
         okey, mo = make_object(size, b"\0")
-        samples: dict[str, list] = {name: [] for name in mods}
-        try:
+
+        def point(key=key, okey=okey, size=size, n=n) -> dict:
+            samples: dict[str, list] = {name: [] for name in mods}
+            window = Window([], include_self=True)
+            window.start()
             for _ in range(args.rounds):
                 for name, mod in mods.items():
                     one_round(mod, fn, key, okey, size, n, samples[name])
+            window.stop()
+            return window.record({"samples": samples})
+
+        try:
+            res = clean_point(point, f"{size} B")
+            samples = res["samples"]
         finally:
             mm.close()
             mo.close()
@@ -99,7 +116,8 @@ def main() -> int:
             med = [statistics.median(col) * 1e6 for col in zip(*rows, strict=True)]
             print(
                 f"| {size} B | {name} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | "
-                f"{sum(med):.1f} |",
+                f"{sum(med):.1f} | {res['others_cores']:.3f}"
+                f"{' noisy' if res.get('noisy') else ''} |",
                 flush=True,
             )
     return 0

@@ -12,7 +12,10 @@ one in float64, loads them with the process-wide jax flag off, and times interle
   that stays entered -- the same work without the per-call enter/exit.
 
 ``f64 call - f64 call in one scope`` is the scope's cost per call. It also checks that the float32
-outputs are bit-identical with the process-wide 64-bit flag off and on.
+outputs are bit-identical with the process-wide 64-bit flag off and on. The interleaved rounds
+are one point under the clean-run rule of tools/bench/noise.py (others' CPU and the load average
+over the window, this process being the load; a point where others used over ``NOISY_CORES`` is
+measured again, and reported as noisy).
 
 Usage: ``python tools/bench/x64_overhead.py [--iters 3000] [--rounds 5] [--batch 1]``.
 """
@@ -26,6 +29,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from noise import Window, clean_point
 
 
 def _p50(xs: list[int]) -> float:
@@ -107,12 +114,25 @@ def main(argv: list[str] | None = None) -> int:
     }
     for v in variants.values():
         v(300)
-    samples: dict[str, list[int]] = {k: [] for k in variants}
-    for _ in range(args.rounds):
-        for k, v in variants.items():
-            samples[k] += v(args.iters)
+
+    def point() -> dict:
+        samples: dict[str, list[int]] = {k: [] for k in variants}
+        window = Window([], include_self=True)
+        window.start()
+        for _ in range(args.rounds):
+            for k, v in variants.items():
+                samples[k] += v(args.iters)
+        window.stop()
+        return window.record({"samples": samples})
+
+    res = clean_point(point, "x64 variants")
+    samples = res["samples"]
     print(f"jax {jax.__version__}, batch {n}, {args.rounds} x {args.iters} calls per variant")
     print(f"f32 outputs identical with the process-wide x64 flag off and on: {same}")
+    print(
+        f"others used {res['others_cores']:.3f} cores, load {res['load']}"
+        + (" (noisy: not for a decision)" if res.get("noisy") else "")
+    )
     print("| variant | p50 us |\n|---|---|")
     for k, xs in samples.items():
         print(f"| {k} | {_p50(xs):.1f} |")
