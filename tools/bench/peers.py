@@ -89,17 +89,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _descendants(pid: int) -> list[int]:
-    out = [pid]
-    for task in pathlib.Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            for child in task.read_text().split():
-                out.extend(_descendants(int(child)))
-        except OSError:
-            pass
-    return out
-
-
 # ------------------------------------------------------------------------------ repositories
 
 
@@ -183,10 +172,13 @@ class Server:
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
+    def wait_ready(self, timeout: float = 300.0, ca: str = "") -> None:
+        """Block until ServerReady says so (``ca``: the CA of a TLS server to trust)."""
         import tritonclient.grpc as grpcclient
 
-        client = grpcclient.InferenceServerClient(self.url)
+        client = grpcclient.InferenceServerClient(
+            self.url, ssl=bool(ca), root_certificates=ca or None
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

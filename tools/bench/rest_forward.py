@@ -39,11 +39,10 @@ BENCH = ROOT / "tools" / "bench"
 PY = sys.executable
 sys.path.insert(0, str(BENCH))
 
-import rest_peer  # noqa: E402
 from gateway import build_repository  # noqa: E402  (the identity bundles)
 from noise import Window, clean_point  # noqa: E402
-from rest_peer import CASES, check_reply, request_body, start_rest_worker, wait_http  # noqa: E402
-from run import cpu_seconds, free_port  # noqa: E402
+from rest_peer import CASES, run_level, start_rest_worker, wait_http  # noqa: E402
+from run import free_port  # noqa: E402
 
 G = "KSERVE_TRIO_GATEWAY_"
 
@@ -213,51 +212,6 @@ def clients(n: int) -> None:
 # ---------------------------------------------------------------------------- forward vs translate
 
 
-def run_level(server: dict, case, duration: float, worker_pid: int) -> dict:
-    """``rest_peer.run_level``, one clean point (``noise.clean_point``) of ``_run_level_once``."""
-    return clean_point(
-        lambda: _run_level_once(server, case, duration, worker_pid),
-        f"{case[0]} c={case[3]} {server['label']}",
-    )
-
-
-def _run_level_once(server: dict, case, duration: float, worker_pid: int) -> dict:
-    """``rest_peer.run_level`` with a noise window over the server, the worker and the load."""
-    name, shape, binary, conc = case
-    body, header_length, x = request_body(server["input"], shape, binary)
-    path = server["path"](shape)
-    check_reply(
-        f"http://127.0.0.1:{server['port']}{path}", body, header_length, x, server["output"]
-    )
-    body_file = pathlib.Path(f"/tmp/kserve_trio_rest_bench_{os.getpid()}.bin")
-    body_file.write_bytes(body)
-    cmd = [
-        PY, rest_peer.__file__, "--load", str(server["port"]), path, str(body_file),
-        "" if header_length is None else str(header_length), str(conc), str(duration),
-    ]  # fmt: skip
-    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert gen.stdout is not None
-    pid = server["proc"].pid
-    window = Window([*dict.fromkeys([pid, worker_pid]), gen.pid])
-    cpu0 = cpu1 = 0.0
-    result = None
-    for line in gen.stdout:
-        if line.startswith("WINDOW_START"):
-            window.start()
-            cpu0 = cpu_seconds(pid)
-        elif line.startswith("WINDOW_END"):
-            cpu1 = cpu_seconds(pid)
-            window.stop()
-        elif line.startswith("{"):
-            result = json.loads(line)
-    gen.wait()
-    body_file.unlink(missing_ok=True)
-    if result is None:
-        raise RuntimeError(f"the load generator failed ({name} c={conc} on {server['label']})")
-    result["server_cpu_us"] = (cpu1 - cpu0) / max(result["requests"], 1) * 1e6
-    return window.record(result)
-
-
 def _gateway(worker_grpc: int, http_port: int, rest: str | None) -> subprocess.Popen:
     env = {
         **os.environ,
@@ -301,7 +255,9 @@ def ab(args: argparse.Namespace) -> None:
             runs: dict[str, list[dict]] = {s["label"]: [] for s in servers}
             for r in range(args.rounds):
                 for server in servers if r % 2 == 0 else servers[::-1]:
-                    runs[server["label"]].append(run_level(server, case, args.duration, worker.pid))
+                    runs[server["label"]].append(
+                        run_level(server, case, args.duration, (worker.pid,))
+                    )
             row: dict = {"case": case[0], "concurrency": case[3]}
             for label, results in runs.items():
                 row[label] = {

@@ -15,7 +15,8 @@ req/s, p50 and p99 latency, and the server's CPU time per request (utime+stime o
 from /proc over the measured window). Rounds alternate the servers' order.
 
 With ``--gateway`` a gateway CLI (``listen.http``) in front of the same worker is measured too;
-its CPU column is the gateway process's own.
+its CPU column is the gateway process's own. Each point applies the clean-run rule of noise.py
+(others' CPU and the load average recorded, measured again while others used over 0.1 core).
 
 Usage: python tools/bench/rest_peer.py [--duration 4] [--rounds 2] [--gateway] [--json FILE]
 """
@@ -43,6 +44,7 @@ KSERVE_PY = ROOT / ".venv-kserve" / "bin" / "python"
 sys.path.insert(0, str(BENCH))
 
 from gateway import build_repository  # noqa: E402  (the identity bundles)
+from noise import Window, clean_point  # noqa: E402  (the clean-run rule)
 from run import cpu_seconds, free_port  # noqa: E402
 
 CASES = [  # name, shape, binary, concurrency
@@ -196,7 +198,16 @@ def wait_http(port: int, path: str, proc: subprocess.Popen, what: str, timeout=3
     raise TimeoutError(f"{what} not ready on {port}")
 
 
-def run_level(server: dict, case, duration: float) -> dict:
+def run_level(server: dict, case, duration: float, also: tuple[int, ...] = ()) -> dict:
+    """One clean point (``noise.clean_point``): ``also`` are more pids under test (a worker
+    behind the server measured), kept out of the others' CPU."""
+    return clean_point(
+        lambda: _run_level_once(server, case, duration, also),
+        f"{case[0]} c={case[3]} {server['label']}",
+    )
+
+
+def _run_level_once(server: dict, case, duration: float, also: tuple[int, ...]) -> dict:
     name, shape, binary, conc = case
     body, header_length, x = request_body(server["input"], shape, binary)
     path = server["path"](shape)
@@ -212,13 +223,16 @@ def run_level(server: dict, case, duration: float) -> dict:
     gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert gen.stdout is not None
     pid = server["proc"].pid
+    window = Window([*dict.fromkeys([pid, *also]), gen.pid])
     cpu0 = cpu1 = 0.0
     result = None
     for line in gen.stdout:
         if line.startswith("WINDOW_START"):
+            window.start()
             cpu0 = cpu_seconds(pid)
         elif line.startswith("WINDOW_END"):
             cpu1 = cpu_seconds(pid)
+            window.stop()
         elif line.startswith("{"):
             result = json.loads(line)
     gen.wait()
@@ -226,7 +240,7 @@ def run_level(server: dict, case, duration: float) -> dict:
     if result is None:
         raise RuntimeError(f"the load generator failed ({name} c={conc} on {server['label']})")
     result["server_cpu_us"] = (cpu1 - cpu0) / max(result["requests"], 1) * 1e6
-    return result
+    return window.record(result)
 
 
 def main() -> int:

@@ -230,10 +230,7 @@ def main() -> int:
                 )
         tls_servers = {id(t[2]) for t in plan if t[7]}
         for s in servers:
-            if s.kind == "gateway" or id(s) in tls_servers:
-                _wait_ready(s, str(pki / "ca.pem") if id(s) in tls_servers else "")
-            else:
-                s.wait_ready()
+            s.wait_ready(ca=str(pki / "ca.pem") if id(s) in tls_servers else "")
         runs: dict[tuple[str, str, int], list[dict]] = {}
         for r in range(args.rounds):
             order = plan if r % 2 == 0 else plan[::-1]
@@ -284,26 +281,6 @@ def main() -> int:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"commit": commit, "rows": rows}, indent=1))
     return 0
-
-
-def _wait_ready(server: Server, ca: str, timeout: float = 300.0) -> None:
-    """ServerReady of a gateway or of a TLS server (``ca``: the CA to trust)."""
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(
-        server.url, ssl=bool(ca), root_certificates=ca or None
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.label} exited with {server.proc.returncode}")
-        try:
-            if client.is_server_ready():
-                return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{server.label} not ready")
 
 
 if __name__ == "__main__":
