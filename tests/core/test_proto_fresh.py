@@ -1,5 +1,5 @@
 """The committed generated code matches ``protos/``, and the layering holds: the lower layers
-import neither jax nor grpclib's server side."""
+import neither jax nor any server code."""
 
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ _ABOVE_CORE = (
     "kserve_trio.node",
 )
 LAYERS = {
-    "kserve_trio.core": (*_JAX, "grpclib.server", *_ABOVE_CORE),
-    "kserve_trio.proto": (*_JAX, "grpclib.server", "kserve_trio.core", *_ABOVE_CORE),
+    "kserve_trio.core": (*_JAX, "h2.connection", *_ABOVE_CORE),
+    "kserve_trio.proto": (*_JAX, "h2.connection", "kserve_trio.core", *_ABOVE_CORE),
 }
 if _has_modules("kserve_trio.client"):
-    LAYERS["kserve_trio.client"] = (*_JAX, "grpclib.server", *_ABOVE_CORE[1:])
+    LAYERS["kserve_trio.client"] = (*_JAX, "h2.connection", *_ABOVE_CORE[1:])
 if _has_modules("kserve_trio.serving"):
     LAYERS["kserve_trio.serving"] = (
         *_JAX,
@@ -100,13 +100,13 @@ def test_layer_imports_nothing_it_must_not(package, forbidden):
 
 
 def test_the_probe_detects_a_forbidden_import():
-    """The layering check can fail: grpclib.server is visible when something loads it."""
+    """The layering check can fail: h2's connection module is visible when something loads it."""
     result = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import grpclib.server\n"
-            + _PROBE.format(package="kserve_trio.proto", forbidden=["grpclib.server"]),
+            "import h2.connection\n"
+            + _PROBE.format(package="kserve_trio.proto", forbidden=["h2.connection"]),
         ],
         capture_output=True,
         text=True,
@@ -114,4 +114,4 @@ def test_the_probe_detects_a_forbidden_import():
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    assert '"forbidden_loaded": ["grpclib.server"]' in result.stdout
+    assert '"forbidden_loaded": ["h2.connection"]' in result.stdout

@@ -19,9 +19,9 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from grpclib.const import Status
 from tritonclient.utils import InferenceServerException
 
+from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.config import (
     GatewayConfig,
     GatewayGrpcConfig,
@@ -93,11 +93,11 @@ def test_worker_statuses_reach_the_rest_client_mapped_and_unavailable_fails_over
         a.echo = b.echo = True
         c = client(gw)
         x = np.ones((1, 4), np.float32)
-        a.fail_with = b.fail_with = (Status.INVALID_ARGUMENT.value, "input 'x' is wrong")
+        a.fail_with = b.fail_with = (StatusCode.INVALID_ARGUMENT.value, "input 'x' is wrong")
         assert status_of(lambda: c.infer("m", [tensor(x)])) == ("400", "input 'x' is wrong")
-        a.fail_with = b.fail_with = (Status.RESOURCE_EXHAUSTED.value, "queue full")
+        a.fail_with = b.fail_with = (StatusCode.RESOURCE_EXHAUSTED.value, "queue full")
         assert status_of(lambda: c.infer("m", [tensor(x)])) == ("429", "queue full")
-        a.fail_with = (Status.UNAVAILABLE.value, "going away")
+        a.fail_with = (StatusCode.UNAVAILABLE.value, "going away")
         b.fail_with = None
         for _ in range(2):  # whichever worker comes first, b answers
             np.testing.assert_array_equal(c.infer("m", [tensor(x)]).as_numpy("x"), x)

@@ -1,13 +1,12 @@
 """Residency on a live worker: the on-demand cache, explicit mode, the ControlService, metrics.
 
 Servers run in-process on the CPU, where ``runtime.cpu_device_memory_bytes`` stands for the
-device arena. The ControlService is called with grpclib's client and the generated messages;
+device arena. The ControlService is called with our own h2 client transport and the generated messages;
 explicit mode is driven through ``tritonclient`` as a Triton user would.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import uuid
 
@@ -15,11 +14,12 @@ import anyio
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from grpclib.client import Channel, UnaryUnaryMethod
-from grpclib.exceptions import GRPCError
 from structlog.testing import capture_logs
 from tritonclient.utils import InferenceServerException
 
+from kserve_trio.client.endpoint import Endpoint
+from kserve_trio.client.errors import RpcError
+from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.core.config import ResidencyState, SchedulerConfig
 from kserve_trio.core.weight_store import SHM_DIR, SharedWeightStore
 from kserve_trio.proto import reactant_control as pb
@@ -44,16 +44,13 @@ def control(address: str, rpc: str, request):
 
     async def call():
         host, port = address.rsplit(":", 1)
-        channel = Channel(host, int(port))
-        try:
-            method = UnaryUnaryMethod(channel, CONTROL + rpc, type(request), RESPONSES[rpc])
-            return await method(request, timeout=30)
-        except GRPCError as exc:
-            return exc.status.name, exc.message
-        finally:
-            channel.close()
+        async with H2Transport(Endpoint(host, int(port))) as transport:
+            try:
+                return await transport.unary(CONTROL + rpc, request, RESPONSES[rpc], timeout=30)
+            except RpcError as exc:
+                return exc.status.name, exc.message
 
-    return asyncio.run(call())
+    return anyio.run(call)
 
 
 def rows(address: str) -> dict[str, pb.ModelStatus]:
