@@ -428,7 +428,17 @@ class Connection:
                             return
                         idle.append(runner)
                         wake = runner.wake = anyio.Event()
-                        await wake.wait()
+                        try:
+                            await wake.wait()
+                        except BaseException:
+                            # A cancellation meant for the call just finished (it was asked
+                            # for before that call reached its end) lands here: leave the idle
+                            # list, or the runner could be handed two calls and drop one. A
+                            # call handed over meanwhile is kept in ``runner.call``.
+                            if runner in idle:
+                                idle.remove(runner)
+                            runner.wake = None
+                            raise
                         continue
                     runner.call = None
                     if self._starts(call):

@@ -552,3 +552,35 @@ async def test_a_streaming_echo_answers_each_message_before_the_next_is_sent(srv
             await peer.flush()
             await peer.wait(sid)
     assert (reply.status, reply.messages) == (0, [f"m{i}".encode() for i in range(5)])
+
+
+async def test_a_reset_that_lands_after_its_call_finished_loses_no_later_call(srv: Served):
+    """A reset asked for in the same loop turn as the call's last wake-up reaches the call task
+    only after the call has ended, while it waits for its next call: that task must leave the
+    idle list, or two later calls could be handed to it and one would never be answered."""
+    with anyio.fail_after(BOUND):
+        async with Peer.connect(srv.port) as peer:
+            sid = peer.open("/t.T/Slow")
+            peer.conn.send_data(sid, grpc_frame(b"x"), end_stream=True)
+            await peer.flush()
+            await srv.probe.started.wait()
+            (conn,) = srv.server.connections
+            (call,) = conn.calls.values()
+            # One synchronous step: the handler is woken (its reply then needs no await), and
+            # the client's reset is processed before the handler runs.
+            srv.probe.release.set()
+            call._on_reset()
+            while conn.calls:
+                await anyio.sleep(0.01)
+            srv.probe.release = anyio.Event()
+            srv.probe.started = anyio.Event()
+            firsts = [peer.open("/t.T/Slow"), peer.open("/t.T/Slow")]
+            for first in firsts:
+                peer.conn.send_data(first, grpc_frame(b"y"), end_stream=True)
+            await peer.flush()
+            while srv.probe.handled < 3:
+                await anyio.sleep(0.01)
+            srv.probe.release.set()
+            replies = [await peer.wait(first) for first in firsts]
+            assert [r.status for r in replies] == [0, 0]
+            await echo_ok(peer)
