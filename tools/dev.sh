@@ -74,13 +74,22 @@ case "$cmd" in
     exec .venv/bin/python -m kserve_trio worker --model-repo models "$@"
     ;;
   test)
+    # Each phase says how long it took, so a slow run names its slow part.
+    started=$SECONDS
     setup
     setup_triton
     setup_deploy
+    say "environments ready ($((SECONDS - started)) s)"
+    phase=$SECONDS
     say "type-checking kserve_trio (pyright, basic mode)"
     .venv/bin/pyright
+    say "pyright done ($((SECONDS - phase)) s)"
+    phase=$SECONDS
     say "running the test suite (slow tests included)"
-    exec .venv/bin/python -m pytest --run-slow "$@"
+    status=0
+    .venv/bin/python -m pytest --run-slow "$@" || status=$?
+    say "tests done ($((SECONDS - phase)) s; everything: $((SECONDS - started)) s)"
+    exit "$status"
     ;;
   *)
     echo "usage: tools/dev.sh serve|test [args...]" >&2
