@@ -85,7 +85,8 @@ _H2_CONFIG = h2.config.H2Configuration(
 
 _GRPC_CONTENT_TYPES = ("application/grpc", "application/grpc+proto")
 
-RequestDone = Callable[["Connection"], None]
+OnClosed = Callable[["Connection"], None]
+"""What a connection calls once it has closed (its server forgets it)."""
 
 
 class Connection:
@@ -96,7 +97,7 @@ class Connection:
         stream: anyio.abc.ByteStream | None,
         methods: Mapping[str, Method],
         settings: ServerSettings,
-        on_closed: RequestDone,
+        on_closed: OnClosed,
         fast: FastIO | None = None,
     ) -> None:
         self.stream = stream
