@@ -31,6 +31,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.routing import RoutingPolicy
+from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 
 LATENCY_BUCKETS = tuple(0.00025 * 2**k for k in range(18))
 """250 us to about 33 s, doubling: the added latency of a hop is sub-millisecond."""
@@ -65,8 +66,12 @@ class GatewayMetrics:
         max_concurrent: Callable[[], int] = lambda: 0,
         policy: RoutingPolicy | None = None,
         workers: Callable[[], Iterable[str]] = tuple,
+        edge: EdgeStats | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.edge = edge or EdgeStats()
+        """What the edge defences of the gateway's servers did (exported as gateway_edge_*)."""
+        self.registry.register(EdgeCollector(self.edge, "gateway"))
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)

@@ -82,7 +82,8 @@ from kserve_trio.serving.background import (
     serve_until_signal,
     start_in_thread,
 )
-from kserve_trio.serving.grpc import GrpcServer, Limits
+from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -110,7 +111,9 @@ class Gateway:
             lambda: len(self.pool.clients),
             on_shed=lambda: self.metrics.shed.inc(),
         )
+        self.edge_stats = EdgeStats()
         self.metrics = GatewayMetrics(
+            edge=self.edge_stats,
             inflight=lambda: self.admission.inflight,
             max_concurrent=lambda: self.admission.cap,
             policy=self.policy,
@@ -284,7 +287,11 @@ async def serve_gateway_async(
                         ssl_context=ssl_context,
                     )
                 )
-            server = GrpcServer({**gateway.service.methods(), **gateway.control.methods()})
+            server = GrpcServer(
+                {**gateway.service.methods(), **gateway.control.methods()},
+                ServerSettings(limits=config.limits),
+                gateway.edge_stats,
+            )
             bound_grpc = await tg.start(server.serve, grpc_host, grpc_port, ssl_context)
             running = RunningGateway(
                 config=config,

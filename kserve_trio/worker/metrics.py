@@ -20,6 +20,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
+
 if TYPE_CHECKING:
     from kserve_trio.core.config import ServerConfig
     from kserve_trio.runtime.backend import Backend
@@ -60,7 +62,12 @@ class WorkerMetrics:
     """The metric objects and the registry of one worker."""
 
     def __init__(
-        self, state_fn: Callable[[], ScrapeSource | None], *, worker: str = "", gpu: str = ""
+        self,
+        state_fn: Callable[[], ScrapeSource | None],
+        *,
+        worker: str = "",
+        gpu: str = "",
+        edge: EdgeStats | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.worker = worker
@@ -93,6 +100,9 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.registry.register(_ScrapeCollector(state_fn))
+        self.edge = edge or EdgeStats()
+        """What the edge defences of this worker's servers did (exported as worker_edge_*)."""
+        self.registry.register(EdgeCollector(self.edge, "worker"))
         self._request_children: dict[tuple[str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
 

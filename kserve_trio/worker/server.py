@@ -134,7 +134,8 @@ async def serve_async(
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
-    from kserve_trio.serving.grpc import GrpcServer, Limits
+    from kserve_trio.serving.edge_stats import EdgeStats
+    from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.inference import InferenceCore, worker_admission
@@ -152,10 +153,12 @@ async def serve_async(
     backend = backend if backend is not None else _make_backend(config)
     cache = _make_cache(WeightCache, backend, config)
     scheduler = Scheduler(config.scheduler, cache=cache)
+    edge_stats = EdgeStats()
     metrics = WorkerMetrics(
         lambda: state,
         worker=config.worker_name,
         gpu=gpu_label(config.runtime.backend, config.runtime.device_ordinal),
+        edge=edge_stats,
     )
     repository = ModelRepository(
         scheduler,
@@ -229,7 +232,11 @@ async def serve_async(
         http_port = 0
         if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
             http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
-        server = GrpcServer({**service.methods(), **ControlService(state).methods()})
+        server = GrpcServer(
+            {**service.methods(), **ControlService(state).methods()},
+            ServerSettings(limits=config.limits),
+            edge_stats,
+        )
         port = await tg.start(
             server.serve, config.endpoints.host, config.endpoints.port, ssl_context
         )

@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.serving.grpc import (
     Call,
@@ -36,7 +37,11 @@ from kserve_trio.serving.grpc import (
 from tests.threaded_grpc import ThreadedGrpcServer
 
 LIMITS = Limits(max_recv_bytes=512 << 20, max_send_bytes=512 << 20)
-SMALL_WINDOWS = ServerSettings(window_bytes=4 << 20, max_frame_bytes=16 << 10)
+SMALL_WINDOWS = ServerSettings(
+    limits=EdgeLimits(
+        stream_window_bytes=4 << 20, connection_window_bytes=4 << 20, max_frame_bytes=16 << 10
+    )
+)
 """Common client-library windows and HTTP/2's default frame size: many WINDOW_UPDATEs and frames."""
 
 

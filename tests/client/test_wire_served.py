@@ -16,6 +16,7 @@ import tritonclient.grpc as tc
 from kserve_trio.client import InferInput, InferOutput, KServeModel, RetryPolicy
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core import codec
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.infer_wire import (
     InferInputTensor,
@@ -48,7 +49,11 @@ async def model_infer(request, ctx):
 class Echo(ThreadedGrpcServer):
     """The echo model on small windows and frames, on its own thread."""
 
-    settings = ServerSettings(window_bytes=4 << 20, max_frame_bytes=16 << 10)
+    settings = ServerSettings(
+        limits=EdgeLimits(
+            stream_window_bytes=4 << 20, connection_window_bytes=4 << 20, max_frame_bytes=16 << 10
+        )
+    )
 
     def methods(self) -> dict[str, Method]:
         limits = Limits(256 << 20, SEND_CAP)

@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 from kserve_trio.core.config import (
     DEFAULT_GRPC_MSG_BYTES,
     ENV_OVERRIDES,
+    LIMIT_FIELDS,
     EndpointsConfig,
     FrozenMap,
     GrpcConfig,
@@ -636,6 +637,15 @@ ENV_CASES = [
     ("INFERENCE_SERVER_GRPC_COMPRESS_RESPONSES", "yes", lambda c: c.grpc.compress_responses, True),
     ("KSERVE_TRIO_FANOUT_BYTES", "65536", lambda c: c.meta.fanout_bytes, 65536),
     ("KSERVE_TRIO_FANOUT_SLOTS", "0", lambda c: c.meta.fanout_slots, 0),
+    *(
+        (
+            f"INFERENCE_SERVER_LIMITS_{f.name.upper()}",
+            "7",
+            lambda c, name=f.name: getattr(c.limits, name),
+            7,
+        )
+        for f in LIMIT_FIELDS
+    ),
 ]
 
 
@@ -1179,6 +1189,12 @@ def test_the_config_package_states_its_public_surface_once():
             "RESIDENCY_MODE_REMOVED",
             "SCHEMA",
             "WORKER_NAME_ENV",
+            "EdgeLimits",
+            "LIMIT_FIELDS",
+            "MAX_FRAME_BYTES",
+            "WINDOW_BYTES",
+            "limits_env_rows",
+            "validate_limits",
             "EndpointsConfig",
             "FrozenMap",
             "GrpcConfig",

@@ -12,7 +12,7 @@ import re
 import pytest
 from ruamel.yaml import YAML
 
-from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, TlsConfig
+from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, LIMIT_FIELDS, EdgeLimits, TlsConfig
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.gateway.config import (
     ENV_OVERRIDES,
@@ -418,6 +418,13 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "logging.level": ("warning", "warning"),
         "logging.format": ("json", "json"),
         "event_loop": ("trio", "trio"),
+        **{
+            f"limits.{f.name}": (
+                str(2 * getattr(EdgeLimits(), f.name)),
+                2 * getattr(EdgeLimits(), f.name),
+            )
+            for f in LIMIT_FIELDS
+        },
     }
     return samples.get(path, ("/some/file.pem", "/some/file.pem"))
 

@@ -26,6 +26,14 @@ from kserve_trio.core.config._env import (
     parse_env_bool,
     parse_env_value,
 )
+from kserve_trio.core.config._limits import (
+    LIMIT_FIELDS,
+    MAX_FRAME_BYTES,
+    WINDOW_BYTES,
+    EdgeLimits,
+    limits_env_rows,
+    validate_limits,
+)
 from kserve_trio.core.config._raw import deep_merge, load_yaml_mapping, set_path
 from kserve_trio.core.config._report import config_to_raw, log_config
 from kserve_trio.core.config._schema import (
@@ -68,9 +76,13 @@ __all__ = [
     "DEFAULT_GRPC_MSG_BYTES",
     "ENV_OVERRIDES",
     "ENV_PREFIX",
+    "LIMIT_FIELDS",
+    "MAX_FRAME_BYTES",
     "RESIDENCY_MODE_REMOVED",
     "SCHEMA",
+    "WINDOW_BYTES",
     "WORKER_NAME_ENV",
+    "EdgeLimits",
     "EndpointsConfig",
     "FrozenMap",
     "GrpcConfig",
@@ -95,6 +107,7 @@ __all__ = [
     "check_keys",
     "config_to_raw",
     "deep_merge",
+    "limits_env_rows",
     "load_yaml_mapping",
     "log_config",
     "parse_enum",
@@ -103,5 +116,6 @@ __all__ = [
     "read_block",
     "set_path",
     "validate_config",
+    "validate_limits",
     "validate_tls",
 ]

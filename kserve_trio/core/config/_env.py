@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from kserve_trio.core.config._limits import limits_env_rows
 from kserve_trio.core.config._raw import deep_merge, set_path
 from kserve_trio.core.config._schema import BATCH_POLICY_REMOVED, RESIDENCY_MODE_REMOVED
 from kserve_trio.core.config._types import ENV_PREFIX, FrozenMap
@@ -62,9 +63,12 @@ GRPC_COMPRESS_RESPONSES                grpc.compress_responses             bool
 KSERVE_TRIO_FANOUT_BYTES               meta.fanout_bytes                   int
 KSERVE_TRIO_FANOUT_SLOTS               meta.fanout_slots                   int
 """
-_ENV_TABLE: tuple[tuple[str, str, str], ...] = tuple(
-    (var if var.startswith("KSERVE_TRIO_") else ENV_PREFIX + var, path, kind)
-    for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
+_ENV_TABLE: tuple[tuple[str, str, str], ...] = (
+    *(
+        (var if var.startswith("KSERVE_TRIO_") else ENV_PREFIX + var, path, kind)
+        for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
+    ),
+    *limits_env_rows(ENV_PREFIX),
 )
 ENV_OVERRIDES: Mapping[str, str] = FrozenMap((var, path) for var, path, _ in _ENV_TABLE)
 """Every environment variable that overrides a config key -> the YAML path it sets."""

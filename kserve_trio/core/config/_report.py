@@ -50,6 +50,7 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         "endpoints": endpoints,
         "grpc": block(cfg.grpc),
         "meta": block(cfg.meta),
+        "limits": block(cfg.limits),
     }
 
 

@@ -15,6 +15,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from kserve_trio.core.config._limits import LIMIT_FIELDS, EdgeLimits
 from kserve_trio.core.config._raw import join_path
 from kserve_trio.core.config._types import (
     EndpointsConfig,
@@ -60,6 +61,7 @@ SCHEMA: dict[str, Any] = {
     },
     "grpc": {f.name: None for f in dataclasses.fields(GrpcConfig)},
     "meta": {f.name: None for f in dataclasses.fields(MetaConfig)},
+    "limits": {f.name: None for f in LIMIT_FIELDS},
 }
 
 BATCH_POLICY_REMOVED = (
@@ -272,8 +274,15 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
     )
     grpc = read_block(GrpcConfig, _block(raw, "grpc"), "grpc", {})
     meta = read_block(MetaConfig, _block(raw, "meta"), "meta", {})
+    limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
     return ServerConfig(
-        **top, runtime=runtime, scheduler=scheduler, endpoints=endpoints, grpc=grpc, meta=meta
+        **top,
+        runtime=runtime,
+        scheduler=scheduler,
+        endpoints=endpoints,
+        grpc=grpc,
+        meta=meta,
+        limits=limits,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kserve_trio.core.config._limits import EdgeLimits
 from kserve_trio.core.errors import ConfigError
 
 DEFAULT_GRPC_MSG_BYTES = 512 << 20
@@ -280,6 +281,7 @@ class ServerConfig:
     worker_name: str = ""
     meta: MetaConfig = MetaConfig()
     serve_without_hooks: bool = False
+    limits: EdgeLimits = field(default_factory=EdgeLimits)
 
     def __post_init__(self) -> None:
         for name in ("model_dirs", "models_include"):

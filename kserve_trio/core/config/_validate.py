@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kserve_trio.core.config._limits import validate_limits
 from kserve_trio.core.config._types import ModelControlMode, NumericsMode, ServerConfig, TlsConfig
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.event_loops import EVENT_LOOPS
@@ -99,6 +100,7 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
             "endpoints.http_port",
         )
     validate_tls(ep.tls, check_files=check_dirs)
+    validate_limits(cfg.limits)
     if rt.numerics is NumericsMode.TF32 and rt.backend == "cpu":
         raise ConfigError(
             "'tf32' requires a CUDA backend; the CPU backend cannot run TF32", "runtime.numerics"

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kserve_trio.core.config import deep_merge, parse_env_value, set_path
+from kserve_trio.core.config import deep_merge, limits_env_rows, parse_env_value, set_path
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, ProberConfig
 
@@ -49,9 +49,12 @@ LOGGING_LEVEL                             logging.level                         
 LOGGING_FORMAT                            logging.format                           str
 EVENT_LOOP                                event_loop                               str
 """
-_ENV_TABLE: tuple[tuple[str, str, str], ...] = tuple(
-    (ENV_PREFIX + var, path, kind)
-    for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
+_ENV_TABLE: tuple[tuple[str, str, str], ...] = (
+    *(
+        (ENV_PREFIX + var, path, kind)
+        for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
+    ),
+    *limits_env_rows(ENV_PREFIX),
 )
 ENV_OVERRIDES: Mapping[str, str] = {var: path for var, path, _ in _ENV_TABLE}
 """Every environment variable that overrides a ``gateway.yml`` key -> the YAML path it sets."""

@@ -125,6 +125,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "tls": block(cfg.tls),
         "logging": block(cfg.logging),
         "event_loop": cfg.event_loop,
+        "limits": block(cfg.limits),
     }
 
 

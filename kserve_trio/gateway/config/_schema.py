@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kserve_trio.core.config import (
+    LIMIT_FIELDS,
+    EdgeLimits,
     FrozenMap,
     TlsConfig,
     as_float,
@@ -61,6 +63,7 @@ SCHEMA: dict[str, Any] = {
     "tls": _leaves(TlsConfig),
     "logging": _leaves(LoggingConfig),
     "event_loop": None,
+    "limits": {f.name: None for f in LIMIT_FIELDS},
 }
 
 LPT_SCHEDULING_KEYS = (
@@ -239,6 +242,7 @@ def build_gateway_config(
         {"tls": lambda v, p: read_block(WorkerTlsConfig, v or {}, p, {})},
     )
     grpc = read_block(GatewayGrpcConfig, _block(raw, "grpc"), "grpc", {})
+    limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
     tls = read_block(TlsConfig, _block(raw, "tls"), "tls", {})
     logging_ = read_block(LoggingConfig, _block(raw, "logging"), "logging", {})
     endpoints = [e.strip() for e in _list(raw, "endpoints")]
@@ -265,6 +269,7 @@ def build_gateway_config(
         logging=logging_,
         prober=prober or ProberConfig(),
         event_loop=event_loop,
+        limits=limits,
     )
 
 

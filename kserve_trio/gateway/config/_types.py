@@ -6,7 +6,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, FrozenMap, TlsConfig, parse_enum
+from kserve_trio.core.config import (
+    DEFAULT_GRPC_MSG_BYTES,
+    EdgeLimits,
+    FrozenMap,
+    TlsConfig,
+    parse_enum,
+)
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.fill import FillMode, FillPolicy
 
@@ -243,6 +249,7 @@ class GatewayConfig:
     logging: LoggingConfig = LoggingConfig()
     prober: ProberConfig = ProberConfig()
     event_loop: str = ""
+    limits: EdgeLimits = field(default_factory=EdgeLimits)
 
     def __post_init__(self) -> None:
         for name in ("endpoints", "worker_metrics", "worker_names", "worker_http_endpoints"):

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any
 
-from kserve_trio.core.config import validate_tls
+from kserve_trio.core.config import validate_limits, validate_tls
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import parse_level
 from kserve_trio.gateway.addresses import parse_host_port
@@ -36,6 +36,7 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
     checked away from the host that will serve it).
     """
     _validate_addresses(cfg)
+    validate_limits(cfg.limits)
     wc, grpc, pr = cfg.worker_client, cfg.grpc, cfg.prober
     rules: list[tuple[str, bool, str, Any]] = [
         (

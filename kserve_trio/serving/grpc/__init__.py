@@ -35,7 +35,6 @@ from kserve_trio.serving.grpc._methods import (
 )
 from kserve_trio.serving.grpc._server import GrpcServer
 from kserve_trio.serving.grpc._settings import (
-    MAX_CONCURRENT_STREAMS,
     MAX_FRAME_BYTES,
     WINDOW_BYTES,
     ServerSettings,
@@ -46,7 +45,6 @@ from kserve_trio.serving.grpc._stream_session import MAX_OUTSTANDING, StreamSess
 patch_frame_repr()
 
 __all__ = [
-    "MAX_CONCURRENT_STREAMS",
     "MAX_FRAME_BYTES",
     "MAX_OUTSTANDING",
     "WINDOW_BYTES",

@@ -170,7 +170,7 @@ class Call:
         if data:
             self._chunks.append(data)
             self._buffered += len(data)
-        if self._buffered <= max(self._conn.settings.window_bytes, self._need):
+        if self._buffered <= max(self._conn.settings.limits.stream_window_bytes, self._need):
             self._conn.acknowledge(flow_length + self._unacked, self.stream_id)
             self._unacked = 0
         else:
@@ -255,7 +255,7 @@ class Call:
                     size = n
             data = b"".join(got)
         self._buffered -= n
-        if self._unacked and self._buffered <= self._conn.settings.window_bytes:
+        if self._unacked and self._buffered <= self._conn.settings.limits.stream_window_bytes:
             self._conn.acknowledge(self._unacked, self.stream_id)
             self._unacked = 0
         return data

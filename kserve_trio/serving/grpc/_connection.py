@@ -137,21 +137,22 @@ class Connection:
         """Serve the connection until the client leaves, a protocol error, or the drain ends."""
         conn = self.h2
         s = self.settings
+        lim = s.limits
         conn.initiate_connection()
         conn.update_settings(
             {
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: s.window_bytes,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: s.max_frame_bytes,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: s.max_concurrent_streams,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: s.max_header_list_bytes,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: lim.stream_window_bytes,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: lim.max_frame_bytes,
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: lim.max_concurrent_streams,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: lim.max_header_list_bytes,
             }
         )
         # Accept large frames at once, not only after the client acknowledges our SETTINGS:
         # grpc-core may send a large DATA frame ahead of that (accepting more than advertised
         # is always safe for the receiver).
-        conn.max_inbound_frame_size = s.max_frame_bytes
-        if s.window_bytes > 65535:
-            conn.increment_flow_control_window(s.window_bytes - 65535)
+        conn.max_inbound_frame_size = lim.max_frame_bytes
+        if lim.connection_window_bytes > 65535:
+            conn.increment_flow_control_window(lim.connection_window_bytes - 65535)
         now = anyio.current_time()
         if s.max_connection_age_seconds > 0:
             self._aged_at = now + s.max_connection_age_seconds * (1 + 0.1 * random.random())

@@ -14,7 +14,7 @@ is the orderly end:
 An accept that fails because the process is out of descriptors or memory (EMFILE, ENFILE,
 ENOBUFS, ENOMEM) is logged and retried after a short back-off; the connections being served
 are not affected. TLS connections finish their handshake (ALPN ``h2``) within
-``ServerSettings.handshake_timeout_seconds`` or are closed.
+``limits.handshake_seconds`` or are closed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import anyio.abc
 from anyio.streams.tls import TLSStream
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._connection import Connection
 from kserve_trio.serving.grpc._fast_io import acceptor, open_native
 from kserve_trio.serving.grpc._methods import Method
@@ -44,11 +45,16 @@ class GrpcServer:
     """A gRPC server on ``methods`` (path -> ``Method``); see the module docstring."""
 
     def __init__(
-        self, methods: Mapping[str, Method], settings: ServerSettings | None = None
+        self,
+        methods: Mapping[str, Method],
+        settings: ServerSettings | None = None,
+        stats: EdgeStats | None = None,
     ) -> None:
         warn_removed_switches()
         self.methods = dict(methods)
         self.settings = settings or ServerSettings()
+        self.stats = stats or EdgeStats()
+        """What the edge defences did (shared with the process's other servers)."""
         self.port = 0
         self.connections: set[Connection] = set()
         self._accepting = anyio.CancelScope()
@@ -114,8 +120,8 @@ class GrpcServer:
     async def _serve_socket(self, sock: socket.socket) -> None:
         """An accepted socket on asyncio: a native transport (TLS on it when configured)."""
         try:
-            with anyio.fail_after(self.settings.handshake_timeout_seconds):
-                fast = await open_native(sock, self._ssl, self.settings.handshake_timeout_seconds)
+            with anyio.fail_after(self.settings.limits.handshake_seconds):
+                fast = await open_native(sock, self._ssl, self.settings.limits.handshake_seconds)
         except Exception as exc:
             log.info(
                 "tls_handshake_failed" if self._ssl else "accept_failed", error=repr(exc)[:200]
@@ -126,7 +132,7 @@ class GrpcServer:
     async def _serve_connection(self, stream: anyio.abc.ByteStream) -> None:
         if self._ssl is not None:
             try:
-                with anyio.fail_after(self.settings.handshake_timeout_seconds):
+                with anyio.fail_after(self.settings.limits.handshake_seconds):
                     stream = await TLSStream.wrap(
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )

@@ -1,11 +1,8 @@
-"""The HTTP/2 and connection settings of our gRPC servers: one owner for every default.
+"""The HTTP/2 and connection settings of our gRPC servers.
 
-- ``WINDOW_BYTES``: the stream and connection receive windows we advertise. 64 MiB lets a
-  request of tens of MB arrive without waiting for WINDOW_UPDATE round trips (the defaults of
-  4 MiB and less stall large tensors; docs/benchmarks.md).
-- ``MAX_FRAME_BYTES``: the SETTINGS_MAX_FRAME_SIZE we advertise (1 MiB instead of 16 KiB), so a
-  large tensor arrives in few frames, each of which costs h2's pure-Python framing.
-- ``MAX_CONCURRENT_STREAMS``: streams a client may have open on one connection.
+- ``limits``: the edge limits (``core.config.EdgeLimits``, the ``limits:`` block of the worker's
+  and the gateway's configuration: windows, frame size, streams, header list, handshake and
+  idle deadlines, flood and memory bounds). Its defaults are owned there.
 - Keepalive: a PING after ``keepalive_seconds`` without a received frame; no answer within
   ``keepalive_timeout_seconds`` closes the connection (grpc-core's server defaults: 2 h, 20 s).
 - ``max_connection_age_seconds`` (0: none): a connection older than this (plus up to 10%
@@ -19,30 +16,22 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kserve_trio.core.config import MAX_FRAME_BYTES, WINDOW_BYTES, EdgeLimits
 from kserve_trio.core.logging import get_logger
-
-WINDOW_BYTES = 64 << 20
-MAX_FRAME_BYTES = 1 << 20
-MAX_CONCURRENT_STREAMS = 1024
-MAX_HEADER_LIST_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
 class ServerSettings:
     """One server's HTTP/2 settings and connection lifetimes (module docstring)."""
 
-    window_bytes: int = WINDOW_BYTES
-    max_frame_bytes: int = MAX_FRAME_BYTES
-    max_concurrent_streams: int = MAX_CONCURRENT_STREAMS
-    max_header_list_bytes: int = MAX_HEADER_LIST_BYTES
+    limits: EdgeLimits = field(default_factory=EdgeLimits)
     keepalive_seconds: float = 7200.0
     keepalive_timeout_seconds: float = 20.0
     max_connection_age_seconds: float = 0.0
     max_connection_age_grace_seconds: float = 5.0
     drain_ping_timeout_seconds: float = 1.0
-    handshake_timeout_seconds: float = 10.0
 
 
 REMOVED_SWITCHES = {
@@ -61,9 +50,7 @@ def warn_removed_switches() -> None:
 
 
 __all__ = [
-    "MAX_CONCURRENT_STREAMS",
     "MAX_FRAME_BYTES",
-    "MAX_HEADER_LIST_BYTES",
     "REMOVED_SWITCHES",
     "WINDOW_BYTES",
     "ServerSettings",
