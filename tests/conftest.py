@@ -1,14 +1,26 @@
-"""Test-suite wiring: the ``slow`` and ``gpu`` markers.
+"""Test-suite wiring: the ``slow`` and ``gpu`` markers, and one compilation cache.
 
 ``pytest`` alone skips slow tests (fast local loop); ``pytest --run-slow`` (what CI runs through
 ``tools/dev.sh test``) runs everything. ``gpu`` tests are skipped when no CUDA device exists.
+
+Every worker the suite starts (in process or as a CLI subprocess, which inherits the
+environment) compiles the same demo bundles: JAX's persistent compilation cache, shared by the
+whole suite in ``.cache/jax-tests`` (git-ignored), compiles each module once per machine instead
+of once per worker. A test that configures its own ``cache_dir`` still gets its own (the
+worker's setting replaces the environment's).
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_REPO / ".cache" / "jax-tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import pytest
 import structlog
