@@ -54,16 +54,15 @@ import hpack.exceptions
 from kserve_trio.client import _h2_frames as fr
 from kserve_trio.client._h2_call import _Call, _error_name
 from kserve_trio.client.errors import RpcError
+from kserve_trio.core.config import MAX_FRAME_BYTES, WINDOW_BYTES
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.event_loops import asyncio_transport
 
-WINDOW_BYTES = 64 << 20
-"""Our receive windows (connection and each stream): a large reply never waits for a
-WINDOW_UPDATE round trip."""
+# The client advertises the same receive windows (connection and each stream) and largest DATA
+# frame as our servers do by default (WINDOW_BYTES, MAX_FRAME_BYTES): a large reply never waits
+# for a WINDOW_UPDATE round trip and arrives in few frames.
 DECODED_BLOCKS = 64
 """How many indexed-only reply header blocks a connection keeps decoded."""
-MAX_FRAME_BYTES = 1 << 20
-"""The largest DATA frame we accept (HTTP/2's default is 16 KiB)."""
 RECEIVE_BYTES = 1 << 20
 FLUSH_BYTES = 1 << 20
 """How much DATA a large send queues before writing it to the socket."""

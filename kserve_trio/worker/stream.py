@@ -28,12 +28,12 @@ from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.wire import encode_varint
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession, parse_message, status_of
+from kserve_trio.worker.dispatch import SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from kserve_trio.worker.inference import InferenceCore, InferReply
 
 RPC = "ModelStreamInfer"
-SHUTTING_DOWN = "server is shutting down"
 
 _INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, bytes
 
