@@ -37,7 +37,10 @@ class _Stack:
 def stack(request, demo_repo: pathlib.Path, pki: pathlib.Path):  # noqa: F811
     loop = request.param
     http_port = free_port()
-    common = {"INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP": loop}
+    # Without the suite's shared compilation cache: XLA's CPU loader writes a plain-text line to
+    # stderr for every executable it loads from a cache, and this stack checks that every line
+    # the servers write is JSON.
+    common = {"INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP": loop, "JAX_COMPILATION_CACHE_DIR": ""}
     first = Worker(
         demo_repo,
         "127.0.0.1",
