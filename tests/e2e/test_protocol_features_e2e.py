@@ -97,6 +97,18 @@ def mlp_input(x: np.ndarray, datatype: str = "FP32") -> grpcclient.InferInput:
     return inp
 
 
+def sample_total(worker, name: str) -> float:
+    """The sum of a metric's samples, whatever their labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )
+
+
 def sample(worker, name: str, model: str, **labels) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
         text = r.read().decode()
@@ -161,7 +173,13 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker):
     seconds.set_data_from_numpy(np.full((1, 1), 3.0, np.float32))
     hold = threading.Thread(target=holder.infer, args=("sleepy", [seconds]), daemon=True)
     hold.start()  # the device thread sleeps 3 s: mlp requests queue behind it
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10.0
+    while not (  # admitted and taken off its queue: the device thread is in it
+        sample_total(worker, "worker_inflight_requests") >= 1
+        and sample(worker, "worker_queue_depth", "sleepy") == 0
+    ):
+        assert time.monotonic() < deadline, "the sleepy request never reached the device"
+        time.sleep(0.02)
     c = grpcclient.InferenceServerClient(worker.url)
     c.start_stream(callback=lambda result, error: None)
     for i in range(10):
@@ -181,7 +199,6 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker):
     )
     hold.join(10)
     assert not hold.is_alive()
-    time.sleep(0.3)
     assert sample(worker, "worker_requests_served_total", "mlp") == served_before  # never ran
     out = grpcclient.InferenceServerClient(worker.url).infer(
         "mlp", [mlp_input(np.ones((1, 16), np.float32))]
@@ -219,6 +236,18 @@ def log_lines_after(worker, mark: int) -> list[str]:
     return worker.logs()[mark:].splitlines()
 
 
+def wait_for_log_line(worker, mark: int, needle: str, timeout: float = 10.0) -> list[str]:
+    """The worker's log lines after ``mark`` once one of them holds ``needle`` (the worker logs
+    a request after answering it, so the line may trail the reply)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = log_lines_after(worker, mark)
+        if any(needle in line for line in lines):
+            return lines
+        assert time.monotonic() < deadline, f"no log line with {needle!r} after the mark"
+        time.sleep(0.02)
+
+
 def test_log_settings_round_trip_and_change_what_the_worker_logs(worker):
     c = grpcclient.InferenceServerClient(worker.url)
     start = settings_of(c.get_log_settings(as_json=True))
@@ -233,17 +262,17 @@ def test_log_settings_round_trip_and_change_what_the_worker_logs(worker):
     x = np.ones((1, 16), np.float32)
     mark = len(worker.logs())
     c.infer("mlp", [mlp_input(x)], request_id="quiet-1")
-    time.sleep(0.3)
-    assert not any("quiet-1" in line for line in log_lines_after(worker, mark))  # debug is off
 
     updated = settings_of(c.update_log_settings({"log_verbose_level": 1}, as_json=True))
     assert updated == {**start, "log_verbose_level": 1}
     assert settings_of(c.get_log_settings(as_json=True)) == updated
-    mark = len(worker.logs())
     c.infer("mlp", [mlp_input(x)], request_id="verbose-1")
-    time.sleep(0.3)
-    lines = [json.loads(ln) for ln in log_lines_after(worker, mark) if "verbose-1" in ln]
-    assert [(e["event"], e["request_id"], e["status"]) for e in lines] == [
+    # One thread logs both requests in turn: once verbose-1's line is there, a line for
+    # quiet-1 would be too, had it been logged.
+    lines = wait_for_log_line(worker, mark, "verbose-1")
+    assert not any("quiet-1" in line for line in lines)  # debug was off
+    events = [json.loads(ln) for ln in lines if "verbose-1" in ln]
+    assert [(e["event"], e["request_id"], e["status"]) for e in events] == [
         ("request_done", "verbose-1", "OK")
     ]
 
@@ -251,8 +280,8 @@ def test_log_settings_round_trip_and_change_what_the_worker_logs(worker):
     assert updated["log_format"] == "ISO8601"
     mark = len(worker.logs())
     c.infer("mlp", [mlp_input(x)], request_id="console-1")
-    time.sleep(0.3)
-    (line,) = [ln for ln in log_lines_after(worker, mark) if "console-1" in ln]
+    lines = wait_for_log_line(worker, mark, "console-1")
+    (line,) = [ln for ln in lines if "console-1" in ln]
     assert not line.startswith("{") and "request_done" in line  # console lines now
 
     with pytest.raises(InferenceServerException) as info:
@@ -267,8 +296,11 @@ def test_log_settings_round_trip_and_change_what_the_worker_logs(worker):
     assert back == start
     mark = len(worker.logs())
     c.infer("mlp", [mlp_input(x)], request_id="quiet-2")
-    time.sleep(0.3)
-    assert not any("quiet-2" in line for line in log_lines_after(worker, mark))
+    c.update_log_settings({"log_verbose_level": 1})
+    c.infer("mlp", [mlp_input(x)], request_id="verbose-2")
+    lines = wait_for_log_line(worker, mark, "verbose-2")
+    assert not any("quiet-2" in line for line in lines)  # quiet again before verbose-2
+    assert settings_of(c.update_log_settings({"log_verbose_level": 0}, as_json=True)) == start
 
 
 def test_trace_settings_and_cuda_shared_memory_stay_unimplemented_by_name(worker):

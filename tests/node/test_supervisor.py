@@ -26,7 +26,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 SLEEP = "import time\nwhile True: time.sleep(1)"
-IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEP
+IGNORE_TERM = (
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('handler installed', flush=True)\n" + SLEEP
+)
+"""A child that ignores SIGTERM; it says so once the handler is in place."""
 
 
 def child(name: str, code: str, grace: float = 5.0, **kw) -> ChildSpec:
@@ -211,7 +215,7 @@ def test_sigterm_stops_every_child_and_exits_zero(fake_node):
 def test_a_child_that_ignores_sigterm_is_killed_after_its_grace(fake_node):
     node = fake_node([{"name": "stubborn", "argv": py(IGNORE_TERM), "grace": 1}])
     pid = node.pid_of("stubborn")
-    time.sleep(0.5)  # let the child install its handler
+    node.wait_for(r"handler installed")
     started = time.monotonic()
     node.proc.send_signal(signal.SIGINT)
     assert node.proc.wait(timeout=20) == 0
@@ -225,7 +229,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_its_grace(fake_node):
 def test_a_second_signal_kills_without_waiting_out_the_grace(fake_node):
     node = fake_node([{"name": "stubborn", "argv": py(IGNORE_TERM), "grace": 60}])
     pid = node.pid_of("stubborn")
-    time.sleep(0.5)
+    node.wait_for(r"handler installed")
     node.proc.send_signal(signal.SIGTERM)
     node.wait_for(r"received shutdown signal")
     started = time.monotonic()

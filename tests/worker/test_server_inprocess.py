@@ -43,15 +43,27 @@ def server(demo_repo):
 def block_device(running, seconds: float) -> threading.Thread:
     """Occupy the device thread for ``seconds`` so that new requests queue up."""
 
+    on_device = threading.Event()
+
+    def occupy() -> None:
+        on_device.set()
+        time.sleep(seconds)
+
     def target():
-        anyio.from_thread.run(
-            running.scheduler.run_on_device, time.sleep, seconds, token=running._portal
-        )
+        anyio.from_thread.run(running.scheduler.run_on_device, occupy, token=running._portal)
 
     t = threading.Thread(target=target, daemon=True)
     t.start()
-    time.sleep(0.1)
+    assert on_device.wait(30), "the device thread never took the blocking job"
     return t
+
+
+def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Poll ``condition`` until it holds (a deadline, not a sleep that guesses)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 def mlp_input(x, name="input_0", datatype="FP32"):
@@ -132,9 +144,11 @@ def test_cancelled_queued_requests_are_never_executed(server):
     statuses = asyncio.run(main())
     assert set(statuses) == {"StatusCode.DEADLINE_EXCEEDED"}
     blocker.join()
-    time.sleep(0.3)
+    wait_until(
+        lambda: server.scheduler.scheduler_metrics()["mlp"].queue_depth == 0,
+        what="the expired requests to leave the queue",
+    )
     assert server.scheduler.scheduler_metrics()["mlp"].requests_served == before
-    assert server.scheduler.scheduler_metrics()["mlp"].queue_depth == 0
 
 
 def test_unknown_model_is_not_found(server, demo_repo):
@@ -285,7 +299,7 @@ def test_concurrency_cap_and_message_size_are_resource_exhausted(demo_repo):
 
 def test_shutdown_answers_queued_requests_unavailable(demo_repo):
     running = start(demo_repo)
-    blocker = block_device(running, 1.0)
+    blocker = block_device(running, 3.0)  # long enough for four clients to queue on a busy box
     results: list = []
 
     def client_thread():
@@ -299,7 +313,10 @@ def test_shutdown_answers_queued_requests_unavailable(demo_repo):
     threads = [threading.Thread(target=client_thread) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    wait_until(
+        lambda: running.scheduler.scheduler_metrics()["mlp"].queue_depth == 4,
+        what="four requests queued behind the busy device",
+    )
     t0 = time.monotonic()
     stop(running)
     assert time.monotonic() - t0 < 6.0
@@ -317,6 +334,11 @@ def test_stop_leaves_no_thread_behind(demo_repo):
     c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))])
     c.close()
     stop(running)
-    time.sleep(0.2)
-    leftover = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-    assert leftover == [], leftover
+
+    def leftover() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+
+    deadline = time.monotonic() + 10.0  # threads that were told to stop finish their last turn
+    while leftover() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert leftover() == [], leftover()
