@@ -299,7 +299,7 @@ async def test_deadline_exceeded_resets_the_stream_and_keeps_the_connection(echo
         started = time.monotonic()
         with pytest.raises(RpcError) as info:
             await t.unary(ECHO, b"x", Raw, timeout=0.2, metadata={"x-sleep": "5"})
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4  # the deadline ended it, not the 5 s handler
         assert info.value.status is StatusCode.DEADLINE_EXCEEDED
         assert info.value.message == (
             f"deadline of 0.200s exceeded calling Echo on 127.0.0.1:{echo.port}"
