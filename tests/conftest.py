@@ -17,13 +17,13 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+import structlog
+
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_REPO / ".cache" / "jax-tests"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-
-import pytest
-import structlog
 
 # Tests capture info and debug events (structlog.testing.capture_logs keeps the configured
 # level filter), so the suite logs every level; the library's own default is warnings only.
