@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import tritonclient.grpc as grpcclient
 
@@ -21,12 +22,16 @@ from tests.ports import free_port
 class Proc:
     """A child process with its log file; ``stop`` sends SIGTERM and returns the exit code."""
 
+    preexec_fn: Callable[[], object] | None = None
+    """Run in the child before it executes (a subclass sets it, e.g. to lower its limits)."""
+
     def __init__(self, argv: list[str], log: pathlib.Path, env: dict[str, str]) -> None:
         self.argv, self.log_path, self.env = argv, log, env
         self._log = open(log, "ab")
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env}
-        )
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            preexec_fn=self.preexec_fn,
+        )  # fmt: skip
 
     def logs(self) -> str:
         self._log.flush()
@@ -87,7 +92,7 @@ class Worker(Proc):
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self._argv(), stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **self._env()},
+            env={**os.environ, **self._env()}, preexec_fn=self.preexec_fn,
         )  # fmt: skip
 
     def client(self, **kw) -> grpcclient.InferenceServerClient:
