@@ -12,18 +12,18 @@ The rule (``FdBudget.plan``), for a soft ``RLIMIT_NOFILE`` of ``L``:
 - a reserve of ``max(64, L // 16)`` descriptors plus one spare per listener (the spare lets
   a listener accept and close a connection even at EMFILE) for the runtime itself: the event
   loop, logs, pipes, imports, the metrics scrape's own client;
-- the worker: ``L // 4`` shared-memory regions (``core.shm.ShmRegistry``) and ``L // 16`` for
-  model files;
+- the worker: ``L // 4`` (at least 16) shared-memory regions (``core.shm.ShmRegistry``) and
+  ``L // 16`` for model files;
 - the gateway: ``L // 4`` for its connections to the workers;
 - what is left, split evenly among the process's listeners: each caps its open connections
   at ``min(limits.max_connections, share)`` (``connection_cap``).
 
-At 1024 a worker with three listeners gets 193 connections per listener; at 256, 36.
+At 1024 a worker with three listeners gets 212 connections per listener; at 256, 36.
 
 ``raise_open_file_limit`` runs first, at process start (the worker and gateway CLIs): the soft
-limit goes up to the hard one, as nginx's ``worker_rlimit_nofile`` or systemd's services do,
-since the soft default (1024 on most distributions) is a compatibility value for ``select``,
-which nothing here uses.
+limit goes up to the hard one, as nginx's ``worker_rlimit_nofile`` does when set, since the
+soft default (1024 on most distributions) is a compatibility value for ``select``, which
+nothing here uses.
 """
 
 from __future__ import annotations

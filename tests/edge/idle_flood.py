@@ -6,6 +6,7 @@ from __future__ import annotations
 import select
 import socket
 import time
+from typing import Self
 
 
 class Flood:
@@ -19,7 +20,7 @@ class Flood:
         for _ in range(n):
             self.socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
 
-    def __enter__(self) -> Flood:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
