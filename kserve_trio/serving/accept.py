@@ -27,6 +27,7 @@ task in the caller's task group.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -185,11 +186,18 @@ async def accept_loop(
             if not cap.admit():
                 sock.close()
             else:
-                sock.setblocking(False)
+                _configure(sock)
                 tg.start_soon(_served, serve, sock, cap)
             await anyio.lowlevel.checkpoint()
     finally:
         spare.close()
+
+
+def _configure(sock: socket.socket) -> None:
+    """Non-blocking, and no Nagle delay: a reply's head and body leave as they are written."""
+    sock.setblocking(False)
+    with contextlib.suppress(OSError):  # a connection already reset: its reader finds out
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 async def _served(serve: Serve, sock: socket.socket, cap: ConnectionCap) -> None:

@@ -1,19 +1,18 @@
 """The worker and gateway CLIs under a low open-file limit, with every public port open.
 
 ``RLIMIT_NOFILE`` is set to ``NOFILE`` (soft = hard, so the CLI's raise to the hard limit
-changes nothing) in the child before it executes; the worker serves gRPC, REST and metrics,
+changes nothing) by the launcher the CLI runs under (``tests.edge.nofile``); the worker serves gRPC, REST and metrics,
 the gateway gRPC, REST and admin. ``descriptors`` counts a process's open descriptors
 (/proc/<pid>/fd), ``counter`` reads one sample of a Prometheus exposition.
 """
 
 from __future__ import annotations
 
-import functools
 import http.client
 import os
 import pathlib
 import re
-import resource
+import sys
 
 from kserve_trio.serving.fd_budget import FdBudget
 from tests.gateway.procs import Gateway, Worker
@@ -22,7 +21,7 @@ from tests.ports import free_port
 NOFILE = 256
 """The open-file limit the processes run under."""
 
-_LOW_LIMIT = functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+_LOW_LIMIT = (sys.executable, "-m", "tests.edge.nofile", str(NOFILE))
 
 
 def worker_cap(max_connections: int = 1000) -> int:
@@ -38,7 +37,7 @@ def gateway_cap(max_connections: int = 1000) -> int:
 class LimitedWorker(Worker):
     """A CLI worker under ``NOFILE`` with REST (``http_port``) and metrics ports."""
 
-    preexec_fn = _LOW_LIMIT
+    launcher = _LOW_LIMIT
 
     def __init__(self, repo: pathlib.Path, env: dict[str, str] | None = None) -> None:
         self.http_port = free_port()
@@ -51,7 +50,7 @@ class LimitedWorker(Worker):
 class LimitedGateway(Gateway):
     """A CLI gateway under ``NOFILE`` in front of ``worker``, with a REST port."""
 
-    preexec_fn = _LOW_LIMIT
+    launcher = _LOW_LIMIT
 
     def __init__(self, workdir: pathlib.Path, worker: Worker, env: dict[str, str]) -> None:
         self.http_port = free_port()

@@ -120,6 +120,7 @@ def test_an_idle_keep_alive_connection_closes_after_the_idle_limit(worker: Limit
     assert refused(worker.metrics_port, "worker", "idle") - before >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_connection_that_keeps_asking_is_not_cut(worker: LimitedWorker):
     conn = http.client.HTTPConnection("127.0.0.1", worker.http_port, timeout=10)

@@ -12,7 +12,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 
 import tritonclient.grpc as grpcclient
 
@@ -22,15 +21,15 @@ from tests.ports import free_port
 class Proc:
     """A child process with its log file; ``stop`` sends SIGTERM and returns the exit code."""
 
-    preexec_fn: Callable[[], object] | None = None
-    """Run in the child before it executes (a subclass sets it, e.g. to lower its limits)."""
+    launcher: tuple[str, ...] = ()
+    """A command the process's argv is run under (a subclass sets it, e.g. to lower limits)."""
 
     def __init__(self, argv: list[str], log: pathlib.Path, env: dict[str, str]) -> None:
         self.argv, self.log_path, self.env = argv, log, env
         self._log = open(log, "ab")
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env},
-            preexec_fn=self.preexec_fn,
+            [*self.launcher, *argv], stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
         )  # fmt: skip
 
     def logs(self) -> str:
@@ -91,8 +90,8 @@ class Worker(Proc):
         self._log.close()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self._argv(), stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **self._env()}, preexec_fn=self.preexec_fn,
+            [*self.launcher, *self._argv()], stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **self._env()},
         )  # fmt: skip
 
     def client(self, **kw) -> grpcclient.InferenceServerClient:

@@ -98,6 +98,7 @@ class GrpcServer:
                 tg.start_soon(self._accept, sockets, serve_one, tg)
                 task_status.started(self.port)
         finally:
+            self._accept_loops_done.set()  # also when ``_accept`` never got to run
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
 
