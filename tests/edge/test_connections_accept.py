@@ -6,7 +6,8 @@
   (counted ``reason="fd_budget"``), so those clients see their connection closed at once, and
   the process keeps serving; once the flood leaves, every descriptor comes back;
 - a TLS handshake that never comes on the REST port is closed at ``limits.handshake_seconds``
-  (counted ``reason="handshake_timeout"``), and a TLS client is served meanwhile;
+  (counted ``reason="handshake_timeout"``), and a TLS client is served meanwhile; a request
+  head that stops halfway on a kept-alive connection is answered 408 at the same deadline;
 - only a bind error is a listen failure (what the worker CLI reports as "cannot serve"):
   the same ``OSError`` from a running server is not.
 """
@@ -121,3 +122,36 @@ def test_only_a_bind_error_is_a_listen_failure():
     running = OSError(errno.EMFILE, "Too many open files")  # an accept of a running server
     assert listen_failure(running) is None
     assert listen_failure(BaseExceptionGroup("tree", [running])) is None
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_head_that_stops_halfway_gets_408_at_the_deadline():
+    deadline_seconds = 0.5
+    stats = EdgeStats()
+    serve = functools.partial(
+        serve_app,
+        "127.0.0.1",
+        0,
+        _ok,
+        max_body_bytes=1 << 16,
+        limits=EdgeLimits(handshake_seconds=deadline_seconds),
+        stats=stats,
+    )
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve)
+        slow = await anyio.connect_tcp("127.0.0.1", port)
+        await slow.send(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")  # one whole request: answered
+        assert (await slow.receive()).startswith(b"HTTP/1.1 200 ")
+        start = anyio.current_time()
+        await slow.send(b"GET / HTTP/1.1\r\nHo")  # the next head never ends
+        with anyio.fail_after(deadline_seconds + 5):
+            answer = await slow.receive()
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                while True:
+                    answer += await slow.receive()
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"connection: close" in answer
+        assert anyio.current_time() - start >= deadline_seconds * 0.9
+        assert stats.refused_connections == {"handshake_timeout": 1}
+        await slow.aclose()
+        tg.cancel_scope.cancel()
