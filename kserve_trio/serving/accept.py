@@ -18,7 +18,8 @@ A listener must outlive anything its clients do. So:
    level-triggered listener whose backlog cannot be drained would otherwise wake the loop for
    ever, and the clients would wait for a connection nobody will serve.
 4. Other accept errors (a connection reset while it sat in the backlog, ECONNABORTED,
-   the network errors Linux reports on the new socket) concern one connection only: skipped.
+   the network errors Linux reports on the new socket) concern one connection only: skipped
+   (backing off the same way when they repeat, so a listener in a bad state does not spin).
 
 The loop accepts on the listening socket itself (non-blocking ``accept`` first, then a wait
 for readability), on asyncio and trio alike, and hands each accepted socket to ``serve``, a
@@ -165,13 +166,13 @@ async def accept_loop(
             except OSError as exc:
                 if raw.fileno() < 0:
                     return
-                if exc.errno not in RESOURCE_ERRNOS:
-                    log.info("accept_skipped", listener=cap.name, error=exc.strerror)
-                    await anyio.lowlevel.checkpoint()
-                    continue
-                shed = _shed(raw, spare, cap.stats) if exc.errno in _DESCRIPTOR_ERRNOS else 0
                 pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
+                if exc.errno not in RESOURCE_ERRNOS:  # one connection's fault (rule 4)
+                    log.info("accept_skipped", listener=cap.name, error=exc.strerror)
+                    await anyio.sleep(pause if failures > 1 else 0)
+                    continue
+                shed = _shed(raw, spare, cap.stats) if exc.errno in _DESCRIPTOR_ERRNOS else 0
                 log.warning(
                     "accept_failed",
                     listener=cap.name,
