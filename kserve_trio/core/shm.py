@@ -103,7 +103,8 @@ def same_ipc_namespace(name: str) -> bool:
 
 def default_max_regions() -> int:
     """A quarter of the process's open-file limit: each region holds one descriptor, and the
-    rest must stay free for connections, model files and the runtime."""
+    rest must stay free for connections, model files and the runtime. (The worker passes the
+    same share of its descriptor budget, ``serving.fd_budget``, which splits the rest.)"""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return 1 << 16

@@ -60,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
 
     if tuning_enabled():  # large messages are copied several times: keep the heap warm
         tune_allocator()
+    from kserve_trio.serving.fd_budget import raise_open_file_limit
+
+    raise_open_file_limit()  # before the descriptor budget is split from it
     from kserve_trio.gateway.prober import GatewayWedged
     from kserve_trio.gateway.server import serve_gateway
+    from kserve_trio.serving.accept import ListenError
 
     try:
         serve_gateway(loaded.config, blocking=True)
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # a listen address that cannot be bound
+    except ListenError as exc:  # a listen address that cannot be bound (never a later error)
         log.error("startup_failed", error=str(exc))
         print(f"error: cannot serve: {exc}", file=sys.stderr)
         return 2

@@ -27,9 +27,12 @@ import anyio
 import anyio.abc
 
 from kserve_trio.core import compression
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
+from kserve_trio.serving.accept import ListenError
+from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.rest_routes import (
@@ -127,10 +130,14 @@ async def serve_rest(
     *,
     max_body_bytes: int,
     ssl_context: ssl.SSLContext | None = None,
+    limits: EdgeLimits | None = None,
+    stats: EdgeStats | None = None,
+    connection_cap: int | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
-    close its connections to the workers."""
+    close its connections to the workers. ``limits``, ``stats``, ``connection_cap``: as
+    ``serve_app`` takes them."""
     rest = GatewayRest(service)
     try:
         await serve_app(
@@ -140,10 +147,13 @@ async def serve_rest(
             max_body_bytes=max_body_bytes,
             ssl_context=ssl_context,
             name="rest",
+            limits=limits,
+            stats=stats,
+            connection_cap=connection_cap,
             task_status=task_status,
         )
-    except OSError as exc:  # the bind: say which address (the CLI prints this one line)
-        raise OSError(exc.errno, f"listen.http {host}:{port}: {exc.strerror or exc}") from None
+    except ListenError as exc:  # the bind: say which address (the CLI prints this one line)
+        raise ListenError(exc.errno, f"listen.http {host}:{port}: {exc.strerror or exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
             await rest.aclose()

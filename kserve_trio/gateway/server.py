@@ -83,6 +83,7 @@ from kserve_trio.serving.background import (
     start_in_thread,
 )
 from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
 from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
 
 DRAIN_SECONDS = 5.0
@@ -253,6 +254,11 @@ async def serve_gateway_async(
     gateway = Gateway(config, resolver=resolver)
     grpc_host, grpc_port = config.listen.grpc_address
     metrics_host, metrics_port = config.listen.metrics_address
+    listeners = 3 if config.listen.http_address is not None else 2
+    budget = FdBudget.plan(open_file_limit(), listeners=listeners, gateway=True)
+    budget.log("gateway", config.limits.max_connections)
+    cap = budget.connection_cap(config.limits.max_connections)
+    edge = {"limits": config.limits, "stats": gateway.edge_stats, "connection_cap": cap}
     server: GrpcServer | None = None
     try:
         async with anyio.create_task_group() as tg:
@@ -272,6 +278,7 @@ async def serve_gateway_async(
                     exposition=gateway.metrics.exposition,
                     ready=gateway.ready,
                     routes=gateway.admin.routes(),
+                    **edge,
                 )
             )
             bound_http = 0
@@ -285,12 +292,14 @@ async def serve_gateway_async(
                         gateway.service,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         ssl_context=ssl_context,
+                        **edge,
                     )
                 )
             server = GrpcServer(
                 {**gateway.service.methods(), **gateway.control.methods()},
                 ServerSettings(limits=config.limits),
                 gateway.edge_stats,
+                connection_cap=cap,
             )
             bound_grpc = await tg.start(server.serve, grpc_host, grpc_port, ssl_context)
             running = RunningGateway(

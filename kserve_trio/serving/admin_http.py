@@ -3,7 +3,8 @@
 Served by the project's HTTP stack (``serving.http``) inside the caller's task tree:
 ``GET /metrics`` (Prometheus text), ``/healthz`` (200 ``ok`` while the process is up),
 ``/readyz`` (200 ``ok`` / 503 ``not ready`` with ServerReady semantics), 404 otherwise; any
-method but GET and HEAD is 405. Connections are kept alive like any HTTP/1.1 client expects.
+method but GET and HEAD is 405. Connections are kept alive like any HTTP/1.1 client expects,
+under the same edge limits as the REST port (``serve_app``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 import anyio.abc
 
+from kserve_trio.core.config import EdgeLimits
+from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 
 MAX_BODY_BYTES = 64 << 10
@@ -65,17 +68,24 @@ async def serve_http(
     exposition: Callable[[], bytes],
     ready: Callable[[], bool],
     routes: Mapping[str, Route] | None = None,
+    limits: EdgeLimits | None = None,
+    stats: EdgeStats | None = None,
+    connection_cap: int | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; ``task_status.started(bound_port)``. ``routes`` adds endpoints
     (path -> async handler), checked before the built-in ones, so a server can serve its own
-    ``/metrics`` (the gateway merges its workers' expositions into it)."""
+    ``/metrics`` (the gateway merges its workers' expositions into it). ``limits``, ``stats``
+    and ``connection_cap`` are ``serve_app``'s: the admin port is as public as the others."""
     await serve_app(
         host,
         port,
         admin_app(exposition, ready, routes),
         max_body_bytes=MAX_BODY_BYTES,
         name="metrics",
+        limits=limits,
+        stats=stats,
+        connection_cap=connection_cap,
         task_status=task_status,
     )
 

@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     if tuning_enabled():
         tune_allocator()
+    from kserve_trio.serving.fd_budget import raise_open_file_limit
+
+    raise_open_file_limit()  # before the descriptor budget is split from it
     log = get_logger("kserve_trio.worker")
     from kserve_trio.worker.server import serve
 
@@ -102,11 +105,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def listen_failure(exc: BaseException) -> OSError | None:
-    """The ``OSError`` a failed start comes down to (a port taken, an address not local), also
-    when the task tree wrapped it in exception groups; ``None`` when it was something else."""
+    """The ``ListenError`` a failed start comes down to (a port taken, an address not local),
+    also when the task tree wrapped it in exception groups; ``None`` when it was something
+    else. Only a bind raises ``ListenError``, so an ``OSError`` of the running server (an
+    accept, a connection) is never reported as "cannot serve": it is a fault, with its
+    traceback."""
+    from kserve_trio.serving.accept import ListenError
+
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
+    return exc if isinstance(exc, ListenError) else None
 
 
 __all__ = ["configure_parser", "listen_failure", "overrides_from_args", "run"]

@@ -60,6 +60,7 @@ from kserve_trio.worker import heartbeat
 if TYPE_CHECKING:
     from kserve_trio.runtime.backend import WorkerBackend
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.grpc import GrpcServer
     from kserve_trio.worker.inference import InferenceCore
     from kserve_trio.worker.registry import ModelBundle
@@ -135,6 +136,7 @@ async def serve_async(
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
     from kserve_trio.serving.edge_stats import EdgeStats
+    from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
     from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
@@ -149,6 +151,12 @@ async def serve_async(
 
     heartbeat.run_guards(config)  # before anything is allocated; a refusal propagates
     ssl_context = server_ssl_context(config.endpoints.tls)  # a bad PEM fails before loading
+    ports = (config.endpoints.port, config.endpoints.metrics_port, config.endpoints.http_port)
+    budget = FdBudget.plan(
+        open_file_limit(), listeners=1 + sum(1 for p in ports[1:] if p), worker=True
+    )
+    budget.log("worker", config.limits.max_connections)
+    cap = budget.connection_cap(config.limits.max_connections)
     started = time.monotonic()
     backend = backend if backend is not None else _make_backend(config)
     cache = _make_cache(WeightCache, backend, config)
@@ -177,7 +185,7 @@ async def serve_async(
             config.grpc.max_send_msg_bytes,
             config.grpc.compress_responses,
         ),
-        shm_registry=ShmRegistry(),
+        shm_registry=ShmRegistry(max_regions=budget.shm_regions),
         admission=admission,
         metrics=metrics,
         cache=cache,
@@ -193,6 +201,9 @@ async def serve_async(
                     config.endpoints.metrics_port,
                     exposition=metrics.exposition,
                     ready=state.server_ready,
+                    limits=config.limits,
+                    stats=edge_stats,
+                    connection_cap=cap,
                 )
             )
         await tg.start(scheduler.run)
@@ -231,11 +242,14 @@ async def serve_async(
         service = InferenceService(state, core)
         http_port = 0
         if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
-            http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
+            http_port = await tg.start(
+                functools.partial(_serve_rest, config, service, core, ssl_context, edge_stats, cap)
+            )
         server = GrpcServer(
             {**service.methods(), **ControlService(state).methods()},
             ServerSettings(limits=config.limits),
             edge_stats,
+            connection_cap=cap,
         )
         port = await tg.start(
             server.serve, config.endpoints.host, config.endpoints.port, ssl_context
@@ -363,11 +377,15 @@ async def _serve_rest(
     service: InferenceService,
     core: InferenceCore,
     ssl_context: ssl.SSLContext | None,
+    edge_stats: EdgeStats,
+    connection_cap: int,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """The KServe V2 REST endpoint (``endpoints.http_port``, TLS like the gRPC port): the
-    same service and inference core behind ``worker.rest``; bodies capped like gRPC messages."""
+    same service and inference core behind ``worker.rest``; bodies capped like gRPC messages,
+    connections and deadlines under ``config.limits``."""
+    from kserve_trio.serving.accept import ListenError
     from kserve_trio.serving.http import serve_app
     from kserve_trio.worker.rest import WorkerRest
 
@@ -380,10 +398,13 @@ async def _serve_rest(
             max_body_bytes=config.grpc.max_recv_msg_bytes,
             ssl_context=ssl_context,
             name="rest",
+            limits=config.limits,
+            stats=edge_stats,
+            connection_cap=connection_cap,
             task_status=task_status,
         )
-    except OSError as exc:  # the bind: say which port (the CLI prints this one line)
-        raise OSError(exc.errno, f"REST port {host}:{port}: {exc.strerror or exc}") from None
+    except ListenError as exc:  # the bind: say which port (the CLI prints this one line)
+        raise ListenError(exc.errno, f"REST port {host}:{port}: {exc.strerror or exc}") from None
 
 
 async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:

@@ -21,12 +21,16 @@ from tests.ports import free_port
 class Proc:
     """A child process with its log file; ``stop`` sends SIGTERM and returns the exit code."""
 
+    launcher: tuple[str, ...] = ()
+    """A command the process's argv is run under (a subclass sets it, e.g. to lower limits)."""
+
     def __init__(self, argv: list[str], log: pathlib.Path, env: dict[str, str]) -> None:
         self.argv, self.log_path, self.env = argv, log, env
         self._log = open(log, "ab")
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env}
-        )
+            [*self.launcher, *argv], stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+        )  # fmt: skip
 
     def logs(self) -> str:
         self._log.flush()
@@ -86,7 +90,7 @@ class Worker(Proc):
         self._log.close()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self._argv(), stdout=self._log, stderr=subprocess.STDOUT,
+            [*self.launcher, *self._argv()], stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **self._env()},
         )  # fmt: skip
 

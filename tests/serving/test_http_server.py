@@ -13,6 +13,7 @@ import urllib.request
 import anyio
 import pytest
 
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import NotFound
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
@@ -56,7 +57,7 @@ class Server:
                     0,
                     app,
                     max_body_bytes=CAP,
-                    idle_seconds=IDLE,
+                    limits=EdgeLimits(idle_seconds=IDLE),
                     task_status=task_status,
                 )
             )

@@ -1,9 +1,9 @@
 """The connection's bytes on asyncio without anyio's stream in between: the one place our gRPC
 layer touches asyncio.
 
-On asyncio (and uvloop) the server accepts on its listening sockets itself (``acceptor``) and
-gives each connection a transport of the event loop's own, TLS included (uvloop's native TLS,
-not a Python-level ``MemoryBIO``), with a protocol of ours: received bytes go straight into
+On asyncio (and uvloop) the server accepts on its listening sockets itself (``serving.accept``)
+and gives each accepted socket (``open_native``) a transport of the event loop's own, TLS
+included (uvloop's native TLS, not a Python-level ``MemoryBIO``), with a protocol of ours: received bytes go straight into
 ``Connection.feed`` from the transport's callback, with no read task, no wake-up and no
 pause/resume of the transport per read, and writes go straight to ``transport.write``, which
 takes them whole and synchronously. That is how the raw asyncio + h2 floor works, and it is
@@ -21,12 +21,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.abc
-import sniffio
 
 from kserve_trio.core.event_loops import asyncio_transport
 from kserve_trio.core.logging import get_logger
@@ -126,27 +123,11 @@ class FastIO(asyncio.Protocol):
             await resumed.wait()
 
 
-Acceptor = Callable[[], Awaitable[tuple[socket.socket, Any]]]
-
-
-def acceptor(listener: anyio.abc.SocketListener) -> Acceptor | None:
-    """On asyncio: a function accepting the next client socket of ``listener``'s socket (the
-    event loop's ``sock_accept``), so a connection can get a native transport; else None."""
-    if sniffio.current_async_library() != "asyncio":
-        return None
-    raw = listener.extra(anyio.abc.SocketAttribute.raw_socket)
-    loop = asyncio.get_running_loop()
-
-    async def accept() -> tuple[socket.socket, Any]:
-        return await loop.sock_accept(raw)
-
-    return accept
-
-
 async def open_native(
-    sock: socket.socket, ssl_context: ssl.SSLContext | None, handshake_timeout: float
+    sock: socket.socket, ssl_context: ssl.SSLContext | None, handshake_timeout: float | None
 ) -> FastIO:
-    """An accepted socket as a native transport (TLS handshake done) and its ``FastIO``."""
+    """An accepted socket as a native transport (TLS handshake done) and its ``FastIO``;
+    ``handshake_timeout`` None: asyncio's default."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     loop = asyncio.get_running_loop()
     fast = FastIO()
@@ -182,4 +163,4 @@ def attach(stream: object, conn: Connection) -> FastIO | None:
     return fast
 
 
-__all__ = ["Acceptor", "FastIO", "acceptor", "attach", "open_native"]
+__all__ = ["FastIO", "attach", "open_native"]

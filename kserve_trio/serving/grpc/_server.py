@@ -11,34 +11,34 @@ is the orderly end:
 3. the calls in flight finish for up to ``grace`` seconds; what is left is cancelled;
 4. ``serve`` returns.
 
-An accept that fails because the process is out of descriptors or memory (EMFILE, ENFILE,
-ENOBUFS, ENOMEM) is logged and retried after a short back-off; the connections being served
-are not affected. TLS connections finish their handshake (ALPN ``h2``) within
-``limits.handshake_seconds`` or are closed.
+Accepting is ``serving.accept``'s loop: a port that cannot be bound is a ``ListenError`` (the
+only error that stops the start), the open connections are capped at ``connection_cap`` (the
+listener's share of the process's descriptors, ``serving.fd_budget``; one more is accepted and
+closed at once), and an accept that fails because the process is out of descriptors or memory
+backs off without touching the connections being served. TLS connections finish their
+handshake (ALPN ``h2``) within ``limits.handshake_seconds`` or are closed.
 """
 
 from __future__ import annotations
 
-import errno
 import socket
 import ssl
 from collections.abc import Mapping
 
 import anyio
 import anyio.abc
+import sniffio
 from anyio.streams.tls import TLSStream
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._connection import Connection
-from kserve_trio.serving.grpc._fast_io import acceptor, open_native
+from kserve_trio.serving.grpc._fast_io import open_native
 from kserve_trio.serving.grpc._methods import Method
 from kserve_trio.serving.grpc._settings import ServerSettings, warn_removed_switches
 
 log = get_logger("kserve_trio.serving.grpc")
-
-_ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-_ACCEPT_BACKOFF_SECONDS = (0.005, 0.05, 0.2)
 
 
 class GrpcServer:
@@ -49,7 +49,10 @@ class GrpcServer:
         methods: Mapping[str, Method],
         settings: ServerSettings | None = None,
         stats: EdgeStats | None = None,
+        connection_cap: int | None = None,
     ) -> None:
+        """``connection_cap``: this listener's cap on open connections (the composition root's
+        ``FdBudget.connection_cap``); ``None``: ``limits.max_connections``."""
         warn_removed_switches()
         self.methods = dict(methods)
         self.settings = settings or ServerSettings()
@@ -64,6 +67,13 @@ class GrpcServer:
         self._no_connections: anyio.Event | None = None
         self._shutting_down = False
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
+        self._accept_loops_done = anyio.Event()
+        self.cap = ConnectionCap(
+            self.settings.limits.max_connections if connection_cap is None else connection_cap,
+            self.stats,
+            "grpc",
+        )
+        """The open connections against the cap (module docstring)."""
 
     async def serve(
         self,
@@ -75,68 +85,69 @@ class GrpcServer:
     ) -> None:
         """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port."""
         self._ssl = ssl_context
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        listener = await bind(host, port)
         self._listener = listener
-        listeners = [one for one in listener.listeners if isinstance(one, anyio.abc.SocketListener)]
-        self.port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))
+        sockets = listening_sockets(listener)
+        self.port = int(sockets[0].getsockname()[1])
+        native = sniffio.current_async_library() == "asyncio"
+        serve_one = self._serve_socket if native else self._serve_stream
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._scope = tg.cancel_scope
-                for one in listeners:
-                    tg.start_soon(self._accept_loop, one)
+                tg.start_soon(self._accept, sockets, serve_one, tg)
                 task_status.started(self.port)
         finally:
+            self._accept_loops_done.set()  # also when ``_accept`` never got to run
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
 
-    async def _accept_loop(self, listener: anyio.abc.SocketListener) -> None:
-        failures = 0
-        native = acceptor(listener)
-        with self._accepting:
-            while True:
-                try:
-                    if native is not None:
-                        sock, _ = await native()
-                        assert self._tg is not None
-                        self._tg.start_soon(self._serve_socket, sock)
-                        failures = 0
-                        continue
-                    stream = await listener.accept()
-                except OSError as exc:
-                    if exc.errno not in _ACCEPT_RETRY_ERRNOS:
-                        raise
-                    pause = _ACCEPT_BACKOFF_SECONDS[min(failures, len(_ACCEPT_BACKOFF_SECONDS) - 1)]
-                    failures += 1
-                    log.warning("accept_failed", error=exc.strerror, retry_seconds=pause)
-                    await anyio.sleep(pause)
-                    continue
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-                failures = 0
-                assert self._tg is not None
-                self._tg.start_soon(self._serve_connection, stream)
+    async def _accept(self, sockets, serve_one, tg: anyio.abc.TaskGroup) -> None:
+        """One accept loop per listening socket until ``shutdown`` stops them; the
+        connections are tasks of the server's group ``tg``, so they outlive the loops."""
+        try:
+            with self._accepting:
+                async with anyio.create_task_group() as loops:
+                    for raw in sockets:
+                        loops.start_soon(accept_loop, raw, self.cap, serve_one, tg)
+        finally:
+            self._accept_loops_done.set()
 
     async def _serve_socket(self, sock: socket.socket) -> None:
         """An accepted socket on asyncio: a native transport (TLS on it when configured)."""
         try:
-            with anyio.fail_after(self.settings.limits.handshake_seconds):
-                fast = await open_native(sock, self._ssl, self.settings.limits.handshake_seconds)
+            with anyio.fail_after(self.settings.limits.handshake_seconds or None):
+                fast = await open_native(
+                    sock, self._ssl, self.settings.limits.handshake_seconds or None
+                )
         except Exception as exc:
+            if isinstance(exc, TimeoutError):
+                self.stats.refuse_connection("handshake_timeout")
             log.info(
                 "tls_handshake_failed" if self._ssl else "accept_failed", error=repr(exc)[:200]
             )
             return
         await self._run(Connection(None, self.methods, self.settings, self._closed, fast))
 
+    async def _serve_stream(self, sock: socket.socket) -> None:
+        """An accepted socket on trio: anyio's stream over it."""
+        try:
+            stream = await anyio.abc.SocketStream.from_socket(sock)
+        except BaseException:
+            sock.close()
+            raise
+        await self._serve_connection(stream)
+
     async def _serve_connection(self, stream: anyio.abc.ByteStream) -> None:
         if self._ssl is not None:
             try:
-                with anyio.fail_after(self.settings.limits.handshake_seconds):
+                with anyio.fail_after(self.settings.limits.handshake_seconds or None):
                     stream = await TLSStream.wrap(
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
             except Exception as exc:
+                if isinstance(exc, TimeoutError):
+                    self.stats.refuse_connection("handshake_timeout")
                 log.info("tls_handshake_failed", error=repr(exc)[:200])
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
@@ -164,6 +175,7 @@ class GrpcServer:
         self._accepting.cancel()
         if self._listener is not None:  # refused from now on, not queued and reset later
             with anyio.CancelScope(shield=True):
+                await self._accept_loops_done.wait()  # none waits on a socket being closed
                 await self._listener.aclose()
         for conn in list(self.connections):
             conn.start_drain()

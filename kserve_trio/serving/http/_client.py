@@ -8,7 +8,8 @@ The rules, per ``(host, port)``:
    within its timeout, like a gRPC call for a stream slot;
 2. an idle connection is reused most-recent first; one the server closed (or that sent bytes
    unasked) is found by a no-wait ``poll`` before the request is written, and one idle longer
-   than ``IDLE_SECONDS`` (under the server's own ``IDLE_SECONDS``) is closed, not reused;
+   than ``IDLE_SECONDS`` (under the servers' default ``limits.idle_seconds``) is closed, not
+   reused;
 3. a reused connection that breaks while the request is written is retried once on a new
    connection; once the request was written nothing is retried (the server may have acted on
    it), the failure is ``HttpClientError``. (anyio's asyncio stream buffers a write into a

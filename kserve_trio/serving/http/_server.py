@@ -11,7 +11,10 @@ bodies):
 1. keep-alive: requests on one connection are answered in order, one at a time (a pipelined
    request waits for the one before it); the connection closes when the request asks
    (``Connection: close``, HTTP/1.0 without keep-alive), after an error that leaves the stream
-   unreadable, or after waiting ``IDLE_SECONDS`` for a byte (``IdleReaper``);
+   unreadable, or at a deadline (``IdleReaper``): a request head that is not complete within
+   ``limits.handshake_seconds`` of its first byte (of the accept, for a connection's first
+   request, the TLS handshake included: slowloris), answered 408 when some of it came, and a
+   connection that waited ``limits.idle_seconds`` for a byte;
 2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431); the body at most
    ``max_body_bytes``, checked on ``Content-Length`` before the body is read and again on the
    bytes of a chunked body (else RESOURCE_EXHAUSTED ``received message larger than max (N vs.
@@ -21,31 +24,40 @@ bodies):
 4. ``HEAD`` is answered with the headers of ``GET`` and no body;
 5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
    server keeps serving.
+
+Accepting is ``serving.accept``'s loop (a bind error is ``ListenError``; open connections are
+capped, one more is accepted and closed; out of descriptors it backs off and goes on serving).
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
 import httptools
-from anyio.streams.tls import TLSListener
+from anyio.streams.tls import TLSStream
 
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
+from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
 
 log = get_logger("kserve_trio.serving.http")
 
 MAX_HEAD_BYTES = 64 << 10
-IDLE_SECONDS = 120.0
 READ_BYTES = 256 << 10
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
+TIMEOUT_REPLY_SECONDS = 1.0
+"""How long a 408 to a slow client may take to write before the connection just closes."""
 _JOIN_BYTES = 256 << 10
 """Up to this size a reply is joined into one write; a larger payload is written from its own
 buffer (the same trade-off as the gRPC adapter's replies)."""
@@ -208,27 +220,85 @@ async def _answer(app: App, request: HttpRequest) -> HttpResponse:
         return error_response(exc)
 
 
-class IdleReaper:
-    """Closes connections that waited ``IDLE_SECONDS`` for a byte (idle keep-alive
-    connections and clients that stall inside a request alike).
+class _Clock:
+    """One connection's deadlines as the reaper sees them: since when it has waited for a
+    byte, since when its current request head has been arriving (``None``: no head in
+    progress), and why the reaper closed it."""
 
-    A connection registers its cancel scope while it waits in ``receive`` and unregisters when
+    __slots__ = ("head_bytes_seen", "head_since", "reason", "scope", "waiting_since")
+
+    def __init__(self, scope: anyio.CancelScope, head_since: float | None) -> None:
+        self.scope = scope
+        self.head_since = head_since
+        self.head_bytes_seen = False
+        self.waiting_since = 0.0
+        self.reason = ""
+
+
+class IdleReaper:
+    """Closes connections past a deadline of the module docstring (rule 1): a request head
+    not complete within ``limits.handshake_seconds`` (``reason="handshake_timeout"``), a wait
+    for a byte longer than ``limits.idle_seconds`` (``reason="idle"``), both counted in
+    ``stats.refused_connections``; 0 turns a deadline off.
+
+    A connection registers its ``_Clock`` while it waits in ``receive`` and unregisters when
     bytes arrive, so a request being answered is never cut; one task (``run``) checks every
-    quarter of the limit: a timeout scope around every receive cost far more per request than a
-    dictionary entry does (docs/benchmarks.md).
+    quarter of the shorter deadline: a timeout scope around every receive cost far more per
+    request than a dictionary entry does (docs/benchmarks.md).
     """
 
-    def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:
-        self.idle_seconds = idle_seconds
-        self.waiting: dict[anyio.CancelScope, float] = {}
+    def __init__(self, limits: EdgeLimits | None = None, stats: EdgeStats | None = None) -> None:
+        limits = limits or EdgeLimits()
+        self.idle_seconds = limits.idle_seconds
+        self.head_seconds = limits.handshake_seconds
+        self.stats = stats or EdgeStats()
+        self.waiting: dict[_Clock, None] = {}
 
     async def run(self) -> None:
+        deadlines = [d for d in (self.idle_seconds, self.head_seconds) if d > 0]
+        if not deadlines:
+            return
+        tick = max(0.01, min(deadlines) / 4)
         while True:
-            await anyio.sleep(self.idle_seconds / 4)
-            now = anyio.current_time()
-            for scope, since in list(self.waiting.items()):
-                if now - since >= self.idle_seconds:
-                    scope.cancel()
+            await anyio.sleep(tick)
+            self.reap(anyio.current_time())
+
+    def reap(self, now: float) -> None:
+        """Cancel every waiting connection whose deadline has passed at ``now``."""
+        for clock in list(self.waiting):
+            head = clock.head_since
+            if self.head_seconds > 0 and head is not None and now - head >= self.head_seconds:
+                clock.reason = "handshake_timeout"
+            elif self.idle_seconds > 0 and now - clock.waiting_since >= self.idle_seconds:
+                clock.reason = "idle"
+            else:
+                continue
+            del self.waiting[clock]
+            clock.scope.cancel()
+
+
+class _HeadWatch:
+    """The parser's protocol object: every callback is the request parser's (``_Parsed``);
+    the start and the end of each request head also move the connection's head clock."""
+
+    def __init__(self, parsed: _Parsed, clock: _Clock) -> None:
+        self._parsed = parsed
+        self._clock = clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parsed, name)
+
+    def on_message_begin(self) -> None:
+        clock = self._clock
+        clock.head_bytes_seen = True
+        if clock.head_since is None:
+            clock.head_since = anyio.current_time()
+        self._parsed.on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._clock.head_since = None
+        self._clock.head_bytes_seen = False
+        self._parsed.on_headers_complete()
 
 
 async def serve_connection(
@@ -236,15 +306,34 @@ async def serve_connection(
     app: App,
     max_body_bytes: int,
     reaper: IdleReaper | None = None,
+    accepted_at: float | None = None,
 ) -> None:
-    """Serve one connection until it closes (see the module docstring for the rules)."""
+    """Serve one connection until it closes (see the module docstring for the rules); with a
+    ``reaper``, under its deadlines, the first head's counted from ``accepted_at`` (default:
+    now)."""
     parsed = _Parsed(max_body_bytes)
-    parser = httptools.HttpRequestParser(parsed)
+    scope = anyio.CancelScope()
+    clock = _Clock(scope, anyio.current_time() if accepted_at is None else accepted_at)
+    parser = httptools.HttpRequestParser(_HeadWatch(parsed, clock))
     parsed.parser = parser
     waiting = reaper.waiting if reaper is not None else {}
     async with stream:
-        with anyio.CancelScope() as scope:
-            await _serve(stream, app, max_body_bytes, parsed, parser, scope, waiting)
+        with scope:  # what the reaper cancels
+            await _serve(stream, app, max_body_bytes, parsed, parser, clock, waiting)
+        if clock.reason and reaper is not None:
+            reaper.stats.refuse_connection(clock.reason)
+            if clock.reason == "handshake_timeout" and clock.head_bytes_seen:
+                await _timed_out(stream)
+
+
+async def _timed_out(stream: anyio.abc.ByteStream) -> None:
+    """408 to a client whose head did not arrive in time, written briefly or not at all."""
+    message = "the request head did not arrive in time"
+    with anyio.CancelScope(shield=True), anyio.move_on_after(TIMEOUT_REPLY_SECONDS):
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            await _reply(
+                stream, HttpResponse(408, error_body(message)), head_only=False, close=True
+            )
 
 
 async def _serve(
@@ -253,17 +342,18 @@ async def _serve(
     max_body_bytes: int,
     parsed: _Parsed,
     parser: httptools.HttpRequestParser,
-    scope: anyio.CancelScope,
-    waiting: dict[anyio.CancelScope, float],
+    clock: _Clock,
+    waiting: dict[_Clock, None],
 ) -> None:
     while True:
-        waiting[scope] = anyio.current_time()
+        clock.waiting_since = anyio.current_time()
+        waiting[clock] = None
         try:
             data = await stream.receive(READ_BYTES)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             return
         finally:
-            del waiting[scope]
+            waiting.pop(clock, None)
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -296,6 +386,8 @@ async def _serve(
                 return
             if close:
                 return
+            if clock.head_since is not None:  # a pipelined head: its time starts now
+                clock.head_since = anyio.current_time()
 
 
 async def _close_with(stream: anyio.abc.ByteStream, response: HttpResponse) -> None:
@@ -322,34 +414,70 @@ async def serve_app(
     max_body_bytes: int,
     ssl_context: ssl.SSLContext | None = None,
     name: str = "http",
-    idle_seconds: float = IDLE_SECONDS,
+    limits: EdgeLimits | None = None,
+    stats: EdgeStats | None = None,
+    connection_cap: int | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled; ``task_status.started(bound_port)``.
 
     With ``ssl_context`` every connection is TLS (a failed handshake drops that connection
-    only). Each connection is a task of this call's own task group.
+    only; it must end within ``limits.handshake_seconds``). Each connection is a task of this
+    call's own task group. ``limits`` gives the deadlines and ``max_connections``,
+    ``connection_cap`` this listener's cap when the process's descriptor budget set one
+    (``serving.fd_budget``); ``stats`` counts what the defences closed.
     """
-    tcp = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
-    bound = tcp.extra(anyio.abc.SocketAttribute.local_port)
-    listener: anyio.abc.Listener[anyio.abc.ByteStream] = (
-        tcp if ssl_context is None else TLSListener(tcp, ssl_context, standard_compatible=False)
+    limits = limits or EdgeLimits()
+    stats = stats or EdgeStats()
+    cap = ConnectionCap(
+        limits.max_connections if connection_cap is None else connection_cap, stats, name
     )
-    async with listener:
-        log.info(f"{name}_endpoint_up", host=host, port=bound, tls=ssl_context is not None)
-        task_status.started(bound)
+    reaper = IdleReaper(limits, stats)
+    handshake = limits.handshake_seconds
 
-        reaper = IdleReaper(idle_seconds)
-
-        async def handle(stream: anyio.abc.ByteStream) -> None:
+    async def serve_socket(sock: socket.socket) -> None:
+        accepted_at = anyio.current_time()
+        try:
+            stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(sock)
+        except BaseException:
+            sock.close()
+            raise
+        if ssl_context is not None:
             try:
-                await serve_connection(stream, app, max_body_bytes, reaper)
-            except Exception as exc:  # one broken connection never stops the endpoint
-                log.warning(f"{name}_connection_failed", error=repr(exc))
+                with anyio.fail_after(handshake or None):
+                    stream = await TLSStream.wrap(
+                        stream, server_side=True, ssl_context=ssl_context, standard_compatible=False
+                    )
+            except BaseException as exc:
+                if isinstance(exc, TimeoutError):
+                    stats.refuse_connection("handshake_timeout")
+                with anyio.CancelScope(shield=True):
+                    await anyio.aclose_forcefully(stream)
+                if not isinstance(exc, Exception):
+                    raise
+                log.info(f"{name}_tls_handshake_failed", error=repr(exc)[:200])
+                return
+        try:
+            await serve_connection(stream, app, max_body_bytes, reaper, accepted_at)
+        except Exception as exc:  # one broken connection never stops the endpoint
+            log.warning(f"{name}_connection_failed", error=repr(exc))
 
+    listener = await bind(host, port)
+    sockets = listening_sockets(listener)
+    bound = int(sockets[0].getsockname()[1])
+    async with listener:
+        log.info(
+            f"{name}_endpoint_up",
+            host=host,
+            port=bound,
+            tls=ssl_context is not None,
+            max_connections=cap.cap or None,
+        )
+        task_status.started(bound)
         async with anyio.create_task_group() as tg:
             tg.start_soon(reaper.run)
-            await listener.serve(handle)
+            for raw in sockets:
+                tg.start_soon(accept_loop, raw, cap, serve_socket, tg)
 
 
 __all__ = [

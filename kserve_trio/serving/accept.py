@@ -1,0 +1,220 @@
+"""Accepting connections on a public port: the one accept loop every listener of ours runs
+(gRPC on anyio and on asyncio's own transports, REST, the metrics/admin port).
+
+A listener must outlive anything its clients do. So:
+
+1. ``bind`` is the only place a port's ``OSError`` becomes fatal (``ListenError``): a port
+   that cannot be bound stops the start; once the port is bound, no error of ``accept`` ends
+   the server.
+2. Each port caps its open connections (``ConnectionCap``, its share of the process's
+   descriptors, ``serving.fd_budget``); one more is accepted and closed at once, counted
+   ``refused_connections{reason="max_connections"}``: the client sees its connection closed
+   rather than a SYN left in the backlog, and the descriptors the cap protects stay free for
+   the connections being served.
+3. An accept that fails for want of descriptors or kernel memory (EMFILE, ENFILE, ENOBUFS,
+   ENOMEM) backs off (5 ms, 50 ms, 200 ms) and tries again; the connections being served go
+   on. At EMFILE/ENFILE the loop first closes its spare descriptor (``SpareDescriptor``),
+   accepts what is pending and closes it (``reason="fd_budget"``), then reopens the spare: a
+   level-triggered listener whose backlog cannot be drained would otherwise wake the loop for
+   ever, and the clients would wait for a connection nobody will serve.
+4. Other accept errors (a connection reset while it sat in the backlog, ECONNABORTED,
+   the network errors Linux reports on the new socket) concern one connection only: skipped
+   (backing off the same way when they repeat, so a listener in a bad state does not spin).
+
+The loop accepts on the listening socket itself (non-blocking ``accept`` first, then a wait
+for readability), on asyncio and trio alike, and hands each accepted socket to ``serve``, a
+task in the caller's task group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.edge_stats import EdgeStats
+
+log = get_logger("kserve_trio.serving")
+
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""Accept failures that say the process (or the system) is out of something: back off."""
+_DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+BACKOFF_SECONDS = (0.005, 0.05, 0.2)
+SHED_BATCH = 64
+"""Pending connections closed per EMFILE round, at most (the rest wait for the next one)."""
+
+
+class ListenError(OSError):
+    """A port that cannot be bound (taken, an address not local): the one ``OSError`` a CLI
+    reports as "cannot serve". Errors of a running server are never this."""
+
+
+async def bind(
+    host: str, port: int, *, reuse_port: bool = False
+) -> anyio.abc.Listener[anyio.abc.SocketStream]:
+    """A TCP listener on ``host:port`` (every address ``host`` resolves to); ``ListenError``
+    when the port cannot be bound."""
+    try:
+        return await anyio.create_tcp_listener(
+            local_host=host, local_port=port, reuse_port=reuse_port
+        )
+    except OSError as exc:
+        raise ListenError(exc.errno, exc.strerror or str(exc)) from None
+
+
+def listening_sockets(
+    listener: anyio.abc.Listener[anyio.abc.SocketStream],
+) -> list[socket.socket]:
+    """The OS sockets behind a listener from ``bind`` (one per address)."""
+    ones = getattr(listener, "listeners", [listener])
+    return [one.extra(anyio.abc.SocketAttribute.raw_socket) for one in ones]
+
+
+class ConnectionCap:
+    """The open connections of one port against its cap (module docstring, rule 2)."""
+
+    def __init__(self, cap: int, stats: EdgeStats, name: str) -> None:
+        self.cap = cap
+        """Open connections allowed; 0: no cap."""
+        self.stats = stats
+        self.name = name
+        self.open = 0
+
+    def admit(self) -> bool:
+        """Whether one more connection may be served (counted open when it may)."""
+        if self.cap and self.open >= self.cap:
+            self.stats.refuse_connection("max_connections")
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+
+
+class SpareDescriptor:
+    """One descriptor held back so that a listener can still accept (and close) a connection
+    when the process has none left (module docstring, rule 3)."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+
+    def open(self) -> bool:
+        if self.fd < 0:
+            try:
+                self.fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return False
+        return True
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _shed(raw: socket.socket, spare: SpareDescriptor, stats: EdgeStats) -> int:
+    """Accept and close what is pending on ``raw`` with the spare descriptor's room."""
+    shed = 0
+    if not spare.open():  # no spare to give up: nothing can be accepted now
+        return 0
+    spare.close()
+    try:
+        while shed < SHED_BATCH:
+            sock, _ = raw.accept()
+            sock.close()
+            shed += 1
+            stats.refuse_connection("fd_budget")
+    except OSError:
+        pass
+    finally:
+        spare.open()
+    return shed
+
+
+Serve = Callable[[socket.socket], Awaitable[None]]
+"""Serves one accepted socket to its end (and closes it)."""
+
+
+async def accept_loop(
+    raw: socket.socket, cap: ConnectionCap, serve: Serve, tg: anyio.abc.TaskGroup
+) -> None:
+    """Accept on the listening socket ``raw`` until it closes or the caller cancels, serving
+    each admitted connection as a task of ``tg`` (module docstring)."""
+    spare = SpareDescriptor()
+    spare.open()
+    failures = 0
+    try:
+        while True:
+            try:
+                sock, _ = raw.accept()
+            except BlockingIOError:
+                try:
+                    await anyio.wait_readable(raw)
+                except Exception:
+                    if raw.fileno() < 0:  # the listener closed under us
+                        return
+                    raise
+                continue
+            except OSError as exc:
+                if raw.fileno() < 0:
+                    return
+                pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                failures += 1
+                if exc.errno not in RESOURCE_ERRNOS:  # one connection's fault (rule 4)
+                    log.info("accept_skipped", listener=cap.name, error=exc.strerror)
+                    await anyio.sleep(pause if failures > 1 else 0)
+                    continue
+                shed = _shed(raw, spare, cap.stats) if exc.errno in _DESCRIPTOR_ERRNOS else 0
+                log.warning(
+                    "accept_failed",
+                    listener=cap.name,
+                    error=exc.strerror,
+                    open_connections=cap.open,
+                    shed=shed,
+                    retry_seconds=pause,
+                )
+                await anyio.sleep(pause)
+                continue
+            failures = 0
+            if not cap.admit():
+                sock.close()
+            else:
+                _configure(sock)
+                tg.start_soon(_served, serve, sock, cap)
+            await anyio.lowlevel.checkpoint()
+    finally:
+        spare.close()
+
+
+def _configure(sock: socket.socket) -> None:
+    """Non-blocking, and no Nagle delay: a reply's head and body leave as they are written."""
+    sock.setblocking(False)
+    with contextlib.suppress(OSError):  # a connection already reset: its reader finds out
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def _served(serve: Serve, sock: socket.socket, cap: ConnectionCap) -> None:
+    try:
+        await serve(sock)
+    finally:
+        cap.release()
+
+
+__all__ = [
+    "BACKOFF_SECONDS",
+    "RESOURCE_ERRNOS",
+    "ConnectionCap",
+    "ListenError",
+    "SpareDescriptor",
+    "accept_loop",
+    "bind",
+    "listening_sockets",
+]

@@ -1,0 +1,198 @@
+"""Idle-connection floods against every public port of the CLI worker and the CLI gateway,
+each running under an open-file limit of 256 (``limited_procs``).
+
+Per port, 300 connections that never send a byte (more than the process has descriptors
+for): the process stays up, the connections beyond the port's cap (its share of the
+descriptor budget, ``serving.fd_budget``) are closed by the server at once, the process
+holds no more descriptors than its baseline plus that cap, well-behaved clients are served
+during the flood (on the other ports, and on the flooded one over a connection opened before
+it) and after it, every descriptor comes back once the attackers leave, and
+``*_edge_refused_connections_total{reason="max_connections"}`` counts the refused ones.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.edge.idle_flood import Flood
+from tests.edge.limited_procs import (
+    NOFILE,
+    LimitedGateway,
+    LimitedWorker,
+    counter,
+    descriptors,
+    fresh_get,
+    gateway_cap,
+    get,
+    worker_cap,
+)
+from tests.gateway.procs import Proc
+
+ATTACKERS = 300
+assert ATTACKERS > NOFILE
+SLACK_FDS = 4
+"""Descriptors the process may hold above its baseline for its own reasons (a scrape's
+connection, a log rotation): far below any cap."""
+
+
+@dataclass
+class Served:
+    """One process under test, its ports and its well-behaved clients."""
+
+    proc: Proc
+    pid: int
+    ports: dict[str, int]
+    cap: int
+    prefix: str
+    grpc: grpcclient.InferenceServerClient
+    ready_path: str = "/v2/health/ready"
+
+    def metrics(self) -> str:
+        status, body = fresh_get(self.ports["metrics"], "/metrics")
+        assert status == 200, body
+        return body
+
+    def refused(self, exposition: str | None = None) -> float:
+        name = f"{self.prefix}_edge_refused_connections_total"
+        return counter(exposition or self.metrics(), name, reason="max_connections")
+
+    def well_served(self, kept: dict[str, http.client.HTTPConnection]) -> None:
+        """A gRPC call on the client opened before, a REST readiness GET and a metrics
+        scrape: on ``kept`` connections where given, else on new ones."""
+        assert self.grpc.is_server_ready()
+        assert self.grpc.is_model_ready("mlp")
+        for port, path in (("rest", self.ready_path), ("metrics", "/metrics")):
+            conn = kept.get(port)
+            status, body = get(conn, path) if conn else fresh_get(self.ports[port], path)
+            assert status == 200, (port, body)
+
+
+def _baseline(served: Served) -> int:
+    """The process's descriptors once quiet (a round of every client first, so lazily opened
+    files are open), read until two readings agree."""
+    served.well_served({})
+    last = -1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = descriptors(served.pid)
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.1)
+    return last
+
+
+@pytest.fixture(scope="module")
+def worker(demo_repo) -> Iterator[Served]:
+    w = LimitedWorker(demo_repo)
+    try:
+        w.wait_ready(60)
+        yield Served(
+            w,
+            w.proc.pid,
+            {"grpc": w.port, "rest": w.http_port, "metrics": w.metrics_port},
+            worker_cap(),
+            "worker",
+            w.client(),
+        )
+    finally:
+        assert w.stop() == 0, w.logs()
+
+
+@pytest.fixture(scope="module")
+def gateway(worker: Served, tmp_path_factory) -> Iterator[Served]:
+    assert isinstance(worker.proc, LimitedWorker)
+    g = LimitedGateway(tmp_path_factory.mktemp("edge_fds"), worker.proc, {})
+    try:
+        g.wait_ready(60)
+        yield Served(
+            g,
+            g.proc.pid,
+            {"grpc": g.port, "rest": g.http_port, "metrics": g.metrics_port},
+            gateway_cap(),
+            "gateway",
+            g.client(),
+        )
+    finally:
+        assert g.stop() == 0, g.logs()
+
+
+def _flood_one_port(served: Served, port: str) -> None:
+    baseline = _baseline(served)
+    refused_before = served.refused()
+    kept = {
+        name: http.client.HTTPConnection("127.0.0.1", served.ports[name], timeout=10)
+        for name in ("rest", "metrics")
+        if name == port
+    }
+    for conn in kept.values():
+        conn.connect()
+    assert served.grpc.is_server_ready()  # its connection is open before the flood
+    excess = ATTACKERS - served.cap
+    with Flood(served.ports[port], ATTACKERS) as flood:
+        flood.wait_closed(excess, timeout=20)  # closed by the server, not left hanging
+        assert served.proc.alive()
+        held = descriptors(served.pid)
+        assert held <= baseline + served.cap + 1 + SLACK_FDS, (held, baseline, served.cap)
+        served.well_served(kept)  # during the flood
+        exposition = get(kept["metrics"], "/metrics")[1] if "metrics" in kept else served.metrics()
+        assert served.refused(exposition) - refused_before >= excess
+    for conn in kept.values():
+        conn.close()
+    deadline = time.monotonic() + 20
+    while descriptors(served.pid) > baseline + SLACK_FDS:  # every attacker's descriptor back
+        assert time.monotonic() < deadline, (descriptors(served.pid), baseline)
+        time.sleep(0.05)
+    assert served.proc.alive()
+    fresh = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['grpc']}")
+    assert fresh.is_server_ready()  # after the flood: new connections on every port
+    fresh.close()
+    served.well_served({})
+
+
+PORTS = ["grpc", "rest", "metrics"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("port", PORTS)
+def test_a_flood_of_idle_connections_to_a_worker_port(worker: Served, port: str):
+    _flood_one_port(worker, port)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("port", PORTS)
+def test_a_flood_of_idle_connections_to_a_gateway_port(gateway: Served, port: str):
+    _flood_one_port(gateway, port)
+
+
+@pytest.mark.timeout(120)
+def test_floods_round_after_round_leave_the_descriptors_where_they_were(worker: Served):
+    """Three rounds on every port at once: no round leaves a descriptor behind."""
+    baseline = _baseline(worker)
+    after: list[int] = []
+    for _ in range(3):
+        floods = [Flood(worker.ports[p], ATTACKERS // 3) for p in PORTS]
+        try:
+            for flood in floods:
+                flood.wait_closed(ATTACKERS // 3 - worker.cap, timeout=20)
+            assert worker.proc.alive()
+        finally:
+            for flood in floods:
+                flood.close()
+        after.append(_settled(worker.pid, baseline))
+        worker.well_served({})
+    assert max(after) <= baseline + SLACK_FDS, (baseline, after)
+
+
+def _settled(pid: int, baseline: int, timeout: float = 20) -> int:
+    deadline = time.monotonic() + timeout
+    while (now := descriptors(pid)) > baseline + SLACK_FDS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return now
