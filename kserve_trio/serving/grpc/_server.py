@@ -127,7 +127,9 @@ class GrpcServer:
                 "tls_handshake_failed" if self._ssl else "accept_failed", error=repr(exc)[:200]
             )
             return
-        await self._run(Connection(None, self.methods, self.settings, self._closed, fast))
+        await self._run(
+            Connection(None, self.methods, self.settings, self._closed, fast, self.stats)
+        )
 
     async def _serve_connection(self, stream: anyio.abc.ByteStream) -> None:
         if self._ssl is not None:
@@ -141,7 +143,9 @@ class GrpcServer:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
                 return
-        await self._run(Connection(stream, self.methods, self.settings, self._closed))
+        await self._run(
+            Connection(stream, self.methods, self.settings, self._closed, None, self.stats)
+        )
 
     async def _run(self, conn: Connection) -> None:
         self.connections.add(conn)
