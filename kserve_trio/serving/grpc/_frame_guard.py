@@ -104,6 +104,7 @@ class FrameGuard:
         "_rate",
         "_refilled",
         "_sent",
+        "_settings_due",
         "_skip",
         "_strikes",
         "_tokens",
@@ -130,6 +131,7 @@ class FrameGuard:
         self._max_strikes = limits.max_ping_strikes
         self._strikes = 0
         self._last_ping = -math.inf
+        self._settings_due: bool | None = False  # the first SETTINGS' payload is on its way
         self.handshaken = False
 
     def scan(self, data: bytes) -> Violation | None:
@@ -143,9 +145,13 @@ class FrameGuard:
         if self._skip:
             if self._skip >= end - pos:
                 self._skip -= end - pos
+                if not self._skip and self._settings_due:
+                    self.handshaken = True
                 return None
             pos += self._skip
             self._skip = 0
+            if self._settings_due:
+                self.handshaken = True
         if self._partial:
             head = self._partial + data[pos : pos + 9 - len(self._partial)]
             pos += len(head) - len(self._partial)
@@ -181,9 +187,13 @@ class FrameGuard:
         while pos + 9 <= end:
             high, low, kind, flags, _ = unpack(data, pos)
             length = (high << 8) | low
-            if not self.handshaken:
-                if kind == _SETTINGS and pos + 9 + length <= end:
+            if not self.handshaken and self._settings_due is False:
+                if kind != _SETTINGS:
+                    self._settings_due = None  # another frame first: never handshaken
+                elif pos + 9 + length <= end:
                     self.handshaken = True
+                else:
+                    self._settings_due = True
             pos += 9 + length
             if kind == _DATA:
                 if length or flags & _END_STREAM:
