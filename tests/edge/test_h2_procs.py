@@ -16,7 +16,7 @@ import pathlib
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -104,7 +104,9 @@ class Target:
             inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
             inp.set_data_from_numpy(x)
             result = client.infer("mlp", [inp], client_timeout=30)
-            assert result.as_numpy("output").shape[0] == 2
+            assert result is not None
+            output = result.as_numpy("output")
+            assert output is not None and output.shape[0] == 2, output
         finally:
             client.close()
 
@@ -159,7 +161,7 @@ def infer_body(rows: int = 1) -> bytes:
 NAMES = ["worker", "gateway"]
 
 
-async def in_thread(fn) -> None:  # noqa: ANN001
+async def in_thread(fn: Callable[[], None]) -> None:
     await anyio.to_thread.run_sync(fn)
 
 
