@@ -106,7 +106,7 @@ class Target:
             result = client.infer("mlp", [inp], client_timeout=30)
             assert result is not None
             output = result.as_numpy("output")
-            assert output is not None and output.shape[0] == 2, output
+            assert output is not None and len(output) == 2, output
         finally:
             client.close()
 
