@@ -3,15 +3,16 @@
 A connection is three tasks in its own task group (inside the server's, inside the process's
 one tree) plus the call tasks, which are reused from call to call:
 
-- the read loop: bytes from the socket into ``h2.H2Connection.receive_data``, each event
-  dispatched at once (a request opens a ``Call`` and starts its task; DATA feeds the call's
+- the read loop: bytes from the socket, their frame headers read by the frame guard
+  (``_frame_guard``) and then into ``h2.H2Connection.receive_data``, each event dispatched at once (a request opens a ``Call`` and starts its task; DATA feeds the call's
   buffer; RST_STREAM cancels the call; WINDOW_UPDATE and SETTINGS wake blocked senders);
 - the writer: the only task that writes to the socket. Calls and the read loop queue frames in
   h2 and ask for a write (``want_write``); the writer takes everything h2 has queued in one
   ``data_to_send`` and writes it, so replies finished in one loop iteration share a write and
   no frame is ever lost to a cancelled writer;
 - the timer: the calls' deadlines (one heap per connection instead of a timer per call), the
-  keepalive PING, the maximum connection age and the drain's phases.
+  keepalive PING, the maximum connection age, the drain's phases, and the handshake and idle
+  deadlines.
 
 Rules of a call's life:
 1. A request whose headers are refused (method, content type, ``te``, ``header_problem``, an
@@ -26,6 +27,19 @@ Rules of a call's life:
 6. Call tasks are reused: a task that has served a call waits for the next one of its
    connection instead of ending (an anyio task spawn costs several times a hand-over; the
    figures are in docs/benchmarks.md).
+
+Defences (``limits``, counted in the server's ``EdgeStats``):
+- The frame guard's rules (header blocks past the header-list cap, control-frame and ping
+  floods) are judged on each read before h2 sees it; a broken rule is GOAWAY with its code and
+  debug data, and the read goes no further.
+- A stream beyond the advertised SETTINGS_MAX_CONCURRENT_STREAMS is refused alone
+  (RST_STREAM REFUSED_STREAM, ``_AdvertisedSettings``); the connection serves on.
+- Premature resets (``ResetJudge``): each call's end is recorded, reset by the client within
+  ``premature_reset_seconds`` of opening or not; too many of the recent ones is
+  GOAWAY(ENHANCE_YOUR_CALM).
+- Handshake: without the client preface and its first SETTINGS ``handshake_seconds`` after the
+  connection started, it is closed (no GOAWAY: the client has not spoken HTTP/2).
+- Idle: no call for ``idle_seconds`` is GOAWAY(NO_ERROR, the last stream id), then the close.
 
 Drain (``start_drain``, at shutdown or at the maximum connection age): GOAWAY with the last
 stream id 2^31-1 and a PING; once the PING is answered (or after a timeout) GOAWAY with the
