@@ -127,6 +127,7 @@ def goaway_of(attacker: Attacker) -> tuple[int, bytes]:
 # ------------------------------------------------------------------------------ streams
 
 
+@pytest.mark.slow
 async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_stream():
     """1100 requests before the client has read our SETTINGS (h2's own default of 100 would
     end the connection at the 101st): the first 1024 run, the other 76 are REFUSED_STREAM, and

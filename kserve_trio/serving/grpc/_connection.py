@@ -89,6 +89,8 @@ if TYPE_CHECKING:
 log = get_logger("kserve_trio.serving.grpc")
 
 _RECEIVE_BYTES = 1 << 20
+_LINGER_SECONDS = 1.0
+"""How long a connection we end with a GOAWAY keeps draining the client's bytes (``_linger``)."""
 _MAX_IDLE_RUNNERS = 64
 """Idle call tasks a connection keeps for its next calls (more exit when they go idle)."""
 _MAX_STREAM_ID = 2**31 - 1
@@ -193,6 +195,7 @@ class Connection:
         self._opened_at: dict[int, float] = {}  # a call's stream id -> when it opened
         self._max_streams = lim.max_concurrent_streams or _UNBOUNDED_STREAMS
         self._abused = False
+        self._linger_at_close = False
         self._handshake_at = math.inf
         self._idle_since = 0.0
         self._idle_check_at = math.inf
@@ -271,6 +274,10 @@ class Connection:
                     else:
                         await self._read_loop()
                 await self._flush_final()
+                if self._linger_at_close:
+                    for call in list(self.calls.values()):
+                        call._on_reset()
+                    await self._linger()
                 tg.cancel_scope.cancel()
         finally:
             self.closed = True
@@ -287,6 +294,36 @@ class Connection:
         """Let the writer send what is queued (a GOAWAY, the last trailers), briefly."""
         with anyio.move_on_after(1.0):
             await self.drained()
+
+    async def _linger(self) -> None:
+        """After a GOAWAY of ours that ends the connection (a broken rule, idle): our side
+        half-closed, what the client still sends read and dropped until it closes its side,
+        briefly. Closing a socket with unread bytes in its buffer sends a TCP RST, with which
+        the client's kernel may drop the GOAWAY before the client has read it."""
+        with anyio.move_on_after(_LINGER_SECONDS):
+            fast = self._fast
+            if fast is not None:  # the transport reads and drops meanwhile (``FastIO.lost``)
+                transport = fast.transport
+                if transport.can_write_eof():
+                    transport.write_eof()
+                while not transport.is_closing():
+                    await anyio.sleep(0.05)
+                return
+            stream = self.stream
+            assert stream is not None
+            try:
+                await stream.send_eof()
+            except (NotImplementedError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            except OSError:
+                pass
+            try:
+                while await stream.receive(_RECEIVE_BYTES):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            except OSError:
+                return
 
     # ------------------------------------------------------------------ reading
 
@@ -360,6 +397,7 @@ class Connection:
         """A frame-level rule broken: GOAWAY with its code and debug data; reading ends."""
         log.info("h2_abuse", rule=broken.debug.decode(), peer=self.peer())
         self._abused = True
+        self._linger_at_close = True
         self._goaway_now(broken.code, broken.debug)
 
     def _dispatch(self, events: list[Any]) -> None:
@@ -848,6 +886,7 @@ class Connection:
             return self._idle_since + idle
         log.info("connection_idle", peer=self.peer())
         self.stats.refuse_connection("idle")
+        self._linger_at_close = True
         self._goaway_now(ErrorCodes.NO_ERROR)
         self._stop_reading()
         return math.inf
