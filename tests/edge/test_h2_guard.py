@@ -25,8 +25,6 @@ from tests.edge.h2_attacker import (
     window_update,
 )
 
-pytestmark = pytest.mark.timeout(30)
-
 
 class Sent:
     payload_sent = False
@@ -59,6 +57,7 @@ def scan_in_pieces(g: FrameGuard, stream: bytes, cuts: list[int]) -> Violation |
     return None
 
 
+@pytest.mark.timeout(30)
 def test_a_header_block_over_the_cap_is_found_wherever_the_reads_cut_the_bytes():
     cap = 1000
     block = (
@@ -80,6 +79,7 @@ def test_a_header_block_over_the_cap_is_found_wherever_the_reads_cut_the_bytes()
         assert g.scan(block[over_at - 1 :]) is HEADER_BLOCK_TOO_LARGE
 
 
+@pytest.mark.timeout(30)
 def test_a_block_within_the_cap_and_blocks_one_after_another_pass():
     g = guard(max_header_list_bytes=1000)
     one = headers_frame(1, b"h" * 600, end_headers=False) + continuation(
@@ -89,6 +89,7 @@ def test_a_block_within_the_cap_and_blocks_one_after_another_pass():
     assert scan_in_pieces(g, PREFACE + settings() + one + two, [5, 30, 700]) is None
 
 
+@pytest.mark.timeout(30)
 def test_a_fragment_announced_too_large_is_refused_before_its_payload_arrives():
     g = guard(max_header_list_bytes=1 << 16)
     frame = continuation(1, b"c" * (1 << 20))
@@ -96,6 +97,7 @@ def test_a_fragment_announced_too_large_is_refused_before_its_payload_arrives():
     assert g.scan(frame[:9]) is HEADER_BLOCK_TOO_LARGE
 
 
+@pytest.mark.timeout(30)
 def test_handshaken_only_once_the_preface_and_a_whole_first_settings_frame_are_in():
     g = guard()
     stream = PREFACE + raw_frame(0x4, 0, 0, b"\x00\x03\x00\x00\x00\x64")
@@ -109,6 +111,7 @@ def test_handshaken_only_once_the_preface_and_a_whole_first_settings_frame_are_i
     assert not other.handshaken
 
 
+@pytest.mark.timeout(30)
 def test_the_control_frame_bucket_holds_one_seconds_worth_and_refills_at_the_rate():
     clock = Clock()
     g = guard(clock, max_control_frames_per_second=100)
@@ -130,6 +133,7 @@ def test_the_control_frame_bucket_holds_one_seconds_worth_and_refills_at_the_rat
     assert g.scan(stream) is None  # DATA with a payload or END_STREAM does not
 
 
+@pytest.mark.timeout(30)
 def test_pings_closer_than_the_interval_without_data_are_strikes_and_data_resets_them():
     clock = Clock()
     sent = Sent()
@@ -155,6 +159,7 @@ def test_pings_closer_than_the_interval_without_data_are_strikes_and_data_resets
     assert not sent.payload_sent
 
 
+@pytest.mark.timeout(30)
 def test_the_reset_judge_trips_on_more_than_half_of_the_recent_calls():
     judge = ResetJudge(EdgeLimits(premature_reset_min_streams=10))
     assert not any(judge.record(i % 2 == 0) for i in range(100))  # exactly half: never

@@ -41,7 +41,7 @@ from tests.edge.h2_attacker import (
 )
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.anyio
 
 BOUND = 20.0  # seconds: the bound on every outcome
 CALLS = Limits(max_recv_bytes=1 << 20, max_send_bytes=1 << 20)
@@ -127,6 +127,7 @@ def goaway_of(attacker: Attacker) -> tuple[int, bytes]:
 # ------------------------------------------------------------------------------ streams
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.slow
 async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_stream():
     """1100 requests before the client has read our SETTINGS (h2's own default of 100 would
@@ -153,6 +154,7 @@ async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_s
     assert s.stats.refused_streams == 76
 
 
+@pytest.mark.timeout(60)
 async def test_streams_past_a_small_limit_are_refused_while_the_first_are_served():
     async with served(max_concurrent_streams=4) as s, Attacker.connect(s.port) as a:
         with anyio.fail_after(BOUND):
@@ -174,6 +176,7 @@ async def test_streams_past_a_small_limit_are_refused_while_the_first_are_served
 # ------------------------------------------------------------------------------ resets
 
 
+@pytest.mark.timeout(60)
 async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handler():
     async with served(premature_reset_min_streams=100) as s:
         with anyio.fail_after(BOUND):
@@ -194,6 +197,7 @@ async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handl
     assert s.stats.goaways["ENHANCE_YOUR_CALM"] == 1
 
 
+@pytest.mark.timeout(60)
 async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_rule():
     async with served(premature_reset_min_streams=20) as s, Attacker.connect(s.port) as a:
         with anyio.fail_after(BOUND):
@@ -212,6 +216,7 @@ async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_r
     assert s.stats.premature_resets == 48
 
 
+@pytest.mark.timeout(60)
 async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_window():
     """A 64 KiB connection window: 60 KiB sent on a stream the client reset, then a 30 KiB
     request, which fits only if the first was acknowledged (h2 gives a window back once half
@@ -246,6 +251,7 @@ async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_win
 # ------------------------------------------------------------------------------ header blocks
 
 
+@pytest.mark.timeout(60)
 async def test_a_continuation_hold_gets_goaway_before_the_block_passes_the_cap():
     cap = 16 << 10
     async with served(max_header_list_bytes=cap) as s:
@@ -283,6 +289,7 @@ FLOODS = {
 }
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", list(FLOODS))
 async def test_a_control_frame_flood_gets_goaway_and_a_trickle_does_not(kind: str):
     frame = FLOODS[kind]()
@@ -301,6 +308,7 @@ async def test_a_control_frame_flood_gets_goaway_and_a_trickle_does_not(kind: st
             await healthy(s.port)
 
 
+@pytest.mark.timeout(60)
 async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_does_not():
     rule = dict(min_ping_interval_seconds=0.2, max_ping_strikes=2)
     async with served(**rule) as s:
@@ -326,6 +334,7 @@ async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_
 # ------------------------------------------------------------------------------ idle, handshake
 
 
+@pytest.mark.timeout(60)
 async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not():
     async with served(idle_seconds=0.3) as s:
         with anyio.fail_after(BOUND):
@@ -348,6 +357,7 @@ async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not()
     assert s.stats.goaways["NO_ERROR"] >= 1
 
 
+@pytest.mark.timeout(60)
 async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_prompt_one_is_not():
     async with served(handshake_seconds=0.3, idle_seconds=0) as s:
         with anyio.fail_after(BOUND):
@@ -365,6 +375,7 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_pro
     assert s.stats.refused_connections["handshake_timeout"] == 2
 
 
+@pytest.mark.timeout(60)
 async def test_the_drain_goaways_are_counted():
     async with served() as s:
         peer_cm = Peer.connect(s.port)

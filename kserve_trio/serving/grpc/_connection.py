@@ -4,8 +4,9 @@ A connection is three tasks in its own task group (inside the server's, inside t
 one tree) plus the call tasks, which are reused from call to call:
 
 - the read loop: bytes from the socket, their frame headers read by the frame guard
-  (``_frame_guard``) and then into ``h2.H2Connection.receive_data``, each event dispatched at once (a request opens a ``Call`` and starts its task; DATA feeds the call's
-  buffer; RST_STREAM cancels the call; WINDOW_UPDATE and SETTINGS wake blocked senders);
+  (``_frame_guard``), then into ``h2.H2Connection.receive_data``, each event dispatched at
+  once (a request opens a ``Call`` and starts its task; DATA feeds the call's buffer;
+  RST_STREAM cancels the call; WINDOW_UPDATE and SETTINGS wake blocked senders);
 - the writer: the only task that writes to the socket. Calls and the read loop queue frames in
   h2 and ask for a write (``want_write``); the writer takes everything h2 has queued in one
   ``data_to_send`` and writes it, so replies finished in one loop iteration share a write and
