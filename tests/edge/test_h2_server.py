@@ -184,15 +184,15 @@ async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handl
                 burst = []
                 for i in range(2000):
                     sid = 1 + 2 * i
-                    burst += [a.request(sid, HOLD), data(sid, grpc_message(b"x" * 64)), rst(sid)]
+                    short = grpc_message(b"x" * 64)[:-1]  # the request one byte short
+                    burst += [a.request(sid, HOLD), data(sid, short), rst(sid)]
                 await a.send(*burst)
                 assert await a.until(lambda: bool(a.goaways))
                 assert await a.until_eof(BOUND)
             assert goaway_of(a) == (CALM, b"too_many_premature_resets")
             await until(lambda: s.server.running_calls() == 0 and not s.server.connections)
             await healthy(s.port)
-    assert s.handlers.entered <= 1  # the health check; a reset call ran nothing (a Hold
-    # that saw its message first is cancelled, never answered)
+    assert s.handlers.entered == 1  # the health check: no reset call reached its handler
     assert s.stats.premature_resets >= 51
     assert s.stats.goaways["ENHANCE_YOUR_CALM"] == 1
 
@@ -329,6 +329,27 @@ async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_
             assert goaway_of(a) == (CALM, b"too_many_pings")
             assert a.ping_acks() <= 3  # refused before h2 answered the flood's read (one read)
             await healthy(s.port)
+
+
+@pytest.mark.timeout(60)
+async def test_a_reply_the_server_sends_resets_the_ping_strikes():
+    """Three quick pings are two strikes; the reply to the client's call (data we send, none
+    received) starts them over, so three more are not the third strike."""
+    rule = dict(min_ping_interval_seconds=10.0, max_ping_strikes=2)
+    async with served(**rule) as s, Attacker.connect(s.port) as a:
+        with anyio.fail_after(BOUND):
+            await a.send(a.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
+            await until(lambda: s.handlers.entered == 1)
+            await a.send(*(ping(b"before%02d" % n) for n in range(3)))
+            assert await a.until(lambda: a.ping_acks() == 3)
+            s.handlers.release.set()
+            assert await a.until(lambda: a.status(1) == 0)
+            await a.send(*(ping(b"after%03d" % n) for n in range(3)))
+            assert await a.until(lambda: a.ping_acks() == 6)
+            assert a.goaways == []
+            await a.send(ping(b"toomany!"))  # now the third strike
+            assert await a.until(lambda: bool(a.goaways))
+            assert goaway_of(a) == (CALM, b"too_many_pings")
 
 
 # ------------------------------------------------------------------------------ idle, handshake
