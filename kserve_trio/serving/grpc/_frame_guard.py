@@ -66,6 +66,8 @@ _END_HEADERS = 0x4
 _COUNTED = frozenset({_PRIORITY, _SETTINGS, _PING, _WINDOW_UPDATE})
 """Control frames the flood rule counts (PING is also judged by the ping rule)."""
 _KNOWN = frozenset(range(10))
+MAX_RESET_WINDOW = 1 << 16
+"""The most recent calls ``ResetJudge`` remembers per connection, whatever the limit says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,12 +258,13 @@ class ResetJudge:
     """Envoy's premature-reset rule for one connection: of its most recent
     ``limits.premature_reset_min_streams`` calls, more than half reset by the client within
     ``limits.premature_reset_seconds`` of opening is too many. ``record`` takes each call's
-    outcome as it ends; a ring of outcomes keeps the count of the recent ones in O(1)."""
+    outcome as it ends; a ring of outcomes (one byte per call, at most ``MAX_RESET_WINDOW``)
+    keeps the count of the recent ones in O(1)."""
 
     __slots__ = ("_filled", "_pos", "_premature", "_ring", "max_age")
 
     def __init__(self, limits: EdgeLimits) -> None:
-        self._ring = bytearray(limits.premature_reset_min_streams)
+        self._ring = bytearray(min(limits.premature_reset_min_streams, MAX_RESET_WINDOW))
         self._pos = 0
         self._filled = 0
         self._premature = 0
@@ -286,6 +289,7 @@ class ResetJudge:
 __all__ = [
     "CONTROL_FRAME_FLOOD",
     "HEADER_BLOCK_TOO_LARGE",
+    "MAX_RESET_WINDOW",
     "PREFACE_BYTES",
     "PREMATURE_RESETS",
     "TOO_MANY_PINGS",
