@@ -56,10 +56,12 @@ class EdgeLimits:
     min_ping_interval_seconds: float = 300.0
     """Pings from a client closer together than this while no data flows are strikes."""
     max_ping_strikes: int = 2
-    """Strikes beyond this -> GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings")."""
+    """Strikes beyond this -> GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings"); 0: the first strike
+    (grpc-core's meaning; ``min_ping_interval_seconds: 0`` turns the rule off)."""
     max_control_frames_per_second: int = 10000
     """SETTINGS, PING, PRIORITY, WINDOW_UPDATE, empty DATA and unknown frames a connection may
-    send per second (on average over a short window) before GOAWAY(ENHANCE_YOUR_CALM)."""
+    send per second before GOAWAY(ENHANCE_YOUR_CALM): a token bucket of one second's worth,
+    refilled at this rate."""
     max_connection_buffer_bytes: int = 16 << 20
     """Inbound bytes a connection may have buffered (received, not yet taken by its calls)
     before we stop reading its socket."""

@@ -3,15 +3,17 @@
 A connection is three tasks in its own task group (inside the server's, inside the process's
 one tree) plus the call tasks, which are reused from call to call:
 
-- the read loop: bytes from the socket into ``h2.H2Connection.receive_data``, each event
-  dispatched at once (a request opens a ``Call`` and starts its task; DATA feeds the call's
-  buffer; RST_STREAM cancels the call; WINDOW_UPDATE and SETTINGS wake blocked senders);
+- the read loop: bytes from the socket, their frame headers read by the frame guard
+  (``_frame_guard``), then into ``h2.H2Connection.receive_data``, each event dispatched at
+  once (a request opens a ``Call`` and starts its task; DATA feeds the call's buffer;
+  RST_STREAM cancels the call; WINDOW_UPDATE and SETTINGS wake blocked senders);
 - the writer: the only task that writes to the socket. Calls and the read loop queue frames in
   h2 and ask for a write (``want_write``); the writer takes everything h2 has queued in one
   ``data_to_send`` and writes it, so replies finished in one loop iteration share a write and
   no frame is ever lost to a cancelled writer;
 - the timer: the calls' deadlines (one heap per connection instead of a timer per call), the
-  keepalive PING, the maximum connection age and the drain's phases.
+  keepalive PING, the maximum connection age, the drain's phases, and the handshake and idle
+  deadlines.
 
 Rules of a call's life:
 1. A request whose headers are refused (method, content type, ``te``, ``header_problem``, an
@@ -26,6 +28,19 @@ Rules of a call's life:
 6. Call tasks are reused: a task that has served a call waits for the next one of its
    connection instead of ending (an anyio task spawn costs several times a hand-over; the
    figures are in docs/benchmarks.md).
+
+Defences (``limits``, counted in the server's ``EdgeStats``):
+- The frame guard's rules (header blocks past the header-list cap, control-frame and ping
+  floods) are judged on each read before h2 sees it; a broken rule is GOAWAY with its code and
+  debug data, and the read goes no further.
+- A stream beyond the advertised SETTINGS_MAX_CONCURRENT_STREAMS is refused alone
+  (RST_STREAM REFUSED_STREAM, ``_AdvertisedSettings``); the connection serves on.
+- Premature resets (``ResetJudge``): each call's end is recorded, reset by the client within
+  ``premature_reset_seconds`` of opening or not; too many of the recent ones is
+  GOAWAY(ENHANCE_YOUR_CALM).
+- Handshake: without the client preface and its first SETTINGS ``handshake_seconds`` after the
+  connection started, it is closed (no GOAWAY: the client has not spoken HTTP/2).
+- Idle: no call for ``idle_seconds`` is GOAWAY(NO_ERROR, the last stream id), then the close.
 
 Drain (``start_drain``, at shutdown or at the maximum connection age): GOAWAY with the last
 stream id 2^31-1 and a PING; once the PING is answered (or after a timeout) GOAWAY with the
@@ -56,8 +71,15 @@ from hyperframe.frame import GoAwayFrame, PingFrame
 from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._call import Call
 from kserve_trio.serving.grpc._fast_io import FastIO, attach
+from kserve_trio.serving.grpc._frame_guard import (
+    PREMATURE_RESETS,
+    FrameGuard,
+    ResetJudge,
+    Violation,
+)
 from kserve_trio.serving.grpc._headers import header_problem, timeout_seconds
 from kserve_trio.serving.grpc._settings import ServerSettings
 from kserve_trio.serving.grpc._status import encode_message, status_of
@@ -68,6 +90,8 @@ if TYPE_CHECKING:
 log = get_logger("kserve_trio.serving.grpc")
 
 _RECEIVE_BYTES = 1 << 20
+_LINGER_SECONDS = 1.0
+"""How long a connection we end with a GOAWAY keeps draining the client's bytes (``_linger``)."""
 _MAX_IDLE_RUNNERS = 64
 """Idle call tasks a connection keeps for its next calls (more exit when they go idle)."""
 _MAX_STREAM_ID = 2**31 - 1
@@ -88,6 +112,64 @@ _GRPC_CONTENT_TYPES = ("application/grpc", "application/grpc+proto")
 OnClosed = Callable[["Connection"], None]
 """What a connection calls once it has closed (its server forgets it)."""
 
+_UNBOUNDED_STREAMS = 2**32 + 1
+"""h2's own value for "no SETTINGS_MAX_CONCURRENT_STREAMS"."""
+
+
+class _AdvertisedSettings(h2.settings.Settings):
+    """Our SETTINGS as sent to the client, with h2's own check of the stream limit turned off.
+
+    h2 answers a HEADERS frame that would open one stream more than its local
+    MAX_CONCURRENT_STREAMS with TooManyStreamsError, a connection error: every call on the
+    connection is lost, where RFC 9113 5.1.2 lets the server refuse just that stream. (Before
+    the client has acknowledged our SETTINGS, h2's local value is its own default of 100, so
+    a client's first flight of more than 100 streams would end the connection even under a
+    larger advertised limit.) The value stays in the mapping, so the SETTINGS frame carries it;
+    only the property h2 reads for its check (``_receive_headers_frame`` is its one reader)
+    says unbounded. ``Connection._open`` enforces the advertised limit itself and refuses the
+    streams beyond it with RST_STREAM(REFUSED_STREAM). h2 still decodes the refused stream's
+    header block, so the HPACK state stays in step with the client's.
+    """
+
+    @property
+    def max_concurrent_streams(self) -> int:
+        return _UNBOUNDED_STREAMS
+
+    @max_concurrent_streams.setter
+    def max_concurrent_streams(self, value: int) -> None:
+        self[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = value
+
+
+class _ServerH2(h2.connection.H2Connection):
+    """h2's connection, noting when one of our DATA or HEADERS frames is queued
+    (``payload_sent``, the ping rule's "data flows", cleared by the frame guard)."""
+
+    payload_sent = False
+
+    def send_headers(
+        self,
+        stream_id: int,
+        headers: Any,
+        end_stream: bool = False,
+        priority_weight: int | None = None,
+        priority_depends_on: int | None = None,
+        priority_exclusive: bool | None = None,
+    ) -> None:
+        self.payload_sent = True
+        super().send_headers(
+            stream_id, headers, end_stream, priority_weight, priority_depends_on, priority_exclusive
+        )
+
+    def send_data(
+        self,
+        stream_id: int,
+        data: bytes | memoryview,
+        end_stream: bool = False,
+        pad_length: Any = None,
+    ) -> None:
+        self.payload_sent = True
+        super().send_data(stream_id, data, end_stream, pad_length)
+
 
 class Connection:
     """One HTTP/2 connection of a ``GrpcServer`` (module docstring)."""
@@ -99,13 +181,25 @@ class Connection:
         settings: ServerSettings,
         on_closed: OnClosed,
         fast: FastIO | None = None,
+        stats: EdgeStats | None = None,
     ) -> None:
         self.stream = stream
         self._native = fast
         self.methods = methods
         self.settings = settings
         self._on_closed = on_closed
-        self.h2 = h2.connection.H2Connection(_H2_CONFIG)
+        self.stats = stats or EdgeStats()
+        lim = settings.limits
+        self.h2 = _ServerH2(_H2_CONFIG)
+        self._guard = FrameGuard(lim, self.h2)
+        self._judge = ResetJudge(lim)
+        self._opened_at: dict[int, float] = {}  # a call's stream id -> when it opened
+        self._max_streams = lim.max_concurrent_streams or _UNBOUNDED_STREAMS
+        self._abused = False
+        self._linger_at_close = False
+        self._handshake_at = math.inf
+        self._idle_since = 0.0
+        self._idle_check_at = math.inf
         self.calls: dict[int, Call] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._read_scope = anyio.CancelScope()
@@ -138,22 +232,30 @@ class Connection:
         conn = self.h2
         s = self.settings
         lim = s.limits
-        conn.initiate_connection()
-        conn.update_settings(
-            {
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: lim.stream_window_bytes,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: lim.max_frame_bytes,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: lim.max_concurrent_streams,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: lim.max_header_list_bytes,
-            }
-        )
-        # Accept large frames at once, not only after the client acknowledges our SETTINGS:
+        codes = h2.settings.SettingCodes
+        advertised = {
+            codes.INITIAL_WINDOW_SIZE: lim.stream_window_bytes,
+            codes.MAX_FRAME_SIZE: lim.max_frame_bytes,
+        }
+        if lim.max_concurrent_streams:
+            advertised[codes.MAX_CONCURRENT_STREAMS] = lim.max_concurrent_streams
+        if lim.max_header_list_bytes:
+            advertised[codes.MAX_HEADER_LIST_SIZE] = lim.max_header_list_bytes
+            conn.decoder.max_header_list_size = lim.max_header_list_bytes
+        # One SETTINGS frame, in force at once, not only after the client acknowledges it:
         # grpc-core may send a large DATA frame ahead of that (accepting more than advertised
         # is always safe for the receiver).
+        conn.local_settings = _AdvertisedSettings(client=False, initial_values=advertised)
+        conn.initiate_connection()
         conn.max_inbound_frame_size = lim.max_frame_bytes
         if lim.connection_window_bytes > 65535:
             conn.increment_flow_control_window(lim.connection_window_bytes - 65535)
         now = anyio.current_time()
+        if lim.handshake_seconds > 0:
+            self._handshake_at = now + lim.handshake_seconds
+        if lim.idle_seconds > 0:
+            self._idle_since = now
+            self._idle_check_at = now + lim.idle_seconds
         if s.max_connection_age_seconds > 0:
             self._aged_at = now + s.max_connection_age_seconds * (1 + 0.1 * random.random())
         self._write_pending = True
@@ -173,6 +275,10 @@ class Connection:
                     else:
                         await self._read_loop()
                 await self._flush_final()
+                if self._linger_at_close:
+                    for call in list(self.calls.values()):
+                        call._on_reset()
+                    await self._linger()
                 tg.cancel_scope.cancel()
         finally:
             self.closed = True
@@ -189,6 +295,36 @@ class Connection:
         """Let the writer send what is queued (a GOAWAY, the last trailers), briefly."""
         with anyio.move_on_after(1.0):
             await self.drained()
+
+    async def _linger(self) -> None:
+        """After a GOAWAY of ours that ends the connection (a broken rule, idle): our side
+        half-closed, what the client still sends read and dropped until it closes its side,
+        briefly. Closing a socket with unread bytes in its buffer sends a TCP RST, with which
+        the client's kernel may drop the GOAWAY before the client has read it."""
+        with anyio.move_on_after(_LINGER_SECONDS):
+            fast = self._fast
+            if fast is not None:  # the transport reads and drops meanwhile (``FastIO.lost``)
+                transport = fast.transport
+                if transport.can_write_eof():
+                    transport.write_eof()
+                while not transport.is_closing():
+                    await anyio.sleep(0.05)
+                return
+            stream = self.stream
+            assert stream is not None
+            try:
+                await stream.send_eof()
+            except (NotImplementedError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            except OSError:
+                pass
+            try:
+                while await stream.receive(_RECEIVE_BYTES):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            except OSError:
+                return
 
     # ------------------------------------------------------------------ reading
 
@@ -232,11 +368,16 @@ class Connection:
         stop reading (a protocol error, the end of a drain)."""
         conn = self.h2
         self._reads += 1
+        broken = self._guard.scan(data)
+        if broken is not None:  # refused before h2 buffers or answers any of it
+            self._abuse(broken)
+            return False
         try:
             events = conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
             # h2 has queued its GOAWAY; send it and leave.
             log.info("h2_protocol_error", error=str(exc)[:200])
+            self.stats.goaway(_code_name(exc.error_code))
             self.want_write()
             return False
         except Exception as exc:  # a parsing bug must never take the process down
@@ -249,7 +390,16 @@ class Connection:
         if out:
             self._stash.append(out)
             self.want_write()
+        if self._abused:
+            return False
         return not (self.draining and not self.calls and self._last_stream_id != _MAX_STREAM_ID)
+
+    def _abuse(self, broken: Violation) -> None:
+        """A frame-level rule broken: GOAWAY with its code and debug data; reading ends."""
+        log.info("h2_abuse", rule=broken.debug.decode(), peer=self.peer())
+        self._abused = True
+        self._linger_at_close = True
+        self._goaway_now(broken.code, broken.debug)
 
     def _dispatch(self, events: list[Any]) -> None:
         calls = self.calls
@@ -272,6 +422,8 @@ class Connection:
                 if call is not None:
                     self._give_back(call)
                     call._on_reset()
+                    if self._judge_reset(event.stream_id):
+                        return
             elif kind is h2.events.WindowUpdated:
                 if event.stream_id == 0:
                     for call in calls.values():
@@ -293,11 +445,29 @@ class Connection:
                 if call is not None:
                     call._end_inbound()
 
+    def _judge_reset(self, sid: int) -> bool:
+        """The premature-reset rule for a call the client reset; True when it ended the
+        connection (the events left in the read are not acted on)."""
+        opened = self._opened_at.pop(sid, None)
+        premature = opened is not None and time.monotonic() - opened < self._judge.max_age
+        if premature:
+            self.stats.premature_resets += 1
+        if self._judge.record(premature):
+            self._abuse(PREMATURE_RESETS)
+            return True
+        return False
+
+    def _refuse_stream(self, sid: int) -> None:
+        """RST_STREAM(REFUSED_STREAM): the stream was not processed, the client may retry it."""
+        self.stats.refused_streams += 1
+        self._reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+
     def _open(self, event: h2.events.RequestReceived) -> None:
-        """Rules 1-2 for a new request, then the call's task."""
+        """Rules 1-2 for a new request, then the call's task; a stream beyond the advertised
+        concurrency (``_AdvertisedSettings``) or after the drain's last stream is refused."""
         sid = event.stream_id
-        if self.draining and sid > self._last_stream_id:
-            self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+        if (self.draining and sid > self._last_stream_id) or len(self.calls) >= self._max_streams:
+            self._refuse_stream(sid)
             return
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
         method_name = path = content_type = te = ""
@@ -361,6 +531,7 @@ class Connection:
             call.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
             self._add_deadline(call)
         self.calls[sid] = call
+        self._opened_at[sid] = time.monotonic()
         self._dispatch_call(call)
 
     def _refuse(
@@ -479,11 +650,15 @@ class Connection:
     def _end_call(self, call: Call) -> None:
         if self.calls.get(call.stream_id) is call:
             del self.calls[call.stream_id]
+            del self._opened_at[call.stream_id]
             if not call.inbound_done and not call.reset and not self.closed:
                 self._reset_stream(call.stream_id, ErrorCodes.NO_ERROR)
             self._give_back(call)
+            self._judge.record(False)
         call.scope = None
         if not self.calls:
+            if self._idle_check_at != math.inf:
+                self._idle_since = anyio.current_time()
             idle = self._idle
             if idle is not None:
                 self._idle = None
@@ -611,6 +786,7 @@ class Connection:
             self.h2.close_connection(code, additional_data=debug)
         except h2.exceptions.ProtocolError:
             return
+        self.stats.goaway(code.name)
         self.want_write()
 
     def _inject(self, frame: GoAwayFrame | PingFrame) -> None:
@@ -663,8 +839,14 @@ class Connection:
             if now >= self._close_at:
                 self._close_at = math.inf
                 self.close_calls()
+            if now >= self._handshake_at:
+                self._handshake_at = math.inf
+                self._handshake_due()
+            if now >= self._idle_check_at:
+                self._idle_check_at = self._idle_check(now)
             at = min(heap[0][0] if heap else math.inf, keepalive_at, self._aged_at)
-            at = min(at, self._drain_phase_at, self._close_at)
+            at = min(at, self._drain_phase_at, self._close_at, self._handshake_at)
+            at = min(at, self._idle_check_at)
             self._timer_at = at
             wake = self._timer_wake = anyio.Event()
             with anyio.CancelScope(deadline=at):
@@ -686,6 +868,30 @@ class Connection:
         self._inject(_ping(_KEEPALIVE_PING))
         return now + s.keepalive_timeout_seconds
 
+    def _handshake_due(self) -> None:
+        """``limits.handshake_seconds`` after the start: without the client's preface and
+        first SETTINGS by now (``FrameGuard.handshaken``), the connection is closed."""
+        if not self._guard.handshaken:
+            log.info("h2_handshake_timeout", peer=self.peer())
+            self.stats.refuse_connection("handshake_timeout")
+            self._stop_reading()
+
+    def _idle_check(self, now: float) -> float:
+        """The idle rule; returns when it is checked next. The time the last call ended
+        (``_idle_since``) is noted as calls end; the timer is never woken for it: a check
+        that comes early (a call ran meanwhile) is moved to the real deadline."""
+        idle = self.settings.limits.idle_seconds
+        if self.calls or self.draining:
+            return now + idle
+        if now - self._idle_since < idle:
+            return self._idle_since + idle
+        log.info("connection_idle", peer=self.peer())
+        self.stats.refuse_connection("idle")
+        self._linger_at_close = True
+        self._goaway_now(ErrorCodes.NO_ERROR)
+        self._stop_reading()
+        return math.inf
+
     def _on_ping_ack(self, data: bytes) -> None:
         if data == _KEEPALIVE_PING:
             self._keepalive_sent_at = None
@@ -701,6 +907,7 @@ class Connection:
             return
         self.draining = True
         self._inject(GoAwayFrame(0, last_stream_id=_MAX_STREAM_ID, error_code=0))
+        self.stats.goaway(ErrorCodes.NO_ERROR.name)
         self._inject(_ping(_DRAIN_PING))
         self._drain_phase_at = anyio.current_time() + self.settings.drain_ping_timeout_seconds
         self._wake_timer()
@@ -711,6 +918,7 @@ class Connection:
         self._drain_phase_at = math.inf
         self._last_stream_id = self.h2.highest_inbound_stream_id
         self._inject(GoAwayFrame(0, last_stream_id=self._last_stream_id, error_code=0))
+        self.stats.goaway(ErrorCodes.NO_ERROR.name)
         if not self.calls:
             self._stop_reading()
 
@@ -738,6 +946,14 @@ class _Runner:
     def __init__(self, call: Call) -> None:
         self.call: Call | None = call
         self.wake: anyio.Event | None = None
+
+
+def _code_name(code: Any) -> str:
+    """An HTTP/2 error code's name (its number when HTTP/2 does not name it)."""
+    try:
+        return ErrorCodes(code).name
+    except ValueError:
+        return str(code)
 
 
 def _ping(opaque: bytes) -> PingFrame:

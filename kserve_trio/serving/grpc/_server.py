@@ -127,7 +127,9 @@ class GrpcServer:
                 "tls_handshake_failed" if self._ssl else "accept_failed", error=repr(exc)[:200]
             )
             return
-        await self._run(Connection(None, self.methods, self.settings, self._closed, fast))
+        await self._run(
+            Connection(None, self.methods, self.settings, self._closed, fast, self.stats)
+        )
 
     async def _serve_stream(self, sock: socket.socket) -> None:
         """An accepted socket on trio: anyio's stream over it."""
@@ -152,7 +154,9 @@ class GrpcServer:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
                 return
-        await self._run(Connection(stream, self.methods, self.settings, self._closed))
+        await self._run(
+            Connection(stream, self.methods, self.settings, self._closed, None, self.stats)
+        )
 
     async def _run(self, conn: Connection) -> None:
         self.connections.add(conn)

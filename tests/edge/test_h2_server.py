@@ -1,0 +1,407 @@
+"""The HTTP/2 frame-level defences of an in-process ``GrpcServer``, on asyncio and trio, against
+raw attackers (``h2_attacker.Attacker``) and a well-behaved h2 client (``h2_peer.Peer``):
+
+- streams beyond SETTINGS_MAX_CONCURRENT_STREAMS are refused one by one (REFUSED_STREAM), even
+  in the client's first flight, and the connection serves on;
+- rapid resets end the connection (GOAWAY ENHANCE_YOUR_CALM), a moderate share does not; a
+  reset call never reaches its handler, and what arrives for it still opens the connection
+  window;
+- a header block held open past the header-list cap, floods of control frames and of pings end
+  the connection before h2 buffers or answers them; a keepalive within the ping rule does not;
+- an idle connection gets GOAWAY(NO_ERROR) before it is closed, a silent one is closed at the
+  handshake deadline; every GOAWAY is counted in ``EdgeStats``.
+
+Each test is bounded; timers are small and the bounds generous."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+import pytest
+from h2.errors import ErrorCodes
+from hyperframe.frame import GoAwayFrame, HeadersFrame, WindowUpdateFrame
+
+from kserve_trio.core.config import EdgeLimits
+from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.grpc import Call, GrpcServer, Limits, RawMessage, ServerSettings, raw_unary
+from tests.edge.h2_attacker import (
+    Attacker,
+    continuation,
+    data,
+    grpc_message,
+    ping,
+    priority,
+    raw_frame,
+    rst,
+    settings,
+    window_update,
+)
+from tests.serving.grpc.h2_peer import Peer, grpc_frame
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 20.0  # seconds: the bound on every outcome
+CALLS = Limits(max_recv_bytes=1 << 20, max_send_bytes=1 << 20)
+ECHO, HOLD = "/t.T/Echo", "/t.T/Hold"
+CALM = int(ErrorCodes.ENHANCE_YOUR_CALM)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+class Handlers:
+    """Echo, and Hold (answers once ``release`` is set); ``entered`` counts handler runs."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.release = anyio.Event()
+
+    async def echo(self, call: Call, message: RawMessage) -> bytes:
+        self.entered += 1
+        return bytes(call.plain(message))
+
+    async def hold(self, call: Call, message: RawMessage) -> bytes:
+        self.entered += 1
+        await self.release.wait()
+        return b"held"
+
+
+@dataclass
+class Served:
+    server: GrpcServer
+    port: int
+    handlers: Handlers
+
+    @property
+    def stats(self) -> EdgeStats:
+        return self.server.stats
+
+
+@asynccontextmanager
+async def served(**limits: float) -> AsyncIterator[Served]:
+    handlers = Handlers()
+    methods = {
+        ECHO: raw_unary(handlers.echo, CALLS, "Echo"),
+        HOLD: raw_unary(handlers.hold, CALLS, "Hold"),
+    }
+    server = GrpcServer(methods, ServerSettings(limits=EdgeLimits(**limits)))  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(server.serve, "127.0.0.1", 0)
+        try:
+            yield Served(server, port, handlers)
+        finally:
+            handlers.release.set()
+            with anyio.fail_after(BOUND):
+                await server.shutdown(1.0)
+
+
+async def echo_ok(peer: Peer, payload: bytes = b"still serving") -> None:
+    reply = await peer.call(ECHO, grpc_frame(payload))
+    assert (reply.status, reply.messages) == (0, [payload]), reply
+
+
+async def healthy(port: int) -> None:
+    """A fresh, well-behaved connection is served."""
+    async with Peer.connect(port) as peer:
+        await echo_ok(peer)
+
+
+async def until(condition: Callable[[], bool], timeout: float = BOUND) -> None:
+    """Wait for server state the wire does not show (deadline loop, no ordering sleeps)."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+def goaway_of(attacker: Attacker) -> tuple[int, bytes]:
+    assert attacker.goaways, "no GOAWAY"
+    frame = attacker.goaways[-1]
+    return frame.error_code, frame.additional_data
+
+
+# ------------------------------------------------------------------------------ streams
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.slow
+async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_stream():
+    """1100 requests before the client has read our SETTINGS (h2's own default of 100 would
+    end the connection at the 101st): the first 1024 run, the other 76 are REFUSED_STREAM, and
+    the same connection is served on."""
+    async with served() as s, Peer.connect(s.port) as peer:
+        with anyio.fail_after(BOUND):
+            sids = []
+            for _ in range(1100):
+                sid = peer.open(HOLD)
+                peer.conn.send_data(sid, grpc_frame(b"x"), end_stream=True)
+                sids.append(sid)
+            await peer.flush()
+            await peer.until(lambda: sum(r.reset is not None for r in peer.replies.values()) >= 76)
+            await until(lambda: s.handlers.entered == 1024)
+            refused = [sid for sid in sids if peer.replies[sid].reset is not None]
+            assert refused == sids[1024:]
+            assert {peer.replies[sid].reset for sid in refused} == {int(ErrorCodes.REFUSED_STREAM)}
+            s.handlers.release.set()
+            await peer.until(lambda: all(peer.replies[sid].done for sid in sids[:1024]))
+            assert {peer.replies[sid].status for sid in sids[:1024]} == {0}
+            await echo_ok(peer)
+            assert peer.goaways == []
+    assert s.stats.refused_streams == 76
+
+
+@pytest.mark.timeout(60)
+async def test_streams_past_a_small_limit_are_refused_while_the_first_are_served():
+    async with served(max_concurrent_streams=4) as s, Attacker.connect(s.port) as a:
+        with anyio.fail_after(BOUND):
+            open_ = [1, 3, 5, 7]
+            extra = [9, 11, 13]
+            await a.send(*(a.request(sid, HOLD) for sid in open_ + extra))
+            assert await a.until(lambda: len(a.resets(ErrorCodes.REFUSED_STREAM)) == 3)
+            assert a.resets(ErrorCodes.REFUSED_STREAM) == extra
+            s.handlers.release.set()
+            await a.send(*(data(sid, grpc_message(b"x"), end_stream=True) for sid in open_))
+            assert await a.until(lambda: all(a.status(sid) is not None for sid in open_))
+            assert [a.status(sid) for sid in open_] == [0, 0, 0, 0]
+            await a.send(a.request(15, ECHO), data(15, grpc_message(b"y"), end_stream=True))
+            assert await a.until(lambda: a.status(15) is not None)
+            assert a.status(15) == 0 and a.goaways == []
+    assert s.stats.refused_streams == 3
+
+
+# ------------------------------------------------------------------------------ resets
+
+
+@pytest.mark.timeout(60)
+async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handler():
+    async with served(premature_reset_min_streams=100) as s:
+        with anyio.fail_after(BOUND):
+            async with Attacker.connect(s.port) as a:
+                burst = []
+                for i in range(2000):
+                    sid = 1 + 2 * i
+                    short = grpc_message(b"x" * 64)[:-1]  # the request one byte short
+                    burst += [a.request(sid, HOLD), data(sid, short), rst(sid)]
+                await a.send(*burst)
+                assert await a.until(lambda: bool(a.goaways))
+                assert await a.until_eof(BOUND)
+            assert goaway_of(a) == (CALM, b"too_many_premature_resets")
+            await until(lambda: s.server.running_calls() == 0 and not s.server.connections)
+            await healthy(s.port)
+    assert s.handlers.entered == 1  # the health check: no reset call reached its handler
+    assert s.stats.premature_resets >= 51
+    assert s.stats.goaways["ENHANCE_YOUR_CALM"] == 1
+
+
+@pytest.mark.timeout(60)
+async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_rule():
+    async with served(premature_reset_min_streams=20) as s, Attacker.connect(s.port) as a:
+        with anyio.fail_after(BOUND):
+            for i in range(120):
+                sid = 1 + 2 * i
+                frames = [a.request(sid, ECHO)]
+                if i % 5 < 2:  # 40% cancelled before the request is complete
+                    frames += [data(sid, b"\x00\x00"), rst(sid)]
+                else:
+                    frames.append(data(sid, grpc_message(b"ok"), end_stream=True))
+                await a.send(*frames)
+                if i % 5 >= 2:
+                    assert await a.until(lambda sid=sid: a.status(sid) is not None), sid
+                    assert a.status(sid) == 0
+            assert a.goaways == [] and not a.eof
+    assert s.stats.premature_resets == 48
+
+
+@pytest.mark.timeout(60)
+async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_window():
+    """A 64 KiB connection window: 60 KiB sent on a stream the client reset, then a 30 KiB
+    request, which fits only if the first was acknowledged (h2 gives a window back once half
+    of it is used)."""
+    window = dict(connection_window_bytes=65535, stream_window_bytes=65535)
+    async with served(**window, max_frame_bytes=1 << 14) as s, Attacker.connect(s.port) as a:
+        with anyio.fail_after(BOUND):
+            body = grpc_message(b"z" * (60 << 10))
+            await a.send(a.request(1, ECHO), data(1, b"\x00\x00"), rst(1))
+            pieces = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+            await a.send(*(data(1, p) for p in pieces))
+
+            def given_back() -> int:
+                return sum(
+                    f.window_increment
+                    for f in a.frames
+                    if isinstance(f, WindowUpdateFrame) and f.stream_id == 0
+                )
+
+            assert await a.until(lambda: given_back() >= 32 << 10)
+            await a.send(a.request(3, ECHO))
+            body = grpc_message(b"z" * (30 << 10))
+            pieces = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+            await a.send(
+                *(data(3, p, end_stream=n == len(pieces) - 1) for n, p in enumerate(pieces))
+            )
+            assert await a.until(lambda: a.status(3) is not None)
+            assert a.status(3) == 0
+    assert s.handlers.entered == 1
+
+
+# ------------------------------------------------------------------------------ header blocks
+
+
+@pytest.mark.timeout(60)
+async def test_a_continuation_hold_gets_goaway_before_the_block_passes_the_cap():
+    cap = 16 << 10
+    async with served(max_header_list_bytes=cap) as s:
+        with anyio.fail_after(BOUND):
+            async with Attacker.connect(s.port) as a:
+                head = raw_frame(0x1, 0, 1, a.header_block(ECHO))  # HEADERS, no END_HEADERS
+                sent = len(head)
+                await a.send(head)
+                while not a.goaways and sent <= cap + (4 << 10):
+                    if not await a.send(continuation(1, b"\x00" * 1024)):
+                        break
+                    sent += 1024
+                    with anyio.move_on_after(0.05):
+                        await a.receive()
+                await a.until(lambda: bool(a.goaways), BOUND)
+            assert goaway_of(a) == (CALM, b"header_block_too_large")
+            async with Attacker.connect(s.port) as b:  # one fragment announced at 1 MiB
+                await b.send(raw_frame(0x1, 0, 1, b.header_block(ECHO)))
+                await b.send(continuation(1, b"\x00" * (1 << 20))[: 9 + 1000])
+                await b.until(lambda: bool(b.goaways), BOUND)
+            assert goaway_of(b) == (CALM, b"header_block_too_large")
+            await healthy(s.port)
+    assert s.stats.goaways["ENHANCE_YOUR_CALM"] == 2
+
+
+# ------------------------------------------------------------------------------ floods
+
+
+FLOODS = {
+    "settings": lambda: settings(),
+    "window_update": lambda: window_update(0, 1),
+    "priority": lambda: priority(3),
+    "empty_data": lambda: data(1, b""),
+    "unknown_type": lambda: raw_frame(0xFA, 0, 0, b"abcd"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(FLOODS))
+async def test_a_control_frame_flood_gets_goaway_and_a_trickle_does_not(kind: str):
+    frame = FLOODS[kind]()
+    async with served(max_control_frames_per_second=200) as s:
+        with anyio.fail_after(BOUND):
+            async with Attacker.connect(s.port) as calm:  # within the rate
+                await calm.send(calm.request(1, HOLD), frame * 50)
+                await calm.send(ping(b"trickle!"))
+                assert await calm.until(lambda: calm.ping_acks() == 1)
+                assert calm.goaways == []
+            async with Attacker.connect(s.port) as a:
+                await a.send(a.request(1, HOLD), frame * 5000)
+                assert await a.until(lambda: bool(a.goaways), BOUND)
+                assert await a.until_eof(BOUND)
+            assert goaway_of(a) == (CALM, b"control_frame_flood")
+            await healthy(s.port)
+
+
+@pytest.mark.timeout(60)
+async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_does_not():
+    rule = dict(min_ping_interval_seconds=0.2, max_ping_strikes=2)
+    async with served(**rule) as s:
+        with anyio.fail_after(BOUND):
+            async with Peer.connect(s.port) as keepalive:
+                for n in range(3):  # each one at least the interval after the last
+                    before = anyio.current_time()
+                    await keepalive.ping(b"keep%04d" % n)
+                    await echo_ok(keepalive)  # data flows between pings too
+                    await keepalive.ping(b"data%04d" % n)
+                    while anyio.current_time() - before < 0.35:
+                        await anyio.sleep(0.05)
+                assert keepalive.goaways == []
+            async with Attacker.connect(s.port) as a:
+                await a.send(*(ping(b"%08d" % n) for n in range(10)))
+                assert await a.until(lambda: bool(a.goaways), BOUND)
+                assert await a.until_eof(BOUND)
+            assert goaway_of(a) == (CALM, b"too_many_pings")
+            assert a.ping_acks() <= 3  # refused before h2 answered the flood's read (one read)
+            await healthy(s.port)
+
+
+@pytest.mark.timeout(60)
+async def test_a_reply_the_server_sends_resets_the_ping_strikes():
+    """Three quick pings are two strikes; the reply to the client's call (data we send, none
+    received) starts them over, so three more are not the third strike."""
+    rule = dict(min_ping_interval_seconds=10.0, max_ping_strikes=2)
+    async with served(**rule) as s, Attacker.connect(s.port) as a:
+        with anyio.fail_after(BOUND):
+            await a.send(a.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
+            await until(lambda: s.handlers.entered == 1)
+            await a.send(*(ping(b"before%02d" % n) for n in range(3)))
+            assert await a.until(lambda: a.ping_acks() == 3)
+            s.handlers.release.set()
+            assert await a.until(lambda: a.status(1) == 0)
+            await a.send(*(ping(b"after%03d" % n) for n in range(3)))
+            assert await a.until(lambda: a.ping_acks() == 6)
+            assert a.goaways == []
+            await a.send(ping(b"toomany!"))  # now the third strike
+            assert await a.until(lambda: bool(a.goaways))
+            assert goaway_of(a) == (CALM, b"too_many_pings")
+
+
+# ------------------------------------------------------------------------------ idle, handshake
+
+
+@pytest.mark.timeout(60)
+async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not():
+    async with served(idle_seconds=0.3) as s:
+        with anyio.fail_after(BOUND):
+            async with Attacker.connect(s.port) as busy:  # a call longer than the idle time
+                await busy.send(busy.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
+                await until(lambda: s.handlers.entered == 1)
+                started = anyio.current_time()
+                while anyio.current_time() - started < 0.9:
+                    await anyio.sleep(0.05)
+                s.handlers.release.set()
+                assert await busy.until(lambda: busy.status(1) == 0)
+                assert await busy.until(lambda: bool(busy.goaways), BOUND)  # idle after it
+                assert await busy.until_eof(BOUND)
+            kinds = [f.__class__ for f in busy.frames]
+            trailers = max(i for i, kind in enumerate(kinds) if kind is HeadersFrame)
+            assert kinds.index(GoAwayFrame) > trailers  # never while the call ran
+            frame = busy.goaways[-1]
+            assert (frame.error_code, frame.last_stream_id) == (0, 1)
+    assert s.stats.refused_connections["idle"] == 1
+    assert s.stats.goaways["NO_ERROR"] >= 1
+
+
+@pytest.mark.timeout(60)
+async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_prompt_one_is_not():
+    async with served(handshake_seconds=0.3, idle_seconds=0) as s:
+        with anyio.fail_after(BOUND):
+            async with Attacker.connect(s.port, preface=False) as silent:
+                assert await silent.until_eof(BOUND)
+            async with Attacker.connect(s.port, preface=False) as half:  # preface, no SETTINGS
+                await half.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                assert await half.until_eof(BOUND)
+            async with Peer.connect(s.port) as prompt:
+                started = anyio.current_time()
+                while anyio.current_time() - started < 0.9:
+                    await anyio.sleep(0.05)
+                await echo_ok(prompt)
+                assert prompt.goaways == []
+    assert s.stats.refused_connections["handshake_timeout"] == 2
+
+
+@pytest.mark.timeout(60)
+async def test_the_drain_goaways_are_counted():
+    async with served() as s:
+        peer_cm = Peer.connect(s.port)
+        async with peer_cm as peer:
+            await echo_ok(peer)
+            with anyio.fail_after(BOUND):
+                await s.server.shutdown(1.0)
+    assert s.stats.goaways["NO_ERROR"] == 2  # the drain's two phases
