@@ -127,10 +127,11 @@ async def serve_rest(
     *,
     max_body_bytes: int,
     ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
-    close its connections to the workers."""
+    close its connections to the workers. ``reuse_port``: the port is shared (SO_REUSEPORT)."""
     rest = GatewayRest(service)
     try:
         await serve_app(
@@ -140,6 +141,7 @@ async def serve_rest(
             max_body_bytes=max_body_bytes,
             ssl_context=ssl_context,
             name="rest",
+            reuse_port=reuse_port,
             task_status=task_status,
         )
     except OSError as exc:  # the bind: say which address (the CLI prints this one line)

@@ -69,10 +69,12 @@ from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
 from kserve_trio.gateway.prober import GatewayWedged, Prober
+from kserve_trio.gateway.processes._layout import ProcessRole
 from kserve_trio.gateway.rest import serve_rest
 from kserve_trio.gateway.routing import RoutingState, make_policy
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.gateway.shm_fanout import ShmFanout
+from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.gateway.tls import public_ssl_context
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.background import (
@@ -96,8 +98,16 @@ _log = get_logger("kserve_trio.gateway")
 class Gateway:
     """The gateway's parts, wired together; constructing it does no I/O."""
 
-    def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        resolver: Resolver | None = None,
+        process: ProcessRole | None = None,
+    ) -> None:
         self.config = config
+        self.process = process
+        """Set when this gateway is one of several processes (``gateway.processes``)."""
         hosts = config.prober.hosts_file
         if resolver is None:
             resolver = hosts_file_resolver(hosts) if hosts else system_resolver
@@ -121,7 +131,10 @@ class Gateway:
         )
         self.gates = RegisterGates()
         self.shm = ShmFanout(
-            targets=lambda: self.prober.routable_clients(), gates=self.gates, metrics=self.metrics
+            targets=lambda: self.prober.routable_clients(),
+            gates=self.gates,
+            metrics=self.metrics,
+            registrations=SharedShmRegistrations(process.shm_record) if process else None,
         )
         self.prober = Prober(
             discovery=self.discovery,
@@ -246,11 +259,17 @@ async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
 
 @contextlib.asynccontextmanager
 async def serve_gateway_async(
-    config: GatewayConfig, *, resolver: Resolver | None = None
+    config: GatewayConfig,
+    *,
+    resolver: Resolver | None = None,
+    process: ProcessRole | None = None,
 ) -> AsyncIterator[RunningGateway]:
-    """Run a gateway for the duration of the ``async with`` block (the whole task tree)."""
+    """Run a gateway for the duration of the ``async with`` block (the whole task tree).
+    ``process``: this gateway is one of several processes; it shares the public ports
+    (SO_REUSEPORT) and announces its admin port once it serves."""
     ssl_context = public_ssl_context(config.tls)  # a bad certificate fails before any port
-    gateway = Gateway(config, resolver=resolver)
+    gateway = Gateway(config, resolver=resolver, process=process)
+    shared_ports = process is not None
     grpc_host, grpc_port = config.listen.grpc_address
     metrics_host, metrics_port = config.listen.metrics_address
     server: GrpcServer | None = None
@@ -285,6 +304,7 @@ async def serve_gateway_async(
                         gateway.service,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         ssl_context=ssl_context,
+                        reuse_port=shared_ports,
                     )
                 )
             server = GrpcServer(
@@ -292,7 +312,11 @@ async def serve_gateway_async(
                 ServerSettings(limits=config.limits),
                 gateway.edge_stats,
             )
-            bound_grpc = await tg.start(server.serve, grpc_host, grpc_port, ssl_context)
+            bound_grpc = await tg.start(
+                functools.partial(
+                    server.serve, grpc_host, grpc_port, ssl_context, reuse_port=shared_ports
+                )
+            )
             running = RunningGateway(
                 config=config,
                 host=grpc_host,
@@ -313,6 +337,8 @@ async def serve_gateway_async(
                 models=sorted(gateway.state.table.models),
                 event_loop=running_event_loop(),
             )
+            if process is not None:
+                process.announce(bound_metrics)
             try:
                 yield running
             finally:
@@ -366,6 +392,7 @@ def serve_gateway(
     *,
     resolver: Resolver | None = None,
     overrides: Mapping[str, Any] | None = None,
+    process: ProcessRole | None = None,
 ) -> RunningGateway | None:
     """Serve a gateway. Blocking: until SIGINT/SIGTERM (then drain and return ``None``).
     Non-blocking: on a background thread with its own event loop; returns the
@@ -374,19 +401,20 @@ def serve_gateway(
     ``path`` is a ``gateway.yml`` path, a ``GatewayConfig``, or ``None`` (the file
     ``KSERVE_TRIO_GATEWAY_FILE`` names, else the environment alone); ``overrides`` are raw
     values in YAML shape applied last (what command-line flags set); ``resolver`` replaces the
-    system resolver of discovery (see ``discovery.Resolver``).
+    system resolver of discovery (see ``discovery.Resolver``); ``process`` makes it one of
+    several gateway processes (``gateway.processes``).
     """
     config = resolve_gateway_config(path, overrides=overrides)
     if blocking:
         run_loop(
             serve_until_signal,
-            serve_gateway_async(config, resolver=resolver),
+            serve_gateway_async(config, resolver=resolver, process=process),
             _log,
             event_loop=config.event_loop or None,
         )
         return None
     loop = start_in_thread(
-        lambda: serve_gateway_async(config, resolver=resolver),
+        lambda: serve_gateway_async(config, resolver=resolver, process=process),
         thread_name="kserve_trio-gateway",
         what="the gateway",
         event_loop=config.event_loop or None,

@@ -71,11 +71,16 @@ class GrpcServer:
         port: int,
         ssl_context: ssl.SSLContext | None = None,
         *,
+        reuse_port: bool = False,
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port."""
+        """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port.
+        ``reuse_port``: bind with SO_REUSEPORT, so several processes share the port (the
+        kernel spreads new connections over their listening sockets)."""
         self._ssl = ssl_context
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        listener = await anyio.create_tcp_listener(
+            local_host=host, local_port=port, reuse_port=reuse_port
+        )
         self._listener = listener
         listeners = [one for one in listener.listeners if isinstance(one, anyio.abc.SocketListener)]
         self.port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))

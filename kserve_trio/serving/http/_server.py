@@ -323,14 +323,18 @@ async def serve_app(
     ssl_context: ssl.SSLContext | None = None,
     name: str = "http",
     idle_seconds: float = IDLE_SECONDS,
+    reuse_port: bool = False,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled; ``task_status.started(bound_port)``.
 
     With ``ssl_context`` every connection is TLS (a failed handshake drops that connection
-    only). Each connection is a task of this call's own task group.
+    only). Each connection is a task of this call's own task group. ``reuse_port`` binds with
+    SO_REUSEPORT (several processes share the port).
     """
-    tcp = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    tcp = await anyio.create_tcp_listener(
+        local_host=host, local_port=port, reuse_port=reuse_port
+    )
     bound = tcp.extra(anyio.abc.SocketAttribute.local_port)
     listener: anyio.abc.Listener[anyio.abc.ByteStream] = (
         tcp if ssl_context is None else TLSListener(tcp, ssl_context, standard_compatible=False)
