@@ -110,7 +110,7 @@ class ShmFanout:
     ) -> None:
         self._targets = targets
         self.gates = gates
-        self.registrations = registrations or ShmRegistrations()
+        self.registrations = registrations if registrations is not None else ShmRegistrations()
         self.metrics = metrics
         self._replays: dict[str, anyio.Event] = {}
 
