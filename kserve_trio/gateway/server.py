@@ -65,6 +65,7 @@ from kserve_trio.gateway.forward import Forwarder, RegisterGates
 from kserve_trio.gateway.lpt_control import GatewayControl
 from kserve_trio.gateway.lpt_metrics import LptCollector
 from kserve_trio.gateway.lpt_policy import LptPacking
+from kserve_trio.gateway.lpt_processes import LptFollower, LptPlacer, shared_lpt
 from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
@@ -193,6 +194,22 @@ class Gateway:
             routable_models=lambda: set(self.state.table.models),
             limits=self.service.limits,
         )
+        self.shared_lpt: LptPlacer | LptFollower | None = None
+        """lpt_packing among several processes: process 0 places, the others follow it."""
+        if self.scheduler is not None and process is not None:
+            self.shared_lpt = shared_lpt(self.scheduler, self.control, process, self.service.limits)
+
+    def control_methods(self) -> dict[str, Any]:
+        """GatewayControlService: served here, or forwarded to the placing process."""
+        methods = self.control.methods()
+        if isinstance(self.shared_lpt, LptFollower):
+            return self.shared_lpt.control_methods(list(methods))
+        return methods
+
+    async def start_placement(self) -> None:
+        """lpt_packing's start-up: the scheduler's, or a follower's wait for the placement."""
+        assert self.scheduler is not None
+        await (self.shared_lpt or self.scheduler).start()
 
     def has_routable_worker(self) -> bool:
         return bool(self.prober.routable_labels)
@@ -281,8 +298,10 @@ async def serve_gateway_async(
             if not gateway.has_routable_worker():
                 _log.warning("serving_without_a_ready_worker", workers=len(gateway.pool.clients))
             if gateway.scheduler is not None:  # lpt_packing's preconditions, startup repack
-                await gateway.scheduler.start()
+                await gateway.start_placement()
                 tg.start_soon(gateway.scheduler.compactor.run)
+                if gateway.shared_lpt is not None:
+                    await tg.start(gateway.shared_lpt.run, config.limits)
             bound_metrics = await tg.start(
                 functools.partial(
                     serve_http,
@@ -308,7 +327,7 @@ async def serve_gateway_async(
                     )
                 )
             server = GrpcServer(
-                {**gateway.service.methods(), **gateway.control.methods()},
+                {**gateway.service.methods(), **gateway.control_methods()},
                 ServerSettings(limits=config.limits),
                 gateway.edge_stats,
             )
