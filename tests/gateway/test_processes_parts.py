@@ -136,7 +136,11 @@ def test_the_children_get_the_resolved_ports_and_no_gateway_variables():
 
 def test_a_child_reads_back_the_configuration_the_parent_wrote(tmp_path):
     config = load_gateway_config(
-        env={G + "WORKERS": "127.0.0.1:9001", G + "PROCESSES": "2", G + "LISTEN_GRPC": "127.0.0.1:0"}
+        env={
+            G + "WORKERS": "127.0.0.1:9001",
+            G + "PROCESSES": "2",
+            G + "LISTEN_GRPC": "127.0.0.1:0",
+        }
     ).config
     grpc = reserve_port("127.0.0.1", 0, "listen.grpc")
     try:

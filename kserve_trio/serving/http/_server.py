@@ -332,9 +332,7 @@ async def serve_app(
     only). Each connection is a task of this call's own task group. ``reuse_port`` binds with
     SO_REUSEPORT (several processes share the port).
     """
-    tcp = await anyio.create_tcp_listener(
-        local_host=host, local_port=port, reuse_port=reuse_port
-    )
+    tcp = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=reuse_port)
     bound = tcp.extra(anyio.abc.SocketAttribute.local_port)
     listener: anyio.abc.Listener[anyio.abc.ByteStream] = (
         tcp if ssl_context is None else TLSListener(tcp, ssl_context, standard_compatible=False)
