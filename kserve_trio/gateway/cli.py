@@ -121,13 +121,12 @@ def _run_parent(config, log) -> int:
     from kserve_trio.gateway.processes._children import ChildFailedToStart
     from kserve_trio.serving.background import run_loop, serve_until_signal
 
+    # The children serve on config.event_loop; the parent runs on asyncio (uvloop when
+    # installed) even for trio, which starts processes from a worker thread: the kernel ties a
+    # child's parent-death signal to the thread that started it, and trio's threads come and go.
+    loop = "asyncio" if config.event_loop == "trio" else config.event_loop or None
     try:
-        run_loop(
-            serve_until_signal,
-            serve_processes(config),
-            log,
-            event_loop=config.event_loop or None,
-        )
+        run_loop(serve_until_signal, serve_processes(config), log, event_loop=loop)
     except ChildFailedToStart as exc:
         log.error("startup_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)

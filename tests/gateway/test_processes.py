@@ -271,10 +271,10 @@ def _listening(port: int) -> bool:
 
 @pytest.mark.timeout(120)
 def test_sigterm_drains_every_process_and_leaves_nothing_behind(e2e, tmp_path):
-    """Port 0 works (the parent reserves one port for both); after SIGTERM no process, no
-    listening socket and no runtime directory remain."""
+    """Port 0 works (the parent reserves one port for both); the children serve on trio; after
+    SIGTERM no process, no listening socket and no runtime directory remain."""
     env = {G + "WORKERS": f"127.0.0.1:{e2e.port}", G + "LISTEN_GRPC": "127.0.0.1:0"}
-    gw = TwoProcesses(tmp_path, env)
+    gw = TwoProcesses(tmp_path, env, "--event-loop", "trio")
     try:
         gw.wait_ready()
         parent_up = lambda: [e for e in gw.events("gateway_up") if "processes" in e]  # noqa: E731
@@ -300,5 +300,27 @@ def test_sigterm_drains_every_process_and_leaves_nothing_behind(e2e, tmp_path):
             s.bind(("127.0.0.1", port))
         drained = gw.events("gateway_down")
         assert len(drained) == 3  # each child, then the parent
+    finally:
+        gw.stop()
+
+
+@pytest.mark.timeout(90)
+def test_a_child_that_cannot_start_fails_the_gateway_with_its_status(e2e, tmp_path):
+    """A certificate that does not load fails each child at start-up (exit 2): the parent exits
+    2 too, with no restart loop, and removes what it made."""
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    env = {
+        G + "WORKERS": f"127.0.0.1:{e2e.port}",
+        G + "TLS_CERT_FILE": str(bad),
+        G + "TLS_KEY_FILE": str(bad),
+    }
+    gw = TwoProcesses(tmp_path, env)
+    try:
+        assert gw.proc.wait(60) == 2, gw.logs()
+        (starting,) = gw.events("gateway_processes_starting")
+        assert not pathlib.Path(starting["runtime_dir"]).exists()
+        assert not gw.events("gateway_process_exited")  # failed at start: not restarted
+        assert "exited with status 2 at start-up" in gw.logs()
     finally:
         gw.stop()

@@ -95,6 +95,10 @@ def test_every_process_answers_alike_and_a_followers_traffic_counts(fleet):
     after = control(gw.url, "GetSchedulingStatus", rc.GetSchedulingStatusRequest())
     now = {m.name: m.arrival_rate for m in after.models}
     assert now["scale4"] > rate["scale4"], (rate, now)  # the placer counted them
+    metrics = gw.admin("/metrics")[1]  # lpt_packing's collector, in every process's series
+    for process in ("0", "1"):
+        pattern = rf'gateway_placement_weight{{model="scale4",[^}}]*gateway_process="{process}"}}'
+        assert re.search(pattern, metrics), metrics[-2000:]
     placed = placement(after)["scale4"]  # the follower routes by it as soon as Repack returns
     before = {w.url: lpt_e2e.successes(w, "scale4") for w in fleet.workers}
     for _ in range(6):

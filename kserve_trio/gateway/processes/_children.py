@@ -3,7 +3,8 @@
 Each child is ``python -m kserve_trio gateway --config DIR/gateway.json --process-index I
 --runtime-dir DIR``, started through the node's trampoline (``kserve_trio/node/_trampoline.py``:
 the kernel sends it SIGTERM if the parent dies, so no child outlives a parent killed outright),
-with the parent's standard output and error, and the parent's environment less every gateway
+with the parent's standard output and error (started from the event loop's thread: the
+parent runs on asyncio, since the parent-death signal is tied to the starting thread), and the parent's environment less every gateway
 variable (the configuration file already holds what they said), plus the environment-only
 prober knobs.
 
