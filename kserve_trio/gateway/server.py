@@ -15,6 +15,11 @@
 Every call task and every task a handler starts (a stream's per-request tasks) lives under the
 server's task group, so nothing outlives the tree.
 
+Given a ``ProcessRole`` (one of several gateway processes, ``gateway.processes``) the same tree
+binds the public ports with SO_REUSEPORT, keeps its shared-memory registrations in the shared
+record, announces its admin port once it serves and, under lpt_packing, places (process 0) or
+follows the placement (``lpt_processes``).
+
 Start-up: the first prober round runs before the ports open (discovery, probes, shared-memory
 replay, routing table). If no worker is routable after it, the gateway waits up to
 ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS`` for one (probing every half second meanwhile), then
