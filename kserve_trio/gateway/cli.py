@@ -117,16 +117,29 @@ def _role(args: argparse.Namespace, count: int):
 def _run_parent(config, log) -> int:
     """The parent of ``config.processes`` gateway processes, until SIGTERM/SIGINT; a child that
     fails its first start ends it with the child's exit status."""
+    import signal
+
+    import anyio
+
     from kserve_trio.gateway.processes import serve_processes
     from kserve_trio.gateway.processes._children import ChildFailedToStart
-    from kserve_trio.serving.background import run_loop, serve_until_signal
+    from kserve_trio.serving.background import run_loop
+
+    async def until_signal() -> None:
+        # The receiver opens before any child starts: a signal during the start-up stops
+        # the children too (it is not the default action, which would orphan them).
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with serve_processes(config):
+                async for signum in signals:
+                    log.info("shutdown_signal", signal=signal.Signals(signum).name)
+                    break
 
     # The children serve on config.event_loop; the parent runs on asyncio (uvloop when
     # installed) even for trio, which starts processes from a worker thread: the kernel ties a
     # child's parent-death signal to the thread that started it, and trio's threads come and go.
     loop = "asyncio" if config.event_loop == "trio" else config.event_loop or None
     try:
-        run_loop(serve_until_signal, serve_processes(config), log, event_loop=loop)
+        run_loop(until_signal, event_loop=loop)
     except ChildFailedToStart as exc:
         log.error("startup_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)
