@@ -4,6 +4,8 @@
   is set. Every paired worker's ``/metrics`` is fetched concurrently at scrape time (5 s each);
   ``gateway_worker_metrics_up{worker}`` says which answered; a worker's samples that carry no
   ``worker`` label get one; ``metrics_merge.merge_expositions`` makes one valid exposition.
+- ``/metrics/own`` and ``/metrics/workers``: the two halves of ``/metrics`` (the gateway's
+  own series; the workers' merged), which the parent of several gateway processes combines.
 - ``/routing``: a JSON object: ``models`` maps each model to its ready replicas' labels,
   ``workers`` lists every known worker with its readiness.
 - ``/healthz``: 200 ``ok`` while the process serves. ``/readyz``: 200 ``ok`` while a worker is
@@ -37,23 +39,33 @@ class ScrapeError(Exception):
     """A worker's metrics endpoint could not be read."""
 
 
-async def scrape(host: str, port: int, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str:
-    """``GET /metrics`` from ``host:port`` (``serving.http.HttpClient``, the project's one HTTP
-    client, one connection closed after the answer); the exposition text, or ``ScrapeError``."""
+async def fetch(
+    host: str, port: int, path: str, timeout: float = SCRAPE_TIMEOUT_SECONDS
+) -> tuple[int, bytes]:
+    """``GET path`` from ``host:port`` (``serving.http.HttpClient``, the project's one HTTP
+    client, one connection closed after the answer): the status and body, or ``ScrapeError``
+    when nothing answered."""
     target = format_host_port(host, port)
     headers = (("accept", "text/plain"), ("connection", "close"))
     try:
         async with HttpClient(per_host=1, max_body_bytes=MAX_SCRAPE_BYTES) as client:
-            reply = await client.request(
-                host, port, "GET", "/metrics", headers=headers, timeout=timeout
-            )
+            reply = await client.request(host, port, "GET", path, headers=headers, timeout=timeout)
     except TimeoutError:
-        raise ScrapeError(f"{target}/metrics did not answer within {timeout:g}s") from None
+        raise ScrapeError(f"{target}{path} did not answer within {timeout:g}s") from None
     except HttpClientError as exc:
-        raise ScrapeError(f"cannot read {target}/metrics: {exc}") from None
-    if reply.status != 200:
-        raise ScrapeError(f"{target}/metrics answered HTTP {reply.status}")
-    return reply.body.decode("utf-8", "replace")
+        raise ScrapeError(f"cannot read {target}{path}: {exc}") from None
+    return reply.status, reply.body
+
+
+async def scrape(
+    host: str, port: int, timeout: float = SCRAPE_TIMEOUT_SECONDS, path: str = "/metrics"
+) -> str:
+    """``GET /metrics`` (or ``path``) from ``host:port``: the exposition text, or
+    ``ScrapeError``."""
+    status, body = await fetch(host, port, path, timeout)
+    if status != 200:
+        raise ScrapeError(f"{format_host_port(host, port)}{path} answered HTTP {status}")
+    return body.decode("utf-8", "replace")
 
 
 class AdminEndpoints:
@@ -76,7 +88,12 @@ class AdminEndpoints:
         return self._ready()
 
     def routes(self) -> dict[str, Route]:
-        return {"/metrics": self.metrics_page, "/routing": self.routing_page}
+        return {
+            "/metrics": self.metrics_page,
+            "/metrics/own": self.own_metrics_page,
+            "/metrics/workers": self.worker_metrics_page,
+            "/routing": self.routing_page,
+        }
 
     async def worker_expositions(self) -> list[str]:
         """Each paired worker's exposition (labelled), in worker label order; sets
@@ -113,10 +130,24 @@ class AdminEndpoints:
             merged = own
         return 200, CONTENT_TYPE, merged.encode("utf-8")
 
+    async def own_metrics_page(self) -> tuple[int, str, bytes]:
+        """The gateway's own series alone (what a parent of several processes labels)."""
+        return 200, CONTENT_TYPE, self.metrics.exposition()
+
+    async def worker_metrics_page(self) -> tuple[int, str, bytes]:
+        """The workers' expositions alone, merged (a parent asks one child for these)."""
+        workers = await self.worker_expositions()
+        try:
+            merged = merge_expositions(workers)
+        except ExpositionError as exc:
+            _log.warning("worker_metrics_merge_failed", error=str(exc))
+            merged = ""
+        return 200, CONTENT_TYPE, merged.encode("utf-8")
+
     async def routing_page(self) -> tuple[int, str, bytes]:
         readiness = {label: c.health.ready for label, c in self.pool.clients.items()}
         body = json.dumps(self.state.table.to_json(readiness), indent=1).encode("utf-8")
         return 200, "application/json", body
 
 
-__all__ = ["AdminEndpoints", "ScrapeError", "scrape"]
+__all__ = ["AdminEndpoints", "ScrapeError", "fetch", "scrape"]

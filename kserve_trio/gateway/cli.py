@@ -4,6 +4,11 @@ The configuration is ``--config FILE``, else the file ``KSERVE_TRIO_GATEWAY_FILE
 the environment alone (``KSERVE_TRIO_GATEWAY_*``); ``--log-level`` and ``--log-format`` override
 its ``logging:`` block. Exit status: 0 after a drained shutdown (SIGTERM, SIGINT), 1 when the
 gateway found itself wedged (its supervisor should restart it), 2 for a configuration error.
+
+``--processes N`` (``processes:``, ``KSERVE_TRIO_GATEWAY_PROCESSES``) above 1 makes this process
+the parent of N gateway processes sharing the public ports (``gateway.processes``). The
+parent starts each child as this same command with ``--process-index I --runtime-dir DIR``
+(flags for that use only).
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ def configure_parser(parser: argparse.ArgumentParser):
         choices=["json", "console", "auto"],
         help="log rendering (default: logging.format; auto = console on a TTY, else JSON)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="gateway processes sharing the public ports (default: processes, 1)",
+    )
+    parser.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--runtime-dir", help=argparse.SUPPRESS)
     add_event_loop_flags(parser, "event_loop, env KSERVE_TRIO_GATEWAY_EVENT_LOOP")
     return run
 
@@ -43,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
     )
 
     log = get_logger("kserve_trio.gateway")
-    overrides: dict[str, object] = {"logging": {"level": args.log_level, "format": args.log_format}}
+    overrides: dict[str, object] = {
+        "logging": {"level": args.log_level, "format": args.log_format},
+        "processes": args.processes,
+    }
     event_loop = event_loop_from_args(args)
     if event_loop is not None:
         overrides["event_loop"] = event_loop
@@ -67,8 +83,14 @@ def run(args: argparse.Namespace) -> int:
     from kserve_trio.gateway.server import serve_gateway
     from kserve_trio.serving.accept import ListenError
 
+    config = loaded.config
     try:
-        serve_gateway(loaded.config, blocking=True)
+        if args.process_index is not None:  # one of several: the parent started us
+            serve_gateway(config, blocking=True, process=_role(args, config.processes))
+        elif config.processes > 1:
+            return _run_parent(config, log)
+        else:
+            serve_gateway(config, blocking=True)
     except ConfigError as exc:  # e.g. a certificate that does not load
         log.error("startup_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)
@@ -80,6 +102,52 @@ def run(args: argparse.Namespace) -> int:
     except GatewayWedged as exc:
         log.error("gateway_wedged", error=str(exc))
         return 1
+    return 0
+
+
+def _role(args: argparse.Namespace, count: int):
+    import pathlib
+
+    import structlog
+
+    from kserve_trio.gateway.processes import ProcessRole
+
+    structlog.contextvars.bind_contextvars(gateway_process=args.process_index)
+    if not args.runtime_dir:
+        raise SystemExit("--process-index needs --runtime-dir")
+    return ProcessRole(args.process_index, count, pathlib.Path(args.runtime_dir))
+
+
+def _run_parent(config, log) -> int:
+    """The parent of ``config.processes`` gateway processes, until SIGTERM/SIGINT; a child that
+    fails its first start ends it with the child's exit status."""
+    import signal
+
+    import anyio
+
+    from kserve_trio.gateway.processes import serve_processes
+    from kserve_trio.gateway.processes._children import ChildFailedToStart
+    from kserve_trio.serving.background import run_loop
+
+    async def until_signal() -> None:
+        # The receiver opens before any child starts: a signal during the start-up stops
+        # the children too (it is not the default action, which would orphan them).
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with serve_processes(config):
+                async for signum in signals:
+                    log.info("shutdown_signal", signal=signal.Signals(signum).name)
+                    break
+
+    # The children serve on config.event_loop; the parent runs on asyncio (uvloop when
+    # installed) even for trio, which starts processes from a worker thread: the kernel ties a
+    # child's parent-death signal to the thread that started it, and trio's threads come and go.
+    loop = "asyncio" if config.event_loop == "trio" else config.event_loop or None
+    try:
+        run_loop(until_signal, event_loop=loop)
+    except ChildFailedToStart as exc:
+        log.error("startup_failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.returncode if exc.returncode in (1, 2) else 1
     return 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import anyio
@@ -326,6 +326,9 @@ class GatewayControl:
         self.scheduler = scheduler
         self._models = routable_models
         self.limits = limits
+        self.settled: Callable[[], Awaitable[None]] | None = None
+        """Awaited after a change (SetSchedulingPolicy, SetModelPlacement, Repack) and before
+        its reply: a gateway's other processes have adopted it (``lpt_processes``)."""
 
     def methods(self) -> dict[str, Method]:
         rpcs = {
@@ -347,9 +350,12 @@ class GatewayControl:
             except Exception as exc:
                 raise InvalidArgument(f"malformed {rpc} request: {exc}") from None
             try:
-                return bytes(await fn(request))
+                reply = bytes(await fn(request))
             except ConfigError as exc:
                 raise InvalidArgument(str(exc)) from None
+            if self.settled is not None and rpc != "GetSchedulingStatus":
+                await self.settled()
+            return reply
 
         return run
 

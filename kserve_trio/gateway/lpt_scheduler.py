@@ -42,6 +42,10 @@ Repack (``_repack``):
 4. The routing policy adopts it (in-flight counts carried over), the accumulator restarts, and
    moved models (worker set changed) and changed workers (``placement.changed_workers``) are
    counted and logged; the compaction cadence decides whether to compact the changed workers.
+
+Several gateway processes (``lpt_processes``): one process's scheduler places; it counts the
+others' arrivals too (``extra_arrivals``, added to its own at repack rule 1) and hands each
+repack's result to ``on_repack``, which the other processes follow.
 """
 
 from __future__ import annotations
@@ -175,6 +179,10 @@ class LptScheduler:
         self.last_report: RepackReport | None = None
         self.pairs: set[tuple[str, str]] = set()
         """Every (model, worker) ever placed: a dropped pair is exported as weight 0."""
+        self.extra_arrivals: Callable[[], Mapping[str, int]] = dict
+        """Arrivals counted elsewhere since the last call (the gateway's other processes)."""
+        self.on_repack: Callable[[RepackReport], None] = lambda report: None
+        """Called after each repack (the gateway's other processes follow the placement)."""
         policy.on_metadata = self._on_metadata
         self._publish_plans()
 
@@ -345,7 +353,10 @@ class LptScheduler:
     def _measure(self, poll: FleetPoll, compute_elapsed: float, wall: float) -> None:
         """Repack rule 1."""
         h = self.knobs.halflife
-        for model, n in self.policy.take_arrivals().items():
+        arrivals = self.policy.take_arrivals()
+        for model, n in self.extra_arrivals().items():
+            arrivals[model] = arrivals.get(model, 0) + n
+        for model, n in arrivals.items():
             if model not in poll.models:
                 continue
             sample = n / wall if wall > 0 else 0.0
@@ -442,6 +453,7 @@ class LptScheduler:
         )
         for warning in report.warnings:
             _log.warning("lpt_repack_warning", message=warning)
+        self.on_repack(report)
         return report
 
     def _compaction_cadence(

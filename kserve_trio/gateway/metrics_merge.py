@@ -169,10 +169,10 @@ def _owner(sample: str, current: str | None, local_types: dict[str, str | None])
     return sample
 
 
-def add_worker_label(text: str, worker: str) -> str:
-    """``text`` with ``worker="<worker>"`` added to every sample that has no ``worker`` label
+def add_label(text: str, label: str, value: str) -> str:
+    """``text`` with ``label="<value>"`` added to every sample that has no ``label`` label
     (comments untouched)."""
-    value = worker.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     out = []
     for raw_line in text.splitlines():
         line = raw_line.strip()
@@ -180,17 +180,24 @@ def add_worker_label(text: str, worker: str) -> str:
             out.append(raw_line)
             continue
         name, labels, rest = split_sample(line)
-        if labels and "worker" in label_names(labels):
+        if labels and label in label_names(labels):
             out.append(line)
             continue
         inner = labels[1:-1].strip().rstrip(",") if labels else ""
-        joined = f'{inner},worker="{value}"' if inner else f'worker="{value}"'
+        joined = f'{inner},{label}="{escaped}"' if inner else f'{label}="{escaped}"'
         out.append(f"{name}{{{joined}}} {rest}")
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
+def add_worker_label(text: str, worker: str) -> str:
+    """``text`` with ``worker="<worker>"`` added to every sample that has no ``worker`` label
+    (comments untouched)."""
+    return add_label(text, "worker", worker)
+
+
 __all__ = [
     "ExpositionError",
+    "add_label",
     "add_worker_label",
     "label_names",
     "merge_expositions",

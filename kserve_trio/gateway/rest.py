@@ -133,11 +133,12 @@ async def serve_rest(
     limits: EdgeLimits | None = None,
     stats: EdgeStats | None = None,
     connection_cap: int | None = None,
+    reuse_port: bool = False,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
     close its connections to the workers. ``limits``, ``stats``, ``connection_cap``: as
-    ``serve_app`` takes them."""
+    ``serve_app`` takes them; ``reuse_port``: the port is shared (SO_REUSEPORT)."""
     rest = GatewayRest(service)
     try:
         await serve_app(
@@ -150,6 +151,7 @@ async def serve_rest(
             limits=limits,
             stats=stats,
             connection_cap=connection_cap,
+            reuse_port=reuse_port,
             task_status=task_status,
         )
     except ListenError as exc:  # the bind: say which address (the CLI prints this one line)

@@ -15,6 +15,11 @@
 Every call task and every task a handler starts (a stream's per-request tasks) lives under the
 server's task group, so nothing outlives the tree.
 
+Given a ``ProcessRole`` (one of several gateway processes, ``gateway.processes``) the same tree
+binds the public ports with SO_REUSEPORT, keeps its shared-memory registrations in the shared
+record, announces its admin port once it serves and, under lpt_packing, places (process 0) or
+follows the placement (``lpt_processes``).
+
 Start-up: the first prober round runs before the ports open (discovery, probes, shared-memory
 replay, routing table). If no worker is routable after it, the gateway waits up to
 ``KSERVE_TRIO_GATEWAY_STARTUP_WAIT_SECONDS`` for one (probing every half second meanwhile), then
@@ -65,14 +70,17 @@ from kserve_trio.gateway.forward import Forwarder, RegisterGates
 from kserve_trio.gateway.lpt_control import GatewayControl
 from kserve_trio.gateway.lpt_metrics import LptCollector
 from kserve_trio.gateway.lpt_policy import LptPacking
+from kserve_trio.gateway.lpt_processes import LptFollower, LptPlacer, shared_lpt
 from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
 from kserve_trio.gateway.prober import GatewayWedged, Prober
+from kserve_trio.gateway.processes._layout import ProcessRole
 from kserve_trio.gateway.rest import serve_rest
 from kserve_trio.gateway.routing import RoutingState, make_policy
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.gateway.shm_fanout import ShmFanout
+from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.gateway.tls import public_ssl_context
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.background import (
@@ -97,8 +105,16 @@ _log = get_logger("kserve_trio.gateway")
 class Gateway:
     """The gateway's parts, wired together; constructing it does no I/O."""
 
-    def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        resolver: Resolver | None = None,
+        process: ProcessRole | None = None,
+    ) -> None:
         self.config = config
+        self.process = process
+        """Set when this gateway is one of several processes (``gateway.processes``)."""
         hosts = config.prober.hosts_file
         if resolver is None:
             resolver = hosts_file_resolver(hosts) if hosts else system_resolver
@@ -122,7 +138,10 @@ class Gateway:
         )
         self.gates = RegisterGates()
         self.shm = ShmFanout(
-            targets=lambda: self.prober.routable_clients(), gates=self.gates, metrics=self.metrics
+            targets=lambda: self.prober.routable_clients(),
+            gates=self.gates,
+            metrics=self.metrics,
+            registrations=SharedShmRegistrations(process.shm_record) if process else None,
         )
         self.prober = Prober(
             discovery=self.discovery,
@@ -181,6 +200,22 @@ class Gateway:
             routable_models=lambda: set(self.state.table.models),
             limits=self.service.limits,
         )
+        self.shared_lpt: LptPlacer | LptFollower | None = None
+        """lpt_packing among several processes: process 0 places, the others follow it."""
+        if self.scheduler is not None and process is not None:
+            self.shared_lpt = shared_lpt(self.scheduler, self.control, process, self.service.limits)
+
+    def control_methods(self) -> dict[str, Any]:
+        """GatewayControlService: served here, or forwarded to the placing process."""
+        methods = self.control.methods()
+        if isinstance(self.shared_lpt, LptFollower):
+            return self.shared_lpt.control_methods(list(methods))
+        return methods
+
+    async def start_placement(self) -> None:
+        """lpt_packing's start-up: the scheduler's, or a follower's wait for the placement."""
+        assert self.scheduler is not None
+        await (self.shared_lpt or self.scheduler).start()
 
     def has_routable_worker(self) -> bool:
         return bool(self.prober.routable_labels)
@@ -247,11 +282,17 @@ async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
 
 @contextlib.asynccontextmanager
 async def serve_gateway_async(
-    config: GatewayConfig, *, resolver: Resolver | None = None
+    config: GatewayConfig,
+    *,
+    resolver: Resolver | None = None,
+    process: ProcessRole | None = None,
 ) -> AsyncIterator[RunningGateway]:
-    """Run a gateway for the duration of the ``async with`` block (the whole task tree)."""
+    """Run a gateway for the duration of the ``async with`` block (the whole task tree).
+    ``process``: this gateway is one of several processes; it shares the public ports
+    (SO_REUSEPORT) and announces its admin port once it serves."""
     ssl_context = public_ssl_context(config.tls)  # a bad certificate fails before any port
-    gateway = Gateway(config, resolver=resolver)
+    gateway = Gateway(config, resolver=resolver, process=process)
+    shared_ports = process is not None
     grpc_host, grpc_port = config.listen.grpc_address
     metrics_host, metrics_port = config.listen.metrics_address
     listeners = 3 if config.listen.http_address is not None else 2
@@ -268,8 +309,10 @@ async def serve_gateway_async(
             if not gateway.has_routable_worker():
                 _log.warning("serving_without_a_ready_worker", workers=len(gateway.pool.clients))
             if gateway.scheduler is not None:  # lpt_packing's preconditions, startup repack
-                await gateway.scheduler.start()
+                await gateway.start_placement()
                 tg.start_soon(gateway.scheduler.compactor.run)
+                if gateway.shared_lpt is not None:
+                    await tg.start(gateway.shared_lpt.run, config.limits)
             bound_metrics = await tg.start(
                 functools.partial(
                     serve_http,
@@ -292,16 +335,21 @@ async def serve_gateway_async(
                         gateway.service,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         ssl_context=ssl_context,
+                        reuse_port=shared_ports,
                         **edge,
                     )
                 )
             server = GrpcServer(
-                {**gateway.service.methods(), **gateway.control.methods()},
+                {**gateway.service.methods(), **gateway.control_methods()},
                 ServerSettings(limits=config.limits),
                 gateway.edge_stats,
                 connection_cap=cap,
             )
-            bound_grpc = await tg.start(server.serve, grpc_host, grpc_port, ssl_context)
+            bound_grpc = await tg.start(
+                functools.partial(
+                    server.serve, grpc_host, grpc_port, ssl_context, reuse_port=shared_ports
+                )
+            )
             running = RunningGateway(
                 config=config,
                 host=grpc_host,
@@ -322,6 +370,8 @@ async def serve_gateway_async(
                 models=sorted(gateway.state.table.models),
                 event_loop=running_event_loop(),
             )
+            if process is not None:
+                process.announce(bound_metrics)
             try:
                 yield running
             finally:
@@ -375,6 +425,7 @@ def serve_gateway(
     *,
     resolver: Resolver | None = None,
     overrides: Mapping[str, Any] | None = None,
+    process: ProcessRole | None = None,
 ) -> RunningGateway | None:
     """Serve a gateway. Blocking: until SIGINT/SIGTERM (then drain and return ``None``).
     Non-blocking: on a background thread with its own event loop; returns the
@@ -383,19 +434,20 @@ def serve_gateway(
     ``path`` is a ``gateway.yml`` path, a ``GatewayConfig``, or ``None`` (the file
     ``KSERVE_TRIO_GATEWAY_FILE`` names, else the environment alone); ``overrides`` are raw
     values in YAML shape applied last (what command-line flags set); ``resolver`` replaces the
-    system resolver of discovery (see ``discovery.Resolver``).
+    system resolver of discovery (see ``discovery.Resolver``); ``process`` makes it one of
+    several gateway processes (``gateway.processes``).
     """
     config = resolve_gateway_config(path, overrides=overrides)
     if blocking:
         run_loop(
             serve_until_signal,
-            serve_gateway_async(config, resolver=resolver),
+            serve_gateway_async(config, resolver=resolver, process=process),
             _log,
             event_loop=config.event_loop or None,
         )
         return None
     loop = start_in_thread(
-        lambda: serve_gateway_async(config, resolver=resolver),
+        lambda: serve_gateway_async(config, resolver=resolver, process=process),
         thread_name="kserve_trio-gateway",
         what="the gateway",
         event_loop=config.event_loop or None,

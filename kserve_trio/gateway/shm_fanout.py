@@ -24,11 +24,18 @@ Rules (``ShmFanout``):
    registered triggers ``replay`` on that worker (single-flight: requests that hit the same
    loss together wait for one replay) and says whether the request may be retried there.
    A region the gateway never registered is the client's own business: no replay.
+5. One record for several gateway processes (``shm_record.SharedShmRegistrations``): rules 1-3
+   run holding the record (``registrations.exclusive()``), so changes made through different
+   processes and replays are serialized; a shared record's replay first asks the worker
+   (SystemSharedMemoryStatus) and registers only the regions it lacks or holds differently,
+   so the first process to admit a restarted worker replays, and the others find nothing
+   left to do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 
@@ -44,16 +51,26 @@ from kserve_trio.proto import inference as pb
 
 REGISTER = method_path("SystemSharedMemoryRegister")
 UNREGISTER = method_path("SystemSharedMemoryUnregister")
+STATUS = method_path("SystemSharedMemoryStatus")
 
 _log = get_logger(__name__)
 
 
 class ShmRegistrations:
     """The registrations the gateway forwarded: region name -> the Register request bytes, in
-    registration order (a re-registration moves the region to the end)."""
+    registration order (a re-registration moves the region to the end). This one lives in
+    the process's memory; ``shm_record.SharedShmRegistrations`` is the shared one."""
+
+    shared = False
+    """Whether other gateway processes change the same record (rule 5)."""
 
     def __init__(self) -> None:
         self._regions: dict[str, bytes] = {}
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the record against other processes' changes (nothing to hold here)."""
+        yield
 
     def registered(self, name: str, request: bytes) -> None:
         self._regions.pop(name, None)
@@ -93,7 +110,7 @@ class ShmFanout:
     ) -> None:
         self._targets = targets
         self.gates = gates
-        self.registrations = registrations or ShmRegistrations()
+        self.registrations = registrations if registrations is not None else ShmRegistrations()
         self.metrics = metrics
         self._replays: dict[str, anyio.Event] = {}
 
@@ -162,6 +179,11 @@ class ShmFanout:
         rpc = "SystemSharedMemoryRegister"
         if not name:
             raise InvalidArgument(f"{rpc} needs a region name")
+        async with self.registrations.exclusive():
+            return await self._register_held(name, data, deadline)
+
+    async def _register_held(self, name: str, data: bytes, deadline: float | None) -> bytes:
+        rpc = "SystemSharedMemoryRegister"
         clients = list(self._targets())
         if not clients:
             raise Unavailable(f"no ready worker to register shared memory region '{name}' with")
@@ -183,6 +205,10 @@ class ShmFanout:
         raise _failure(rpc, label, first)
 
     async def _unregister(self, name: str, data: bytes, deadline: float | None) -> bytes:
+        async with self.registrations.exclusive():
+            return await self._unregister_held(name, data, deadline)
+
+    async def _unregister_held(self, name: str, data: bytes, deadline: float | None) -> bytes:
         rpc = "SystemSharedMemoryUnregister"
         self.registrations.unregistered(name)
         clients = list(self._targets())
@@ -224,8 +250,36 @@ class ShmFanout:
         return True
 
     async def replay(self, client: WorkerClient) -> None:
-        """Rule 3 (raises the first failure)."""
-        for name, data in self.registrations.items():
+        """Rules 3 and 5 (raises the first failure)."""
+        async with self.registrations.exclusive():
+            items = self.registrations.items()
+            if self.registrations.shared and items:
+                items = await self._lacking(client, items)
+            await self._replay_held(client, items)
+
+    async def _lacking(
+        self, client: WorkerClient, items: list[tuple[str, bytes]]
+    ) -> list[tuple[str, bytes]]:
+        """The registrations ``client`` does not hold as recorded (rule 5)."""
+        try:
+            data = await self._call(
+                client, STATUS, bytes(pb.SystemSharedMemoryStatusRequest()), None
+            )
+        except RpcError as exc:
+            raise _failure("SystemSharedMemoryStatus", client.label, exc) from None
+        held = {
+            name: (r.key, r.offset, r.byte_size)
+            for name, r in pb.SystemSharedMemoryStatusResponse().parse(data).regions.items()
+        }
+        out = []
+        for name, request in items:
+            wanted = pb.SystemSharedMemoryRegisterRequest().parse(request)
+            if held.get(name) != (wanted.key, wanted.offset, wanted.byte_size):
+                out.append((name, request))
+        return out
+
+    async def _replay_held(self, client: WorkerClient, items: list[tuple[str, bytes]]) -> None:
+        for name, data in items:
             try:
                 await self._call(client, REGISTER, data, None)
             except RpcError as exc:

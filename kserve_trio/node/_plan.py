@@ -43,6 +43,7 @@ from kserve_trio.node._threads import (
     affinity_mode,
     cpu_slices,
     format_cpus,
+    gateway_processes,
     thread_env,
     worker_threads,
 )
@@ -223,6 +224,8 @@ def gateway_launch(
     node: Mapping[str, Any] | None,
     env: Mapping[str, str],
     python: str,
+    *,
+    processes: int = 1,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """The embedded gateway's command line and the variables added to its environment.
 
@@ -240,7 +243,10 @@ def gateway_launch(
        mirrored as ``..._GRPC_MAX_{RECV,SEND}_MSG_BYTES`` unless the configuration or the
        environment sets them (the gateway then accepts what its workers accept);
     4. ``..._STARTUP_WAIT_SECONDS=inf`` unless set: the workers start alongside the gateway,
-       which must wait for them rather than fail fast.
+       which must wait for them rather than fail fast;
+    5. ``..._PROCESSES=<processes>`` when ``processes`` (the node's sizing,
+       ``_threads.gateway_processes``) is above 1, unless the configuration's ``processes``
+       or the environment sets it.
     """
     argv = (python, "-m", "kserve_trio", "gateway")
     add: dict[str, str] = {}
@@ -281,6 +287,8 @@ def gateway_launch(
                 add[var] = str(node_grpc[key])
     if g + "STARTUP_WAIT_SECONDS" not in env:
         add[g + "STARTUP_WAIT_SECONDS"] = "inf"
+    if processes > 1 and "processes" not in raw and g + "PROCESSES" not in env:
+        add[g + "PROCESSES"] = str(processes)
     return argv, add
 
 
@@ -383,7 +391,8 @@ def plan_node(
     configs = [_worker_config(node, name, base_env) for name in names]
 
     allowed = list(machine.allowed_cpus())
-    threads = worker_threads(cpu_threads(allowed, machine.cpu_quota()), n, env)
+    cpus = cpu_threads(allowed, machine.cpu_quota())
+    threads = worker_threads(cpus, n, env)
     mode = affinity_mode(env)
     slices = cpu_slices(allowed, n, threads, mode)
     pinned = ", ".join(
@@ -461,7 +470,14 @@ def plan_node(
                     warnings.append(
                         f"worker '{a.name}' port {p} collides with the gateway's {public[p]} port"
                     )
-        children.append(_gateway_child(source, addresses, node, base_env, python, grpc_addr))
+        sized = gateway_processes(cpus, n)
+        spec = _gateway_child(source, addresses, node, base_env, python, grpc_addr, sized)
+        children.append(spec)
+        if GATEWAY_ENV_PREFIX + "PROCESSES" in spec.env.keys() - base_env.keys():
+            notes.append(
+                f"embedded gateway: {sized} processes (one per worker, at most one per "
+                "4 CPUs; set gateway.processes or KSERVE_TRIO_GATEWAY_PROCESSES to override)"
+            )
         notes.append(f"embedded gateway on {format_address(*grpc_addr)} ({_gateway_note(source)})")
 
     advice = _shared_weights_warning(configs)
@@ -531,8 +547,9 @@ def _gateway_child(
     env: Mapping[str, str],
     python: str,
     grpc_addr: tuple[str, int],
+    processes: int = 1,
 ) -> ChildSpec:
-    argv, add = gateway_launch(source, addresses, node, env, python)
+    argv, add = gateway_launch(source, addresses, node, env, python, processes=processes)
     child_env = {**_UNBUFFERED, **env, **add, "CUDA_VISIBLE_DEVICES": ""}
     if source.path is None:
         child_env.pop(GATEWAY_FILE_ENV, None)

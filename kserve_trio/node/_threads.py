@@ -20,6 +20,15 @@ by side, worker ``i`` is pinned to its own slice ``allowed[i*T:(i+1)*T]``, so th
 do not contend for the same cores or migrate between them. A single worker, or budgets that do
 not fit (an override larger than the machine), are not pinned. ``KSERVE_TRIO_WORKER_AFFINITY=off``
 turns pinning off.
+
+The embedded gateway's processes (``processes`` of its configuration) are sized from the same
+budget: ``gateway_processes(cpu_threads, n_workers) = clamp(min(n_workers, cpu_threads // 4),
+1, 8)``. One gateway process per worker: a worker's event loop does about as much protocol
+work per request (HTTP/2 framing, protobuf decode and encode) as the gateway does for it, so
+with one gateway process per worker the gateway is not the narrower stage. At most one per
+four CPUs, so the workers' compute threads keep most of the machine (the gateway's processes
+are not in their budget), and at most 8. The node's ``gateway:`` block (``processes: N``) or
+``KSERVE_TRIO_GATEWAY_PROCESSES`` overrides it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from kserve_trio.core.errors import ConfigError
 WORKER_THREADS_ENV = "KSERVE_TRIO_WORKER_THREADS"
 AFFINITY_ENV = "KSERVE_TRIO_WORKER_AFFINITY"
 MAX_WORKER_THREADS = 16
+MAX_GATEWAY_PROCESSES = 8
+CPUS_PER_GATEWAY_PROCESS = 4
 SINGLE_THREAD_XLA_FLAG = "--xla_cpu_multi_thread_eigen=false"
 THREAD_ENV_VARS = ("PJRT_NPROC", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -40,6 +51,12 @@ def thread_budget(cpu_threads: int, n_workers: int) -> int:
     if n_workers < 1:
         raise ValueError("n_workers must be >= 1")
     return max(1, min(MAX_WORKER_THREADS, cpu_threads // n_workers))
+
+
+def gateway_processes(cpu_threads: int, n_workers: int) -> int:
+    """``clamp(min(n_workers, cpu_threads // 4), 1, 8)``: the embedded gateway's processes."""
+    by_cpus = cpu_threads // CPUS_PER_GATEWAY_PROCESS
+    return max(1, min(MAX_GATEWAY_PROCESSES, n_workers, by_cpus))
 
 
 def worker_threads(cpu_threads: int, n_workers: int, env: Mapping[str, str]) -> int:
@@ -116,6 +133,7 @@ def parse_cpus(text: str) -> tuple[int, ...]:
 
 __all__ = [
     "AFFINITY_ENV",
+    "MAX_GATEWAY_PROCESSES",
     "MAX_WORKER_THREADS",
     "SINGLE_THREAD_XLA_FLAG",
     "THREAD_ENV_VARS",
@@ -123,6 +141,7 @@ __all__ = [
     "affinity_mode",
     "cpu_slices",
     "format_cpus",
+    "gateway_processes",
     "parse_cpus",
     "thread_budget",
     "thread_env",

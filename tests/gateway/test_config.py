@@ -418,6 +418,7 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "logging.level": ("warning", "warning"),
         "logging.format": ("json", "json"),
         "event_loop": ("trio", "trio"),
+        "processes": ("2", 2),
         **{
             f"limits.{f.name}": (
                 str(2 * getattr(EdgeLimits(), f.name)),

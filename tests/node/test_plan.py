@@ -396,3 +396,17 @@ def test_node_http_ports_are_derived_and_checked():
         )
     with pytest.raises(ConfigError, match="is derived by the node; set the node's http_base_port"):
         validate_node(node_of(workers=[{"name": "a", "endpoints": {"http_port": 5}}]))
+
+
+def test_the_embedded_gateway_is_sized_from_the_cpus_unless_configured():
+    env = {"KSERVE_TRIO_CPU_WORKERS": "2"}
+    g = plan(node_of(), env).child("gateway")  # 32 CPUs, 2 workers: 2 processes
+    assert g.env["KSERVE_TRIO_GATEWAY_PROCESSES"] == "2"
+    small = plan(node_of(), env, machine=machine(cpus=4)).child("gateway")
+    assert "KSERVE_TRIO_GATEWAY_PROCESSES" not in small.env  # one process: the default
+    mine = plan(node_of(), {**env, "KSERVE_TRIO_GATEWAY_PROCESSES": "3"}).child("gateway")
+    assert mine.env["KSERVE_TRIO_GATEWAY_PROCESSES"] == "3"  # the environment's own
+    workers = [WorkerAddress("a", "127.0.0.1", 9000, None)]
+    source = GatewaySource("node", "/run/g.yaml", {"processes": 1})
+    _, add = gateway_launch(source, workers, None, {}, PY, processes=4)
+    assert "KSERVE_TRIO_GATEWAY_PROCESSES" not in add  # the node file's gateway.processes wins

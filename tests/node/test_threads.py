@@ -116,3 +116,13 @@ def test_jaxlib_sizes_its_cpu_thread_pool_from_the_budget_env(threads):
         check=True,
     )
     assert int(out.stdout.strip().splitlines()[-1]) == threads
+
+
+def test_the_embedded_gateway_gets_one_process_per_worker_at_most_one_per_4_cpus():
+    from kserve_trio.node._threads import gateway_processes
+
+    assert gateway_processes(2, 2) == 1  # a small machine: one process
+    assert gateway_processes(16, 2) == 2  # one per worker
+    assert gateway_processes(16, 8) == 4  # at most one per 4 CPUs
+    assert gateway_processes(128, 16) == 8  # at most 8
+    assert gateway_processes(64, 1) == 1

@@ -20,12 +20,20 @@ Targets checked: added p50 at c=1 on [1,16] <= the echo server's p50; added p50 
 and 10 MiB tensors <= 0.5x the direct call's p50; gateway CPU per request <= the worker's at
 c=1 and c=32 on [1,16].
 
-Usage: python tools/bench/gateway.py [--duration 4] [--rounds 2] [--json FILE]
+``--scaling``: instead, the gateway's processes (``processes: N``): two workers behind the
+gateway, [1,16] at c=32 from two load-generator processes (two client connections, c=16
+each: the kernel spreads connections, not requests, over the gateway's processes), the gateway
+with ``--processes 1`` and then ``--processes 2``, ``--rounds`` times alternately. Reported per
+N: p50/p99 (the larger of the two generators'), req/s (their sum) and the CPU time per request
+of the whole gateway (the parent and its children).
+
+Usage: python tools/bench/gateway.py [--duration 4] [--rounds 2] [--json FILE] [--scaling]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -146,14 +154,184 @@ def _load_once(url, model, shape, conc, duration, cpu, pids, under_test) -> dict
     return window.record(result)
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a gateway's parent and its children)."""
+    parents: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        one = todo.pop()
+        out.append(one)
+        todo.extend(parents.get(one, []))
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    total = 0.0
+    for one in process_tree(pid):
+        try:
+            total += cpu_seconds(one)
+        except OSError:
+            continue
+    return total
+
+
+def _split_load_once(url, model, shape, conc, duration, generators, gateway_pid, others) -> dict:
+    """``generators`` load-generator processes of ``conc // generators`` each, one window."""
+    cmd = [
+        PY, str(BENCH / "loadgen.py"), "--url", url, "--model", model, "--shape", shape,
+        "--output-shape", shape, "--concurrency", str(conc // generators),
+        "--duration", str(duration), "--warmup", "1",
+    ]  # fmt: skip
+    gens = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(generators)]
+    window = Window([*process_tree(gateway_pid), *others, *(g.pid for g in gens)])
+    results = []
+    for gen in gens:  # each prints WINDOW_START after the same warm-up
+        assert gen.stdout is not None
+        for line in gen.stdout:
+            if line.startswith("WINDOW_START"):
+                break
+    window.start()
+    cpu0 = tree_cpu_seconds(gateway_pid)
+    for gen in gens:
+        assert gen.stdout is not None
+        results.extend(json.loads(line) for line in gen.stdout if line.startswith("{"))
+    cpu1 = tree_cpu_seconds(gateway_pid)
+    window.stop()
+    for gen in gens:
+        gen.wait()
+    if len(results) != generators:
+        raise RuntimeError(f"a load generator failed ({model} c={conc} on {url})")
+    requests = sum(r["requests"] for r in results)
+    errors: dict[str, int] = {}
+    for r in results:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return window.record(
+        {
+            "requests": requests,
+            "rps": sum(r["rps"] for r in results),
+            "p50_ms": max(r["p50_ms"] for r in results),
+            "p99_ms": max(r["p99_ms"] for r in results),
+            "errors": errors,
+            "gateway_cpu_ms": (cpu1 - cpu0) / max(requests, 1) * 1e3,
+        }
+    )
+
+
+def wait_routed(metrics_port: int, model: str, replicas: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            url = f"http://127.0.0.1:{metrics_port}/routing"
+            doc = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            if len(doc["models"].get(model, [])) >= replicas:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"the gateway does not route {model} to {replicas} workers")
+
+
+def scaling(args, repo: pathlib.Path) -> int:
+    """``--scaling`` (module docstring): gateway N=1 against N=2 in front of two workers."""
+    model, shape, conc, generators = "identity16", "1,16", 32, 2
+    wports = [free_port(), free_port()]
+    workers: list[subprocess.Popen] = []
+    rows: dict[int, list[dict]] = {1: [], 2: []}
+    g = "KSERVE_TRIO_GATEWAY_"
+    try:
+        for port in wports:
+            argv = [
+                PY, "-m", "kserve_trio", "worker", "--model-repo", str(repo), "--port", str(port),
+                "--model-control-mode", "static", "--log-level", "warning",
+            ]  # fmt: skip
+            workers.append(start(argv, {}, f"127.0.0.1:{port}", "worker"))
+        for _ in range(args.rounds):
+            for n in (1, 2):
+                gport, gmetrics = free_port(), free_port()
+                gurl = f"127.0.0.1:{gport}"
+                argv = [
+                    PY, "-m", "kserve_trio", "gateway", "--log-level", "warning",
+                    "--processes", str(n),
+                ]  # fmt: skip
+                gateway = start(
+                    argv,
+                    {
+                        g + "WORKERS": ",".join(f"127.0.0.1:{p}" for p in wports),
+                        g + "LISTEN_GRPC": gurl,
+                        g + "LISTEN_METRICS": f"127.0.0.1:{gmetrics}",
+                        g + "STARTUP_WAIT_SECONDS": "60",
+                    },
+                    gurl,
+                    f"gateway (processes={n})",
+                )
+                try:
+                    wait_routed(gmetrics, model, len(wports))
+                    pids = [w.pid for w in workers]
+                    measure = functools.partial(
+                        _split_load_once, gurl, model, shape, conc, args.duration, generators,
+                        gateway.pid, pids,
+                    )  # fmt: skip
+                    point = clean_point(measure, f"processes={n}")
+                finally:
+                    gateway.terminate()
+                    gateway.wait(30)
+                rows[n].append(point)
+                print(
+                    f"processes={n}: p50 {point['p50_ms']:.3f} ms, p99 {point['p99_ms']:.3f} ms, "
+                    f"{point['rps']:.0f} req/s, gateway CPU {point['gateway_cpu_ms']:.3f} ms/req"
+                    + (f", errors {point['errors']}" if point["errors"] else "")
+                    + (" NOISY" if point.get("noisy") else ""),
+                    flush=True,
+                )
+    finally:
+        for proc in workers:
+            proc.terminate()
+            proc.wait(15)
+    med = statistics.median
+    summary = {
+        n: {
+            "p50_ms": med(r["p50_ms"] for r in rs),
+            "p99_ms": med(r["p99_ms"] for r in rs),
+            "rps": med(r["rps"] for r in rs),
+            "gateway_cpu_ms": med(r["gateway_cpu_ms"] for r in rs),
+            "noisy": any(r.get("noisy") for r in rs),
+        }
+        for n, rs in rows.items()
+    }
+    print("\n| gateway processes | p50 / p99 ms | req/s | gateway CPU ms/req |\n|---|---|---|---|")
+    for n, r in summary.items():
+        print(
+            f"| {n} | {r['p50_ms']:.3f} / {r['p99_ms']:.3f} | {r['rps']:.0f} | "
+            f"{r['gateway_cpu_ms']:.3f}{' (noisy)' if r['noisy'] else ''} |"
+        )
+    print(f"\nreq/s N=2 / N=1: {summary[2]['rps'] / max(summary[1]['rps'], 1e-9):.2f}x")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"scaling": summary}, indent=1))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default="")
     p.add_argument("--repo", default=str(ROOT / "build" / "bench-gateway-models"))
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="gateway --processes 1 against 2, two workers, [1,16] c=32, two generators",
+    )
     args = p.parse_args()
     repo = build_repository(pathlib.Path(args.repo))
+    if args.scaling:
+        return scaling(args, repo)
     ncpu = os.cpu_count() or 1
     cpus = (0, 1, 2) if ncpu >= 3 else (None, None, None)
     worker_cpu, gateway_cpu, load_cpu = cpus

@@ -48,6 +48,7 @@ TLS_CLIENT_CA_FILE                        tls.client_ca_file                    
 LOGGING_LEVEL                             logging.level                            str
 LOGGING_FORMAT                            logging.format                           str
 EVENT_LOOP                                event_loop                               str
+PROCESSES                                 processes                                int
 """
 _ENV_TABLE: tuple[tuple[str, str, str], ...] = (
     *(

@@ -126,6 +126,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "logging": block(cfg.logging),
         "event_loop": cfg.event_loop,
         "limits": block(cfg.limits),
+        "processes": cfg.processes,
     }
 
 

@@ -64,6 +64,7 @@ SCHEMA: dict[str, Any] = {
     "logging": _leaves(LoggingConfig),
     "event_loop": None,
     "limits": {f.name: None for f in LIMIT_FIELDS},
+    "processes": None,
 }
 
 LPT_SCHEDULING_KEYS = (
@@ -256,7 +257,9 @@ def build_gateway_config(
             f"must be uvloop, asyncio or trio (empty: uvloop when installed), not {event_loop!r}",
             "event_loop",
         )
+    processes = raw.get("processes")
     return GatewayConfig(
+        processes=1 if processes is None else as_int(processes, "processes"),
         listen=listen,
         endpoints=tuple(endpoints),
         worker_metrics=metrics,

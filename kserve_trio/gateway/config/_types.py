@@ -23,6 +23,8 @@ FILE_ENV = "KSERVE_TRIO_GATEWAY_FILE"
 NO_ENDPOINTS = (
     "gateway has no endpoints; set 'endpoints:' in gateway.yml or KSERVE_TRIO_GATEWAY_WORKERS"
 )
+MAX_PROCESSES = 256
+"""The most gateway processes one gateway may run (``processes``)."""
 ALL_REPLICAS = -1
 """``replicas`` / ``default_replicas`` value meaning "every ready worker" (YAML ``"all"``)."""
 
@@ -235,6 +237,8 @@ class GatewayConfig:
     ``endpoints[i]`` (a name resolves per round, and each worker takes the REST address equal to
     its own), where the gateway forwards REST requests that name a model. ``event_loop`` is
     what the gateway runs on (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed).
+    ``processes`` is how many gateway processes share the public ports (``processes.py``; 1:
+    this process serves alone).
     """
 
     listen: ListenConfig = ListenConfig()
@@ -250,6 +254,7 @@ class GatewayConfig:
     prober: ProberConfig = ProberConfig()
     event_loop: str = ""
     limits: EdgeLimits = field(default_factory=EdgeLimits)
+    processes: int = 1
 
     def __post_init__(self) -> None:
         for name in ("endpoints", "worker_metrics", "worker_names", "worker_http_endpoints"):

@@ -14,6 +14,7 @@ from kserve_trio.gateway.config._env import PROBER_ENV_NAME
 from kserve_trio.gateway.config._schema import LPT_SCHEDULING_KEYS, lpt_key_error
 from kserve_trio.gateway.config._types import (
     LOG_FORMATS,
+    MAX_PROCESSES,
     NO_ENDPOINTS,
     GatewayConfig,
     SchedulingConfig,
@@ -58,6 +59,12 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
             grpc.max_concurrent_requests_per_worker >= 0,
             "must be >= 0 (0 = uncapped)",
             grpc.max_concurrent_requests_per_worker,
+        ),
+        (
+            "processes",
+            1 <= cfg.processes <= MAX_PROCESSES,
+            f"must be between 1 and {MAX_PROCESSES}",
+            cfg.processes,
         ),
         (
             PROBER_ENV_NAME["startup_wait_seconds"],

@@ -81,11 +81,14 @@ class GrpcServer:
         port: int,
         ssl_context: ssl.SSLContext | None = None,
         *,
+        reuse_port: bool = False,
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port."""
+        """Bind and serve until ``shutdown`` (or cancellation); ``task_status`` gets the port.
+        ``reuse_port``: bind with SO_REUSEPORT, so several processes share the port (the
+        kernel spreads new connections over their listening sockets)."""
         self._ssl = ssl_context
-        listener = await bind(host, port)
+        listener = await bind(host, port, reuse_port=reuse_port)
         self._listener = listener
         sockets = listening_sockets(listener)
         self.port = int(sockets[0].getsockname()[1])

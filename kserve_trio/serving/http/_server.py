@@ -417,6 +417,7 @@ async def serve_app(
     limits: EdgeLimits | None = None,
     stats: EdgeStats | None = None,
     connection_cap: int | None = None,
+    reuse_port: bool = False,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled; ``task_status.started(bound_port)``.
@@ -426,6 +427,7 @@ async def serve_app(
     call's own task group. ``limits`` gives the deadlines and ``max_connections``,
     ``connection_cap`` this listener's cap when the process's descriptor budget set one
     (``serving.fd_budget``); ``stats`` counts what the defences closed.
+    ``reuse_port`` binds with SO_REUSEPORT (several processes share the port).
     """
     limits = limits or EdgeLimits()
     stats = stats or EdgeStats()
@@ -462,7 +464,7 @@ async def serve_app(
         except Exception as exc:  # one broken connection never stops the endpoint
             log.warning(f"{name}_connection_failed", error=repr(exc))
 
-    listener = await bind(host, port)
+    listener = await bind(host, port, reuse_port=reuse_port)
     sockets = listening_sockets(listener)
     bound = int(sockets[0].getsockname()[1])
     async with listener:

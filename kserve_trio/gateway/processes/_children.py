@@ -1,0 +1,170 @@
+"""One supervised gateway child: started by exec, watched, restarted with back-off, stopped.
+
+Each child is ``python -m kserve_trio gateway --config DIR/gateway.json --process-index I
+--runtime-dir DIR``, started through the node's trampoline (``kserve_trio/node/_trampoline.py``:
+the kernel sends it SIGTERM if the parent dies, so no child outlives a parent killed outright),
+with the parent's standard output and error (started from the event loop's thread: the
+parent runs on asyncio, since the parent-death signal is tied to the starting thread), and the parent's environment less every gateway
+variable (the configuration file already holds what they said), plus the environment-only
+prober knobs.
+
+Rules (``GatewayChild.run``):
+1. a child is *up* once it announced its admin port (``_layout.read_announcement``) with its
+   own pid; the parent routes admin requests to up children only;
+2. a child that exits before it was ever up, on the gateway's first start, fails the whole
+   gateway with that exit status (a configuration or bind error shows at once, not as a
+   restart loop);
+3. any other exit is restarted after a back-off: ``min(0.25 * 2 ** (k - 1), 10)`` seconds for
+   the ``k``-th consecutive failure, ``k`` counting again from 1 after a child stayed up
+   ``STABLE_SECONDS``;
+4. ``stop(grace)``: SIGTERM (the child drains), then SIGKILL when it has not exited within
+   ``grace``; no restart follows.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from kserve_trio.core.logging import get_logger
+from kserve_trio.gateway.processes._layout import read_announcement
+
+TRAMPOLINE = str(Path(__file__).resolve().parents[2] / "node" / "_trampoline.py")
+ANNOUNCE_POLL_SECONDS = 0.05
+STABLE_SECONDS = 30.0
+BACKOFF_FIRST_SECONDS = 0.25
+BACKOFF_CAP_SECONDS = 10.0
+
+_log = get_logger("kserve_trio.gateway.processes")
+
+
+def backoff_seconds(failures: int) -> float:
+    """Rule 3."""
+    return min(BACKOFF_FIRST_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_CAP_SECONDS)
+
+
+class ChildFailedToStart(RuntimeError):
+    """Rule 2: a child exited before it served, on the gateway's first start."""
+
+    def __init__(self, index: int, returncode: int) -> None:
+        super().__init__(f"gateway process {index} exited with status {returncode} at start-up")
+        self.index = index
+        self.returncode = returncode
+
+
+class GatewayChild:
+    """Child ``index`` (rules in the module docstring)."""
+
+    def __init__(
+        self, index: int, command: list[str], env: dict[str, str], runtime_dir: Path
+    ) -> None:
+        self.index = index
+        self.command = command
+        self.env = env
+        self.runtime_dir = runtime_dir
+        self.process: anyio.abc.Process | None = None
+        self.admin_port: int | None = None
+        """Set while the child is up (rule 1)."""
+        self.ever_up = False
+        self.restarts = 0
+        self._stopping = False
+        self._stop_requested = anyio.Event()
+        self._up = anyio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    async def wait_up(self) -> None:
+        """Return once the child is up for the first time."""
+        await self._up.wait()
+
+    def launch_argv(self, parent_pid: int) -> list[str]:
+        return [
+            sys.executable,
+            "-I",
+            "-S",
+            TRAMPOLINE,
+            "--parent",
+            str(parent_pid),
+            "--",
+            *self.command,
+        ]
+
+    async def run(self, parent_pid: int) -> None:
+        """Rules 1-3, until ``stop``."""
+        failures = 0
+        while not self._stopping:
+            started = anyio.current_time()
+            process = await anyio.open_process(
+                self.launch_argv(parent_pid),
+                stdin=subprocess.DEVNULL,
+                stdout=None,
+                stderr=None,
+                env=self.env,
+            )
+            self.process = process
+            if self._stopping:  # stop() came while it was being started
+                process.terminate()
+            _log.info("gateway_process_started", gateway_process=self.index, pid=process.pid)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_announcement, process.pid)
+                returncode = await process.wait()
+                tg.cancel_scope.cancel()
+            self.admin_port = None
+            self.process = None
+            if self._stopping:
+                break
+            if not self.ever_up:
+                raise ChildFailedToStart(self.index, returncode)
+            uptime = anyio.current_time() - started
+            failures = 1 if uptime >= STABLE_SECONDS else failures + 1
+            pause = backoff_seconds(failures)
+            self.restarts += 1
+            _log.warning(
+                "gateway_process_exited",
+                gateway_process=self.index,
+                returncode=returncode,
+                uptime_seconds=round(uptime, 3),
+                restart_in_seconds=pause,
+            )
+            with anyio.move_on_after(pause):
+                await self._stop_requested.wait()
+
+    async def _watch_announcement(self, pid: int) -> None:
+        while True:
+            port = read_announcement(self.runtime_dir, self.index, pid)
+            if port is not None:
+                self.admin_port = port
+                self.ever_up = True
+                self._up.set()
+                _log.info(
+                    "gateway_process_up", gateway_process=self.index, pid=pid, admin_port=port
+                )
+                return
+            await anyio.sleep(ANNOUNCE_POLL_SECONDS)
+
+    async def stop(self, grace: float) -> None:
+        """Rule 4 (shielded: it runs while the parent is being cancelled)."""
+        self._stopping = True
+        self._stop_requested.set()
+        with anyio.CancelScope(shield=True):
+            process = self.process
+            if process is None or process.returncode is not None:
+                return
+            process.send_signal(signal.SIGTERM)
+            with anyio.move_on_after(grace if math.isfinite(grace) else None):
+                await process.wait()
+                return
+            _log.warning("gateway_process_killed", gateway_process=self.index, pid=process.pid)
+            process.kill()
+            await process.wait()
+
+
+__all__ = ["TRAMPOLINE", "ChildFailedToStart", "GatewayChild", "backoff_seconds"]
