@@ -42,7 +42,6 @@ from kserve_trio.core import compression
 from kserve_trio.core.errors import (
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
     ServingError,
     StatusCode,
     Unimplemented,
@@ -50,7 +49,7 @@ from kserve_trio.core.errors import (
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH, HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.http import HttpRequest, HttpResponse, too_large
+from kserve_trio.serving.http import HttpRequest, HttpResponse, inflate_body
 from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
 
 log = get_logger("kserve_trio.serving.rest")
@@ -154,10 +153,7 @@ def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
         return request.body
     if encoding not in (compression.GZIP, compression.DEFLATE):
         raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
-    try:
-        return compression.decompress(memoryview(request.body), encoding, max_bytes)
-    except ResourceExhausted:
-        raise too_large(None, max_bytes) from None
+    return inflate_body(request.body, encoding, max_bytes)
 
 
 def log_too_deep(request: HttpRequest, limit: int) -> None:

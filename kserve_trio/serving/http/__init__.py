@@ -13,7 +13,7 @@ admin endpoints (``/metrics``, ``/healthz``, ``/readyz``) all stand on it.
 
 from __future__ import annotations
 
-from kserve_trio.serving.http._body import PayloadTooLarge, too_large
+from kserve_trio.serving.http._body import PayloadTooLarge, inflate_body, too_large
 from kserve_trio.serving.http._client import HttpClient
 from kserve_trio.serving.http._connection import HttpClientError, HttpReply
 from kserve_trio.serving.http._server import (
@@ -48,6 +48,7 @@ __all__ = [
     "error_response",
     "grpc_status",
     "http_status",
+    "inflate_body",
     "serve_app",
     "serve_connection",
     "too_large",

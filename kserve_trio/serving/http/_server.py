@@ -37,7 +37,7 @@ from anyio.streams.tls import TLSListener
 
 from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.logging import get_logger
-from kserve_trio.serving.http._body import BodyBuffer, too_large
+from kserve_trio.serving.http._body import BodyBuffer, read_ahead_bound, too_large
 from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
 
 log = get_logger("kserve_trio.serving.http")
@@ -253,6 +253,7 @@ async def _serve(
     scope: anyio.CancelScope,
     waiting: dict[anyio.CancelScope, float],
 ) -> None:
+    bound_read_ahead = read_ahead_bound(stream)
     while True:
         waiting[scope] = anyio.current_time()
         try:
@@ -261,6 +262,7 @@ async def _serve(
             return
         finally:
             del waiting[scope]
+        bound_read_ahead()
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
