@@ -21,8 +21,9 @@ the element count with the declared shape. This module keeps the numbers out of 
    that array and one piece's Python numbers.
 
 The structure is checked as the pieces parse: a value next to a list ("mixes lists and values"),
-a value out of the dtype's range, an array that closes before its end. Booleans, strings and
-``null`` are never lifted: those arrays go through ``json.loads`` as before.
+a value out of the dtype's range, an array that closes before its end. Arrays of booleans only
+are lifted the same way (a BOOL tensor: one byte per element); strings and ``null`` are never
+lifted: those arrays go through ``json.loads`` as before.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ Text = bytes | bytearray
 _DATA_KEY = re.compile(rb'"data"\s*:\s*\[')
 _NUMBER_RUN = re.compile(rb"[-+0-9.eE,\s\[\]]*")
 """The characters a nested array of JSON numbers is made of (a superset: JSON checks the rest)."""
+_BOOLEAN_RUN = re.compile(rb"[truefals,\s\[\]]*")
+"""The same for an array of JSON booleans."""
 _FIRST_NUMBER = re.compile(rb"[-0-9]")
+_FIRST_BOOLEAN = re.compile(rb"[tf]")
 _FRACTION = re.compile(rb"[.eE]")
 _BLANK_EMPTY = re.compile(rb"\[\s+\]")
 _NUL_ESCAPE = b"\\u0000"
@@ -57,13 +61,15 @@ class MalformedNumbers(InvalidArgument):
 
 @dataclass(frozen=True)
 class NumberArray:
-    """One lifted ``data`` array: ``text[start:end]``, a JSON array of numbers only."""
+    """One lifted ``data`` array: ``text[start:end]``, a JSON array of numbers only (or of
+    booleans only, ``booleans``)."""
 
     text: Text
     start: int
     end: int
     leaf_depth: int
-    """How many ``[`` enclose a number (1 for a flat list; 0 when it holds no number)."""
+    """How many ``[`` enclose a value (1 for a flat list; 0 when it holds no value)."""
+    booleans: bool = False
 
     def count(self) -> int:
         """The number of numbers in the array (exact for valid JSON; commas separate the
@@ -171,10 +177,10 @@ def _escaped(t: Text, quote: int) -> bool:
     return slashes % 2 == 1
 
 
-def _span_end(t: Text, start: int, end: int) -> int | None:
-    """Where the number array starting at ``t[start] == '['`` ends, or ``None`` when what
-    follows the bracket is not an array of numbers only."""
-    run = _NUMBER_RUN.match(t, start, end)
+def _span_end(t: Text, start: int, end: int, run_of: re.Pattern[bytes]) -> int | None:
+    """Where the array starting at ``t[start] == '['`` ends, or ``None`` when what follows the
+    bracket is not an array of only the characters ``run_of`` allows."""
+    run = run_of.match(t, start, end)
     stop = run.end() if run is not None else start
     while stop > start and t[stop - 1] in b" \t\r\n,":
         stop -= 1
@@ -204,17 +210,21 @@ def lift_number_arrays(text: Text, end: int | None = None) -> LiftedJson:
         pos = start + 1
         if _escaped(text, found.start()):
             continue
-        stop = _span_end(text, start, end)
+        booleans = False
+        stop = _span_end(text, start, end, _NUMBER_RUN)
+        if stop is None:
+            booleans = True
+            stop = _span_end(text, start, end, _BOOLEAN_RUN)
         if stop is None:
             continue
-        first = _FIRST_NUMBER.search(text, start, stop)
+        first = (_FIRST_BOOLEAN if booleans else _FIRST_NUMBER).search(text, start, stop)
         leaf_depth = 0
         if first is not None:
             at = first.start()
             leaf_depth = max(text.count(b"[", start, at) - text.count(b"]", start, at), 1)
         pieces.append(text[kept:start])
         pieces.append(b'"\\u0000%d"' % len(arrays))
-        arrays.append(NumberArray(text, start, stop, leaf_depth))
+        arrays.append(NumberArray(text, start, stop, leaf_depth, booleans))
         kept = pos = stop
     if not arrays:
         return LiftedJson(whole, [])

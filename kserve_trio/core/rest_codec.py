@@ -164,6 +164,16 @@ def _flatten(data: Any, what: str) -> list[Any]:
     return flat
 
 
+def _kind(dtype: DType) -> str:
+    """What JSON values a tensor of ``dtype`` holds, as the type faults name them."""
+    wire = dtype.wire
+    if wire == "BOOL":
+        return "booleans"
+    if wire in _INT_KINDS:
+        return "integers"
+    return "strings" if wire == "BYTES" else "numbers"
+
+
 def _check_elements(values: list[Any], dtype: DType, what: str) -> None:
     wire = dtype.wire
     if wire == "BOOL":
@@ -208,9 +218,9 @@ def _json_data(
 def _number_data(
     tensor: InferInputTensor, array: NumberArray, what: str, raw: list[Buffer]
 ) -> TensorContents | None:
-    """A lifted array of JSON numbers (``core.json_numbers``) as the tensor's raw bytes: its
-    element count checked against the declared shape before anything is decoded, then decoded
-    straight into an array of the declared dtype. The faults read as the typed-contents path
+    """A lifted array of JSON numbers or booleans (``core.json_numbers``) as the tensor's raw
+    bytes: its element count checked against the declared shape before anything is decoded,
+    then decoded straight into an array of the declared dtype. The faults read as the typed-contents path
     words them (and as the gRPC codec does)."""
     try:
         dtype = dtype_from_wire(tensor.datatype)
@@ -219,14 +229,12 @@ def _number_data(
     field_name = dtype.contents_field
     count, _ = checked_nbytes(what, tensor.shape, dtype)  # the codec's own shape faults
     found = array.count()
-    if dtype.wire in ("BOOL", "BYTES"):
-        if found:
-            kind = "booleans" if dtype.wire == "BOOL" else "strings"
-            raise InvalidArgument(
-                f"{what} has datatype {dtype.wire}: its 'data' must hold JSON {kind}"
-            )
-        assert field_name is not None
-        return TensorContents(**{field_name: []})
+    if found and array.booleans != (dtype.wire == "BOOL"):
+        raise InvalidArgument(
+            f"{what} has datatype {dtype.wire}: its 'data' must hold JSON {_kind(dtype)}"
+        )
+    if dtype.is_bytes:  # an empty list: no strings to take
+        return TensorContents(bytes_contents=[])
     if found != count:
         raise InvalidArgument(
             f"{what} has {found} elements in {field_name or 'data'}, expected {count} "

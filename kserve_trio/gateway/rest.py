@@ -28,16 +28,16 @@ import anyio.abc
 
 from kserve_trio.core import compression
 from kserve_trio.core.errors import Unimplemented
-from kserve_trio.core.json_depth import JsonTooDeep
 from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
+from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
     grpc_request,
-    log_too_deep,
+    note_refusal,
     reply_response,
     request_body,
     route,
@@ -73,10 +73,12 @@ class GatewayRest:
         upstream: RestUpstream | None = None,
         *,
         max_json_depth: int = DEFAULT_JSON_DEPTH,
+        stats: EdgeStats | None = None,
     ) -> None:
         self.service = service
         self.limits = service.limits
         self.max_json_depth = max_json_depth
+        self.stats = stats
         pool = service.forwarder.pool
         self.upstream = upstream or RestUpstream(
             per_worker=pool.settings.max_concurrent_streams,
@@ -127,8 +129,7 @@ class GatewayRest:
             data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
             return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
         except Exception as exc:
-            if isinstance(exc, JsonTooDeep):
-                log_too_deep(request, self.max_json_depth)
+            note_refusal(exc, request, self.max_json_depth, self.stats)
             return error_response(exc)
 
     async def aclose(self) -> None:
@@ -142,6 +143,7 @@ async def serve_rest(
     *,
     max_body_bytes: int,
     max_json_depth: int = DEFAULT_JSON_DEPTH,
+    stats: EdgeStats | None = None,
     ssl_context: ssl.SSLContext | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -149,7 +151,7 @@ async def serve_rest(
     close its connections to the workers. Bodies are capped at ``max_body_bytes`` as sent and
     decompressed (413), and nested at most ``max_json_depth`` deep wherever the gateway parses
     them (400)."""
-    rest = GatewayRest(service, max_json_depth=max_json_depth)
+    rest = GatewayRest(service, max_json_depth=max_json_depth, stats=stats)
     try:
         await serve_app(
             host,

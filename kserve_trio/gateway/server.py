@@ -285,6 +285,7 @@ async def serve_gateway_async(
                         gateway.service,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         max_json_depth=config.limits.max_json_depth,
+                        stats=gateway.edge_stats,
                         ssl_context=ssl_context,
                     )
                 )

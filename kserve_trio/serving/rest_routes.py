@@ -46,10 +46,12 @@ from kserve_trio.core.errors import (
     StatusCode,
     Unimplemented,
 )
+from kserve_trio.core.json_depth import JsonTooDeep
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH, HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.http import HttpRequest, HttpResponse, inflate_body
+from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.http import HttpRequest, HttpResponse, PayloadTooLarge, inflate_body
 from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
 
 log = get_logger("kserve_trio.serving.rest")
@@ -156,15 +158,23 @@ def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
     return inflate_body(request.body, encoding, max_bytes)
 
 
-def log_too_deep(request: HttpRequest, limit: int) -> None:
-    """The one log line of a body refused for its nesting (never the body itself)."""
-    log.warning(
-        "rest_json_too_deep",
-        method=request.method,
-        path=request.path,
-        limit=limit,
-        body_bytes=len(request.body),
-    )
+def note_refusal(
+    exc: BaseException, request: HttpRequest, max_json_depth: int, stats: EdgeStats | None
+) -> None:
+    """Count a request a body defence refused (``EdgeStats.refused_requests``); a body refused
+    for its nesting is also logged, once per request and never with the body itself."""
+    if isinstance(exc, JsonTooDeep):
+        log.warning(
+            "rest_json_too_deep",
+            method=request.method,
+            path=request.path,
+            limit=max_json_depth,
+            body_bytes=len(request.body),
+        )
+        if stats is not None:
+            stats.refuse_request("json_too_deep")
+    elif isinstance(exc, PayloadTooLarge) and stats is not None:
+        stats.refuse_request("body_too_large")
 
 
 def compressed_reply(request: HttpRequest, response: HttpResponse) -> HttpResponse:
@@ -393,8 +403,8 @@ __all__ = [
     "compressed_reply",
     "grpc_request",
     "header_length",
-    "log_too_deep",
     "message_json",
+    "note_refusal",
     "reply_response",
     "request_body",
     "route",

@@ -21,7 +21,6 @@ from typing import Any
 
 from kserve_trio.core import codec, rest_codec
 from kserve_trio.core.errors import Unimplemented
-from kserve_trio.core.json_depth import JsonTooDeep
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.grpc import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
@@ -30,7 +29,7 @@ from kserve_trio.serving.rest_routes import (
     compressed_reply,
     grpc_request,
     header_length,
-    log_too_deep,
+    note_refusal,
     reply_response,
     request_body,
     route,
@@ -80,6 +79,8 @@ class WorkerRest:
         self.core = core
         self.max_recv_bytes = service.state.limits.max_recv_bytes
         self.max_json_depth = max_json_depth
+        metrics = service.state.metrics
+        self.stats = metrics.edge if metrics is not None else None
         s = service
         self._rpcs: dict[str, RpcMethod] = {
             "ServerLive": s.server_live,
@@ -111,8 +112,7 @@ class WorkerRest:
             reply = await method(message, CallContext(None, 0))
             return reply_response(call, reply)
         except Exception as exc:
-            if isinstance(exc, JsonTooDeep):
-                log_too_deep(request, self.max_json_depth)
+            note_refusal(exc, request, self.max_json_depth, self.stats)
             return error_response(exc)
 
     async def infer(self, call: RestCall, request: HttpRequest) -> HttpResponse:

@@ -13,6 +13,7 @@ import pathlib
 import select
 import socket
 import time
+import urllib.request
 import zlib
 
 import numpy as np
@@ -33,6 +34,21 @@ class RestWorker(Worker):
 
     def _argv(self) -> list[str]:
         return [*super()._argv(), "--http-port", str(self.http_port)]
+
+
+def metric(text: str, name: str, reason: str) -> float:
+    """The value of ``name{reason="..."}`` in a Prometheus exposition (0 when absent)."""
+    prefix = f'{name}{{reason="{reason}"}} '
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return 0.0
+
+
+def worker_metrics(worker: Worker) -> str:
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read().decode()
 
 
 def memory_kib(pid: int) -> dict[str, int]:

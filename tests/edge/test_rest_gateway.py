@@ -20,6 +20,7 @@ from tests.edge.rest_peer import (
     deep_infer_body,
     endless_chunked,
     gzip_bomb,
+    metric,
     nested,
     number_list_body,
     peak_growth_mib,
@@ -30,8 +31,10 @@ from tests.edge.rest_peer import (
 from tests.gateway.procs import Gateway, Worker
 from tests.ports import free_port
 
+pytestmark = pytest.mark.slow  # a worker and a gateway CLI start for the module
 G = "KSERVE_TRIO_GATEWAY_"
 CAP = 4 * MIB
+REFUSED = "gateway_edge_refused_requests_total"
 SLACK_MIB = 40
 """Allowance for the allocator, the interpreter and the socket buffers on top of each bound."""
 
@@ -73,8 +76,9 @@ def test_a_body_nested_5000_deep_is_400_on_infer_and_on_fleet_endpoints(fleet):
         assert status == 400, (path, body)
         assert "more than the limit of 64 (limits.max_json_depth)" in body["error"]
     logs = fleet.gateway.logs()
-    assert logs.count('"rest_json_too_deep"') >= 3
+    assert logs.count('"rest_json_too_deep"') == 3  # once per refused request
     assert nested(5000).decode() not in logs  # logged without the body
+    assert metric(fleet.gateway.admin("/metrics")[1], REFUSED, "json_too_deep") == 3
     still_serving(fleet)
 
 
@@ -109,6 +113,7 @@ def test_a_gzip_bomb_is_413_at_the_gateway_with_memory_near_the_cap(fleet):
             {"error": f"received message larger than max (more than {CAP} vs. {CAP})"},
         )
         assert peak_growth_mib(pid, before) < 1.25 * CAP / MIB + SLACK_MIB
+    assert metric(fleet.gateway.admin("/metrics")[1], REFUSED, "body_too_large") == 2
     still_serving(fleet)
 
 

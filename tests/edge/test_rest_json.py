@@ -72,6 +72,7 @@ def one(data, shape, datatype="FP32", **extra):
         ("UINT64", np.uint64, [[18446744073709551615, 0], [1, 2]]),
         ("INT64", np.int64, [[-9223372036854775808, 5], [6, 7]]),
         ("FP16", np.float16, [[0.1, 2], [3, 4]]),
+        ("BOOL", np.bool_, [[True, False], [False, True]]),
     ],
 )
 def test_numeric_data_decodes_straight_to_the_declared_dtype(datatype, dtype, data):
@@ -109,6 +110,12 @@ def test_count_type_and_structure_faults_read_as_before():
     )
     assert fault(one([1, 0], [2], "BOOL")) == (
         "input 'x' of model 'm' has datatype BOOL: its 'data' must hold JSON booleans"
+    )
+    assert fault(one([True, False], [2], "INT8")) == (
+        "input 'x' of model 'm' has datatype INT8: its 'data' must hold JSON integers"
+    )
+    assert fault(one([True, False, True], [2], "BOOL")) == (
+        "input 'x' of model 'm' has 3 elements in bool_contents, expected 2 (shape [2])"
     )
     assert fault(one([300, 1], [2], "INT8")) == (
         "input 'x' of model 'm' has a value in int_contents out of range for INT8"

@@ -23,6 +23,7 @@ from tests.edge.rest_peer import (
     fd_count,
     gzip,
     gzip_bomb,
+    metric,
     nested,
     number_list_body,
     peak_growth_mib,
@@ -30,10 +31,12 @@ from tests.edge.rest_peer import (
     request,
     reset_peak,
     served,
+    worker_metrics,
 )
 from tests.ports import free_port
 
 CAP = 48 * MIB
+REFUSED = "worker_edge_refused_requests_total"
 SLACK_MIB = 40
 """Allowance for the allocator, the interpreter and the socket buffers on top of each bound."""
 
@@ -44,6 +47,7 @@ def worker(demo_repo):
         demo_repo,
         "127.0.0.1",
         free_port(),
+        metrics_port=free_port(),
         env={"INFERENCE_SERVER_GRPC_MAX_RECV_MSG_BYTES": str(CAP)},
     )
     try:
@@ -85,8 +89,9 @@ def test_a_body_nested_5000_deep_is_400_on_infer_and_on_other_json_endpoints(wor
     # the same depth inside a string is no nesting at all
     status, body = request(port, "POST", "/v2/logging", b'{"log_format": "' + nested(5000) + b'"}')
     assert status == 400 and "log_format" in body["error"], body
-    assert worker.logs().count('"rest_json_too_deep"') >= 4
+    assert worker.logs().count('"rest_json_too_deep"') == 4  # once per refused request
     assert nested(5000).decode() not in worker.logs()  # logged without the body
+    assert metric(worker_metrics(worker), REFUSED, "json_too_deep") == 4
     still_serving(worker, fds)
 
 
@@ -136,6 +141,7 @@ def test_a_gzip_bomb_is_413_with_memory_near_the_cap(worker):
         assert status == 413, body
         assert body == {"error": f"received message larger than max (more than {CAP} vs. {CAP})"}
         assert peak_growth_mib(worker.proc.pid, before) < CAP / MIB * 1.25 + SLACK_MIB
+    assert metric(worker_metrics(worker), REFUSED, "body_too_large") >= 2
     still_serving(worker, fds)
 
 
