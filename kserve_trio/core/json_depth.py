@@ -9,8 +9,9 @@ the parser only ever sees texts it can parse:
    ``bytes.count`` calls and nothing else, which is every ordinary request.
 2. Otherwise one regular-expression pass drops the strings (so a bracket inside a string does
    not count) and everything that is not a bracket or a brace; what is left is the text's
-   nesting skeleton, usually far smaller than the text. Its running depth is summed with
-   numpy a block at a time, so the cost is linear and the memory a few bytes per bracket.
+   nesting skeleton, usually far smaller than the text and never larger. Its running depth is
+   summed with numpy a block at a time (a few MiB of temporaries), stopping at the first block
+   that passes the limit.
 
 An unterminated string leaves its quote in the skeleton and its brackets counted: such a text
 is not JSON anyway, and refusing it as too deep is as correct as refusing it as malformed.
@@ -41,21 +42,26 @@ class JsonTooDeep(InvalidArgument):
     """A JSON body nests deeper than ``limits.max_json_depth`` (HTTP 400)."""
 
 
-def _skeleton_depth(skeleton: Text) -> int:
-    steps = _STEP[np.frombuffer(skeleton, dtype=np.uint8)]
+def _skeleton_depth(skeleton: Text, stop_above: int | None) -> int:
+    """The deepest running depth of a skeleton, a block at a time (the first depth past
+    ``stop_above`` when one is given: the rest need not be read)."""
+    chars = np.frombuffer(skeleton, dtype=np.uint8)
     depth = deepest = 0
-    for start in range(0, len(steps), _BLOCK):
-        running = np.cumsum(steps[start : start + _BLOCK], dtype=np.int64)
+    for start in range(0, len(chars), _BLOCK):
+        running = np.cumsum(_STEP[chars[start : start + _BLOCK]], dtype=np.int64)
         deepest = max(deepest, depth + int(running.max()))
+        if stop_above is not None and deepest > stop_above:
+            break
         depth += int(running[-1])
     return deepest
 
 
-def nesting_depth(text: Text, end: int | None = None) -> int:
-    """The deepest nesting of arrays and objects in ``text[:end]`` (strings skipped)."""
+def nesting_depth(text: Text, end: int | None = None, stop_above: int | None = None) -> int:
+    """The deepest nesting of arrays and objects in ``text[:end]`` (strings skipped); with
+    ``stop_above``, the scan may stop at the first depth past it and answer that."""
     end = len(text) if end is None else end
     part = text if end == len(text) else text[:end]
-    return _skeleton_depth(_NOT_NESTING.sub(b"", part))
+    return _skeleton_depth(_NOT_NESTING.sub(b"", part), stop_above)
 
 
 def check_json_depth(text: Text, limit: int, what: str, end: int | None = None) -> None:
@@ -65,10 +71,10 @@ def check_json_depth(text: Text, limit: int, what: str, end: int | None = None) 
     end = len(text) if end is None else end
     if text.count(b"[", 0, end) + text.count(b"{", 0, end) <= limit:
         return
-    depth = nesting_depth(text, end)
+    depth = nesting_depth(text, end, stop_above=limit)
     if depth > limit:
         raise JsonTooDeep(
-            f"{what} nests {depth} levels deep, more than the limit of {limit} "
+            f"{what} nests at least {depth} levels deep, more than the limit of {limit} "
             "(limits.max_json_depth)"
         )
 

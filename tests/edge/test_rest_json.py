@@ -28,7 +28,7 @@ def test_depth_counts_brackets_and_braces_outside_strings_only():
     with pytest.raises(JsonTooDeep) as err:
         check_json_depth(b"[" * 65 + b"]" * 65, 64, "the body")
     assert err.value.message == (
-        "the body nests 65 levels deep, more than the limit of 64 (limits.max_json_depth)"
+        "the body nests at least 65 levels deep, more than the limit of 64 (limits.max_json_depth)"
     )
     check_json_depth(b"[" * 5000, 0, "x")  # 0: no limit
 
