@@ -1,5 +1,6 @@
-"""The pure parts of the REST body defences: the JSON depth scanner, numeric ``data`` lifted out
-of the parse and decoded into numpy, and the capped inflater. Fast, in-process; the CLI tests
+"""The parts of the REST body defences that need no server process: the JSON depth scanner,
+numeric ``data`` lifted out of the parse and decoded into numpy, the capped inflater, the body
+buffer and the read-ahead bound (on a real loopback connection). Fast; the CLI tests
 (``test_rest_worker``, ``test_rest_gateway``) measure the processes."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import json
 import tracemalloc
 import zlib
 
+import anyio
+import anyio.abc
 import numpy as np
 import pytest
 
@@ -15,7 +18,7 @@ from kserve_trio.core import codec, json_numbers, rest_codec
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.json_depth import JsonTooDeep, check_json_depth, nesting_depth
 from kserve_trio.serving.http import PayloadTooLarge, inflate_body
-from kserve_trio.serving.http._body import BodyBuffer
+from kserve_trio.serving.http._body import READ_AHEAD_CHUNKS, BodyBuffer, read_ahead_bound
 from kserve_trio.serving.rest_routes import RestCall, grpc_request
 
 
@@ -204,3 +207,37 @@ def test_a_body_is_held_under_its_cap_as_it_arrives():
     assert body.take() == b"abcdefgh"
     assert body.add(b"0123456") and not body.add(b"789ab")
     assert body.received == 12 and body.take() == b""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_connection_stops_reading_once_chunks_queue_ahead_of_its_parser(loop):
+    async def main() -> None:
+        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+            port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            accepted: list[anyio.abc.ByteStream] = []
+            async with anyio.create_task_group() as tg:
+
+                async def keep(stream: anyio.abc.ByteStream) -> None:
+                    accepted.append(stream)
+                    await anyio.sleep_forever()
+
+                tg.start_soon(listener.serve, keep)
+                client = await anyio.connect_tcp("127.0.0.1", port)
+                while not accepted:
+                    await anyio.sleep(0.01)
+                server = accepted[0]
+                transport, protocol = server._transport, server._protocol  # type: ignore[attr-defined]
+                bound = read_ahead_bound(server)
+                transport.resume_reading()
+                protocol.read_queue.extend([b"x"] * READ_AHEAD_CHUNKS)
+                bound()
+                assert transport.is_reading()  # up to the bound: left alone
+                protocol.read_queue.append(b"x")
+                bound()
+                assert not transport.is_reading()  # past it: paused until the queue drains
+                await client.aclose()
+                tg.cancel_scope.cancel()
+
+    options = {"use_uvloop": True} if loop == "uvloop" else {}
+    anyio.run(main, backend="asyncio", backend_options=options)
+    assert read_ahead_bound(object())() is None  # any other stream: nothing to bound
