@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from kserve_trio.core.bytes_tensor import decode_bytes_tensor
+from kserve_trio.core.codec._tensors import checked_nbytes, shape_str
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.dtypes import DType, dtype_from_wire
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import (
@@ -51,6 +53,8 @@ from kserve_trio.core.infer_wire import (
     InferRequestedOutput,
     InferRequestMessage,
 )
+from kserve_trio.core.json_depth import JsonTooDeep, check_json_depth
+from kserve_trio.core.json_numbers import LiftedJson, NumberArray, lift_number_arrays
 from kserve_trio.core.wire import Params, TensorContents
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -60,6 +64,9 @@ BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
+
+DEFAULT_JSON_DEPTH: int = EdgeLimits.max_json_depth
+"""``limits.max_json_depth``'s default (the servers pass their configured value)."""
 
 _INT_KINDS = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 
@@ -98,12 +105,23 @@ class RestReply:
 # ------------------------------------------------------------------------------------- request
 
 
-def load_json(data: Buffer, what: str) -> Any:
-    """``data`` parsed as JSON (``InvalidArgument`` naming ``what`` when it is not)."""
+def _text(data: Buffer) -> bytes | bytearray:
+    return data if isinstance(data, bytes | bytearray) else bytes(data)
+
+
+def _parse(text: bytes | bytearray, what: str) -> Any:
     try:
-        return json.loads(bytes(data) if not isinstance(data, bytes) else data)
+        return json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON in {what}: {exc}") from None
+
+
+def load_json(data: Buffer, what: str, max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
+    """``data`` parsed as JSON (``InvalidArgument`` naming ``what`` when it is not, and
+    ``JsonTooDeep`` when it nests deeper than ``max_depth``, found before parsing)."""
+    text = _text(data)
+    check_json_depth(text, max_depth, what)
+    return _parse(text, what)
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -112,12 +130,12 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _params(value: Any, what: str) -> Params:
+def _params(value: Any, what: str, lifted: LiftedJson | None = None) -> Params:
     if value is None:
         return {}
     params = _object(value, f"{what} 'parameters'")
     for key, v in params.items():
-        if not isinstance(v, bool | int | float | str):
+        if not isinstance(v, bool | int | float | str) or (lifted and lifted.is_placeholder(v)):
             raise InvalidArgument(
                 f"{what} parameter '{key}' must be a boolean, a number or a string"
             )
@@ -144,6 +162,16 @@ def _flatten(data: Any, what: str) -> list[Any]:
         if isinstance(item, list | dict):
             raise InvalidArgument(f"{what} 'data' mixes lists and values")
     return flat
+
+
+def _kind(dtype: DType) -> str:
+    """What JSON values a tensor of ``dtype`` holds, as the type faults name them."""
+    wire = dtype.wire
+    if wire == "BOOL":
+        return "booleans"
+    if wire in _INT_KINDS:
+        return "integers"
+    return "strings" if wire == "BYTES" else "numbers"
 
 
 def _check_elements(values: list[Any], dtype: DType, what: str) -> None:
@@ -187,6 +215,42 @@ def _json_data(
     return TensorContents(**{field_name: values})
 
 
+def _number_data(
+    tensor: InferInputTensor, array: NumberArray, what: str, raw: list[Buffer]
+) -> TensorContents | None:
+    """A lifted array of JSON numbers or booleans (``core.json_numbers``) as the tensor's raw
+    bytes: its element count checked against the declared shape before anything is decoded,
+    then decoded straight into an array of the declared dtype. The faults read as the typed-contents path
+    words them (and as the gRPC codec does)."""
+    try:
+        dtype = dtype_from_wire(tensor.datatype)
+    except ValueError:
+        return TensorContents()  # the codec names the datatype
+    field_name = dtype.contents_field
+    count, _ = checked_nbytes(what, tensor.shape, dtype)  # the codec's own shape faults
+    found = array.count()
+    if found and array.booleans != (dtype.wire == "BOOL"):
+        raise InvalidArgument(
+            f"{what} has datatype {dtype.wire}: its 'data' must hold JSON {_kind(dtype)}"
+        )
+    if dtype.is_bytes:  # an empty list: no strings to take
+        return TensorContents(bytes_contents=[])
+    if found != count:
+        raise InvalidArgument(
+            f"{what} has {found} elements in {field_name or 'data'}, expected {count} "
+            f"(shape {shape_str(tensor.shape)})"
+        )
+    if dtype.wire in _INT_KINDS and array.has_fraction():
+        raise InvalidArgument(
+            f"{what} has datatype {dtype.wire}: its 'data' must hold JSON integers"
+        )
+    where = f" in {field_name}" if field_name else ""
+    out_of_range = f"{what} has a value{where} out of range for {dtype.wire}"
+    values = array.decode(dtype.numpy, count, what, out_of_range)
+    raw.append(values.view(np.uint8).data)
+    return None
+
+
 def _shape(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not all(d.__class__ is int for d in value):
         raise InvalidArgument(f"{what} 'shape' must be a list of integers")
@@ -200,25 +264,69 @@ def _string(obj: Mapping[str, Any], key: str, what: str, default: str | None = N
     return value
 
 
+@dataclass
+class InferDocument:
+    """An inference body's JSON part parsed with its numeric ``data`` arrays left unparsed
+    (``lifted``), and the binary section after it."""
+
+    doc: Any
+    lifted: LiftedJson
+    binary: memoryview
+
+
+def infer_document(
+    body: Buffer, header_length: int | None, max_json_depth: int = DEFAULT_JSON_DEPTH
+) -> InferDocument:
+    """The JSON part of an inference body, its depth checked before it is parsed and its
+    numeric tensor data lifted out of the parse (``core.json_numbers``): the parse costs the
+    text's structure, not a Python object per number."""
+    text = body if isinstance(body, bytes | bytearray) else memoryview(body).cast("B").tobytes()
+    if header_length is None:
+        header_length = len(text)
+    elif header_length < 0 or header_length > len(text):
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length {header_length} is outside the "
+            f"{len(text)}-byte request body"
+        )
+    what = "the inference request"
+    check_json_depth(text, max_json_depth, what, header_length)
+    lifted = lift_number_arrays(text, header_length)
+    doc = _parse(lifted.text, what)
+    return InferDocument(doc, lifted, memoryview(text)[header_length:])
+
+
+def input_shape(
+    body: Buffer,
+    header_length: int | None,
+    input_name: str,
+    max_json_depth: int = DEFAULT_JSON_DEPTH,
+) -> tuple[int, ...] | None:
+    """The declared shape of input ``input_name`` in an inference body, ``None`` when the body
+    does not say (or is malformed); no tensor data is decoded."""
+    try:
+        doc = infer_document(body, header_length, max_json_depth).doc
+        for entry in doc.get("inputs", ()):
+            if isinstance(entry, dict) and entry.get("name") == input_name:
+                return tuple(int(d) for d in entry["shape"])
+    except (InvalidArgument, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return None
+
+
 def parse_infer_request(
     body: Buffer,
     header_length: int | None,
     model_name: str,
     model_version: str = "",
+    *,
+    max_json_depth: int = DEFAULT_JSON_DEPTH,
 ) -> RestInferRequest:
     """Parse a REST inference request for ``model_name`` (see the module docstring)."""
-    view = memoryview(body).cast("B") if not isinstance(body, bytes) else memoryview(body)
-    if header_length is None:
-        header_length = len(view)
-    elif header_length < 0 or header_length > len(view):
-        raise InvalidArgument(
-            f"Inference-Header-Content-Length {header_length} is outside the "
-            f"{len(view)}-byte request body"
-        )
-    doc = _object(load_json(view[:header_length], "the inference request"), "the request")
-    binary = view[header_length:]
+    parsed = infer_document(body, header_length, max_json_depth)
+    lifted, binary = parsed.lifted, parsed.binary
+    doc = _object(parsed.doc, "the request")
     what_request = f"request for model '{model_name}'"
-    params = _params(doc.get("parameters"), what_request)
+    params = _params(doc.get("parameters"), what_request, lifted)
     binary_all = params.pop(BINARY_DATA_OUTPUT, False)
     if not isinstance(binary_all, bool):
         raise InvalidArgument(f"{what_request} parameter '{BINARY_DATA_OUTPUT}' must be a boolean")
@@ -240,7 +348,7 @@ def parse_infer_request(
             name,
             _string(entry, "datatype", what),
             _shape(entry.get("shape"), what),
-            _params(entry.get("parameters"), what),
+            _params(entry.get("parameters"), what, lifted),
         )
         size = tensor.parameters.pop(BINARY_DATA_SIZE, None)
         if "shared_memory_region" in tensor.parameters:
@@ -256,7 +364,11 @@ def parse_infer_request(
             raw.append(binary[pos : pos + size])
             pos += size
         elif "data" in entry:
-            tensor.contents = _json_data(tensor, entry["data"], what, raw)
+            array = lifted.array_of(entry["data"])
+            if array is not None:
+                tensor.contents = _number_data(tensor, array, what, raw)
+            else:
+                tensor.contents = _json_data(tensor, entry["data"], what, raw)
         else:
             raise InvalidArgument(
                 f"{what} has no data: no shared memory region, binary data or JSON 'data'"
@@ -276,7 +388,7 @@ def parse_infer_request(
     for i, item in enumerate(outputs_doc):
         entry = _object(item, f"{what_request} output {i}")
         name = _string(entry, "name", f"{what_request} output {i}")
-        out_params = _params(entry.get("parameters"), f"requested output '{name}'")
+        out_params = _params(entry.get("parameters"), f"requested output '{name}'", lifted)
         flag = out_params.pop(BINARY_DATA, None)
         if flag is not None:
             if not isinstance(flag, bool):
@@ -371,11 +483,16 @@ __all__ = [
     "BINARY_DATA_OUTPUT",
     "BINARY_DATA_SIZE",
     "BINARY_TYPE",
+    "DEFAULT_JSON_DEPTH",
     "HEADER_LENGTH",
     "JSON_TYPE",
+    "InferDocument",
+    "JsonTooDeep",
     "RestInferRequest",
     "RestReply",
     "encode_infer_response",
+    "infer_document",
+    "input_shape",
     "load_json",
     "parse_infer_request",
 ]

@@ -29,6 +29,7 @@ import anyio.abc
 from kserve_trio.core import compression
 from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import Unimplemented
+from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving.accept import ListenError
@@ -38,6 +39,7 @@ from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, 
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
     grpc_request,
+    note_refusal,
     reply_response,
     request_body,
     route,
@@ -67,15 +69,26 @@ class GatewayRest:
     """The REST ``App`` of a gateway (``serving.http.serve_app`` serves it); ``aclose`` closes
     its connections to the workers' REST ports."""
 
-    def __init__(self, service: GatewayService, upstream: RestUpstream | None = None) -> None:
+    def __init__(
+        self,
+        service: GatewayService,
+        upstream: RestUpstream | None = None,
+        *,
+        max_json_depth: int = DEFAULT_JSON_DEPTH,
+        stats: EdgeStats | None = None,
+    ) -> None:
         self.service = service
         self.limits = service.limits
+        self.max_json_depth = max_json_depth
+        self.stats = stats
         pool = service.forwarder.pool
         self.upstream = upstream or RestUpstream(
             per_worker=pool.settings.max_concurrent_streams,
             ssl_context=pool.settings.ssl_context,
         )
-        self.models = ModelRequests(service.forwarder, self.upstream, self.limits.max_recv_bytes)
+        self.models = ModelRequests(
+            service.forwarder, self.upstream, self.limits.max_recv_bytes, max_json_depth
+        )
         s = service
 
         def admitted(fn: Handler) -> Handler:
@@ -113,10 +126,12 @@ class GatewayRest:
             handler = self._handlers.get(call.rpc)
             if handler is None:
                 raise Unimplemented(unsupported(call.rpc))
-            message = grpc_request(call, request_body(request, self.limits.max_recv_bytes))
+            body = request_body(request, self.limits.max_recv_bytes)
+            message = grpc_request(call, body, self.max_json_depth)
             data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
             return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
         except Exception as exc:
+            note_refusal(exc, request, self.max_json_depth, self.stats)
             return error_response(exc)
 
     async def aclose(self) -> None:
@@ -129,6 +144,7 @@ async def serve_rest(
     service: GatewayService,
     *,
     max_body_bytes: int,
+    max_json_depth: int = DEFAULT_JSON_DEPTH,
     ssl_context: ssl.SSLContext | None = None,
     limits: EdgeLimits | None = None,
     stats: EdgeStats | None = None,
@@ -137,9 +153,11 @@ async def serve_rest(
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
-    close its connections to the workers. ``limits``, ``stats``, ``connection_cap``: as
-    ``serve_app`` takes them; ``reuse_port``: the port is shared (SO_REUSEPORT)."""
-    rest = GatewayRest(service)
+    close its connections to the workers. Bodies are capped at ``max_body_bytes`` as sent and
+    decompressed (413), and nested at most ``max_json_depth`` deep wherever the gateway parses
+    them (400). ``limits``, ``stats``, ``connection_cap``: as ``serve_app`` takes them;
+    ``reuse_port``: the port is shared (SO_REUSEPORT)."""
+    rest = GatewayRest(service, max_json_depth=max_json_depth, stats=stats)
     try:
         await serve_app(
             host,

@@ -34,7 +34,6 @@ its deadline, like a gRPC call for a stream slot), TLS with the worker clients' 
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ import anyio
 
 from kserve_trio.client.errors import STALE_REGION_PREFIX, RpcError
 from kserve_trio.core import rest_codec
-from kserve_trio.core.errors import Internal, NotFound, StatusCode
+from kserve_trio.core.errors import Internal, InvalidArgument, NotFound, StatusCode
 from kserve_trio.core.infer_wire import parse_infer_response
 from kserve_trio.gateway.forward import MODEL_INFER, Forwarder
 from kserve_trio.gateway.peek import PeekedRequest
@@ -119,8 +118,8 @@ def reply_headers(raw: Sequence[tuple[bytes, bytes]]) -> tuple[str, tuple[tuple[
 def error_message(body: bytes) -> str:
     """The ``error`` of a worker's JSON error body ("" when it has none)."""
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = rest_codec.load_json(body, "a worker's error reply")
+    except InvalidArgument:
         return ""
     error = doc.get("error") if isinstance(doc, dict) else None
     return error if isinstance(error, str) else ""
@@ -138,18 +137,13 @@ def peek_shape(
     body: bytes | bytearray,
     header_length: int | None,
     input_name: str,
+    max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
 ) -> tuple[int, ...] | None:
     """The shape of input ``input_name`` in a REST inference body (uncompressed), ``None`` when
-    it cannot be read: a malformed request is still forwarded, and the worker answers it."""
-    try:
-        head = body if header_length is None else body[:header_length]
-        doc = json.loads(head)
-        for entry in doc.get("inputs", ()):
-            if isinstance(entry, dict) and entry.get("name") == input_name:
-                return tuple(int(d) for d in entry["shape"])
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-    return None
+    it cannot be read: a malformed request is still forwarded, and the worker answers it. The
+    body's depth is checked before it is parsed and its tensor data is not decoded
+    (``rest_codec.input_shape``)."""
+    return rest_codec.input_shape(body, header_length, input_name, max_json_depth)
 
 
 @dataclass(frozen=True)
@@ -247,10 +241,17 @@ class RestUpstream:
 class ModelRequests:
     """The REST RPCs that name a model (``MODEL_RPCS``), by the module docstring's rule."""
 
-    def __init__(self, forwarder: Forwarder, upstream: RestUpstream, max_recv_bytes: int) -> None:
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        upstream: RestUpstream,
+        max_recv_bytes: int,
+        max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
+    ) -> None:
         self.forwarder = forwarder
         self.upstream = upstream
         self.max_recv_bytes = max_recv_bytes
+        self.max_json_depth = max_json_depth
 
     async def answer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
         """The reply to ``request`` (errors raised as ``ServingError``; a worker's own error
@@ -270,7 +271,7 @@ class ModelRequests:
             shape = None
             if spec is not None:
                 body = request_body(request, self.max_recv_bytes)
-                shape = peek_shape(body, _length_or_none(request), spec[0])
+                shape = peek_shape(body, _length_or_none(request), spec[0], self.max_json_depth)
             return PeekedRequest(call.model, "", shape)
 
         async def attempt(client: WorkerClient, deadline: float) -> HttpResponse:
@@ -284,6 +285,7 @@ class ModelRequests:
                         header_length(request),
                         call.model,
                         call.version,
+                        max_json_depth=self.max_json_depth,
                     )
                 )
             parsed = translated[0]
@@ -297,7 +299,8 @@ class ModelRequests:
             if client.spec.http is not None:
                 reply = await self.upstream.send(client, request, deadline, call.rpc)
                 return reply.response()
-            message = grpc_request(call, request_body(request, self.max_recv_bytes))
+            body = request_body(request, self.max_recv_bytes)
+            message = grpc_request(call, body, self.max_json_depth)
             data = await client.call_raw(INFERENCE + call.rpc, bytes(message), deadline=deadline)
             return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
 

@@ -334,6 +334,8 @@ async def serve_gateway_async(
                         http_port,
                         gateway.service,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
+                        max_json_depth=config.limits.max_json_depth,
+                        stats=gateway.edge_stats,
                         ssl_context=ssl_context,
                         reuse_port=shared_ports,
                         **edge,

@@ -29,6 +29,9 @@ class EdgeStats:
         after a GOAWAY)."""
         self.premature_resets = 0
         """Streams the client reset within ``limits.premature_reset_seconds`` of opening them."""
+        self.refused_requests: Counter[str] = Counter()
+        """REST requests refused by a body defence, by reason (``body_too_large``,
+        ``json_too_deep``)."""
         self.inflight_bytes: Callable[[], int] = lambda: 0
         """The bytes of requests being received and queued now (the admission's gauge; set by
         whoever owns the byte admission)."""
@@ -38,6 +41,9 @@ class EdgeStats:
 
     def goaway(self, code: str) -> None:
         self.goaways[code] += 1
+
+    def refuse_request(self, reason: str) -> None:
+        self.refused_requests[reason] += 1
 
 
 class EdgeCollector:
@@ -59,6 +65,12 @@ class EdgeCollector:
         for code, count in sorted(s.goaways.items()):
             goaways.add_metric([code], count)
         yield goaways
+        requests = CounterMetricFamily(
+            f"{p}_edge_refused_requests", "REST requests refused by a defence", labels=["reason"]
+        )
+        for reason, count in sorted(s.refused_requests.items()):
+            requests.add_metric([reason], count)
+        yield requests
         yield CounterMetricFamily(
             f"{p}_edge_refused_streams", "Streams refused (REFUSED_STREAM)", value=s.refused_streams
         )

@@ -46,10 +46,15 @@ from kserve_trio.core.errors import (
     StatusCode,
     Unimplemented,
 )
-from kserve_trio.core.rest_codec import HEADER_LENGTH, load_json
+from kserve_trio.core.json_depth import JsonTooDeep
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH, HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.http import HttpRequest, HttpResponse
+from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.http import HttpRequest, HttpResponse, PayloadTooLarge, inflate_body
 from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
+
+log = get_logger("kserve_trio.serving.rest")
 
 
 class MethodNotAllowed(ServingError):
@@ -141,14 +146,35 @@ def route(method: str, path: str) -> RestCall:
 
 
 def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
-    """The request's body, decompressed when ``Content-Encoding`` says gzip or deflate (the
-    decompressed size capped like gRPC's); another encoding is UNIMPLEMENTED."""
+    """The request's body, decompressed when ``Content-Encoding`` says gzip or deflate;
+    another encoding is UNIMPLEMENTED. Decompression is incremental with the cap on its
+    output: it stops one byte past ``max_bytes`` and answers 413 (``PayloadTooLarge``), so a
+    bomb costs the cap, not what it would inflate to."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if not encoding or encoding == compression.IDENTITY:
         return request.body
     if encoding not in (compression.GZIP, compression.DEFLATE):
         raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
-    return compression.decompress(request.body, encoding, max_bytes)
+    return inflate_body(request.body, encoding, max_bytes)
+
+
+def note_refusal(
+    exc: BaseException, request: HttpRequest, max_json_depth: int, stats: EdgeStats | None
+) -> None:
+    """Count a request a body defence refused (``EdgeStats.refused_requests``); a body refused
+    for its nesting is also logged, once per request and never with the body itself."""
+    if isinstance(exc, JsonTooDeep):
+        log.warning(
+            "rest_json_too_deep",
+            method=request.method,
+            path=request.path,
+            limit=max_json_depth,
+            body_bytes=len(request.body),
+        )
+        if stats is not None:
+            stats.refuse_request("json_too_deep")
+    elif isinstance(exc, PayloadTooLarge) and stats is not None:
+        stats.refuse_request("body_too_large")
 
 
 def compressed_reply(request: HttpRequest, response: HttpResponse) -> HttpResponse:
@@ -180,10 +206,10 @@ def header_length(request: HttpRequest) -> int | None:
     return int(text)
 
 
-def _body_object(body: bytes | bytearray, rpc: str) -> dict[str, Any]:
+def _body_object(body: bytes | bytearray, rpc: str, max_depth: int) -> dict[str, Any]:
     if not body.strip():
         return {}
-    doc = load_json(body, f"the {rpc} request")
+    doc = load_json(body, f"the {rpc} request", max_depth)
     if not isinstance(doc, dict):
         raise InvalidArgument(f"the {rpc} request must be a JSON object")
     return doc
@@ -215,9 +241,11 @@ def _repository_parameters(doc: dict[str, Any], rpc: str) -> dict[str, pb.ModelR
     return out
 
 
-def grpc_request(call: RestCall, body: bytes | bytearray) -> Any:
+def grpc_request(
+    call: RestCall, body: bytes | bytearray, max_json_depth: int = DEFAULT_JSON_DEPTH
+) -> Any:
     """The request message of ``call``'s RPC (any RPC but ModelInfer), from the path and the
-    JSON body."""
+    JSON body (nested at most ``max_json_depth`` deep, else 400 before it is parsed)."""
     rpc = call.rpc
     if rpc == "ServerLive":
         return pb.ServerLiveRequest()
@@ -234,13 +262,13 @@ def grpc_request(call: RestCall, body: bytes | bytearray) -> Any:
     if rpc == "ModelStatistics":
         return pb.ModelStatisticsRequest(name=call.model, version=call.version)
     if rpc == "RepositoryIndex":
-        doc = _body_object(body, rpc)
+        doc = _body_object(body, rpc, max_json_depth)
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgument("the RepositoryIndex request's 'ready' must be a boolean")
         return pb.RepositoryIndexRequest(ready=ready)
     if rpc in ("RepositoryModelLoad", "RepositoryModelUnload"):
-        params = _repository_parameters(_body_object(body, rpc), rpc)
+        params = _repository_parameters(_body_object(body, rpc, max_json_depth), rpc)
         cls = pb.RepositoryModelLoadRequest
         if rpc == "RepositoryModelUnload":
             cls = pb.RepositoryModelUnloadRequest
@@ -248,7 +276,7 @@ def grpc_request(call: RestCall, body: bytes | bytearray) -> Any:
     if rpc == "SystemSharedMemoryStatus":
         return pb.SystemSharedMemoryStatusRequest(name=call.region)
     if rpc == "SystemSharedMemoryRegister":
-        doc = _body_object(body, rpc)
+        doc = _body_object(body, rpc, max_json_depth)
         key = doc.get("key", "")
         if not isinstance(key, str):
             raise InvalidArgument("the SystemSharedMemoryRegister request's 'key' must be a string")
@@ -262,7 +290,9 @@ def grpc_request(call: RestCall, body: bytes | bytearray) -> Any:
         return pb.SystemSharedMemoryUnregisterRequest(name=call.region)
     if rpc == "LogSettings":
         settings = {}
-        for key, value in (_body_object(body, rpc) if call.method == "POST" else {}).items():
+        for key, value in (
+            _body_object(body, rpc, max_json_depth) if call.method == "POST" else {}
+        ).items():
             if isinstance(value, bool):
                 settings[key] = pb.LogSettingsRequestSettingValue(bool_param=value)
             elif isinstance(value, int) and value >= 0:
@@ -374,6 +404,7 @@ __all__ = [
     "grpc_request",
     "header_length",
     "message_json",
+    "note_refusal",
     "reply_response",
     "request_body",
     "route",

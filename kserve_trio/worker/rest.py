@@ -9,7 +9,8 @@ and its HTTP status is the gRPC status mapped (``serving.http``).
 
 REST's own parts: the body is JSON, or JSON plus Triton's binary section
 (``core.rest_codec``), optionally compressed (``Content-Encoding: gzip|deflate``, decompressed
-under ``grpc.max_recv_msg_bytes``); outputs come back as JSON ``data`` or, on request, binary,
+under ``grpc.max_recv_msg_bytes``: 413 past it), nested at most ``limits.max_json_depth`` deep
+(400, logged once per request); outputs come back as JSON ``data`` or, on request, binary,
 compressed when the request's ``Accept-Encoding`` asks for gzip or deflate.
 """
 
@@ -28,6 +29,7 @@ from kserve_trio.serving.rest_routes import (
     compressed_reply,
     grpc_request,
     header_length,
+    note_refusal,
     reply_response,
     request_body,
     route,
@@ -66,10 +68,19 @@ def rest_encoder(parsed: rest_codec.RestInferRequest) -> ResponseEncoder[rest_co
 class WorkerRest:
     """The REST ``App`` of one worker (``serving.http.serve_app`` serves it)."""
 
-    def __init__(self, service: InferenceService, core: InferenceCore) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        core: InferenceCore,
+        *,
+        max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
+    ) -> None:
         self.service = service
         self.core = core
         self.max_recv_bytes = service.state.limits.max_recv_bytes
+        self.max_json_depth = max_json_depth
+        metrics = service.state.metrics
+        self.stats = metrics.edge if metrics is not None else None
         s = service
         self._rpcs: dict[str, RpcMethod] = {
             "ServerLive": s.server_live,
@@ -96,16 +107,22 @@ class WorkerRest:
             method = self._rpcs.get(call.rpc)
             if method is None:
                 raise Unimplemented(unsupported(call.rpc))
-            message = grpc_request(call, request_body(request, self.max_recv_bytes))
+            body = request_body(request, self.max_recv_bytes)
+            message = grpc_request(call, body, self.max_json_depth)
             reply = await method(message, CallContext(None, 0))
             return reply_response(call, reply)
         except Exception as exc:
+            note_refusal(exc, request, self.max_json_depth, self.stats)
             return error_response(exc)
 
     async def infer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
         body = request_body(request, self.max_recv_bytes)
         parsed = rest_codec.parse_infer_request(
-            body, header_length(request), call.model, call.version
+            body,
+            header_length(request),
+            call.model,
+            call.version,
+            max_json_depth=self.max_json_depth,
         )
         reply = await self.core.infer(parsed.message, encode=rest_encoder(parsed))
         response = HttpResponse(200, reply.pieces, reply.content_type, reply.headers())

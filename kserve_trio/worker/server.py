@@ -394,7 +394,7 @@ async def _serve_rest(
         await serve_app(
             host,
             port,
-            WorkerRest(service, core),
+            WorkerRest(service, core, max_json_depth=config.limits.max_json_depth),
             max_body_bytes=config.grpc.max_recv_msg_bytes,
             ssl_context=ssl_context,
             name="rest",

@@ -272,10 +272,10 @@ def test_errors_map_to_http_statuses_with_the_grpc_messages(worker):
     }
     status, body = raw(worker, "POST", "/v2/repository/models/mlp/load", b'{"parameters": [1]}')
     assert status == 400 and "'parameters' must be a JSON object" in body["error"]
-    # the cap is grpc.max_recv_msg_bytes, with gRPC's message
+    # the cap is grpc.max_recv_msg_bytes, with gRPC's message, as 413 Payload Too Large
     status, body = raw(worker, "POST", "/v2/models/mlp/infer", b" " * (CAP + 1))
     assert (status, body) == (
-        429,
+        413,
         {"error": f"received message larger than max ({CAP + 1} vs. {CAP})"},
     )
     # after all of it the worker serves on

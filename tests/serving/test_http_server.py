@@ -171,7 +171,7 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(server):
     with connect(server.port) as sock:
         sock.sendall(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n\r\n")
         status, headers, body = read_response(sock)
-        assert status == 429
+        assert status == 413
         assert json.loads(body) == {"error": "received message larger than max (5000 vs. 4096)"}
         assert headers["connection"] == "close" and closed(sock)
     # a chunked body is counted as it arrives
@@ -183,7 +183,7 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(server):
             + b"0\r\n\r\n"
         )
         status, _, body = read_response(sock)
-        assert status == 429 and "larger than max (6000 vs. 4096)" in json.loads(body)["error"]
+        assert status == 413 and "larger than max (6000 vs. 4096)" in json.loads(body)["error"]
     # within the cap, chunked works and the server kept serving
     with connect(server.port) as sock:
         sock.sendall(
@@ -199,7 +199,7 @@ def test_a_client_that_sends_the_whole_oversized_body_still_reads_the_answer(ser
     req = urllib.request.Request(f"http://127.0.0.1:{server.port}/x", data=body, method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=10)
-    assert err.value.code == 429
+    assert err.value.code == 413
     assert json.loads(err.value.read()) == {
         "error": "received message larger than max (2000000 vs. 4096)"
     }

@@ -3,6 +3,7 @@ admin endpoints (``/metrics``, ``/healthz``, ``/readyz``) all stand on it.
 
 - ``serve_app``: serve an ``App`` (``HttpRequest`` -> ``HttpResponse``) on a port, inside the
   caller's task tree, optionally over TLS (``_server``: httptools' parser, anyio streams);
+- ``PayloadTooLarge``: a body over the cap, as sent or decompressed (413; ``_body``);
 - ``HttpClient``: keep-alive connections pooled per host, the same parser library and anyio
   streams (``_client``, one connection in ``_connection``; the gateway's REST forwarding and
   its scrape of worker ``/metrics``);
@@ -12,6 +13,7 @@ admin endpoints (``/metrics``, ``/healthz``, ``/readyz``) all stand on it.
 
 from __future__ import annotations
 
+from kserve_trio.serving.http._body import PayloadTooLarge, inflate_body, too_large
 from kserve_trio.serving.http._client import HttpClient
 from kserve_trio.serving.http._connection import HttpClientError, HttpReply
 from kserve_trio.serving.http._server import (
@@ -40,11 +42,14 @@ __all__ = [
     "HttpReply",
     "HttpRequest",
     "HttpResponse",
+    "PayloadTooLarge",
     "error_body",
     "error_of",
     "error_response",
     "grpc_status",
     "http_status",
+    "inflate_body",
     "serve_app",
     "serve_connection",
+    "too_large",
 ]

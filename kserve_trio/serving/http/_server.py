@@ -16,10 +16,10 @@ bodies):
    request, the TLS handshake included: slowloris), answered 408 when some of it came, and a
    connection that waited ``limits.idle_seconds`` for a byte;
 2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431); the body at most
-   ``max_body_bytes``, checked on ``Content-Length`` before the body is read and again on the
-   bytes of a chunked body (else RESOURCE_EXHAUSTED ``received message larger than max (N vs.
-   M)``, the gRPC message, and the connection closes, lingering a moment so the client reads
-   the answer);
+   ``max_body_bytes``, checked on ``Content-Length`` before the body is read and on the bytes
+   of a chunked body as they arrive (``_body``: else 413 ``received message larger than max (N
+   vs. M)``, the gRPC message, and the connection closes, lingering a moment so the client
+   reads the answer);
 3. ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the caps;
 4. ``HEAD`` is answered with the headers of ``GET`` and no body;
 5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
@@ -48,6 +48,7 @@ from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.http._body import BodyBuffer, read_ahead_bound, too_large
 from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
 
 log = get_logger("kserve_trio.serving.http")
@@ -74,7 +75,7 @@ class HttpRequest:
     path: str
     query: str = ""
     headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
+    body: bytes | bytearray = b""
 
 
 @dataclass
@@ -152,15 +153,15 @@ class _Parsed:
         self.ready: list[tuple[HttpRequest, bool]] = []
         self.url = b""
         self.headers: dict[str, str] = {}
-        self.body: list[bytes] = []
-        self.body_bytes = 0
+        self.body = BodyBuffer(max_body)
         self.head_bytes = 0
         self.too_large: int = 0  # the announced or received size past the cap (0 = within)
         self.expect_continue = False
         self.parser: httptools.HttpRequestParser | None = None
 
     def on_message_begin(self) -> None:
-        self.url, self.headers, self.body, self.body_bytes, self.head_bytes = b"", {}, [], 0, 0
+        self.url, self.headers, self.head_bytes = b"", {}, 0
+        self.body.take()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -180,22 +181,18 @@ class _Parsed:
             self.expect_continue = True
 
     def on_body(self, data: bytes) -> None:
-        self.body_bytes += len(data)
-        if self.body_bytes > self.max_body:
-            self.too_large = self.too_large or self.body_bytes
-            self.body = []
-        elif not self.too_large:
-            self.body.append(data)
+        if self.too_large:  # refused at its Content-Length: nothing of it is kept
+            return
+        if not self.body.add(data):  # counted as it arrives: refused the moment it passes
+            self.too_large = self.body.received
 
     def on_message_complete(self) -> None:
         assert self.parser is not None
         method = self.parser.get_method().decode("latin-1")
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        request = HttpRequest(method, path, query, self.headers, body)
+        request = HttpRequest(method, path, query, self.headers, self.body.take())
         self.ready.append((request, self.parser.should_keep_alive()))
-        self.body = []
 
 
 async def _reply(
@@ -319,7 +316,8 @@ async def serve_connection(
     waiting = reaper.waiting if reaper is not None else {}
     async with stream:
         with scope:  # what the reaper cancels
-            await _serve(stream, app, max_body_bytes, parsed, parser, clock, waiting)
+            stats = reaper.stats if reaper is not None else None
+            await _serve(stream, app, max_body_bytes, parsed, parser, clock, waiting, stats)
         if clock.reason and reaper is not None:
             reaper.stats.refuse_connection(clock.reason)
             if clock.reason == "handshake_timeout" and clock.head_bytes_seen:
@@ -344,7 +342,9 @@ async def _serve(
     parser: httptools.HttpRequestParser,
     clock: _Clock,
     waiting: dict[_Clock, None],
+    stats: EdgeStats | None = None,
 ) -> None:
+    bound_read_ahead = read_ahead_bound(stream)
     while True:
         clock.waiting_since = anyio.current_time()
         waiting[clock] = None
@@ -354,6 +354,7 @@ async def _serve(
             return
         finally:
             waiting.pop(clock, None)
+        bound_read_ahead()
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -368,10 +369,9 @@ async def _serve(
             await _close_with(stream, HttpResponse(431, error_body(message)))
             return
         if parsed.too_large:
-            exc = ResourceExhausted(
-                f"received message larger than max ({parsed.too_large} vs. {max_body_bytes})"
-            )
-            await _close_with(stream, error_response(exc))
+            if stats is not None:
+                stats.refuse_request("body_too_large")
+            await _close_with(stream, error_response(too_large(parsed.too_large, max_body_bytes)))
             return
         if parsed.expect_continue:
             parsed.expect_continue = False

@@ -1,0 +1,150 @@
+"""A request body as it arrives, held under the server's body cap.
+
+The cap (``max_body_bytes``: the gRPC receive cap on the REST ports) is enforced while the body
+is read, never after: a ``Content-Length`` over it is refused before a byte of the body is read,
+a chunked body is counted as it arrives and refused the moment it passes the cap, and what was
+kept of it is dropped then. A body that arrives in one piece is kept as that piece; a longer one
+is appended to one ``bytearray`` (grown in place: no list of pieces joined at the end, so a
+body costs about its own size, not twice). A compressed body has the same cap on its output
+(``inflate_body``, called by ``serving.rest_routes.request_body``). The refusal is 413 Payload Too Large with the gRPC
+message, ``received message larger than max (N vs. M)``, and the connection closes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+from kserve_trio.core.compression import DEFLATE, GZIP
+from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode
+from kserve_trio.core.event_loops import asyncio_transport
+
+INFLATE_STEP = 1 << 20
+"""Bytes of output one inflate step may produce (and of input it is fed), so the body grows a
+step at a time and never holds more than the cap plus one step."""
+
+
+class PayloadTooLarge(ServingError):
+    """A request body (as sent, or decompressed) over the body cap: HTTP 413, and
+    RESOURCE_EXHAUSTED where a gRPC status is read from it."""
+
+    status = StatusCode.RESOURCE_EXHAUSTED
+    http_status = 413
+
+
+def too_large(size: int | None, cap: int) -> PayloadTooLarge:
+    """The refusal of a body of ``size`` bytes (``None``: more than the cap, size unknown)."""
+    shown = f"{size}" if size is not None else f"more than {cap}"
+    return PayloadTooLarge(f"received message larger than max ({shown} vs. {cap})")
+
+
+def _inflate(view: memoryview, wbits: int, cap: int) -> bytearray:
+    inflater = zlib.decompressobj(wbits)
+    out = bytearray()
+    pos = 0
+    while not inflater.eof:
+        if inflater.unconsumed_tail:
+            data: bytes | memoryview = inflater.unconsumed_tail
+        elif pos < len(view):
+            data, pos = view[pos : pos + INFLATE_STEP], pos + INFLATE_STEP
+        else:
+            break
+        out += inflater.decompress(data, min(cap + 1 - len(out), INFLATE_STEP))
+        if len(out) > cap:
+            raise too_large(None, cap)
+    if not inflater.eof:
+        out += inflater.flush()  # at most what zlib still holds of its window
+        if len(out) > cap:
+            raise too_large(None, cap)
+        if not inflater.eof:
+            raise zlib.error("incomplete or truncated stream")
+    return out
+
+
+def inflate_body(body: bytes | bytearray, encoding: str, cap: int) -> bytearray:
+    """A ``Content-Encoding: gzip|deflate`` body decompressed a step at a time with the cap on
+    the output: it stops as soon as the output passes ``cap`` (``PayloadTooLarge``), so a
+    decompression bomb costs the cap, never what it would inflate to. ``deflate`` is the zlib
+    format, or a raw deflate stream (some clients send one); a corrupt body is
+    ``InvalidArgument``."""
+    framings = (31,) if encoding == GZIP else (15, -15)
+    assert encoding in (GZIP, DEFLATE)
+    last: zlib.error | None = None
+    for wbits in framings:
+        try:
+            return _inflate(memoryview(body), wbits, cap)
+        except zlib.error as exc:
+            last = exc
+    raise InvalidArgument(f"cannot decompress the {encoding} request body: {last}")
+
+
+READ_AHEAD_CHUNKS = 8
+"""Received chunks an asyncio stream may queue ahead of the connection task (``read_ahead_bound``)."""
+
+
+def read_ahead_bound(stream: object) -> Callable[[], None]:
+    """A check to run after each ``receive``: on anyio's asyncio TCP stream it pauses the
+    transport when more than ``READ_AHEAD_CHUNKS`` chunks wait in the stream's queue (anyio
+    resumes it once the queue is empty). anyio pauses the transport itself after each wait,
+    yet under uvloop a transport was seen to keep reading while the task was busy, queueing
+    everything a fast client sent (hundreds of MiB for an endless chunked body) before the cap
+    could be checked; this keeps what a connection holds near what it has parsed. A no-op on
+    any other stream (trio's and TLS streams read only when asked)."""
+    found = asyncio_transport(stream)
+    queue = getattr(found[1], "read_queue", None) if found is not None else None
+    if found is None or queue is None:
+        return _nothing
+    transport = found[0]
+
+    def bound() -> None:
+        if len(queue) > READ_AHEAD_CHUNKS:
+            transport.pause_reading()
+
+    return bound
+
+
+def _nothing() -> None:
+    return None
+
+
+class BodyBuffer:
+    """The bytes of one request body, up to ``cap`` (module docstring)."""
+
+    __slots__ = ("_data", "cap", "received")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.received = 0
+        self._data: bytes | bytearray = b""
+
+    def add(self, piece: bytes) -> bool:
+        """Keep ``piece``; False (and nothing kept) once the body has passed the cap."""
+        self.received += len(piece)
+        if self.received > self.cap:
+            self._data = b""
+            return False
+        if not self._data:
+            self._data = piece
+        elif self._data.__class__ is bytes:
+            grown = bytearray(self._data)
+            grown += piece
+            self._data = grown
+        else:
+            self._data += piece
+        return True
+
+    def take(self) -> bytes | bytearray:
+        """The body, and the buffer emptied for the next request."""
+        data, self._data, self.received = self._data, b"", 0
+        return data
+
+
+__all__ = [
+    "INFLATE_STEP",
+    "READ_AHEAD_CHUNKS",
+    "BodyBuffer",
+    "PayloadTooLarge",
+    "inflate_body",
+    "read_ahead_bound",
+    "too_large",
+]
