@@ -28,6 +28,7 @@ import anyio.abc
 
 from kserve_trio.core import compression
 from kserve_trio.core.errors import Unimplemented
+from kserve_trio.core.request_bounds import check_path_names
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving.grpc import Call, Limits, RawMessage
@@ -102,6 +103,7 @@ class GatewayRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
+            check_path_names(call.model, call.version, call.region, self.limits.edge.max_name_bytes)
             if call.rpc in MODEL_RPCS:
                 admission = self.service.admission
                 gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()

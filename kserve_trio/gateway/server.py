@@ -142,6 +142,7 @@ class Gateway:
             metrics=self.metrics,
             gates=self.gates,
             replay=self.shm.replay_stale,
+            bounds=config.limits,
         )
         self.fleet = Fleet(
             routable=self.prober.routable_clients,
@@ -153,7 +154,9 @@ class Gateway:
             shm=self.shm,
             fleet=self.fleet,
             admission=self.admission,
-            limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
+            limits=Limits(
+                config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes, edge=config.limits
+            ),
             ready=self.has_routable_worker,
         )
         self.admin = AdminEndpoints(

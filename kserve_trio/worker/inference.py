@@ -12,16 +12,18 @@ A request's path, each step once:
 1. admission (``serving.admission.Admission``, built by ``worker_admission``): a worker that
    is shutting down answers UNAVAILABLE; one at its concurrency cap answers RESOURCE_EXHAUSTED
    and counts the shed request;
-2. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
+2. the request's bounds (``core.request_bounds.check_infer_request``: names, counts of inputs,
+   outputs and parameters, raw contents), before anything else reads a name;
+3. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
    NOT_FOUND), before any payload is decoded;
-3. decode (shared-memory inputs are leased here);
-4. one validation pass (``validate_request``): input names, duplicates, dtypes, ranks, fixed
+4. decode (shared-memory inputs are leased here);
+5. one validation pass (``validate_request``): input names, duplicates, dtypes, ranks, fixed
    dims, and the requested outputs, against the model's client-facing specs;
-5. the effective deadline: the smallest of the request's own (parameters) and the transport's;
-6. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
+6. the effective deadline: the smallest of the request's own (parameters) and the transport's;
+7. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
    shape where wire inputs are executable inputs) or a meta model's ``run`` as one device unit;
-7. encode (the transport's encoder: the gRPC message, or REST's JSON and binary body);
-8. always, cancellation included: the decoded request's shared-memory leases are released once,
+8. encode (the transport's encoder: the gRPC message, or REST's JSON and binary body);
+9. always, cancellation included: the decoded request's shared-memory leases are released once,
    and the observer records the outcome once (metrics, Triton statistics, heartbeat, log).
 """
 
@@ -36,6 +38,7 @@ from anyio import get_cancelled_exc_class
 
 from kserve_trio.core import codec, validation
 from kserve_trio.core.buffer_pool import BufferPool
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     Internal,
@@ -45,6 +48,7 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.manifest import Manifest, TensorSpec
+from kserve_trio.core.request_bounds import RequestBounds, check_infer_request
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.admission import Admission
 from kserve_trio.worker.dispatch import SHUTTING_DOWN
@@ -132,8 +136,10 @@ class InferenceCore:
         shm_registry: ShmRegistry | None,
         admission: Admission,
         meta_pool: BufferPool | None,
+        bounds: RequestBounds = EdgeLimits(),
     ) -> None:
         self._repository = repository
+        self._bounds = bounds
         self._scheduler = repository.scheduler
         self._observer = observer
         self._shm_registry = shm_registry
@@ -176,6 +182,7 @@ class InferenceCore:
         try:
             admission.admit_inference()
             try:
+                check_infer_request(request, self._bounds)
                 # One coroutine from admission to encode: every frame on this path is paid
                 # per request (docs/benchmarks.md counts them).
                 bundle = self._repository.lookup(request.model_name, request.model_version)

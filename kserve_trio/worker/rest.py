@@ -20,9 +20,11 @@ from typing import Any
 
 from kserve_trio.core import codec, rest_codec
 from kserve_trio.core.errors import Unimplemented
+from kserve_trio.core.request_bounds import check_path_names
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.grpc import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
+from kserve_trio.serving.message_check import check_bounds
 from kserve_trio.serving.rest_routes import (
     RestCall,
     compressed_reply,
@@ -70,6 +72,7 @@ class WorkerRest:
         self.service = service
         self.core = core
         self.max_recv_bytes = service.state.limits.max_recv_bytes
+        self.bounds = service.state.limits.edge
         s = service
         self._rpcs: dict[str, RpcMethod] = {
             "ServerLive": s.server_live,
@@ -91,12 +94,14 @@ class WorkerRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
+            check_path_names(call.model, call.version, call.region, self.bounds.max_name_bytes)
             if call.rpc == "ModelInfer":
                 return await self.infer(call, request)
             method = self._rpcs.get(call.rpc)
             if method is None:
                 raise Unimplemented(unsupported(call.rpc))
             message = grpc_request(call, request_body(request, self.max_recv_bytes))
+            check_bounds(message, self.bounds)  # what gRPC's parse_message checks
             reply = await method(message, CallContext(None, 0))
             return reply_response(call, reply)
         except Exception as exc:

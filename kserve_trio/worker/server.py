@@ -176,6 +176,7 @@ async def serve_async(
             config.grpc.max_recv_msg_bytes,
             config.grpc.max_send_msg_bytes,
             config.grpc.compress_responses,
+            config.limits,
         ),
         shm_registry=ShmRegistry(),
         admission=admission,
@@ -227,6 +228,7 @@ async def serve_async(
                 if meta.pool_enabled
                 else None
             ),
+            bounds=config.limits,
         )
         service = InferenceService(state, core)
         http_port = 0
