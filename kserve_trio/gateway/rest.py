@@ -29,12 +29,15 @@ import anyio.abc
 from kserve_trio.core import compression
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.core.request_bounds import check_path_names
+from kserve_trio.core.restricted import Restrictions, group_of
+from kserve_trio.gateway.caller_headers import passing_on, rest_headers
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
+    RestCall,
     grpc_request,
     reply_response,
     request_body,
@@ -65,8 +68,14 @@ class GatewayRest:
     """The REST ``App`` of a gateway (``serving.http.serve_app`` serves it); ``aclose`` closes
     its connections to the workers' REST ports."""
 
-    def __init__(self, service: GatewayService, upstream: RestUpstream | None = None) -> None:
+    def __init__(
+        self,
+        service: GatewayService,
+        upstream: RestUpstream | None = None,
+        restrictions: Restrictions | None = None,
+    ) -> None:
         self.service = service
+        self.restrictions = restrictions or Restrictions()
         self.limits = service.limits
         pool = service.forwarder.pool
         self.upstream = upstream or RestUpstream(
@@ -103,20 +112,26 @@ class GatewayRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
-            check_path_names(call.model, call.version, call.region, self.limits.edge.max_name_bytes)
-            if call.rpc in MODEL_RPCS:
-                admission = self.service.admission
-                gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
-                with gate:
-                    return await self.models.answer(call, request)
-            handler = self._handlers.get(call.rpc)
-            if handler is None:
-                raise Unimplemented(unsupported(call.rpc))
-            message = grpc_request(call, request_body(request, self.limits.max_recv_bytes))
-            data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
-            return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
+            self.restrictions.check(group_of(call.rpc), request.headers)
+            with passing_on(rest_headers(request.headers)):
+                return await self._answer(call, request)
         except Exception as exc:
             return error_response(exc)
+
+    async def _answer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
+        """The reply to one routed, permitted request (errors raised)."""
+        check_path_names(call.model, call.version, call.region, self.limits.edge.max_name_bytes)
+        if call.rpc in MODEL_RPCS:
+            admission = self.service.admission
+            gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
+            with gate:
+                return await self.models.answer(call, request)
+        handler = self._handlers.get(call.rpc)
+        if handler is None:
+            raise Unimplemented(unsupported(call.rpc))
+        message = grpc_request(call, request_body(request, self.limits.max_recv_bytes))
+        data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
+        return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
@@ -126,6 +141,7 @@ async def serve_rest(
     host: str,
     port: int,
     service: GatewayService,
+    restrictions: Restrictions | None = None,
     *,
     max_body_bytes: int,
     ssl_context: ssl.SSLContext | None = None,
@@ -133,7 +149,7 @@ async def serve_rest(
 ) -> None:
     """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
     close its connections to the workers."""
-    rest = GatewayRest(service)
+    rest = GatewayRest(service, restrictions=restrictions)
     try:
         await serve_app(
             host,

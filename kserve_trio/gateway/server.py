@@ -45,8 +45,10 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.restricted import Restrictions
 from kserve_trio.gateway.admin import AdminEndpoints
 from kserve_trio.gateway.admission import Admission
+from kserve_trio.gateway.caller_headers import pass_caller_headers
 from kserve_trio.gateway.compaction import Compactor
 from kserve_trio.gateway.config import (
     GatewayConfig,
@@ -84,6 +86,7 @@ from kserve_trio.serving.background import (
 )
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+from kserve_trio.serving.restricted import restrict
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -286,12 +289,16 @@ async def serve_gateway_async(
                         http_host,
                         http_port,
                         gateway.service,
+                        Restrictions.from_specs(config.restricted_protocols),
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         ssl_context=ssl_context,
                     )
                 )
             server = GrpcServer(
-                {**gateway.service.methods(), **gateway.control.methods()},
+                restrict(
+                    pass_caller_headers({**gateway.service.methods(), **gateway.control.methods()}),
+                    Restrictions.from_specs(config.restricted_protocols),
+                ),
                 ServerSettings(limits=config.limits),
                 gateway.edge_stats,
             )

@@ -21,6 +21,7 @@ from typing import Any
 from kserve_trio.core import codec, rest_codec
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.core.request_bounds import check_path_names
+from kserve_trio.core.restricted import Restrictions, group_of
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.grpc import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
@@ -68,9 +69,15 @@ def rest_encoder(parsed: rest_codec.RestInferRequest) -> ResponseEncoder[rest_co
 class WorkerRest:
     """The REST ``App`` of one worker (``serving.http.serve_app`` serves it)."""
 
-    def __init__(self, service: InferenceService, core: InferenceCore) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        core: InferenceCore,
+        restrictions: Restrictions | None = None,
+    ) -> None:
         self.service = service
         self.core = core
+        self.restrictions = restrictions or Restrictions()
         self.max_recv_bytes = service.state.limits.max_recv_bytes
         self.bounds = service.state.limits.edge
         s = service
@@ -94,6 +101,7 @@ class WorkerRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
+            self.restrictions.check(group_of(call.rpc), request.headers)
             check_path_names(call.model, call.version, call.region, self.bounds.max_name_bytes)
             if call.rpc == "ModelInfer":
                 return await self.infer(call, request)

@@ -132,10 +132,12 @@ async def serve_async(
     config: ServerConfig, *, backend: WorkerBackend | None = None
 ) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
+    from kserve_trio.core.restricted import Restrictions
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
     from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+    from kserve_trio.serving.restricted import restrict
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.inference import InferenceCore, worker_admission
@@ -235,7 +237,10 @@ async def serve_async(
         if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
             http_port = await tg.start(_serve_rest, config, service, core, ssl_context)
         server = GrpcServer(
-            {**service.methods(), **ControlService(state).methods()},
+            restrict(
+                {**service.methods(), **ControlService(state).methods()},
+                Restrictions.from_specs(config.endpoints.restricted_protocols),
+            ),
             ServerSettings(limits=config.limits),
             edge_stats,
         )
@@ -370,6 +375,7 @@ async def _serve_rest(
 ) -> None:
     """The KServe V2 REST endpoint (``endpoints.http_port``, TLS like the gRPC port): the
     same service and inference core behind ``worker.rest``; bodies capped like gRPC messages."""
+    from kserve_trio.core.restricted import Restrictions
     from kserve_trio.serving.http import serve_app
     from kserve_trio.worker.rest import WorkerRest
 
@@ -378,7 +384,11 @@ async def _serve_rest(
         await serve_app(
             host,
             port,
-            WorkerRest(service, core),
+            WorkerRest(
+                service,
+                core,
+                Restrictions.from_specs(config.endpoints.restricted_protocols),
+            ),
             max_body_bytes=config.grpc.max_recv_msg_bytes,
             ssl_context=ssl_context,
             name="rest",
