@@ -14,6 +14,8 @@ them; this module owns the rules and their messages, for every transport and bot
 - ``check_path_names``: the names of a REST path, as soon as it is routed;
 - ``check_infer_request``: every bound of a parsed ModelInfer request, then
   ``raw_input_contents`` holding no more entries than there are inputs;
+- ``require_model_name``: a request that must name a model names one (one message whoever
+  checks it);
 - ``check_model_name``: a model name a repository RPC acts on has no path separator, NUL or
   ``.``/``..`` (INVALID_ARGUMENT, the same on a worker and through a gateway).
 
@@ -127,6 +129,13 @@ def check_path_names(model: str, version: str, region: str, max_bytes: int) -> N
     check_name("region name", region, max_bytes)
 
 
+def require_model_name(name: str) -> None:
+    """The one rule for a request that must name a model and names none, whoever meets it
+    first (the worker's lookup, the ModelInfer decode, the gateway's routing peek)."""
+    if not name:
+        raise InvalidArgument("model_name is empty")
+
+
 def check_model_name(rpc: str, name: str) -> None:
     """A model name a repository RPC acts on: non-empty, no ``/``, ``\\`` or NUL, and not
     ``.`` or ``..`` (a model is a directory of the repository, never a path out of it)."""
@@ -149,5 +158,6 @@ __all__ = [
     "check_parameters",
     "check_path_names",
     "name_too_long",
+    "require_model_name",
     "shown",
 ]

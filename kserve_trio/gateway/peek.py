@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.request_bounds import check_count
+from kserve_trio.core.request_bounds import check_count, require_model_name
 from kserve_trio.core.wire import _fields, _varint, signed
 
 _MASK64 = (1 << 64) - 1
@@ -130,8 +130,7 @@ def peek_routing(
     buf = memoryview(data).cast("B")
     model, ident, inputs = _walk(buf, max_tensors)
     model_name = _text(buf, model, "model_name")
-    if not model_name:
-        raise InvalidArgument("ModelInferRequest has no model_name")
+    require_model_name(model_name)
     batch = batch_input(model_name)
     shape = _shape(buf, inputs, batch[0]) if batch is not None else None
     return PeekedRequest(model_name, _text(buf, ident, "id"), shape)

@@ -16,9 +16,9 @@ A request's path, each step once:
    outputs and parameters, raw contents), before anything else reads a name;
 3. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
    NOT_FOUND), before any payload is decoded;
-4. decode (shared-memory inputs are leased here);
-5. one validation pass (``validate_request``): input names, duplicates, dtypes, ranks, fixed
-   dims, and the requested outputs, against the model's client-facing specs;
+4. decode (shared-memory inputs are leased here; a repeated input name is refused here);
+5. one validation pass (``validate_request``): input names, dtypes, ranks, fixed dims, and
+   the requested outputs, against the model's client-facing specs;
 6. the effective deadline: the smallest of the request's own (parameters) and the transport's;
 7. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
    shape where wire inputs are executable inputs) or a meta model's ``run`` as one device unit;
@@ -42,7 +42,6 @@ from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     Internal,
-    InvalidArgument,
     NotFound,
     ServingError,
 )
@@ -105,15 +104,12 @@ def worker_admission(max_concurrent_requests: int, *, on_shed: Callable[[], None
 def check_requested_outputs(
     model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
 ) -> None:
-    """Refuse an unknown requested output before any device work is spent on the request:
-    ``model 'm' has no output 'x' (outputs: a, b)``."""
+    """Refuse an unknown requested output before any device work is spent on the request
+    (``validation.no_such_output``)."""
     known = {spec.name for spec in specs}
     for out in requested:
         if out.name not in known:
-            raise InvalidArgument(
-                f"model '{model_name}' has no output '{out.name}' "
-                f"(outputs: {', '.join(sorted(known))})"
-            )
+            raise validation.no_such_output(model_name, out.name, known)
 
 
 def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
