@@ -54,10 +54,20 @@ def _denied(call) -> str:
 
 def _open_groups_work(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
-    assert client.get_model_metadata("mlp").name == "mlp"
+    metadata = client.get_model_metadata("mlp")
+    assert metadata is not None and metadata.name == "mlp"  # type: ignore[attr-defined]
     x = grpcclient.InferInput("input_0", [1, 16], "FP32")
     x.set_data_from_numpy(np.ones((1, 16), np.float32))
-    assert client.infer("mlp", [x]).as_numpy("output").shape == (1, 8)
+    result = client.infer("mlp", [x])
+    assert result is not None
+    out = result.as_numpy("output")
+    assert out is not None and out.shape == (1, 8)
+
+
+def _index_names(client: grpcclient.InferenceServerClient, headers: dict[str, str]) -> list:
+    index = client.get_model_repository_index(headers=headers)
+    assert index is not None
+    return [m.name for m in index.models]  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow
@@ -69,8 +79,7 @@ def test_worker_grpc_restricts_groups_by_header(pair: Pair):
     _denied(lambda: client.get_system_shared_memory_status())
     _denied(lambda: client.get_log_settings())
     _denied(lambda: client.get_model_repository_index(headers={"admin-key": "wrong"}))
-    index = client.get_model_repository_index(headers=WORKER_KEY)
-    assert [m.name for m in index.models] == ["mlp"]
+    assert _index_names(client, WORKER_KEY) == ["mlp"]
     assert client.get_log_settings(headers=WORKER_KEY) is not None
     code, _, _ = raw_call(pair.worker.url, CONTROL_STATUS, b"")
     assert code.name == "PERMISSION_DENIED"
@@ -103,10 +112,8 @@ def test_through_the_gateway_both_restrictions_apply(pair: Pair):
     assert "gw-key" in message  # the gateway's own restriction
     # the worker refuses a call without its header (the index fan-out leaves a refusing
     # worker out); with both headers the caller's are passed on and the worker answers
-    index = client.get_model_repository_index(headers=GATEWAY_KEY)
-    assert list(index.models) == []
-    index = client.get_model_repository_index(headers=both)
-    assert [m.name for m in index.models] == ["mlp"]
+    assert _index_names(client, GATEWAY_KEY) == []
+    assert _index_names(client, both) == ["mlp"]
     # shared memory is restricted on the worker only: the caller's header reaches it
     message = _denied(lambda: client.unregister_system_shared_memory("nothing"))
     assert "admin-key" in message
