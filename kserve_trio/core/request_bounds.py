@@ -84,11 +84,14 @@ def check_count(what: str, count: int, limit: int, key: str) -> None:
 
 
 def check_parameters(what: str, parameters: Mapping[str, Any], bounds: RequestBounds) -> None:
-    """A parameter map: its entry count, then each key."""
-    check_count(f"{what} parameters", len(parameters), bounds.max_parameters, "max_parameters")
-    limit = bounds.max_name_bytes
+    """A parameter map: its entry count, then each key (``what`` names its owner)."""
+    limit = bounds.max_parameters
+    if limit and len(parameters) > limit:
+        check_count(f"{what} parameters", len(parameters), limit, "max_parameters")
+    max_bytes = bounds.max_name_bytes
     for key in parameters:
-        check_name(f"{what} parameter key", key, limit)
+        if name_too_long(key, max_bytes):
+            check_name(f"{what} parameter key", key, max_bytes)
 
 
 def check_names(what: str, names: Iterable[str], max_bytes: int) -> None:
@@ -105,15 +108,18 @@ def check_infer_request(msg: Any, bounds: RequestBounds) -> None:
     limit = bounds.max_name_bytes
     check_name("model_name", msg.model_name, limit)
     check_name("model_version", msg.model_version, limit)
-    check_parameters("request", msg.parameters, bounds)
+    if msg.parameters:
+        check_parameters("request", msg.parameters, bounds)
     check_count("inputs", len(msg.inputs), bounds.max_tensors, "max_tensors")
     check_count("outputs", len(msg.outputs), bounds.max_tensors, "max_tensors")
     for tensor in msg.inputs:
         check_name("input name", tensor.name, limit)
-        check_parameters(f"input {shown(tensor.name)}", tensor.parameters, bounds)
+        if tensor.parameters:  # the owner's name is only spelled out for a message
+            check_parameters(f"input {shown(tensor.name)}", tensor.parameters, bounds)
     for out in msg.outputs:
         check_name("output name", out.name, limit)
-        check_parameters(f"output {shown(out.name)}", out.parameters, bounds)
+        if out.parameters:
+            check_parameters(f"output {shown(out.name)}", out.parameters, bounds)
     raw = len(msg.raw_input_contents)
     if raw > len(msg.inputs):
         raise InvalidArgument(
