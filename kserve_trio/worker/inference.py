@@ -47,7 +47,12 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.manifest import Manifest, TensorSpec
-from kserve_trio.core.request_bounds import RequestBounds, check_infer_request
+from kserve_trio.core.request_bounds import (
+    RequestBounds,
+    check_infer_request,
+    name_too_long,
+    shown,
+)
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.admission import Admission
 from kserve_trio.worker.dispatch import SHUTTING_DOWN
@@ -224,8 +229,11 @@ class InferenceCore:
             status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
             raise
         finally:
+            model = request.model_name
+            if name_too_long(model, self._bounds.max_name_bytes):  # refused: never logged whole
+                model = shown(model)
             self._observer.finished(
-                request.model_name,
+                model,
                 status,
                 time.perf_counter_ns() - started,
                 trace,

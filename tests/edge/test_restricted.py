@@ -144,3 +144,22 @@ def test_restriction_specs_parse_like_tritons_flag():
     restrictions = Restrictions(parse_restrictions(["statistics:k=v"]))
     restrictions.check("health", {})  # open
     restrictions.check("statistics", {"k": b"v"})
+
+
+def test_worker_cli_flag_sets_the_restrictions():
+    import argparse
+
+    from kserve_trio.core.config import build_config, validate_config
+    from kserve_trio.worker.cli import configure_parser, overrides_from_args
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    args = parser.parse_args(
+        ["--restricted-protocol", "logging:a=1", "--restricted-protocol", "control:b=2"]
+    )
+    cfg = build_config(overrides_from_args(args))
+    validate_config(cfg, check_dirs=False)
+    assert cfg.endpoints.restricted_protocols == ("logging:a=1", "control:b=2")
+    bad = build_config({"endpoints": {"restricted_protocols": ["nope:a=1"]}})
+    with pytest.raises(ConfigError, match="unknown group 'nope'"):
+        validate_config(bad, check_dirs=False)
