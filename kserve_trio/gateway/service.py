@@ -37,6 +37,7 @@ from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFoun
 from kserve_trio.core.request_bounds import check_model_name, shown
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
+from kserve_trio.gateway.caller_headers import grpc_headers
 from kserve_trio.gateway.fanout import Fleet
 from kserve_trio.gateway.forward import Forwarder
 from kserve_trio.gateway.shm_fanout import ShmFanout
@@ -66,19 +67,15 @@ EXTENSIONS = (
 )
 """What ServerMetadata lists (Triton's names): the extensions the gateway answers."""
 
-_HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "proxy-connection", "upgrade"})
-
 Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
 def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     """The caller's custom metadata to pass on to the worker (``None`` when there is none):
     ``Call.metadata`` has already left out ``grpc-*`` and gRPC's reserved headers; HTTP
-    hop-by-hop headers are dropped here."""
-    if not metadata:
-        return None
-    out = {k: v for k, v in metadata.items() if k not in _HOP_HEADERS}
-    return out or None
+    hop-by-hop headers are dropped by ``caller_headers.grpc_headers``, the one rule for every
+    call the gateway makes for a caller."""
+    return grpc_headers(metadata) if metadata else None
 
 
 def _plain(call: Call, message: RawMessage) -> bytes:
