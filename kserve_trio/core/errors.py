@@ -72,6 +72,12 @@ class UnregisteredRegionError(FailedPrecondition):
         self.region = name
 
 
+class PermissionDenied(ServingError):
+    """A restricted protocol called without its header (PERMISSION_DENIED; REST 403)."""
+
+    status = StatusCode.PERMISSION_DENIED
+
+
 class ResourceExhausted(ServingError):
     """Queue full, concurrency cap reached or message too large (RESOURCE_EXHAUSTED)."""
 
@@ -148,6 +154,7 @@ __all__ = [
     "InvalidArgument",
     "ManifestError",
     "NotFound",
+    "PermissionDenied",
     "PoolAcquireTimeout",
     "ResourceExhausted",
     "ServingError",

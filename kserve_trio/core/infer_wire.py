@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from kserve_trio.core.request_bounds import RequestBounds, check_count, shown
 from kserve_trio.core.wire import (
     Params,
     TensorContents,
@@ -196,7 +197,9 @@ def _read_shape(buf, pos: int, end: int, shape: list[int]) -> None:
         raise ValueError("truncated packed shape")
 
 
-def _parse_tensor(buf, start: int, end: int, t: _AnyTensor) -> _AnyTensor:
+def _parse_tensor(
+    buf, start: int, end: int, t: _AnyTensor, max_params: int = 0, what: str = "input"
+) -> _AnyTensor:
     for field, wt, v in _fields(buf, start, end):
         if field == 3:
             if wt == 2:
@@ -211,12 +214,19 @@ def _parse_tensor(buf, start: int, end: int, t: _AnyTensor) -> _AnyTensor:
             t.datatype = text(buf, v)
         elif field == 4:
             parse_map_entry(buf, v, t.parameters)
+            if max_params and len(t.parameters) > max_params:
+                check_count(
+                    f"{what} {shown(t.name)} parameters",
+                    len(t.parameters),
+                    max_params,
+                    "max_parameters",
+                )
         elif field == 5:
             t.contents = parse_contents(buf, v[0], v[1])
     return t
 
 
-def _parse_requested(buf, start: int, end: int) -> InferRequestedOutput:
+def _parse_requested(buf, start: int, end: int, max_params: int = 0) -> InferRequestedOutput:
     o = InferRequestedOutput()
     for field, wt, v in _fields(buf, start, end):
         if wt == 2:
@@ -224,6 +234,13 @@ def _parse_requested(buf, start: int, end: int) -> InferRequestedOutput:
                 o.name = text(buf, v)
             elif field == 2:
                 parse_map_entry(buf, v, o.parameters)
+                if max_params and len(o.parameters) > max_params:
+                    check_count(
+                        f"output {shown(o.name)} parameters",
+                        len(o.parameters),
+                        max_params,
+                        "max_parameters",
+                    )
     return o
 
 
@@ -296,11 +313,19 @@ def infer_request_pieces(msg: Any) -> WirePieces:
     return _pieces(head, b"\x3a", msg.raw_input_contents)
 
 
-def parse_infer_request(data: Buffer) -> InferRequestMessage:
+def parse_infer_request(data: Buffer, bounds: RequestBounds | None = None) -> InferRequestMessage:
     """Parse a ``ModelInferRequest``; each ``raw_input_contents`` entry is a ``memoryview``
-    slice of ``data``."""
+    slice of ``data``.
+
+    With ``bounds`` (a server's ``limits:``), the parse stops at the first repeated field that
+    grows past its limit (inputs, requested outputs and raw contents past ``max_tensors``,
+    parameters past ``max_parameters``) with ``InvalidArgument``, so refusing a message of a
+    million empty entries costs as much as parsing the limit's worth of them; names and the
+    rest of ``core.request_bounds.check_infer_request`` are the caller's to check."""
     req = InferRequestMessage()
-    _parse_infer(data, req, 7, req.raw_input_contents, req.inputs, InferInputTensor, req.outputs)
+    _parse_infer(
+        data, req, 7, req.raw_input_contents, req.inputs, InferInputTensor, req.outputs, bounds
+    )
     return req
 
 
@@ -312,27 +337,41 @@ def _parse_infer(
     tensors: list[Any],
     tensor_type: type,
     requested: list[InferRequestedOutput] | None,
+    bounds: RequestBounds | None = None,
 ) -> None:
     """The field loop both ModelInfer messages share: name (1), version (2), id (3),
     parameters (4), tensors (5) and raw contents (``raw_field``, views of ``data``); a request
-    also has requested outputs (6). Unknown fields and other wire types are skipped."""
+    also has requested outputs (6). Unknown fields and other wire types are skipped. With
+    ``bounds``, each repeated field is counted as it grows (``parse_infer_request``)."""
     buf = memoryview(data).cast("B")
+    max_tensors = bounds.max_tensors if bounds is not None else 0
+    max_params = bounds.max_parameters if bounds is not None else 0
     try:
         for field, wt, v in _fields(buf, 0, len(buf)):
             if wt != 2:
                 continue
             if field == raw_field:
                 raw.append(buf[v[0] : v[1]])
+                if max_tensors and len(raw) > max_tensors:
+                    check_count("raw_input_contents", len(raw), max_tensors, "max_tensors")
             elif field == 5:
-                tensors.append(_parse_tensor(buf, v[0], v[1], tensor_type()))
+                tensors.append(_parse_tensor(buf, v[0], v[1], tensor_type(), max_params))
+                if max_tensors and len(tensors) > max_tensors:
+                    check_count("inputs", len(tensors), max_tensors, "max_tensors")
             elif field == 1:
                 msg.model_name = text(buf, v)
             elif field == 3:
                 msg.id = text(buf, v)
             elif field == 4:
                 parse_map_entry(buf, v, msg.parameters)
+                if max_params and len(msg.parameters) > max_params:
+                    check_count(
+                        "request parameters", len(msg.parameters), max_params, "max_parameters"
+                    )
             elif field == 6 and requested is not None:
-                requested.append(_parse_requested(buf, v[0], v[1]))
+                requested.append(_parse_requested(buf, v[0], v[1], max_params))
+                if max_tensors and len(requested) > max_tensors:
+                    check_count("outputs", len(requested), max_tensors, "max_tensors")
             elif field == 2:
                 msg.model_version = text(buf, v)
     except IndexError:

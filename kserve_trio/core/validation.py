@@ -7,10 +7,11 @@ what the model declares? Shapes and dim indices are row-major, so a message's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.manifest import DimKind, TensorSpec
+from kserve_trio.core.request_bounds import shown
 from kserve_trio.core.tensor import NamedTensor
 
 
@@ -19,23 +20,20 @@ def validate_inputs(
 ) -> None:
     """Raise ``InvalidArgument`` unless ``inputs`` match ``specs`` exactly.
 
-    Rules, checked per input in request order, then for completeness:
-    1. the name is given only once (``input 'x' is given more than once for model 'm'``);
-    2. the name is declared (``input 'x' is not declared by model 'm'``);
-    3. the wire datatype matches (``input 'x' of model 'm' has datatype FP64, expected FP32``);
-    4. the rank matches (``input 'x' of model 'm' has rank 3, expected 2``);
-    5. every FIXED axis has its size (``input 'x' dim i has extent E, expected S``, ``i`` the
+    ``inputs`` come from ``codec.decode_infer_request``, the one owner of the rule that each
+    input name is given once (``duplicate input 'x' in request for model 'm'``), so it is not
+    checked again here. Rules, checked per input in request order, then for completeness:
+    1. the name is declared (``input 'x' is not declared by model 'm'``);
+    2. the wire datatype matches (``input 'x' of model 'm' has datatype FP64, expected FP32``);
+    3. the rank matches (``input 'x' of model 'm' has rank 3, expected 2``);
+    4. every FIXED axis has its size (``input 'x' dim i has extent E, expected S``, ``i`` the
        0-based row-major axis); BATCH and VARIABLE axes accept any extent;
-    6. every declared input is present (``model 'm' requires input 'x'``), in spec order.
+    5. every declared input is present (``model 'm' requires input 'x'``), in spec order.
     """
     by_name = {spec.name: spec for spec in specs}
     seen: set[str] = set()
     for tensor in inputs:
         name = tensor.name
-        if name in seen:
-            raise InvalidArgument(
-                f"input '{name}' is given more than once for model '{model_name}'"
-            )
         seen.add(name)
         spec = by_name.get(name)
         if spec is None:
@@ -61,9 +59,18 @@ def validate_inputs(
             raise InvalidArgument(f"model '{model_name}' requires input '{spec.name}'")
 
 
+def no_such_output(model_name: str, name: str, outputs: Iterable[str]) -> InvalidArgument:
+    """The one error for a requested output the model does not have, whoever finds it (the
+    worker before any device work, the response encoder for any other caller):
+    ``model 'm' has no output 'x' (outputs: a, b)``."""
+    return InvalidArgument(
+        f"model '{model_name}' has no output {shown(name)} (outputs: {', '.join(sorted(outputs))})"
+    )
+
+
 def _wire(t: NamedTensor | TensorSpec) -> str:
     """The wire string when there is one (FP8 has none: fall back to the manifest token)."""
     return t.dtype.wire if t.dtype.has_wire else t.dtype.token
 
 
-__all__ = ["validate_inputs"]
+__all__ = ["no_such_output", "validate_inputs"]

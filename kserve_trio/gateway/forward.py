@@ -7,8 +7,10 @@ service around it turns a returned reply into the response bytes and a raised
 
 Rules (``Forwarder.infer``):
 1. Peek ``model_name``, ``id`` and, when the policy counts items, the policy's batch input's
-   shape, in one walk over the top-level fields (``peek.peek_routing``); a malformed request is
-   INVALID_ARGUMENT. The payload is never decoded. A compressed request is peeked in its
+   shape, in one walk over the top-level fields (``peek.peek_routing``); a malformed request,
+   one whose model name is over ``limits.max_name_bytes`` or one with more inputs, outputs or
+   raw contents than ``limits.max_tensors`` is INVALID_ARGUMENT (the worker judges every
+   other bound). The payload is never decoded. A compressed request is peeked in its
    uncompressed form (``plain``) and forwarded as it arrived, under its ``grpc-encoding``.
 2. The policy turns the shape into request units and selects replicas from the current table
    snapshot. None known: refresh the table now (single-flight) and select again; still none:
@@ -48,7 +50,9 @@ import anyio
 
 from kserve_trio.client.errors import RpcError, is_stale_registration
 from kserve_trio.client.transport import method_path
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import NotFound, ServingError, StatusCode, Unavailable
+from kserve_trio.core.request_bounds import RequestBounds, check_name, shown
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.peek import PeekedRequest, peek_routing
 from kserve_trio.gateway.pool import WorkerClient, WorkerPool, forward_deadline
@@ -117,8 +121,11 @@ class Forwarder:
         metrics: GatewayMetrics | None = None,
         gates: RegisterGates | None = None,
         replay: StaleReplay | None = None,
+        bounds: RequestBounds = EdgeLimits(),
     ) -> None:
         self.pool = pool
+        self.max_name_bytes = bounds.max_name_bytes
+        self.max_tensors = bounds.max_tensors
         self.state = state
         self.policy = policy
         self.refresher = refresher
@@ -130,7 +137,7 @@ class Forwarder:
 
     def peek(self, plain: bytes | bytearray) -> PeekedRequest:
         """Rule 1's peek of an uncompressed request (``InvalidArgument`` if malformed)."""
-        return peek_routing(plain, self.policy.batch_input)
+        return peek_routing(plain, self.policy.batch_input, self.max_tensors)
 
     async def infer(
         self,
@@ -181,6 +188,7 @@ class Forwarder:
         status = StatusCode.INTERNAL
         try:
             head = peeked()
+            check_name("model_name", head.model_name, self.max_name_bytes)
             model = head.model_name
             units = self.policy.request_units(model, head.shape)
             selection = self.policy.select(model, units, self.state.table)
@@ -190,7 +198,7 @@ class Forwarder:
                 selection = self.policy.select(model, units, self.state.table)
             with selection.reservation:
                 if not selection.order:
-                    raise NotFound(f"model '{model}' not found on any worker")
+                    raise NotFound(f"model {shown(model)} not found on any worker")
                 reply = await self._attempts(rpc, model, selection.order, deadline, attempt)
             status = StatusCode.OK
             return reply

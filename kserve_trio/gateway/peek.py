@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from kserve_trio.core.errors import InvalidArgument
+from kserve_trio.core.request_bounds import check_count, require_model_name
 from kserve_trio.core.wire import _fields, _varint, signed
 
 _MASK64 = (1 << 64) - 1
@@ -69,12 +70,20 @@ def _tensor(sub: memoryview, target: bytes) -> tuple[int, ...] | None:
     return tuple(dims) if sub[name[0] : name[1]] == target else None
 
 
-def _walk(buf: memoryview) -> tuple[tuple[int, int] | None, tuple[int, int] | None, list]:
+_COUNTED = {5: "inputs", 6: "outputs", 7: "raw_input_contents"}
+
+
+def _walk(
+    buf: memoryview, max_tensors: int = 0
+) -> tuple[tuple[int, int] | None, tuple[int, int] | None, list]:
     """One pass over the top-level fields: the spans of ``model_name``, ``id`` and every
-    input tensor (in order)."""
+    input tensor (in order). With ``max_tensors``, the walk stops at the first of inputs,
+    requested outputs or raw contents past it (``core.request_bounds.check_count``): a
+    message of a million empty entries is refused for the price of the limit's worth."""
     model: tuple[int, int] | None = None
     ident: tuple[int, int] | None = None
     inputs: list[tuple[int, int]] = []
+    counts = dict.fromkeys(_COUNTED, 0)
     try:
         for field, wt, value in _fields(buf, 0, len(buf)):
             if wt != 2:
@@ -85,6 +94,10 @@ def _walk(buf: memoryview) -> tuple[tuple[int, int] | None, tuple[int, int] | No
                 ident = cast(_Span, value)
             elif field == 5:
                 inputs.append(cast(_Span, value))
+            if max_tensors and field in counts:
+                counts[field] += 1
+                if counts[field] > max_tensors:
+                    check_count(_COUNTED[field], counts[field], max_tensors, "max_tensors")
     except IndexError:  # a varint running off the end of its buffer
         raise InvalidArgument("malformed ModelInferRequest: truncated message") from None
     except ValueError as exc:
@@ -108,17 +121,16 @@ def _shape(buf: memoryview, inputs: list, name: str) -> tuple[int, ...] | None:
 
 
 def peek_routing(
-    data: _Buffer, batch_input: Callable[[str], tuple[str, int] | None]
+    data: _Buffer, batch_input: Callable[[str], tuple[str, int] | None], max_tensors: int = 0
 ) -> PeekedRequest:
     """``model_name``, ``id`` and, when ``batch_input(model_name)`` names an input, that
     input's shape, from a single walk over the top-level fields (the routing policy knows
     which input to read only once it knows the model). An empty ``model_name`` is
     ``InvalidArgument``: such a request cannot be routed."""
     buf = memoryview(data).cast("B")
-    model, ident, inputs = _walk(buf)
+    model, ident, inputs = _walk(buf, max_tensors)
     model_name = _text(buf, model, "model_name")
-    if not model_name:
-        raise InvalidArgument("ModelInferRequest has no model_name")
+    require_model_name(model_name)
     batch = batch_input(model_name)
     shape = _shape(buf, inputs, batch[0]) if batch is not None else None
     return PeekedRequest(model_name, _text(buf, ident, "id"), shape)

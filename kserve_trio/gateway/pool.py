@@ -31,6 +31,8 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint, method_path
 from kserve_trio.core.errors import DeadlineExceeded, StatusCode
+from kserve_trio.core.restricted import parse_header
+from kserve_trio.gateway.caller_headers import passed_on
 from kserve_trio.gateway.config import GatewayConfig
 from kserve_trio.gateway.discovery import WorkerDiff, WorkerSpec
 from kserve_trio.gateway.tls import worker_ssl_context
@@ -183,6 +185,7 @@ class PoolSettings:
     max_send_message_length: int = 512 << 20
     max_receive_message_length: int = 512 << 20
     ssl_context: ssl.SSLContext | None = None
+    headers: Mapping[str, str] | None = None  # on the gateway's own calls (worker_client.headers)
 
     @classmethod
     def from_config(cls, cfg: GatewayConfig) -> PoolSettings:
@@ -194,6 +197,10 @@ class PoolSettings:
             max_send_message_length=cfg.grpc.max_send_msg_bytes,
             max_receive_message_length=cfg.grpc.max_recv_msg_bytes,
             ssl_context=worker_ssl_context(cfg.worker_client.tls),
+            headers=dict(
+                parse_header(h, "worker_client.headers") for h in cfg.worker_client.headers
+            )
+            or None,
         )
 
 
@@ -215,6 +222,7 @@ class WorkerClient:
             ssl_context=settings.ssl_context,
         )
         self.transport = H2Transport(self._endpoint, server_hostname=spec.host)
+        self.own_headers = settings.headers
         self.resets = 0
 
     @property
@@ -241,7 +249,8 @@ class WorkerClient:
         forwarded as it is.
 
         The wait for a stream slot counts against the deadline; the worker is given exactly
-        the time left when the call is sent. Failures are ``RpcError``s: the worker's status
+        the time left when the call is sent. Without ``metadata`` of its own the call carries
+        the caller's headers, or the gateway's own outside any caller (``caller_headers``). Failures are ``RpcError``s: the worker's status
         unchanged, or the transport's UNAVAILABLE / DEADLINE_EXCEEDED.
         """
         if deadline is None:
@@ -268,7 +277,7 @@ class WorkerClient:
                 payload,
                 RawReply,
                 timeout=max(left, 0.0),
-                metadata=metadata,
+                metadata=passed_on(metadata, self.own_headers),
                 compressed_with=compressed_with,
             )
         finally:
@@ -285,7 +294,13 @@ class WorkerClient:
         """A control-plane call (no stream slot); a call that times out resets the connection,
         for the reason ``probe_step`` rule 4 gives."""
         try:
-            return await self.transport.unary(method, request, reply_type, timeout=timeout)
+            return await self.transport.unary(
+                method,
+                request,
+                reply_type,
+                timeout=timeout,
+                metadata=passed_on(None, self.own_headers),
+            )
         except RpcError as exc:
             if exc.status is StatusCode.DEADLINE_EXCEEDED:
                 await self.reset()

@@ -29,7 +29,10 @@ import anyio.abc
 from kserve_trio.core import compression
 from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import Unimplemented
+from kserve_trio.core.request_bounds import check_path_names
 from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH
+from kserve_trio.core.restricted import Restrictions, group_of
+from kserve_trio.gateway.caller_headers import passing_on, rest_headers
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving.accept import ListenError
@@ -38,6 +41,7 @@ from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
+    RestCall,
     grpc_request,
     note_refusal,
     reply_response,
@@ -73,11 +77,13 @@ class GatewayRest:
         self,
         service: GatewayService,
         upstream: RestUpstream | None = None,
+        restrictions: Restrictions | None = None,
         *,
         max_json_depth: int = DEFAULT_JSON_DEPTH,
         stats: EdgeStats | None = None,
     ) -> None:
         self.service = service
+        self.restrictions = restrictions or Restrictions()
         self.limits = service.limits
         self.max_json_depth = max_json_depth
         self.stats = stats
@@ -118,21 +124,28 @@ class GatewayRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
-            if call.rpc in MODEL_RPCS:
-                admission = self.service.admission
-                gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
-                with gate:
-                    return await self.models.answer(call, request)
-            handler = self._handlers.get(call.rpc)
-            if handler is None:
-                raise Unimplemented(unsupported(call.rpc))
-            body = request_body(request, self.limits.max_recv_bytes)
-            message = grpc_request(call, body, self.max_json_depth)
-            data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
-            return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
+            self.restrictions.check(group_of(call.rpc), request.headers)
+            with passing_on(rest_headers(request.headers)):
+                return await self._answer(call, request)
         except Exception as exc:
             note_refusal(exc, request, self.max_json_depth, self.stats)
             return error_response(exc)
+
+    async def _answer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
+        """The reply to one routed, permitted request (errors raised)."""
+        check_path_names(call.model, call.version, call.region, self.limits.edge.max_name_bytes)
+        if call.rpc in MODEL_RPCS:
+            admission = self.service.admission
+            gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
+            with gate:
+                return await self.models.answer(call, request)
+        handler = self._handlers.get(call.rpc)
+        if handler is None:
+            raise Unimplemented(unsupported(call.rpc))
+        body = request_body(request, self.limits.max_recv_bytes)
+        message = grpc_request(call, body, self.max_json_depth)
+        data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
+        return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
@@ -142,6 +155,7 @@ async def serve_rest(
     host: str,
     port: int,
     service: GatewayService,
+    restrictions: Restrictions | None = None,
     *,
     max_body_bytes: int,
     max_json_depth: int = DEFAULT_JSON_DEPTH,
@@ -157,7 +171,7 @@ async def serve_rest(
     decompressed (413), and nested at most ``max_json_depth`` deep wherever the gateway parses
     them (400). ``limits``, ``stats``, ``connection_cap``: as ``serve_app`` takes them;
     ``reuse_port``: the port is shared (SO_REUSEPORT)."""
-    rest = GatewayRest(service, max_json_depth=max_json_depth, stats=stats)
+    rest = GatewayRest(service, restrictions, max_json_depth=max_json_depth, stats=stats)
     try:
         await serve_app(
             host,

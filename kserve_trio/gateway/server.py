@@ -50,8 +50,10 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.restricted import Restrictions
 from kserve_trio.gateway.admin import AdminEndpoints
 from kserve_trio.gateway.admission import Admission
+from kserve_trio.gateway.caller_headers import pass_caller_headers
 from kserve_trio.gateway.compaction import Compactor
 from kserve_trio.gateway.config import (
     GatewayConfig,
@@ -93,6 +95,7 @@ from kserve_trio.serving.background import (
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
 from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+from kserve_trio.serving.restricted import restrict
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -162,6 +165,7 @@ class Gateway:
             metrics=self.metrics,
             gates=self.gates,
             replay=self.shm.replay_stale,
+            bounds=config.limits,
         )
         self.fleet = Fleet(
             routable=self.prober.routable_clients,
@@ -173,7 +177,9 @@ class Gateway:
             shm=self.shm,
             fleet=self.fleet,
             admission=self.admission,
-            limits=Limits(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
+            limits=Limits(
+                config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes, edge=config.limits
+            ),
             ready=self.has_routable_worker,
         )
         self.admin = AdminEndpoints(
@@ -333,16 +339,19 @@ async def serve_gateway_async(
                         http_host,
                         http_port,
                         gateway.service,
+                        Restrictions.from_specs(config.restricted_protocols),
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         max_json_depth=config.limits.max_json_depth,
-                        stats=gateway.edge_stats,
                         ssl_context=ssl_context,
                         reuse_port=shared_ports,
                         **edge,
                     )
                 )
             server = GrpcServer(
-                {**gateway.service.methods(), **gateway.control_methods()},
+                restrict(
+                    pass_caller_headers({**gateway.service.methods(), **gateway.control_methods()}),
+                    Restrictions.from_specs(config.restricted_protocols),
+                ),
                 ServerSettings(limits=config.limits),
                 gateway.edge_stats,
                 connection_cap=cap,

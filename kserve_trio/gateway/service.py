@@ -32,9 +32,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kserve_trio
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from kserve_trio.core.request_bounds import check_model_name, shown
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
+from kserve_trio.gateway.caller_headers import grpc_headers
 from kserve_trio.gateway.fanout import Fleet
 from kserve_trio.gateway.forward import Forwarder
 from kserve_trio.gateway.shm_fanout import ShmFanout
@@ -50,6 +53,7 @@ from kserve_trio.serving.grpc import (
     unimplemented,
 )
 from kserve_trio.serving.log_settings import answer as answer_log_settings
+from kserve_trio.serving.message_check import check_bounds, scan_bounds
 from kserve_trio.serving.surface import SERVER_NAME, UNIMPLEMENTED_RPCS
 
 INFERENCE = "/inference.GRPCInferenceService/"
@@ -63,19 +67,15 @@ EXTENSIONS = (
 )
 """What ServerMetadata lists (Triton's names): the extensions the gateway answers."""
 
-_HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "proxy-connection", "upgrade"})
-
 Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 
 
 def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     """The caller's custom metadata to pass on to the worker (``None`` when there is none):
     ``Call.metadata`` has already left out ``grpc-*`` and gRPC's reserved headers; HTTP
-    hop-by-hop headers are dropped here."""
-    if not metadata:
-        return None
-    out = {k: v for k, v in metadata.items() if k not in _HOP_HEADERS}
-    return out or None
+    hop-by-hop headers are dropped by ``caller_headers.grpc_headers``, the one rule for every
+    call the gateway makes for a caller."""
+    return grpc_headers(metadata) if metadata else None
 
 
 def _plain(call: Call, message: RawMessage) -> bytes:
@@ -85,11 +85,18 @@ def _plain(call: Call, message: RawMessage) -> bytes:
     return data if type(data) is bytes else bytes(data)
 
 
-def _parse(cls: type, data: bytes, rpc: str) -> Any:
+def _parse(cls: type, data: bytes, rpc: str, bounds: EdgeLimits) -> Any:
+    """A request the gateway reads, under the names and repeated-field bounds
+    (``message_check.scan_bounds`` on the wire, ``check_bounds`` once decoded)."""
     try:
-        return cls.parse(data)
+        scan_bounds(data, cls, bounds)
+        message = cls.parse(data)
+    except InvalidArgument:
+        raise
     except Exception as exc:
         raise InvalidArgument(f"malformed {rpc} request: {exc}") from None
+    check_bounds(message, bounds)
+    return message
 
 
 class GatewayService:
@@ -154,7 +161,9 @@ class GatewayService:
     async def log_settings(self, call: Call, message: RawMessage) -> bytes:
         """The gateway process's own log settings (Triton's LogSettings): read, or change all
         or nothing. Workers keep theirs; change a worker's on its own port."""
-        request = _parse(pb.LogSettingsRequest, _plain(call, message), "LogSettings")
+        request = _parse(
+            pb.LogSettingsRequest, _plain(call, message), "LogSettings", self.limits.edge
+        )
         return bytes(answer_log_settings(request))
 
     def _admitted(self, fn: Handler) -> Handler:
@@ -181,7 +190,9 @@ class GatewayService:
         )
 
     async def shm_status(self, call: Call, message: RawMessage) -> bytes:
-        request = _parse(pb.SystemSharedMemoryStatusRequest, _plain(call, message), "status")
+        request = _parse(
+            pb.SystemSharedMemoryStatusRequest, _plain(call, message), "status", self.limits.edge
+        )
         registered = [data for _, data in self.shm.registrations.items()]
         return bytes(aggregate.shm_status(registered, request.name))
 
@@ -207,7 +218,7 @@ class GatewayService:
 
     async def _from_replica(self, call: Call, message: RawMessage, rpc: str, cls: type):
         data = _plain(call, message)
-        request = _parse(cls, data, rpc)
+        request = _parse(cls, data, rpc, self.limits.edge)
         reply = await self.forwarder.call_replica(
             INFERENCE + rpc, request.name, data, deadline=call.deadline
         )
@@ -222,7 +233,7 @@ class GatewayService:
             call, message, "ModelMetadata", pb.ModelMetadataRequest
         )
         if reply is None:
-            raise NotFound(f"model '{request.name}' not found on any worker")
+            raise NotFound(f"model {shown(request.name)} not found on any worker")
         return reply
 
     async def model_config(self, call: Call, message: RawMessage) -> bytes:
@@ -230,19 +241,19 @@ class GatewayService:
             call, message, "ModelConfig", pb.ModelConfigRequest
         )
         if reply is None:
-            raise NotFound(f"model '{request.name}' not found on any worker")
+            raise NotFound(f"model {shown(request.name)} not found on any worker")
         return reply
 
     # -- fan-outs ----------------------------------------------------------------------------
 
     async def repository_index(self, call: Call, message: RawMessage) -> bytes:
         data = _plain(call, message)
-        _parse(pb.RepositoryIndexRequest, data, "RepositoryIndex")
+        _parse(pb.RepositoryIndexRequest, data, "RepositoryIndex", self.limits.edge)
         return await self.fleet.repository_index(data, call.deadline)
 
     async def model_statistics(self, call: Call, message: RawMessage) -> bytes:
         data = _plain(call, message)
-        request = _parse(pb.ModelStatisticsRequest, data, "ModelStatistics")
+        request = _parse(pb.ModelStatisticsRequest, data, "ModelStatistics", self.limits.edge)
         return await self.fleet.model_statistics(data, request.name, call.deadline)
 
     async def repository_model_load(self, call: Call, message: RawMessage) -> bytes:
@@ -257,9 +268,8 @@ class GatewayService:
 
     async def _load_or_unload(self, call: Call, message: RawMessage, rpc: str, cls: type) -> bytes:
         data = _plain(call, message)
-        request = _parse(cls, data, rpc)
-        if not request.model_name:
-            raise InvalidArgument(f"{rpc} needs a model_name")
+        request = _parse(cls, data, rpc, self.limits.edge)
+        check_model_name(rpc, request.model_name)  # the worker's rule, so the same status
         if self.placement_managed:  # a fan-out pin on every worker would undo the placement
             raise FailedPrecondition(
                 f"{rpc} through the gateway is refused under lpt_packing scheduling: the "
@@ -270,7 +280,7 @@ class GatewayService:
 
     async def is_same_ipc_namespace(self, call: Call, message: RawMessage) -> bytes:
         data = _plain(call, message)
-        _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace")
+        _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace", self.limits.edge)
         return await self.fleet.same_ipc_namespace(data)
 
     async def compact_memory(self, call: Call, message: RawMessage) -> bytes:

@@ -143,6 +143,17 @@ def load_node_for_role(
     return node, resolve_role(role, env, node)
 
 
+def check_model_repo(plan: NodePlan) -> None:
+    """A plan that starts workers needs its model repository to be a directory now: a node
+    file naming one that does not exist is a configuration error before any child starts,
+    not a crash loop of workers that each fail to load it."""
+    if plan.node is None or not any(c.kind == "worker" for c in plan.children):
+        return
+    repo = plan.node.get("model_repo")
+    if isinstance(repo, str) and repo and not Path(repo).is_dir():
+        raise ConfigError(f"node config 'model_repo' {repo!r} is not a directory", "model_repo")
+
+
 def prepare_node(
     node_path: str | os.PathLike[str] | None,
     *,
@@ -192,6 +203,7 @@ __all__ = [
     "NODE_FILE_ENV",
     "RUNTIME_DIR_ENV",
     "RuntimeDir",
+    "check_model_repo",
     "choose_runtime_dir",
     "default_node_file",
     "load_node_for_role",

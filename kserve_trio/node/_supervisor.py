@@ -37,7 +37,7 @@ import anyio
 import anyio.abc
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.node._files import prepare_node
+from kserve_trio.node._files import check_model_repo, prepare_node
 from kserve_trio.node._logmux import LineSplitter, LogSink
 from kserve_trio.node._plan import ChildSpec, NodePlan
 from kserve_trio.node._restart import RestartBudget
@@ -253,6 +253,12 @@ def supervise(
         plan, rdir = prepare_node(
             node_path, role=role, gateway_path=gateway_path, env=environ, runtime_dir=runtime_dir
         )
+        try:
+            check_model_repo(plan)
+        except ConfigError:
+            if rdir is not None:
+                rdir.cleanup()
+            raise
     except (ConfigError, OSError) as exc:
         out.supervisor(f"configuration error: {exc}")
         out.supervisor("node stopped (exit 2)")

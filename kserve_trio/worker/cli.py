@@ -45,6 +45,14 @@ def configure_parser(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--log-level", default="info", help="debug|info|warning|error (default info)"
     )
+    parser.add_argument(
+        "--restricted-protocol",
+        metavar="GROUPS:KEY=VALUE",
+        action="append",
+        help="require header KEY=VALUE on the RPC groups GROUPS (comma-separated: health, "
+        "metadata, inference, shared-memory, model-config, model-repository, statistics, "
+        "trace, logging, control), gRPC and REST; repeatable (endpoints.restricted_protocols)",
+    )
     add_event_loop_flags(parser, "endpoints.event_loop, env INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP")
     return run
 
@@ -68,6 +76,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     event_loop = event_loop_from_args(args)
     if event_loop is not None:
         endpoints["event_loop"] = event_loop
+    if getattr(args, "restricted_protocol", None):
+        endpoints["restricted_protocols"] = list(args.restricted_protocol)
     if endpoints:
         raw["endpoints"] = endpoints
     return raw

@@ -12,16 +12,18 @@ A request's path, each step once:
 1. admission (``serving.admission.Admission``, built by ``worker_admission``): a worker that
    is shutting down answers UNAVAILABLE; one at its concurrency cap answers RESOURCE_EXHAUSTED
    and counts the shed request;
-2. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
+2. the request's bounds (``core.request_bounds.check_infer_request``: names, counts of inputs,
+   outputs and parameters, raw contents), before anything else reads a name;
+3. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
    NOT_FOUND), before any payload is decoded;
-3. decode (shared-memory inputs are leased here);
-4. one validation pass (``validate_request``): input names, duplicates, dtypes, ranks, fixed
-   dims, and the requested outputs, against the model's client-facing specs;
-5. the effective deadline: the smallest of the request's own (parameters) and the transport's;
-6. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
+4. decode (shared-memory inputs are leased here; a repeated input name is refused here);
+5. one validation pass (``validate_request``): input names, dtypes, ranks, fixed dims, and
+   the requested outputs, against the model's client-facing specs;
+6. the effective deadline: the smallest of the request's own (parameters) and the transport's;
+7. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
    shape where wire inputs are executable inputs) or a meta model's ``run`` as one device unit;
-7. encode (the transport's encoder: the gRPC message, or REST's JSON and binary body);
-8. always, cancellation included: the decoded request's shared-memory leases are released once,
+8. encode (the transport's encoder: the gRPC message, or REST's JSON and binary body);
+9. always, cancellation included: the decoded request's shared-memory leases are released once,
    and the observer records the outcome once (metrics, Triton statistics, heartbeat, log).
 """
 
@@ -36,15 +38,21 @@ from anyio import get_cancelled_exc_class
 
 from kserve_trio.core import codec, validation
 from kserve_trio.core.buffer_pool import BufferPool
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     Internal,
-    InvalidArgument,
     NotFound,
     ServingError,
 )
 from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.manifest import Manifest, TensorSpec
+from kserve_trio.core.request_bounds import (
+    RequestBounds,
+    check_infer_request,
+    name_too_long,
+    shown,
+)
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.admission import Admission
 from kserve_trio.worker.dispatch import SHUTTING_DOWN
@@ -101,15 +109,12 @@ def worker_admission(max_concurrent_requests: int, *, on_shed: Callable[[], None
 def check_requested_outputs(
     model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
 ) -> None:
-    """Refuse an unknown requested output before any device work is spent on the request:
-    ``model 'm' has no output 'x' (outputs: a, b)``."""
+    """Refuse an unknown requested output before any device work is spent on the request
+    (``validation.no_such_output``)."""
     known = {spec.name for spec in specs}
     for out in requested:
         if out.name not in known:
-            raise InvalidArgument(
-                f"model '{model_name}' has no output '{out.name}' "
-                f"(outputs: {', '.join(sorted(known))})"
-            )
+            raise validation.no_such_output(model_name, out.name, known)
 
 
 def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
@@ -132,8 +137,10 @@ class InferenceCore:
         shm_registry: ShmRegistry | None,
         admission: Admission,
         meta_pool: BufferPool | None,
+        bounds: RequestBounds = EdgeLimits(),
     ) -> None:
         self._repository = repository
+        self._bounds = bounds
         self._scheduler = repository.scheduler
         self._observer = observer
         self._shm_registry = shm_registry
@@ -176,6 +183,7 @@ class InferenceCore:
         try:
             admission.admit_inference()
             try:
+                check_infer_request(request, self._bounds)
                 # One coroutine from admission to encode: every frame on this path is paid
                 # per request (docs/benchmarks.md counts them).
                 bundle = self._repository.lookup(request.model_name, request.model_version)
@@ -221,8 +229,11 @@ class InferenceCore:
             status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
             raise
         finally:
+            model = request.model_name
+            if name_too_long(model, self._bounds.max_name_bytes):  # refused: never logged whole
+                model = shown(model)
             self._observer.finished(
-                request.model_name,
+                model,
                 status,
                 time.perf_counter_ns() - started,
                 trace,

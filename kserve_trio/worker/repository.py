@@ -26,8 +26,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kserve_trio.core.codec import BUNDLE_VERSION
-from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.request_bounds import require_model_name
 from kserve_trio.worker.registry import ModelBundle, check_version, hidden_submodels, unknown_model
 
 if TYPE_CHECKING:
@@ -85,8 +85,7 @@ class ModelRepository:
         ``NotFound("unknown model: m")``; a version other than the one a bundle is served as is
         ``NotFound`` (``check_version``). One message per fault, whichever RPC asks.
         """
-        if not name:
-            raise InvalidArgument("model_name is empty")
+        require_model_name(name)
         bundle = self._bundles.get(name)
         if bundle is None:
             raise unknown_model(name)

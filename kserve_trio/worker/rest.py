@@ -21,9 +21,12 @@ from typing import Any
 
 from kserve_trio.core import codec, rest_codec
 from kserve_trio.core.errors import Unimplemented
+from kserve_trio.core.request_bounds import check_path_names
+from kserve_trio.core.restricted import Restrictions, group_of
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.grpc import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
+from kserve_trio.serving.message_check import check_bounds
 from kserve_trio.serving.rest_routes import (
     RestCall,
     compressed_reply,
@@ -72,15 +75,18 @@ class WorkerRest:
         self,
         service: InferenceService,
         core: InferenceCore,
+        restrictions: Restrictions | None = None,
         *,
         max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
     ) -> None:
         self.service = service
         self.core = core
+        self.restrictions = restrictions or Restrictions()
         self.max_recv_bytes = service.state.limits.max_recv_bytes
         self.max_json_depth = max_json_depth
         metrics = service.state.metrics
         self.stats = metrics.edge if metrics is not None else None
+        self.bounds = service.state.limits.edge
         s = service
         self._rpcs: dict[str, RpcMethod] = {
             "ServerLive": s.server_live,
@@ -102,6 +108,8 @@ class WorkerRest:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             call = route(request.method, request.path)
+            self.restrictions.check(group_of(call.rpc), request.headers)
+            check_path_names(call.model, call.version, call.region, self.bounds.max_name_bytes)
             if call.rpc == "ModelInfer":
                 return await self.infer(call, request)
             method = self._rpcs.get(call.rpc)
@@ -109,6 +117,7 @@ class WorkerRest:
                 raise Unimplemented(unsupported(call.rpc))
             body = request_body(request, self.max_recv_bytes)
             message = grpc_request(call, body, self.max_json_depth)
+            check_bounds(message, self.bounds)  # what gRPC's parse_message checks
             reply = await method(message, CallContext(None, 0))
             return reply_response(call, reply)
         except Exception as exc:

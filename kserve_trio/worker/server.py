@@ -133,11 +133,13 @@ async def serve_async(
     config: ServerConfig, *, backend: WorkerBackend | None = None
 ) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
+    from kserve_trio.core.restricted import Restrictions
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
     from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
     from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+    from kserve_trio.serving.restricted import restrict
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.inference import InferenceCore, worker_admission
@@ -184,6 +186,7 @@ async def serve_async(
             config.grpc.max_recv_msg_bytes,
             config.grpc.max_send_msg_bytes,
             config.grpc.compress_responses,
+            config.limits,
         ),
         shm_registry=ShmRegistry(max_regions=budget.shm_regions),
         admission=admission,
@@ -238,6 +241,7 @@ async def serve_async(
                 if meta.pool_enabled
                 else None
             ),
+            bounds=config.limits,
         )
         service = InferenceService(state, core)
         http_port = 0
@@ -246,7 +250,10 @@ async def serve_async(
                 functools.partial(_serve_rest, config, service, core, ssl_context, edge_stats, cap)
             )
         server = GrpcServer(
-            {**service.methods(), **ControlService(state).methods()},
+            restrict(
+                {**service.methods(), **ControlService(state).methods()},
+                Restrictions.from_specs(config.endpoints.restricted_protocols),
+            ),
             ServerSettings(limits=config.limits),
             edge_stats,
             connection_cap=cap,
@@ -385,6 +392,7 @@ async def _serve_rest(
     """The KServe V2 REST endpoint (``endpoints.http_port``, TLS like the gRPC port): the
     same service and inference core behind ``worker.rest``; bodies capped like gRPC messages,
     connections and deadlines under ``config.limits``."""
+    from kserve_trio.core.restricted import Restrictions
     from kserve_trio.serving.accept import ListenError
     from kserve_trio.serving.http import serve_app
     from kserve_trio.worker.rest import WorkerRest
@@ -394,7 +402,12 @@ async def _serve_rest(
         await serve_app(
             host,
             port,
-            WorkerRest(service, core, max_json_depth=config.limits.max_json_depth),
+            WorkerRest(
+                service,
+                core,
+                Restrictions.from_specs(config.endpoints.restricted_protocols),
+                max_json_depth=config.limits.max_json_depth,
+            ),
             max_body_bytes=config.grpc.max_recv_msg_bytes,
             ssl_context=ssl_context,
             name="rest",

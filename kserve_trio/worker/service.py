@@ -30,6 +30,7 @@ from kserve_trio.core import codec
 from kserve_trio.core.config import ModelControlMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
@@ -174,7 +175,10 @@ class InferenceService:
 
     async def repository_model_load(self, request, ctx: CallContext):
         """Explicit mode: pin the model's weights to the device (= SetModelResidency
-        PINNED_DEVICE); the model is served and ready once this returns."""
+        PINNED_DEVICE); the model is served and ready once this returns. A name that is not a
+        model name (``core.request_bounds.check_model_name``) is INVALID_ARGUMENT first, in
+        every mode, as the gateway answers it."""
+        check_model_name("RepositoryModelLoad", request.model_name)
         self._require_explicit("RepositoryModelLoad")
         if request.parameters:
             raise InvalidArgument(
@@ -188,6 +192,7 @@ class InferenceService:
     async def repository_model_unload(self, request, ctx: CallContext):
         """Explicit mode: unpin (= SetModelResidency UNPINNED): device and host copies are
         released; the model stays compiled but is not ready nor served until loaded again."""
+        check_model_name("RepositoryModelUnload", request.model_name)
         self._require_explicit("RepositoryModelUnload")
         await set_model_residency(self.state, request.model_name, ResidencyState.UNPINNED)
         log.info("model_unload_requested", model=request.model_name)

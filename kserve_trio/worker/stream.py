@@ -101,7 +101,7 @@ class StreamInfer:
         self, call: Call, message: RawMessage
     ) -> tuple[WirePieces | bytes, Callable[[str], bytes]]:
         try:
-            request = parse_message(call.plain(message), pb.ModelInferRequest)
+            request = parse_message(call.plain(message), pb.ModelInferRequest, call.limits.edge)
         except ServingError as exc:
             return stream_error(exc.message), stream_error
         model, request_id = request.model_name, request.id

@@ -419,6 +419,11 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "logging.format": ("json", "json"),
         "event_loop": ("trio", "trio"),
         "processes": ("2", 2),
+        "worker_client.headers": ("admin-key=s; ops=t", ("admin-key=s", "ops=t")),
+        "restricted_protocols": (
+            "model-repository,logging:admin-key=s; control:ops=t",
+            ("model-repository,logging:admin-key=s", "control:ops=t"),
+        ),
         **{
             f"limits.{f.name}": (
                 str(2 * getattr(EdgeLimits(), f.name)),

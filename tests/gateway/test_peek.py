@@ -90,7 +90,7 @@ def test_malformed_bytes_are_only_ever_invalid_argument(data, name):
     try:
         got = peek_infer_request(data, name)
     except InvalidArgument as exc:
-        assert exc.message.startswith(("malformed ModelInferRequest", "ModelInferRequest has no"))
+        assert exc.message.startswith(("malformed ModelInferRequest", "model_name is empty"))
         return
     # When it reads something, a full decoder that accepts the bytes reads the same.
     msg = sp.ModelInferRequest()
@@ -178,9 +178,9 @@ def test_a_memoryview_and_a_bytearray_are_accepted():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (b"", "ModelInferRequest has no model_name"),
-        (len_field(3, b"id"), "ModelInferRequest has no model_name"),
-        (len_field(1, b""), "ModelInferRequest has no model_name"),
+        (b"", "model_name is empty"),
+        (len_field(3, b"id"), "model_name is empty"),
+        (len_field(1, b""), "model_name is empty"),
         (b"\x0a\x05ab", "malformed ModelInferRequest: truncated field 1"),
         (b"\x0a", "malformed ModelInferRequest: truncated message"),
         (b"\x0b\x00", "malformed ModelInferRequest: unsupported wire type 3"),

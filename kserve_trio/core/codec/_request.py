@@ -23,6 +23,7 @@ from kserve_trio.core.codec._types import RequestedOutput, ShmRef, ShmRegistryLi
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import InferRequestMessage
+from kserve_trio.core.request_bounds import require_model_name
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.core.wire import Params, plain_params
 from kserve_trio.proto import inference as pb
@@ -148,8 +149,7 @@ def decode_infer_request(
        ``InferRequest.leases``, and are released again if anything fails on the way.
     """
     model_name = msg.model_name
-    if not model_name:
-        raise InvalidArgument("ModelInferRequest has an empty model_name")
+    require_model_name(model_name)
     deadline = deadline_from_parameters(msg.parameters, now_ns)
 
     plans: list[_InputPlan] = []

@@ -17,6 +17,7 @@ from kserve_trio.core.codec._types import RequestedOutput, ShmRef, ShmRegistryLi
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import InferOutputTensor, WirePieces, infer_response_pieces
 from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.validation import no_such_output
 from kserve_trio.core.wire import byte_view
 
 
@@ -39,8 +40,7 @@ def encode_infer_response(
     Rules:
     1. ``requested`` empty or None: every output, in model order, inline.
     2. Otherwise exactly the requested outputs in request order; a name the model does not
-       produce raises ``InvalidArgument("model 'm' has no output 'x'")`` before anything is
-       written.
+       produce raises ``validation.no_such_output`` before anything is written.
     3. An output requested into shared memory must fit its ``byte_size`` (else
        ``InvalidArgument`` naming both numbers); it is written through ``registry.write`` and
        its response tensor carries the three shm parameters with ``shared_memory_byte_size`` =
@@ -73,7 +73,7 @@ def response_outputs(
         for req in requested:
             tensor = by_name.get(req.name)
             if tensor is None:
-                raise InvalidArgument(f"model '{model_name}' has no output '{req.name}'")
+                raise no_such_output(model_name, req.name, by_name)
             chosen.append((tensor, req.shm))
     else:
         chosen = [(t, None) for t in outputs]

@@ -54,6 +54,7 @@ ENDPOINTS_METRICS_PORT                 endpoints.metrics_port              int
 ENDPOINTS_HTTP_PORT                    endpoints.http_port                 int
 ENDPOINTS_MAX_CONCURRENT_REQUESTS      endpoints.max_concurrent_requests   int
 ENDPOINTS_EVENT_LOOP                   endpoints.event_loop                str
+ENDPOINTS_RESTRICTED_PROTOCOLS         endpoints.restricted_protocols      specs
 ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str
 ENDPOINTS_TLS_KEY_FILE                 endpoints.tls.key_file              str
 ENDPOINTS_TLS_CLIENT_CA_FILE           endpoints.tls.client_ca_file        str
@@ -94,11 +95,14 @@ def parse_env_bool(var: str, text: str, path: str = "") -> bool:
 
 def parse_env_value(var: str, text: str, path: str, kind: str) -> Any:
     """One variable's text by the table's ``kind``: ``str`` as is, ``list`` colon-separated with
-    empties dropped, ``bool`` per ``parse_env_bool``, ``int``/``float`` strictly."""
+    empties dropped, ``specs`` the same but ``;``-separated (its entries hold colons:
+    ``group,group:key=value``), ``bool`` per ``parse_env_bool``, ``int``/``float`` strictly."""
     if kind == "str":
         return text
     if kind == "list":
         return [part for part in text.split(":") if part]
+    if kind == "specs":
+        return [part.strip() for part in text.split(";") if part.strip()]
     if kind == "bool":
         return parse_env_bool(var, text, path)
     try:

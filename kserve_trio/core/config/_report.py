@@ -9,6 +9,7 @@ from typing import Any
 
 from kserve_trio.core.config._types import ResidencyState, ServerConfig
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.restricted import redacted
 
 
 def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
@@ -57,7 +58,14 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
 def log_config(cfg: ServerConfig, applied: Iterable[tuple[str, str]], log: Any = None) -> None:
     """Log the effective configuration, then the environment overrides that shaped it."""
     log = log or get_logger(__name__)
-    log.info("config_effective", worker=cfg.worker_name, config=config_to_raw(cfg))
-    overrides = [f"{var}={value}" for var, value in applied]
+    raw = config_to_raw(cfg)
+    raw["endpoints"]["restricted_protocols"] = [
+        redacted(s) for s in cfg.endpoints.restricted_protocols
+    ]
+    log.info("config_effective", worker=cfg.worker_name, config=raw)
+    overrides = [
+        f"{var}={value if not var.endswith('_RESTRICTED_PROTOCOLS') else '***'}"
+        for var, value in applied
+    ]
     if overrides:
         log.info("config_overridden_by_environment", worker=cfg.worker_name, overrides=overrides)

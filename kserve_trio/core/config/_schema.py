@@ -270,7 +270,10 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
         EndpointsConfig,
         _block(raw, "endpoints"),
         "endpoints",
-        {"tls": lambda v, p: read_block(TlsConfig, v or {}, p, {})},
+        {
+            "tls": lambda v, p: read_block(TlsConfig, v or {}, p, {}),
+            "restricted_protocols": as_str_list,
+        },
     )
     grpc = read_block(GrpcConfig, _block(raw, "grpc"), "grpc", {})
     meta = read_block(MetaConfig, _block(raw, "meta"), "meta", {})

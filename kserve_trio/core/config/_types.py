@@ -221,7 +221,9 @@ class EndpointsConfig:
     """Listen addresses; port 0 binds an ephemeral port, ``metrics_port`` 0 disables metrics,
     ``http_port`` 0 disables the KServe V2 REST endpoint, ``max_concurrent_requests`` 0 means
     uncapped; ``tls`` secures the gRPC and REST ports; ``event_loop`` is what the servers run on
-    (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed, else asyncio)."""
+    (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed, else asyncio);
+    ``restricted_protocols`` lists ``group[,group...]:key=value`` restrictions (Triton's
+    ``--grpc-restricted-protocol``; ``core.restricted``), gRPC and REST alike; none by default."""
 
     host: str = "127.0.0.1"
     port: int = 8001
@@ -230,6 +232,7 @@ class EndpointsConfig:
     tls: TlsConfig = TlsConfig()
     http_port: int = 0
     event_loop: str = ""
+    restricted_protocols: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from kserve_trio.core.config._limits import validate_limits
 from kserve_trio.core.config._types import ModelControlMode, NumericsMode, ServerConfig, TlsConfig
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.event_loops import EVENT_LOOPS
+from kserve_trio.core.restricted import parse_restrictions
 
 
 def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
@@ -21,6 +22,7 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
     configs checked away from the host that will serve them).
     """
     ep, sc, rt = cfg.endpoints, cfg.scheduler, cfg.runtime
+    parse_restrictions(ep.restricted_protocols, "endpoints.restricted_protocols")
     rules: list[tuple[str, bool, str]] = [
         ("model_poll_seconds", cfg.model_poll_seconds >= 0, "must be >= 0"),
         ("endpoints.port", 0 <= ep.port <= 65535, "must be in 0..65535 (0 = ephemeral)"),

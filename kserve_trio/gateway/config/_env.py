@@ -39,6 +39,7 @@ WORKER_CLIENT_MAX_CONCURRENT_STREAMS      worker_client.max_concurrent_streams  
 WORKER_CLIENT_TLS_CA_FILE                 worker_client.tls.ca_file                str
 WORKER_CLIENT_TLS_CERT_FILE               worker_client.tls.cert_file              str
 WORKER_CLIENT_TLS_KEY_FILE                worker_client.tls.key_file               str
+WORKER_CLIENT_HEADERS                     worker_client.headers                    specs
 GRPC_MAX_RECV_MSG_BYTES                   grpc.max_recv_msg_bytes                  int
 GRPC_MAX_SEND_MSG_BYTES                   grpc.max_send_msg_bytes                  int
 GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER   grpc.max_concurrent_requests_per_worker  int
@@ -49,6 +50,7 @@ LOGGING_LEVEL                             logging.level                         
 LOGGING_FORMAT                            logging.format                           str
 EVENT_LOOP                                event_loop                               str
 PROCESSES                                 processes                                int
+RESTRICTED_PROTOCOLS                      restricted_protocols                     specs
 """
 _ENV_TABLE: tuple[tuple[str, str, str], ...] = (
     *(

@@ -12,6 +12,7 @@ from typing import Any
 
 from kserve_trio.core.config import deep_merge, load_yaml_mapping
 from kserve_trio.core.logging import configure_logging, get_logger
+from kserve_trio.core.restricted import redacted
 from kserve_trio.core.upstream_env import with_upstream_aliases
 from kserve_trio.gateway.config._env import apply_gateway_env, prober_from_env
 from kserve_trio.gateway.config._schema import (
@@ -98,6 +99,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
 
     client = block(cfg.worker_client)
     client["tls"] = block(cfg.worker_client.tls)
+    client["headers"] = list(cfg.worker_client.headers)
     scheduling = block(cfg.scheduling)
     if scheduling["work_basis"] is None:
         del scheduling["work_basis"]
@@ -127,6 +129,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "event_loop": cfg.event_loop,
         "limits": block(cfg.limits),
         "processes": cfg.processes,
+        "restricted_protocols": list(cfg.restricted_protocols),
     }
 
 
@@ -134,14 +137,20 @@ def log_gateway_config(loaded: LoadedGatewayConfig, log: Any = None) -> None:
     """Log the effective configuration, the environment overrides and the warnings."""
     log = log or get_logger(__name__)
     cfg = loaded.config
+    raw = gateway_config_to_raw(cfg)  # credentials redacted (core.restricted.redacted)
+    raw["restricted_protocols"] = [redacted(s) for s in cfg.restricted_protocols]
+    raw["worker_client"]["headers"] = [redacted(h) for h in cfg.worker_client.headers]
     log.info(
         "config_effective",
         source=loaded.source or "environment",
-        config=gateway_config_to_raw(cfg),
+        config=raw,
         prober=dataclasses.asdict(cfg.prober),
     )
     if loaded.applied:
-        overrides = [f"{var}={value}" for var, value in loaded.applied]
+        secret = ("_RESTRICTED_PROTOCOLS", "_WORKER_CLIENT_HEADERS")
+        overrides = [
+            f"{var}={'***' if var.endswith(secret) else value}" for var, value in loaded.applied
+        ]
         log.info("config_overridden_by_environment", overrides=overrides)
     for warning in loaded.warnings:
         log.warning("config_warning", message=warning)

@@ -65,6 +65,7 @@ SCHEMA: dict[str, Any] = {
     "event_loop": None,
     "limits": {f.name: None for f in LIMIT_FIELDS},
     "processes": None,
+    "restricted_protocols": None,
 }
 
 LPT_SCHEDULING_KEYS = (
@@ -240,7 +241,10 @@ def build_gateway_config(
         WorkerClientConfig,
         _block(raw, "worker_client"),
         "worker_client",
-        {"tls": lambda v, p: read_block(WorkerTlsConfig, v or {}, p, {})},
+        {
+            "tls": lambda v, p: read_block(WorkerTlsConfig, v or {}, p, {}),
+            "headers": as_str_list,
+        },
     )
     grpc = read_block(GatewayGrpcConfig, _block(raw, "grpc"), "grpc", {})
     limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
@@ -273,6 +277,7 @@ def build_gateway_config(
         prober=prober or ProberConfig(),
         event_loop=event_loop,
         limits=limits,
+        restricted_protocols=_list(raw, "restricted_protocols"),
     )
 
 

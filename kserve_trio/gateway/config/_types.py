@@ -176,11 +176,14 @@ class WorkerClientConfig:
     """The gateway's connections to its workers (``worker_client:``): the timeout of a forwarded
     call that carries no deadline of its own, and the bound on in-flight calls (HTTP/2 streams)
     per worker connection; further calls wait for a slot, so one slow worker cannot absorb
-    every request."""
+    every request. ``headers`` (``key=value`` entries) go on the gateway's own calls to the
+    workers (health and routing probes, placement): the credentials a worker's restricted
+    protocols ask for; a call made for a client carries the client's headers instead."""
 
     request_timeout_seconds: float = 60.0
     max_concurrent_streams: int = 32
     tls: WorkerTlsConfig = WorkerTlsConfig()
+    headers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,8 @@ class GatewayConfig:
     what the gateway runs on (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed).
     ``processes`` is how many gateway processes share the public ports (``processes.py``; 1:
     this process serves alone).
+    ``restricted_protocols`` are the gateway's own ``group[,group...]:key=value`` restrictions
+    (``core.restricted``), on its gRPC and REST ports; none by default.
     """
 
     listen: ListenConfig = ListenConfig()
@@ -255,6 +260,7 @@ class GatewayConfig:
     event_loop: str = ""
     limits: EdgeLimits = field(default_factory=EdgeLimits)
     processes: int = 1
+    restricted_protocols: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("endpoints", "worker_metrics", "worker_names", "worker_http_endpoints"):

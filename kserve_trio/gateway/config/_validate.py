@@ -9,6 +9,7 @@ from typing import Any
 from kserve_trio.core.config import validate_limits, validate_tls
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import parse_level
+from kserve_trio.core.restricted import parse_header, parse_restrictions
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._env import PROBER_ENV_NAME
 from kserve_trio.gateway.config._schema import LPT_SCHEDULING_KEYS, lpt_key_error
@@ -38,6 +39,9 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
     """
     _validate_addresses(cfg)
     validate_limits(cfg.limits)
+    parse_restrictions(cfg.restricted_protocols)
+    for i, header in enumerate(cfg.worker_client.headers):
+        parse_header(header, f"worker_client.headers[{i}]")
     wc, grpc, pr = cfg.worker_client, cfg.grpc, cfg.prober
     rules: list[tuple[str, bool, str, Any]] = [
         (

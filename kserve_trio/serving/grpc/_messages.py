@@ -1,12 +1,16 @@
 """Messages as a call sends and receives them: caps, raw and typed forms, reply pieces.
 
-- ``Limits``: one server's message caps (``grpc.max_*_msg_bytes``, on decompressed sizes) and
-  whether every reply is compressed (``grpc.compress_responses``).
+- ``Limits``: one server's message caps (``grpc.max_*_msg_bytes``, on decompressed sizes),
+  whether every reply is compressed (``grpc.compress_responses``) and the server's ``limits:``
+  block (``edge``), whose name and repeated-field bounds ``parse_message`` applies.
 - ``RawMessage``: one received message exactly as it arrived (compressed ones still compressed).
 - ``parse_message``: bytes to a typed message. ModelInfer requests go through our own wire
-  parser (payloads stay views of the received bytes); every other message through betterproto2,
-  then ``message_check.wrong_field``, so a field sent with the wrong wire type is
-  INVALID_ARGUMENT and never a TypeError deep in a handler.
+  parser (payloads stay views of the received bytes, repeated fields counted as they grow);
+  every other message is scanned for its bounds on the wire (``message_check.scan_bounds``),
+  decoded by betterproto2, then checked by ``message_check.wrong_field`` and ``check_bounds``,
+  so a field sent with the wrong wire type, a malformed message or a name or repeated field
+  over its bound is INVALID_ARGUMENT, refused before the work it would cost, and never a
+  TypeError deep in a handler.
 - ``reply_pieces``: whatever a handler returns (``WirePieces``, an ``InferResponseMessage``, a
   betterproto2 message, bytes) as the buffers that make up its encoding and their length.
 - ``reply_encoding``: the algorithm a reply is compressed with: the request's when it was
@@ -15,10 +19,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kserve_trio.core import compression
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.infer_wire import (
     Buffer,
@@ -28,16 +33,18 @@ from kserve_trio.core.infer_wire import (
     parse_infer_request,
 )
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.message_check import wrong_field
+from kserve_trio.serving.message_check import check_bounds, scan_bounds, wrong_field
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Message caps for one server (decompressed sizes) and ``compress_responses``."""
+    """Message caps for one server (decompressed sizes), ``compress_responses`` and the bounds
+    of names and repeated fields (``edge``, the server's ``limits:``)."""
 
     max_recv_bytes: int
     max_send_bytes: int
     compress_responses: bool = False
+    edge: EdgeLimits = field(default_factory=EdgeLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +56,24 @@ class RawMessage:
     compressed: bool = False
 
 
-def parse_message(data: Buffer, message_type: Any) -> Any:
-    """``data`` parsed as ``message_type`` (module docstring); INVALID_ARGUMENT when it does not."""
+def parse_message(data: Buffer, message_type: Any, bounds: EdgeLimits | None = None) -> Any:
+    """``data`` parsed as ``message_type`` (module docstring) under ``bounds`` (none: no name
+    or repeated-field bounds); INVALID_ARGUMENT when it does not parse or is over a bound."""
     try:
         if message_type is pb.ModelInferRequest or message_type is InferRequestMessage:
-            return parse_infer_request(data)
+            return parse_infer_request(data, bounds)
+        if bounds is not None:
+            scan_bounds(data, message_type, bounds)
         message = message_type.parse(bytes(data))
+    except InvalidArgument:
+        raise
     except Exception as exc:
         raise InvalidArgument(f"malformed request message: {exc}") from exc
     bad = wrong_field(message)
     if bad is not None:
         raise InvalidArgument(f"malformed request message: field '{bad}' has the wrong wire type")
+    if bounds is not None:
+        check_bounds(message, bounds)
     return message
 
 

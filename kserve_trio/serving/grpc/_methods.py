@@ -60,7 +60,7 @@ def unary(
 
     async def run(call: Call) -> None:
         message = await _one_message(call)
-        request = parse_message(call.plain(message), request_type)
+        request = parse_message(call.plain(message), request_type, limits.edge)
         encoding = call.encoding if message.compressed else compression.IDENTITY
         reply = await fn(request, CallContext(call, call.deadline_ns, encoding))
         await call.send_last(reply, encoding=call.reply_encoding(encoding))

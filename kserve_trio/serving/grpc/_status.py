@@ -22,6 +22,10 @@ _UNESCAPED = "".join(chr(c) for c in range(0x20, 0x7F) if c != 0x25)
 MAX_MESSAGE_CHARS = 1024
 """A status message longer than this is cut (with a note): a message may echo client input, and
 an unbounded trailer costs the event loop time to encode and the client its header budget."""
+MAX_MESSAGE_BYTES = 4096
+"""The most a ``grpc-message`` value may take once percent-encoded: a character outside
+printable ASCII takes up to 12 bytes, and grpc-core clients refuse a trailer block over 8 KiB
+(tritonclient would see RESOURCE_EXHAUSTED instead of the status sent)."""
 
 
 class GrpcError(ServingError):
@@ -52,10 +56,16 @@ def status_of(exc: BaseException, *, rpc: str = "", request_id: str = "") -> tup
 
 
 def encode_message(message: str) -> str:
-    """``message`` as a ``grpc-message`` value: cut to ``MAX_MESSAGE_CHARS``, UTF-8, percent-encoded."""
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
-    return quote(message, safe=_UNESCAPED, encoding="utf-8")
+    """``message`` as a ``grpc-message`` value: cut to ``MAX_MESSAGE_CHARS``, UTF-8,
+    percent-encoded, and cut further until the encoding fits ``MAX_MESSAGE_BYTES``."""
+    total = len(message)
+    keep = min(total, MAX_MESSAGE_CHARS)
+    while True:
+        cut = message if keep == total else message[:keep] + f"... ({total} characters)"
+        encoded = quote(cut, safe=_UNESCAPED, encoding="utf-8", errors="replace")
+        if len(encoded) <= MAX_MESSAGE_BYTES:
+            return encoded
+        keep //= 2
 
 
 def decode_message(value: str) -> str:
@@ -63,4 +73,11 @@ def decode_message(value: str) -> str:
     return unquote(value, encoding="utf-8", errors="replace")
 
 
-__all__ = ["MAX_MESSAGE_CHARS", "GrpcError", "decode_message", "encode_message", "status_of"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MAX_MESSAGE_CHARS",
+    "GrpcError",
+    "decode_message",
+    "encode_message",
+    "status_of",
+]
