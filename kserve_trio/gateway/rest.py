@@ -171,7 +171,9 @@ async def serve_rest(
     decompressed (413), and nested at most ``max_json_depth`` deep wherever the gateway parses
     them (400). ``limits``, ``stats``, ``connection_cap``: as ``serve_app`` takes them;
     ``reuse_port``: the port is shared (SO_REUSEPORT)."""
-    rest = GatewayRest(service, restrictions, max_json_depth=max_json_depth, stats=stats)
+    rest = GatewayRest(
+        service, restrictions=restrictions, max_json_depth=max_json_depth, stats=stats
+    )
     try:
         await serve_app(
             host,
