@@ -15,8 +15,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from kserve_trio.core import compression
 from kserve_trio.core.errors import InvalidArgument
@@ -30,6 +30,9 @@ from kserve_trio.core.infer_wire import (
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.message_check import wrong_field
 
+if TYPE_CHECKING:
+    from kserve_trio.serving.admission import InflightBytes
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -38,6 +41,8 @@ class Limits:
     max_recv_bytes: int
     max_send_bytes: int
     compress_responses: bool = False
+    inflight: InflightBytes | None = field(default=None, compare=False)
+    """The process's request bytes in flight (``Admission.bytes``); None: not counted."""
 
 
 @dataclass(frozen=True, slots=True)
