@@ -207,8 +207,9 @@ async def test_partial_messages_hold_no_more_than_the_bytes_in_flight(worker):
         statuses = await partial_messages_round(worker)
         admitted = statuses.count(4)  # DEADLINE_EXCEEDED at message_receive_seconds
         refused = statuses.count(8)  # RESOURCE_EXHAUSTED: past the bytes in flight
-        assert admitted + refused == 40, statuses
-        assert 1 <= admitted <= INFLIGHT // (8 * MiB), statuses
+        # At most INFLIGHT / 8 MiB are admitted at a time (more in all when the first ones'
+        # deadlines pass while the last ones are still being sent).
+        assert admitted + refused == 40 and admitted >= 1 and refused >= 1, statuses
         peaks.append(peak_rss(pid))
         settle(worker)
     held = peaks[0] - start_rss

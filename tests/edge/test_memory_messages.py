@@ -74,15 +74,7 @@ def test_a_gzip_bomb_costs_about_the_cap_and_a_concurrent_call_is_served_meanwhi
     # The output pieces up to the cap, one step beyond it and the compressed message.
     assert grown < CAP + CAP // 2, f"{grown // MiB} MiB for a {CAP // MiB} MiB cap"
     during = [t for t in served if any(start < t < end for start, end, *_ in bombs)]
-    print(
-        "NUM bomb grown",
-        grown // MiB,
-        "served during",
-        len(during),
-        "of",
-        len(served),
-        "durations",
-        [round(e - s, 3) for s, e, *_ in bombs],
-    )
-    assert len(during) >= BOMBS, (len(during), len(served))
+    # Served between the bomb's steps, not only around it (5 calls in all during three bombs
+    # when a bomb inflated in one go and held the event loop).
+    assert len(during) >= 20, (len(during), len(served))
     assert worker.alive()

@@ -25,9 +25,10 @@ Receiving (``receive``), per message:
    (``receive(wait=True)``). A message whose first bytes have come must be whole within
    ``limits.message_receive_seconds`` (DEADLINE_EXCEEDED, then the stream is reset).
 6. A compressed message is inflated on arrival a bounded step at a time
-   (``compression.Inflater``), its output charged as it grows and the task yielding between
-   steps, so a bomb neither takes more than its cap nor holds the event loop; ``plain`` returns
-   the result (or raises what stopped it).
+   (``compression.Inflater``), its output charged as it grows (refused past the bytes in
+   flight, never waiting for them) and the task yielding between steps, so a bomb neither takes
+   more than its cap nor holds the event loop; ``plain`` returns the result (or raises what
+   stopped it).
 
 Sending (``send`` for one message, ``send_last`` for a unary reply and the call's end):
 7. The send cap (``Limits.max_send_bytes``, on the uncompressed size) is checked before
@@ -391,29 +392,35 @@ class Call:
             self._recount()
         self._message_by = None  # (an error above ends the call, and with it all of this)
         if flag:
-            return await self._inflate(data, wait)
+            return await self._inflate(data)
         return RawMessage(data, False)
 
-    async def _charge(self, n: int, wait: bool) -> None:
-        """Rule 5: ``n`` more bytes of this call in the process's bytes in flight."""
+    async def _charge(self, n: int, wait: bool, own: int = 0) -> None:
+        """Rule 5: ``n`` more bytes of this call's message in the process's bytes in flight
+        (``own``: what that message has charged already)."""
         budget = self.limits.inflight
         if budget is None:
             return
         if wait:
-            await budget.charge_waiting(n, self._charged)
+            await budget.charge_waiting(n, own)
         else:
-            budget.charge(n, self._charged)
+            budget.charge(n, own)
         self._charged += n
 
-    async def _inflate(self, data: bytes, wait: bool) -> InflatedMessage:
-        """Rule 6: ``data`` inflated step by step, charged as it grows, yielding between steps."""
+    async def _inflate(self, data: bytes) -> InflatedMessage:
+        """Rule 6: ``data`` inflated step by step, charged as it grows, yielding between steps.
+
+        The steps never wait for room in the bytes in flight (two messages inflating at once
+        could wait for each other for good): past it the message is refused, RESOURCE_EXHAUSTED
+        when ``plain`` is asked for it, a stream's one included.
+        """
         inflater = compression.Inflater(data, self.encoding, self.limits.max_recv_bytes)
         grown = 0
         try:
             while not inflater.done:
                 n = inflater.step()
                 if n:
-                    await self._charge(n, wait)
+                    await self._charge(n, False, own=len(data) + grown)
                     grown += n
                 if not inflater.done:
                     await anyio.lowlevel.checkpoint()  # the other connections meanwhile
