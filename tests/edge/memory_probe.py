@@ -74,4 +74,5 @@ def mlp_request_bytes(rows: int = 1, request_id: str = "") -> bytes:
 def served_ok(client: grpcclient.InferenceServerClient) -> bool:
     """A well-behaved client is served: one mlp inference answers the right shape."""
     result = client.infer("mlp", [mlp_input()], client_timeout=30)
-    return result.as_numpy("output").shape == (1, 8)
+    output = None if result is None else result.as_numpy("output")
+    return output is not None and output.shape == (1, 8)

@@ -483,15 +483,16 @@ class Call:
         try:
             if length <= JOIN_BYTES:
                 payload = b"".join([_PREFIX.pack(flag, length), *pieces])
-                if len(payload) <= min(
-                    h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size
-                ) and (self._send_lock is None or not self._send_lock.locked()):
+                if self._send_lock is None or not self._send_lock.locked():
                     if conn.send_queue_full():
                         await self._progress(conn.send_room)
                     elif conn.backlogged and not last:
                         await self._progress(conn.drained)
-                        if self.closed:
-                            raise CallClosed(f"{self.rpc}: the call has ended")
+                    if self.closed:
+                        raise CallClosed(f"{self.rpc}: the call has ended")
+                if len(payload) <= min(
+                    h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size
+                ) and (self._send_lock is None or not self._send_lock.locked()):
                     if not self.headers_sent:
                         h2conn.send_headers(sid, self._response_headers(encoding))
                         self.headers_sent = True

@@ -1,7 +1,8 @@
 """Messages as a call sends and receives them: caps, raw and typed forms, reply pieces.
 
-- ``Limits``: one server's message caps (``grpc.max_*_msg_bytes``, on decompressed sizes) and
-  whether every reply is compressed (``grpc.compress_responses``).
+- ``Limits``: one server's message caps (``grpc.max_*_msg_bytes``, on decompressed sizes),
+  whether every reply is compressed (``grpc.compress_responses``) and the process's request
+  bytes in flight its calls charge (``inflight``, the admission's ``InflightBytes``).
 - ``RawMessage``: one received message exactly as it arrived (compressed ones still compressed).
 - ``parse_message``: bytes to a typed message. ModelInfer requests go through our own wire
   parser (payloads stay views of the received bytes); every other message through betterproto2,
