@@ -378,7 +378,13 @@ class Call:
             raise ResourceExhausted(f"received message larger than max ({length} vs. {cap})")
         data = b""
         if length:
-            await self._charge(length, wait)
+            budget = self.limits.inflight
+            if budget is not None:  # rule 5, inline: no coroutine per message on this path
+                if wait:
+                    await budget.charge_waiting(length)
+                else:
+                    budget.charge(length)
+                self._charged += length
             self._reserved = length
             self._recount()
             got = await self._read(length)
@@ -395,17 +401,12 @@ class Call:
             return await self._inflate(data)
         return RawMessage(data, False)
 
-    async def _charge(self, n: int, wait: bool, own: int = 0) -> None:
-        """Rule 5: ``n`` more bytes of this call's message in the process's bytes in flight
-        (``own``: what that message has charged already)."""
+    def _charge(self, n: int, own: int) -> None:
+        """Rule 5: ``n`` more bytes of a message that has charged ``own`` already."""
         budget = self.limits.inflight
-        if budget is None:
-            return
-        if wait:
-            await budget.charge_waiting(n, own)
-        else:
+        if budget is not None:
             budget.charge(n, own)
-        self._charged += n
+            self._charged += n
 
     async def _inflate(self, data: bytes) -> InflatedMessage:
         """Rule 6: ``data`` inflated step by step, charged as it grows, yielding between steps.
@@ -420,7 +421,7 @@ class Call:
             while not inflater.done:
                 n = inflater.step()
                 if n:
-                    await self._charge(n, False, own=len(data) + grown)
+                    self._charge(n, own=len(data) + grown)
                     grown += n
                 if not inflater.done:
                     await anyio.lowlevel.checkpoint()  # the other connections meanwhile
