@@ -1,7 +1,9 @@
 """The gateway's admission rule over the shared ``serving.admission.Admission``: the inbound cap
 is ``max_concurrent_requests_per_worker`` times the number of workers the gateway currently
 knows (at least one), so it follows discovery as workers come and go; 0 means uncapped. Past it
-a request is refused RESOURCE_EXHAUSTED; once draining, UNAVAILABLE ``gateway is shutting down``.
+a request is refused RESOURCE_EXHAUSTED (a stream's messages wait for a slot instead); once
+draining, UNAVAILABLE ``gateway is shutting down``. Its ``bytes`` cap the request bytes in flight
+(``limits.max_inflight_bytes``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Admission(_Admission):
         workers: Callable[[], int],
         *,
         on_shed: Callable[[], None] = lambda: None,
+        max_inflight_bytes: int = 0,
     ) -> None:
         self.per_worker = per_worker
         self._workers = workers
@@ -30,6 +33,7 @@ class Admission(_Admission):
             shutting_down=SHUTTING_DOWN,
             over_cap=self._over_cap_message,
             on_shed=on_shed,
+            max_inflight_bytes=max_inflight_bytes,
         )
 
     def _per_worker_cap(self) -> int:

@@ -130,8 +130,10 @@ class Gateway:
             config.grpc.max_concurrent_requests_per_worker,
             lambda: len(self.pool.clients),
             on_shed=lambda: self.metrics.shed.inc(),
+            max_inflight_bytes=config.limits.max_inflight_bytes,
         )
         self.edge_stats = EdgeStats()
+        self.edge_stats.inflight_bytes = lambda: self.admission.bytes.used
         self.metrics = GatewayMetrics(
             edge=self.edge_stats,
             inflight=lambda: self.admission.inflight,
@@ -178,7 +180,10 @@ class Gateway:
             fleet=self.fleet,
             admission=self.admission,
             limits=Limits(
-                config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes, edge=config.limits
+                config.grpc.max_recv_msg_bytes,
+                config.grpc.max_send_msg_bytes,
+                edge=config.limits,
+                inflight=self.admission.bytes,
             ),
             ready=self.has_routable_worker,
         )

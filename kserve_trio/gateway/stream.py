@@ -4,8 +4,9 @@
 requests with backpressure, one writer, the ends, cancellation, drain), the same as on a
 worker. What the gateway adds is how one message is served (``StreamInfer._one``):
 
-1. A message is admitted like a unary request (it counts against the inbound cap while it is
-   in flight), peeked, and forwarded with a unary ModelInfer to a worker, exactly as
+1. A message counts against the inbound cap like a unary request while it is served: the
+   session takes its slot (at the cap the stream waits, it is never failed for it), then it is
+   peeked, and forwarded with a unary ModelInfer to a worker, exactly as
    ``Forwarder.infer`` forwards a unary call (same routing, failover, deadlines: the stream's
    own deadline bounds each message).
 2. A worker's reply goes back as a ``ModelStreamInferResponse`` whose ``infer_response`` is the
@@ -65,16 +66,12 @@ class StreamInfer:
             self._one,
             closing=self.admission.drain_started.wait,
             shutting_down=SHUTTING_DOWN,
+            admission=self.admission,
         )
         await session.run()
 
     async def _one(self, call: Call, message: RawMessage) -> tuple[bytes, Callable[[str], bytes]]:
         forwarder = self.forwarder
-        try:
-            self.admission.admit_inference()
-        except ServingError as exc:
-            model, request_id = self._ids(call, message)
-            return stream_error(exc.message, model, request_id), stream_error
         model = request_id = ""
 
         def failed(why: str) -> bytes:
@@ -102,16 +99,6 @@ class StreamInfer:
             return stream_response(reply), failed
         except ServingError as exc:
             return failed(exc.message or exc.status.name), failed
-        finally:
-            self.admission.release_inference()
-
-    def _ids(self, call: Call, message: RawMessage) -> tuple[str, str]:
-        """Model and id of a request that was not admitted (best effort: malformed -> "")."""
-        try:
-            head = self.forwarder.peek(call.plain(message))
-        except ServingError:
-            return "", ""
-        return head.model_name, head.id
 
 
 __all__ = ["StreamInfer", "stream_error", "stream_response"]

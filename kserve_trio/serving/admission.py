@@ -16,6 +16,15 @@ the wording of the refusals; the rules are these:
 4. ``start_drain`` stops admission for good: from then on every admit raises UNAVAILABLE with
    the ``shutting_down`` message (a client retries elsewhere), ``draining`` is true (readiness
    turns false), and ``drained`` waits until nothing admitted is left in flight, within a bound.
+5. ``wait_inference`` admits one message of a stream: at the cap it waits for a slot instead of
+   refusing (the stream is backpressured: it reads nothing more meanwhile), so a stream's
+   requests count against the same cap as unary ones and a stream is never failed for it.
+6. ``bytes`` (``InflightBytes``) is the byte side of admission: the bytes of the request
+   messages being received and queued in the whole process (``limits.max_inflight_bytes``).
+   A message is charged once its length is known and given back when its request is done;
+   past the cap a unary request is refused RESOURCE_EXHAUSTED and a stream's message waits.
+   A request is always admitted when nothing but its own bytes is in flight, so one message
+   up to the message cap always gets through.
 """
 
 from __future__ import annotations
@@ -28,6 +37,50 @@ import anyio
 from kserve_trio.core.errors import ResourceExhausted, Unavailable
 
 
+class InflightBytes:
+    """Rule 6: the process's request bytes in flight against ``cap`` (0 = uncapped)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.used = 0
+        """Bytes charged now (the ``inflight_bytes`` gauge)."""
+        self.refused = 0
+        """Charges refused RESOURCE_EXHAUSTED."""
+        self._room: anyio.Event | None = None
+
+    def fits(self, n: int, own: int = 0) -> bool:
+        """Whether ``n`` more bytes may be charged by a holder that has ``own`` charged."""
+        return not self.cap or self.used + n <= self.cap or self.used <= own
+
+    def charge(self, n: int, own: int = 0) -> None:
+        """Charge ``n`` bytes now, or RESOURCE_EXHAUSTED (a unary request)."""
+        if not self.fits(n, own):
+            self.refused += 1
+            raise ResourceExhausted(
+                f"server is at its in-flight bytes cap ({self.used} of {self.cap} bytes of "
+                f"requests in flight; this message needs {n})"
+            )
+        self.used += n
+
+    async def charge_waiting(self, n: int, own: int = 0) -> None:
+        """Charge ``n`` bytes once they fit (a stream's message: backpressure, not an error)."""
+        while not self.fits(n, own):
+            room = self._room
+            if room is None:
+                room = self._room = anyio.Event()
+            await room.wait()
+        self.used += n
+
+    def release(self, n: int) -> None:
+        """Give back ``n`` charged bytes (their request is done) and wake the waiters."""
+        if n:
+            self.used -= n
+            room = self._room
+            if room is not None:
+                self._room = None
+                room.set()
+
+
 class Admission:
     """See the module docstring."""
 
@@ -38,6 +91,7 @@ class Admission:
         shutting_down: str,
         over_cap: Callable[[int], str],
         on_shed: Callable[[], None] = lambda: None,
+        max_inflight_bytes: int = 0,
     ) -> None:
         self._cap = cap
         self.shutting_down = shutting_down
@@ -52,6 +106,9 @@ class Admission:
         self.draining = False
         self.drain_started = anyio.Event()
         self._idle: anyio.Event | None = None
+        self._slot: anyio.Event | None = None
+        self.bytes = InflightBytes(max_inflight_bytes)
+        """Rule 6 (``limits.max_inflight_bytes``)."""
 
     @property
     def cap(self) -> int:
@@ -69,9 +126,30 @@ class Admission:
             raise ResourceExhausted(self._over_cap(cap))
         self.inflight += 1
 
+    async def wait_inference(self) -> None:
+        """Rule 5 (and 4): a stream's message waits for a slot at the cap."""
+        while True:
+            if self.draining:
+                raise Unavailable(self.shutting_down)
+            cap = self._cap()
+            if not cap or self.inflight < cap:
+                self.inflight += 1
+                return
+            slot = self._slot
+            if slot is None:
+                slot = self._slot = anyio.Event()
+            await slot.wait()
+
     def release_inference(self) -> None:
         self.inflight -= 1
+        self._wake_waiters()
         self._check_idle()
+
+    def _wake_waiters(self) -> None:
+        slot = self._slot
+        if slot is not None:
+            self._slot = None
+            slot.set()
 
     def admit_call(self) -> None:
         """Rule 3 (and 4)."""
@@ -108,6 +186,7 @@ class Admission:
         if not self.draining:
             self.draining = True
             self.drain_started.set()
+            self._wake_waiters()
 
     async def drained(self, timeout: float) -> bool:
         """Wait until nothing admitted is in flight, at most ``timeout`` seconds; whether it
@@ -123,4 +202,4 @@ class Admission:
             self._idle.set()
 
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "InflightBytes"]

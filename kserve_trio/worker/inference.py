@@ -95,14 +95,19 @@ class ResponseEncoder(Protocol[_Reply]):
     ) -> _Reply: ...
 
 
-def worker_admission(max_concurrent_requests: int, *, on_shed: Callable[[], None]) -> Admission:
+def worker_admission(
+    max_concurrent_requests: int, *, on_shed: Callable[[], None], max_inflight_bytes: int = 0
+) -> Admission:
     """The worker's admission: a fixed cap (``endpoints.max_concurrent_requests``, 0 = none),
-    refused RESOURCE_EXHAUSTED past it and UNAVAILABLE once shutting down."""
+    refused RESOURCE_EXHAUSTED past it (a stream's messages wait instead) and UNAVAILABLE once
+    shutting down; its ``bytes`` cap the request bytes in flight (``limits.max_inflight_bytes``,
+    0 = none)."""
     return Admission(
         lambda: max_concurrent_requests,
         shutting_down=SHUTTING_DOWN,
         over_cap=lambda cap: f"server is at its concurrency cap ({cap} requests in flight)",
         on_shed=on_shed,
+        max_inflight_bytes=max_inflight_bytes,
     )
 
 
@@ -149,7 +154,11 @@ class InferenceCore:
 
     @overload
     async def infer(
-        self, request: ParsedInferRequest, *, transport_deadline_ns: int = 0
+        self,
+        request: ParsedInferRequest,
+        *,
+        transport_deadline_ns: int = 0,
+        admitted: bool = False,
     ) -> InferReply: ...
 
     @overload
@@ -159,6 +168,7 @@ class InferenceCore:
         *,
         transport_deadline_ns: int = 0,
         encode: ResponseEncoder[_R],
+        admitted: bool = False,
     ) -> _R: ...
 
     async def infer(
@@ -167,12 +177,15 @@ class InferenceCore:
         *,
         transport_deadline_ns: int = 0,
         encode: ResponseEncoder[Any] | None = None,
+        admitted: bool = False,
     ) -> Any:
         """Serve one parsed ModelInfer request (see the module docstring for the steps).
 
         ``transport_deadline_ns`` is the transport's absolute ``time.monotonic_ns()`` deadline
         (gRPC's ``grpc-timeout``; 0 = none). ``encode`` writes the reply (the gRPC message by
         default; the REST adapter passes its JSON and binary encoder, called the same way).
+        ``admitted``: the transport holds the request's admission slot already (a stream's
+        message, ``StreamSession``), so step 1 is skipped.
         Raises the ``ServingError`` whose status the transport answers with; the observer has
         recorded the outcome by then.
         """
@@ -181,7 +194,8 @@ class InferenceCore:
         status = "UNKNOWN"
         trace = RequestTrace()
         try:
-            admission.admit_inference()
+            if not admitted:
+                admission.admit_inference()
             try:
                 check_infer_request(request, self._bounds)
                 # One coroutine from admission to encode: every frame on this path is paid
@@ -216,7 +230,8 @@ class InferenceCore:
                 finally:
                     decoded.release()  # exactly once, cancelled or not
             finally:
-                admission.release_inference()
+                if not admitted:
+                    admission.release_inference()
             status = "OK"
             return reply
         except ServingError as exc:

@@ -176,7 +176,12 @@ async def serve_async(
         externally_managed=config.residency_mode is ResidencyMode.EXTERNALLY_MANAGED,
         compilations=metrics.compilations,
     )
-    admission = worker_admission(config.endpoints.max_concurrent_requests, on_shed=metrics.shed.inc)
+    admission = worker_admission(
+        config.endpoints.max_concurrent_requests,
+        on_shed=metrics.shed.inc,
+        max_inflight_bytes=config.limits.max_inflight_bytes,
+    )
+    edge_stats.inflight_bytes = lambda: admission.bytes.used
     state = WorkerState(
         repository=repository,
         observer=RequestObserver(repository, metrics),
@@ -187,6 +192,7 @@ async def serve_async(
             config.grpc.max_send_msg_bytes,
             config.grpc.compress_responses,
             config.limits,
+            inflight=admission.bytes,
         ),
         shm_registry=ShmRegistry(max_regions=budget.shm_regions),
         admission=admission,

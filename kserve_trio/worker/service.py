@@ -69,7 +69,7 @@ class InferenceService:
         self.state = state
         self.repository = state.repository
         self.core = core
-        self.stream_infer = StreamInfer(core, state.streams)
+        self.stream_infer = StreamInfer(core, state.streams, state.admission)
 
     def methods(self) -> dict[str, Method]:
         lim = self.state.limits

@@ -3,13 +3,14 @@
 ``serving.grpc.StreamSession`` owns the stream's rules (ordering, the bound on outstanding
 requests, one writer, the ends, cancellation, drain). What the worker adds is how one message
 is served (``StreamInfer._one``): it is a ModelInfer request served exactly as a unary call
-serves it (``InferenceCore.infer``: admission against ``endpoints.max_concurrent_requests``,
-lookup, decode, validation, the scheduler's queue, where it coalesces with every other request,
-and the observer's bookkeeping), bounded by the stream's own deadline. A success is a
+serves it (``InferenceCore.infer``: lookup, decode, validation, the scheduler's queue, where it
+coalesces with every other request, and the observer's bookkeeping), bounded by the stream's
+own deadline. Its admission slot is the session's, taken before it is served: at
+``endpoints.max_concurrent_requests`` the stream waits instead of failing. A success is a
 ``ModelStreamInferResponse`` carrying the request's ``ModelInferResponse`` (its pieces, not
-copied); a failure (unknown model, bad input, the concurrency cap, a full queue, the deadline, a
-message that does not decompress or parse) is an answer whose ``error_message`` says why, with
-the request's model and id in ``infer_response`` when they could be read.
+copied); a failure (unknown model, bad input, a full queue, the deadline, a message that does
+not decompress or parse) is an answer whose ``error_message`` says why, with the request's
+model and id in ``infer_response`` when they could be read.
 
 Shutdown: ``OpenStreams.close`` stops every stream's reading; the requests in flight are
 answered (queued ones UNAVAILABLE ``server is shutting down``), then the call ends UNAVAILABLE.
@@ -31,6 +32,7 @@ from kserve_trio.serving.grpc import Call, RawMessage, StreamSession, parse_mess
 from kserve_trio.worker.dispatch import SHUTTING_DOWN
 
 if TYPE_CHECKING:
+    from kserve_trio.serving.admission import Admission
     from kserve_trio.worker.inference import InferenceCore, InferReply
 
 RPC = "ModelStreamInfer"
@@ -82,16 +84,24 @@ class OpenStreams:
 class StreamInfer:
     """The ModelStreamInfer handler (a ``serving.grpc.stream`` function)."""
 
-    def __init__(self, core: InferenceCore, streams: OpenStreams) -> None:
+    def __init__(
+        self, core: InferenceCore, streams: OpenStreams, admission: Admission | None = None
+    ) -> None:
         self.core = core
         self.streams = streams
+        self.admission = admission
+        """The worker's admission: the session takes each message's slot (waiting at the cap)."""
 
     async def __call__(self, call: Call) -> None:
         streams = self.streams
         streams.count += 1
         try:
             session = StreamSession(
-                call, self._one, closing=streams.wait_closing, shutting_down=SHUTTING_DOWN
+                call,
+                self._one,
+                closing=streams.wait_closing,
+                shutting_down=SHUTTING_DOWN,
+                admission=self.admission,
             )
             await session.run()
         finally:
@@ -110,7 +120,11 @@ class StreamInfer:
             return stream_error(why, model, request_id)
 
         try:
-            reply = await self.core.infer(request, transport_deadline_ns=call.deadline_ns)
+            reply = await self.core.infer(
+                request,
+                transport_deadline_ns=call.deadline_ns,
+                admitted=self.admission is not None,
+            )
         except ServingError as exc:
             return failed(exc.message or exc.status.name), failed
         except Exception as exc:  # TimeoutError, or a bug: the status_of wording

@@ -16,17 +16,32 @@ Receiving (``receive``), per message:
    same cap.
 4. Received bytes are handed back to the client's flow-control window as they arrive while the
    call holds at most one window (or the message it waits for) unread; beyond that only as the
-   handler reads them, so a client cannot make a slow handler buffer without bound.
+   handler reads them, so a client cannot make a slow handler buffer without bound. What a call
+   holds beyond the message it is reading counts in its connection's inbound buffer, which
+   stops reading the socket at ``limits.max_connection_buffer_bytes``.
+5. Once its length is known a message is charged to the process's bytes in flight
+   (``Limits.inflight``) until its request is done (``done_with``, or the call's end): past the
+   cap a unary call is refused RESOURCE_EXHAUSTED and a stream's message waits
+   (``receive(wait=True)``). A message whose first bytes have come must be whole within
+   ``limits.message_receive_seconds`` (DEADLINE_EXCEEDED, then the stream is reset).
+6. A compressed message is inflated on arrival a bounded step at a time
+   (``compression.Inflater``), its output charged as it grows (refused past the bytes in
+   flight, never waiting for them) and the task yielding between steps, so a bomb neither takes
+   more than its cap nor holds the event loop; ``plain`` returns the result (or raises what
+   stopped it).
 
 Sending (``send`` for one message, ``send_last`` for a unary reply and the call's end):
-5. The send cap (``Limits.max_send_bytes``, on the uncompressed size) is checked before
+7. The send cap (``Limits.max_send_bytes``, on the uncompressed size) is checked before
    anything is sent (RESOURCE_EXHAUSTED).
-6. A reply that fits the peer's window and frame size is one DATA frame, queued with the
+8. A reply that fits the peer's window and frame size is one DATA frame, queued with the
    response headers (and, for ``send_last``, the OK trailers) so the connection writes them in
    one socket write. A larger one is framed from its own buffers within the peer's flow-control
    window and frame size, written in batches, waiting for WINDOW_UPDATE when the window is
-   spent. Concurrent senders on one stream take turns for framed messages.
-7. ``finish`` ends the call with a status: trailers-only when nothing was sent yet, trailers
+   spent. Concurrent senders on one stream take turns for framed messages. A sender waits while
+   its connection has ``limits.max_send_queue_bytes`` queued for the socket; a reply that cannot
+   make progress (flow control, the queue) for ``limits.send_stall_seconds`` is reset
+   (RST_STREAM CANCEL) and its call cancelled, which releases everything it held.
+9. ``finish`` ends the call with a status: trailers-only when nothing was sent yet, trailers
    otherwise, ``grpc-message`` percent-encoded.
 
 Cancellation: the call's handler runs inside ``scope``; RST_STREAM from the client, a lost
@@ -36,14 +51,24 @@ connection and the call's deadline cancel it (``expired`` tells the deadline apa
 from __future__ import annotations
 
 import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import h2.exceptions
 
 from kserve_trio.core import compression
-from kserve_trio.core.errors import InvalidArgument, ResourceExhausted, StatusCode
+from kserve_trio.core.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    ServingError,
+    StatusCode,
+)
+from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.grpc._headers import Headers, custom_metadata, header_value
 from kserve_trio.serving.grpc._messages import (
     Limits,
@@ -63,6 +88,8 @@ more h2 ``send_data`` call)."""
 SEND_BATCH_BYTES = 1 << 20
 """How much DATA a framed reply queues before it waits for the socket write."""
 
+log = get_logger("kserve_trio.serving.grpc")
+
 _PREFIX = struct.Struct(">BI")
 _CONTENT_TYPE = ("content-type", "application/grpc+proto")
 _OK_TRAILERS = [("grpc-status", "0")]
@@ -73,16 +100,29 @@ class CallClosed(Exception):
     already ended."""
 
 
+@dataclass(frozen=True, slots=True)
+class InflatedMessage(RawMessage):
+    """A compressed message inflated on arrival (rule 6): ``plain_data``, or the ``problem``
+    that stopped it (raised by ``Call.plain``)."""
+
+    plain_data: bytes = b""
+    problem: ServingError | None = None
+
+
 class Call:
     """One call as its handler sees it (module docstring)."""
 
     __slots__ = (
         "_buffered",
+        "_charged",
         "_chunks",
         "_conn",
         "_data_event",
+        "_excess",
+        "_message_by",
         "_metadata",
         "_need",
+        "_reserved",
         "_send_lock",
         "_unacked",
         "_window_event",
@@ -130,6 +170,10 @@ class Call:
         self._buffered = 0
         self._unacked = 0
         self._need = 0
+        self._reserved = 0  # the length of the charged message being read (rules 4-5)
+        self._excess = 0  # what this call counts in its connection's inbound buffer
+        self._charged = 0  # bytes charged to the process's bytes in flight
+        self._message_by: float | None = None  # the receive deadline of the message arriving
         self._data_event: anyio.Event | None = None
         self._window_event: anyio.Event | None = None
         self._send_lock: anyio.Lock | None = None
@@ -170,6 +214,7 @@ class Call:
         if data:
             self._chunks.append(data)
             self._buffered += len(data)
+            self._recount()
         if self._buffered <= max(self._conn.settings.limits.stream_window_bytes, self._need):
             self._conn.acknowledge(flow_length + self._unacked, self.stream_id)
             self._unacked = 0
@@ -194,13 +239,39 @@ class Call:
             event.set()
 
     def _on_reset(self) -> None:
-        """The client reset the stream, or the connection is gone."""
+        """The client reset the stream, or the connection is gone (or a reply stalled)."""
         self.reset = True
         self.closed = True
         if self.scope is not None:  # first: a waiter woken before it would miss the cancel
             self.scope.cancel()
         self._wake_reader()
         self._wake_sender()
+        self._drop_inbound()
+
+    def _recount(self) -> None:
+        """Rule 4: tell the connection what this call holds beyond the message it reads."""
+        excess = self._buffered - self._reserved
+        if excess < 0:
+            excess = 0
+        if excess != self._excess:
+            self._conn.inbound_changed(excess - self._excess)
+            self._excess = excess
+
+    def _drop_inbound(self) -> None:
+        """Forget what was buffered and give back every byte charged (the call is over)."""
+        self._chunks = []
+        self._buffered = 0
+        self._reserved = 0
+        self._recount()
+        self._uncharge(self._charged)
+
+    def done_with(self, message: RawMessage) -> None:
+        """Rule 5: the request ``message`` carried is done (a stream's; a unary call's message
+        is given back at the call's end): its bytes leave the process's bytes in flight."""
+        n = len(message.data)
+        if isinstance(message, InflatedMessage):
+            n += len(message.plain_data)
+        self._uncharge(n)
 
     def _expire(self) -> None:
         """The call's deadline has passed (from the connection's timer)."""
@@ -214,9 +285,8 @@ class Call:
         """Drop what was buffered and not read; the flow-control bytes still owed to the
         connection window (the connection acknowledges them)."""
         owed = self._unacked
-        self._chunks = []
-        self._buffered = 0
         self._unacked = 0
+        self._drop_inbound()
         return owed
 
     async def _read(self, n: int) -> bytes | None:
@@ -229,7 +299,10 @@ class Call:
                 self._conn.acknowledge(self._unacked, self.stream_id)
                 self._unacked = 0
             event = self._data_event = anyio.Event()
-            await event.wait()
+            if self._buffered or self._reserved:  # a message has begun to arrive (rule 5)
+                await self._wait_for_message(event)
+            else:
+                await event.wait()
         self._need = 0
         chunks = self._chunks
         first = chunks[0]
@@ -255,13 +328,37 @@ class Call:
                     size = n
             data = b"".join(got)
         self._buffered -= n
+        self._recount()
         if self._unacked and self._buffered <= self._conn.settings.limits.stream_window_bytes:
             self._conn.acknowledge(self._unacked, self.stream_id)
             self._unacked = 0
         return data
 
-    async def receive(self) -> RawMessage | None:
-        """The next request message, or None when the client has ended its side (rules 1-3)."""
+    async def _wait_for_message(self, event: anyio.Event) -> None:
+        """Wait for more of a message that has begun to arrive, within its receive deadline."""
+        by = self._message_by
+        if by is None:
+            seconds = self._conn.settings.limits.message_receive_seconds
+            if not seconds:
+                await event.wait()
+                return
+            by = self._message_by = anyio.current_time() + seconds
+        with anyio.CancelScope(deadline=by) as scope:
+            await event.wait()
+        if scope.cancelled_caught:
+            seconds = self._conn.settings.limits.message_receive_seconds
+            raise DeadlineExceeded(
+                "",
+                f"the request message was not received within {seconds:g} s "
+                "(limits.message_receive_seconds)",
+            )
+
+    async def receive(self, *, wait: bool = False) -> RawMessage | None:
+        """The next request message, or None when the client has ended its side (rules 1-6).
+
+        ``wait``: past the process's bytes in flight the message waits for room (a stream's
+        backpressure) instead of being refused RESOURCE_EXHAUSTED (a unary call).
+        """
         prefix = await self._read(5)
         if prefix is None:
             if self._buffered:
@@ -281,6 +378,15 @@ class Call:
             raise ResourceExhausted(f"received message larger than max ({length} vs. {cap})")
         data = b""
         if length:
+            budget = self.limits.inflight
+            if budget is not None:  # rule 5, inline: no coroutine per message on this path
+                if wait:
+                    await budget.charge_waiting(length)
+                else:
+                    budget.charge(length)
+                self._charged += length
+            self._reserved = length
+            self._recount()
             got = await self._read(length)
             if got is None:
                 raise InvalidArgument(
@@ -288,12 +394,59 @@ class Call:
                     "its prefix announced"
                 )
             data = got
-        return RawMessage(data, bool(flag))
+            self._reserved = 0
+            self._recount()
+        self._message_by = None  # (an error above ends the call, and with it all of this)
+        if flag:
+            return await self._inflate(data)
+        return RawMessage(data, False)
+
+    def _charge(self, n: int, own: int) -> None:
+        """Rule 5: ``n`` more bytes of a message that has charged ``own`` already."""
+        budget = self.limits.inflight
+        if budget is not None:
+            budget.charge(n, own)
+            self._charged += n
+
+    async def _inflate(self, data: bytes) -> InflatedMessage:
+        """Rule 6: ``data`` inflated step by step, charged as it grows, yielding between steps.
+
+        The steps never wait for room in the bytes in flight (two messages inflating at once
+        could wait for each other for good): past it the message is refused, RESOURCE_EXHAUSTED
+        when ``plain`` is asked for it, a stream's one included.
+        """
+        inflater = compression.Inflater(data, self.encoding, self.limits.max_recv_bytes)
+        grown = 0
+        try:
+            while not inflater.done:
+                n = inflater.step()
+                if n:
+                    self._charge(n, own=len(data) + grown)
+                    grown += n
+                if not inflater.done:
+                    await anyio.lowlevel.checkpoint()  # the other connections meanwhile
+            return InflatedMessage(data, True, inflater.result())
+        except ServingError as exc:
+            del inflater  # the pieces go before the error answer is made
+            self._uncharge(grown)
+            return InflatedMessage(data, True, b"", exc)
+
+    def _uncharge(self, n: int) -> None:
+        n = min(n, self._charged)
+        if n:
+            self._charged -= n
+            budget = self.limits.inflight
+            if budget is not None:
+                budget.release(n)
 
     def plain(self, message: RawMessage) -> bytes | bytearray:
         """``message`` uncompressed (rule 3's cap applies to what it inflates to)."""
         if not message.compressed:
             return message.data
+        if isinstance(message, InflatedMessage):
+            if message.problem is not None:
+                raise message.problem
+            return message.plain_data
         return compression.decompress(message.data, self.encoding, self.limits.max_recv_bytes)
 
     # ---------------------------------------------------------------- sending (rules 5-7)
@@ -331,13 +484,16 @@ class Call:
         try:
             if length <= JOIN_BYTES:
                 payload = b"".join([_PREFIX.pack(flag, length), *pieces])
+                if self._send_lock is None or not self._send_lock.locked():
+                    if conn.send_queue_full():
+                        await self._progress(conn.send_room)
+                    elif conn.backlogged and not last:
+                        await self._progress(conn.drained)
+                    if self.closed:
+                        raise CallClosed(f"{self.rpc}: the call has ended")
                 if len(payload) <= min(
                     h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size
                 ) and (self._send_lock is None or not self._send_lock.locked()):
-                    if conn.backlogged and not last:
-                        await conn.drained()
-                        if self.closed:
-                            raise CallClosed(f"{self.rpc}: the call has ended")
                     if not self.headers_sent:
                         h2conn.send_headers(sid, self._response_headers(encoding))
                         self.headers_sent = True
@@ -384,12 +540,15 @@ class Call:
                 if self.reset:
                     raise CallClosed(f"{self.rpc}: the client reset the stream")
                 window = h2conn.local_flow_control_window(sid)
-                if window <= 0:
+                if window <= 0 or conn.send_queue_full():
                     if queued:
                         conn.want_write()
                         queued = 0
-                    event = self._window_event = anyio.Event()
-                    await event.wait()
+                    if window <= 0:
+                        event = self._window_event = anyio.Event()
+                        await self._progress(event.wait)
+                    else:
+                        await self._progress(conn.send_room)
                     continue
                 n = min(window, h2conn.max_outbound_frame_size, end - pos)
                 h2conn.send_data(sid, view[pos : pos + n])
@@ -397,8 +556,23 @@ class Call:
                 queued += n
                 if queued >= SEND_BATCH_BYTES:
                     conn.want_write()
-                    await conn.drained()
+                    await self._progress(conn.drained)
                     queued = 0
+
+    async def _progress(self, wait: Callable[[], Awaitable[Any]]) -> None:
+        """``wait()`` for the reply to be able to go on (rule 8): within
+        ``limits.send_stall_seconds``, or the stream is reset and the call cancelled."""
+        stall = self._conn.settings.limits.send_stall_seconds
+        if not stall:
+            await wait()
+            return
+        with anyio.move_on_after(stall) as scope:
+            await wait()
+        if scope.cancelled_caught and not self.closed:
+            log.info("send_stalled", rpc=self.rpc, seconds=stall)
+            self._conn.reset_stalled(self.stream_id)
+            self._on_reset()
+            raise CallClosed(f"{self.rpc}: the reply made no progress for {stall:g} s")
 
     def finish(
         self,

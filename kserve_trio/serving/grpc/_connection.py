@@ -42,6 +42,12 @@ Defences (``limits``, counted in the server's ``EdgeStats``):
   connection started, it is closed (no GOAWAY: the client has not spoken HTTP/2).
 - Idle: no call for ``idle_seconds`` is GOAWAY(NO_ERROR, the last stream id), then the close.
 
+Memory (``limits.*``): the connection stops reading its socket while the bytes its calls hold
+beyond the messages they are reading reach ``max_connection_buffer_bytes`` (``inbound_changed``;
+resumed below it), and its senders wait while ``max_send_queue_bytes`` are queued for the
+socket (``send_queue_full``: h2's outbound buffer, frames of ours not yet taken, the write in
+progress and the transport's buffer).
+
 Drain (``start_drain``, at shutdown or at the maximum connection age): GOAWAY with the last
 stream id 2^31-1 and a PING; once the PING is answered (or after a timeout) GOAWAY with the
 real last stream id. Streams opened after it are refused (REFUSED_STREAM); the calls in flight
@@ -60,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import h2.config
 import h2.connection
 import h2.events
@@ -208,6 +215,11 @@ class Connection:
         self._write_pending = False
         self._writer_wake: anyio.Event | None = None
         self._writing = False
+        self._sending = 0  # bytes of the socket write in progress (the anyio stream's)
+        self.inbound_bytes = 0
+        """What the calls hold beyond the messages they are reading (``inbound_changed``)."""
+        self._read_paused = False
+        self._read_resumed: anyio.Event | None = None
         self._drained_event: anyio.Event | None = None
         self._deadlines: list[tuple[float, int, Call]] = []
         self._seq = itertools.count()
@@ -333,6 +345,9 @@ class Connection:
         stream = self.stream
         assert stream is not None
         while True:
+            while self._read_paused:
+                resumed = self._read_resumed = anyio.Event()
+                await resumed.wait()
             try:
                 data = await stream.receive(_RECEIVE_BYTES)
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -682,6 +697,40 @@ class Connection:
             return
         self.want_write()
 
+    def inbound_changed(self, delta: int) -> None:
+        """A call holds ``delta`` more (or fewer) bytes beyond the message it reads: reading
+        stops at ``limits.max_connection_buffer_bytes`` and resumes below it."""
+        total = self.inbound_bytes = self.inbound_bytes + delta
+        cap = self.settings.limits.max_connection_buffer_bytes
+        if not cap:
+            return
+        if total >= cap:
+            if not self._read_paused:
+                self._read_paused = True
+                fast = self._fast
+                if fast is not None and fast.transport is not None:
+                    try:
+                        fast.transport.pause_reading()
+                    except (RuntimeError, AttributeError):  # closing already
+                        pass
+        elif self._read_paused:
+            self._read_paused = False
+            fast = self._fast
+            if fast is not None and fast.transport is not None:
+                if not fast.transport.is_closing():
+                    try:
+                        fast.transport.resume_reading()
+                    except (RuntimeError, AttributeError):
+                        pass
+            resumed = self._read_resumed
+            if resumed is not None:
+                self._read_resumed = None
+                resumed.set()
+
+    def reset_stalled(self, sid: int) -> None:
+        """A reply of stream ``sid`` made no progress for ``limits.send_stall_seconds``."""
+        self._reset_stream(sid, ErrorCodes.CANCEL)
+
     def acknowledge(self, flow_length: int, sid: int) -> None:
         """Give ``flow_length`` received bytes of stream ``sid`` back to the client's windows."""
         if flow_length:
@@ -692,6 +741,29 @@ class Connection:
             self.want_write()
 
     # ------------------------------------------------------------------ writing
+
+    def queued_bytes(self) -> int:
+        """Bytes queued for the socket and not yet sent (module docstring, memory)."""
+        # h2 keeps what it has framed in one bytearray until ``data_to_send`` takes it.
+        queued = len(getattr(self.h2, "_data_to_send", b"")) + self._sending
+        for piece in self._stash:
+            queued += len(piece)
+        fast = self._fast
+        if fast is not None and fast.transport is not None:
+            queued += fast.transport.get_write_buffer_size()
+        return queued
+
+    def send_queue_full(self) -> bool:
+        """Whether senders wait: ``limits.max_send_queue_bytes`` are queued for the socket."""
+        cap = self.settings.limits.max_send_queue_bytes
+        return bool(cap) and self.queued_bytes() >= cap
+
+    async def send_room(self) -> None:
+        """Return once what is queued for the socket has been written (a sender that found
+        the send queue full waits here)."""
+        self.want_write()
+        await self.drained()
+        await anyio.lowlevel.checkpoint()  # never a busy loop, whatever is queued
 
     @property
     def backlogged(self) -> bool:
@@ -765,6 +837,7 @@ class Connection:
                         fast = self._fast
                         if fast is None:
                             assert stream is not None
+                            self._sending = len(data)
                             await stream.send(data)
                         elif fast.write(data):
                             await fast.writable()
@@ -772,6 +845,7 @@ class Connection:
                             raise anyio.BrokenResourceError
                     finally:
                         self._writing = False
+                        self._sending = 0
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self._stop_reading()  # the peer is gone
         finally:
@@ -966,6 +1040,7 @@ class _NoLimits:
     max_recv_bytes = 0
     max_send_bytes = 0
     compress_responses = False
+    inflight = None
 
 
 _NO_LIMITS: Any = _NoLimits()

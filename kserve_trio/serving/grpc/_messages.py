@@ -1,8 +1,10 @@
 """Messages as a call sends and receives them: caps, raw and typed forms, reply pieces.
 
 - ``Limits``: one server's message caps (``grpc.max_*_msg_bytes``, on decompressed sizes),
-  whether every reply is compressed (``grpc.compress_responses``) and the server's ``limits:``
-  block (``edge``), whose name and repeated-field bounds ``parse_message`` applies.
+  whether every reply is compressed (``grpc.compress_responses``), the server's ``limits:``
+  block (``edge``), whose name and repeated-field bounds ``parse_message`` applies, and the
+  process's request bytes in flight its calls charge (``inflight``, the admission's
+  ``InflightBytes``).
 - ``RawMessage``: one received message exactly as it arrived (compressed ones still compressed).
 - ``parse_message``: bytes to a typed message. ModelInfer requests go through our own wire
   parser (payloads stay views of the received bytes, repeated fields counted as they grow);
@@ -20,7 +22,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kserve_trio.core import compression
 from kserve_trio.core.config import EdgeLimits
@@ -35,6 +37,9 @@ from kserve_trio.core.infer_wire import (
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.message_check import check_bounds, scan_bounds, wrong_field
 
+if TYPE_CHECKING:
+    from kserve_trio.serving.admission import InflightBytes
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -45,6 +50,8 @@ class Limits:
     max_send_bytes: int
     compress_responses: bool = False
     edge: EdgeLimits = field(default_factory=EdgeLimits)
+    inflight: InflightBytes | None = field(default=None, compare=False)
+    """The process's request bytes in flight (``Admission.bytes``); None: not counted."""
 
 
 @dataclass(frozen=True, slots=True)

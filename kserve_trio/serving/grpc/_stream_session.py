@@ -10,19 +10,25 @@ to a worker); the ordering, bounds and lifetime rules are these, for both:
    requests of a stream are read and not yet answered: past that the session stops reading
    until an answer is written, and HTTP/2 flow control holds the client back (backpressure,
    never an error).
-2. Answers are written in completion order by one writer task from a memory object stream, so
+2. The process's bounds hold a stream back the same way, never fail it: each message takes a
+   slot of the server's ``admission`` before it is served (``Admission.wait_inference``: at the
+   concurrency cap the reading waits, and its requests count against the cap like unary ones,
+   so the outstanding bound sits inside the cap), and a message's bytes wait for room in the
+   process's bytes in flight (``Call.receive(wait=True)``). Both are given back when its
+   request has been served (``Call.done_with``), before its answer is written.
+3. Answers are written in completion order by one writer task from a memory object stream, so
    the frames of two answers never interleave. ``serve_one(call, message)`` turns every
    failure of its own request into an answer (the stream stays open) and returns it with a
    function that makes that request's error answer from a message: an answer over the send cap
    is replaced by the error answer saying so.
-3. The end of the client's half: the answers in flight are written, then the call ends OK. A
+4. The end of the client's half: the answers in flight are written, then the call ends OK. A
    framing error (a message cut short, a bad prefix, an announced length over the cap) stops
    the reading the same way and ends the call with its status once the answers are written.
-4. The client's cancellation (RST_STREAM, a lost connection, the call's deadline) cancels the
+5. The client's cancellation (RST_STREAM, a lost connection, the call's deadline) cancels the
    session's task group: every request still being served is cancelled with it.
-5. Drain: once ``closing()`` returns, the session stops reading, writes the answers in flight
+6. Drain: once ``closing()`` returns, the session stops reading, writes the answers in flight
    and ends the call UNAVAILABLE with ``shutting_down`` as the message.
-6. A failed write (the client is gone) cancels the whole session.
+7. A failed write (the client is gone) cancels the whole session.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from kserve_trio.core.errors import ResourceExhausted, ServingError, StatusCode
+from kserve_trio.core.errors import ResourceExhausted, ServingError, StatusCode, Unavailable
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.admission import Admission
 from kserve_trio.serving.grpc._call import Call
 from kserve_trio.serving.grpc._messages import RawMessage
 from kserve_trio.serving.grpc._status import status_of
@@ -60,12 +67,14 @@ class StreamSession:
         closing: Callable[[], Awaitable[None]],
         shutting_down: str,
         max_outstanding: int = MAX_OUTSTANDING,
+        admission: Admission | None = None,
     ) -> None:
         self.call = call
         self.serve_one = serve_one
         self.closing = closing
         self.shutting_down = shutting_down
         self.max_outstanding = max_outstanding
+        self.admission = admission
         self.slots = anyio.Semaphore(max_outstanding)
         self.framing_error: ServingError | None = None
         self.drained = False
@@ -109,10 +118,11 @@ class StreamSession:
         send: MemoryObjectSendStream[tuple[Answer, Callable[[str], Answer]]],
         tg: anyio.abc.TaskGroup,
     ) -> None:
+        call, admission = self.call, self.admission
         while True:
             await self.slots.acquire()  # released by the writer once the answer is out
             try:
-                message = await self.call.receive()
+                message = await call.receive(wait=True)
             except ServingError as exc:
                 self.slots.release()
                 self.framing_error = exc
@@ -120,6 +130,14 @@ class StreamSession:
             if message is None:
                 self.slots.release()
                 return
+            if admission is not None:
+                try:
+                    await admission.wait_inference()  # rule 2: backpressure at the cap
+                except Unavailable:  # draining: rule 6
+                    call.done_with(message)
+                    self.slots.release()
+                    self.drained = True
+                    return
             tg.start_soon(self._one, message, send.clone())
 
     async def _one(
@@ -128,7 +146,13 @@ class StreamSession:
         send: MemoryObjectSendStream[tuple[Answer, Callable[[str], Answer]]],
     ) -> None:
         with send:
-            await send.send(await self.serve_one(self.call, message))
+            try:
+                answer = await self.serve_one(self.call, message)
+            finally:
+                self.call.done_with(message)
+                if self.admission is not None:
+                    self.admission.release_inference()
+            await send.send(answer)
 
     async def _write(
         self,

@@ -1,0 +1,78 @@
+"""What the memory tests read of a server process and send it: /proc figures (RSS, its peak,
+open descriptors), deadline loops, and the mlp request of the demo repository."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from kserve_trio.proto import inference as pb
+
+MiB = 1 << 20
+
+
+def status_kib(pid: int, field: str) -> int:
+    """A ``/proc/<pid>/status`` figure in KiB (``VmRSS``, ``VmHWM``)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def rss(pid: int) -> int:
+    """Resident bytes now."""
+    return status_kib(pid, "VmRSS") << 10
+
+
+def peak_rss(pid: int) -> int:
+    """The most resident bytes the process has had (VmHWM)."""
+    return status_kib(pid, "VmHWM") << 10
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+
+
+def mlp_input(rows: int = 1, value: float = 1.0) -> grpcclient.InferInput:
+    x = np.full((rows, 16), value, np.float32)
+    inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def mlp_request_bytes(rows: int = 1, request_id: str = "") -> bytes:
+    """A serialized ModelInferRequest for ``mlp`` (raw HTTP/2 clients send it as it is)."""
+    x = np.ones((rows, 16), np.float32)
+    return bytes(
+        pb.ModelInferRequest(
+            model_name="mlp",
+            id=request_id,
+            inputs=[
+                pb.ModelInferRequestInferInputTensor(
+                    name="input_0", datatype="FP32", shape=[rows, 16]
+                )
+            ],
+            raw_input_contents=[x.tobytes()],
+        )
+    )
+
+
+def served_ok(client: grpcclient.InferenceServerClient) -> bool:
+    """A well-behaved client is served: one mlp inference answers the right shape."""
+    result = client.infer("mlp", [mlp_input()], client_timeout=30)
+    output = None if result is None else result.as_numpy("output")
+    return output is not None and output.shape == (1, 8)
