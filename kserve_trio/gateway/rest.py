@@ -36,6 +36,7 @@ from kserve_trio.gateway.caller_headers import passing_on, rest_headers
 from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving.accept import ListenError
+from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
@@ -164,13 +165,15 @@ async def serve_rest(
     stats: EdgeStats | None = None,
     connection_cap: int | None = None,
     reuse_port: bool = False,
+    inflight: InflightBytes | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's REST endpoint until cancelled (``task_status.started(port)``), then
     close its connections to the workers. Bodies are capped at ``max_body_bytes`` as sent and
     decompressed (413), and nested at most ``max_json_depth`` deep wherever the gateway parses
     them (400). ``limits``, ``stats``, ``connection_cap``: as ``serve_app`` takes them;
-    ``reuse_port``: the port is shared (SO_REUSEPORT)."""
+    ``reuse_port``: the port is shared (SO_REUSEPORT); ``inflight``: the process's bytes in
+    flight the bodies are charged to (the admission's, as the gRPC messages are)."""
     rest = GatewayRest(
         service, restrictions=restrictions, max_json_depth=max_json_depth, stats=stats
     )
@@ -186,6 +189,7 @@ async def serve_rest(
             stats=stats,
             connection_cap=connection_cap,
             reuse_port=reuse_port,
+            inflight=inflight,
             task_status=task_status,
         )
     except ListenError as exc:  # the bind: say which address (the CLI prints this one line)

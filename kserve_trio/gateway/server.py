@@ -349,6 +349,7 @@ async def serve_gateway_async(
                         max_json_depth=config.limits.max_json_depth,
                         ssl_context=ssl_context,
                         reuse_port=shared_ports,
+                        inflight=gateway.admission.bytes,
                         **edge,
                     )
                 )

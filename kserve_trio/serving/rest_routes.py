@@ -149,13 +149,14 @@ def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
     """The request's body, decompressed when ``Content-Encoding`` says gzip or deflate;
     another encoding is UNIMPLEMENTED. Decompression is incremental with the cap on its
     output: it stops one byte past ``max_bytes`` and answers 413 (``PayloadTooLarge``), so a
-    bomb costs the cap, not what it would inflate to."""
+    bomb costs the cap, not what it would inflate to. What it inflates to is charged to the
+    request's bytes in flight as it grows (``HttpRequest.charge``; 429 when it does not fit)."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if not encoding or encoding == compression.IDENTITY:
         return request.body
     if encoding not in (compression.GZIP, compression.DEFLATE):
         raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
-    return inflate_body(request.body, encoding, max_bytes)
+    return inflate_body(request.body, encoding, max_bytes, request.charge)
 
 
 def note_refusal(

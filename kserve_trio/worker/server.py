@@ -60,6 +60,7 @@ from kserve_trio.worker import heartbeat
 if TYPE_CHECKING:
     from kserve_trio.runtime.backend import WorkerBackend
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.admission import InflightBytes
     from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.grpc import GrpcServer
     from kserve_trio.worker.inference import InferenceCore
@@ -253,7 +254,16 @@ async def serve_async(
         http_port = 0
         if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
             http_port = await tg.start(
-                functools.partial(_serve_rest, config, service, core, ssl_context, edge_stats, cap)
+                functools.partial(
+                    _serve_rest,
+                    config,
+                    service,
+                    core,
+                    ssl_context,
+                    edge_stats,
+                    cap,
+                    inflight=admission.bytes,
+                )
             )
         server = GrpcServer(
             restrict(
@@ -393,11 +403,13 @@ async def _serve_rest(
     edge_stats: EdgeStats,
     connection_cap: int,
     *,
+    inflight: InflightBytes | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """The KServe V2 REST endpoint (``endpoints.http_port``, TLS like the gRPC port): the
-    same service and inference core behind ``worker.rest``; bodies capped like gRPC messages,
-    connections and deadlines under ``config.limits``."""
+    same service and inference core behind ``worker.rest``; bodies capped like gRPC messages
+    and charged to the same bytes in flight (``inflight``, the admission's), connections and
+    deadlines under ``config.limits``."""
     from kserve_trio.core.restricted import Restrictions
     from kserve_trio.serving.accept import ListenError
     from kserve_trio.serving.http import serve_app
@@ -420,6 +432,7 @@ async def _serve_rest(
             limits=config.limits,
             stats=edge_stats,
             connection_cap=connection_cap,
+            inflight=inflight,
             task_status=task_status,
         )
     except ListenError as exc:  # the bind: say which port (the CLI prints this one line)

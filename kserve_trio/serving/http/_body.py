@@ -6,18 +6,31 @@ a chunked body is counted as it arrives and refused the moment it passes the cap
 kept of it is dropped then. A body that arrives in one piece is kept as that piece; a longer one
 is appended to one ``bytearray`` (grown in place: no list of pieces joined at the end, so a
 body costs about its own size, not twice). A compressed body has the same cap on its output
-(``inflate_body``, called by ``serving.rest_routes.request_body``). The refusal is 413 Payload Too Large with the gRPC
-message, ``received message larger than max (N vs. M)``, and the connection closes.
+(``inflate_body``, called by ``serving.rest_routes.request_body``). The refusal is 413 Payload
+Too Large with the gRPC message, ``received message larger than max (N vs. M)``, and the
+connection closes.
+
+A body's bytes are also charged to the process's bytes in flight (``BodyCharges``, the
+admission's ``InflightBytes`` that the gRPC messages count in): its ``Content-Length`` when the
+head announces one, else each piece as it arrives, and what it inflates to as it grows; they
+are given back once its request has been answered or its connection ends. A body that does not
+fit is refused as a gRPC message is, RESOURCE_EXHAUSTED (HTTP 429) with the same message, and
+one request alone is always admitted.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kserve_trio.core.compression import DEFLATE, GZIP
-from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode
+from kserve_trio.core.errors import InvalidArgument, ResourceExhausted, ServingError, StatusCode
 from kserve_trio.core.event_loops import asyncio_transport
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.admission import InflightBytes
+    from kserve_trio.serving.edge_stats import EdgeStats
 
 INFLATE_STEP = 1 << 20
 """Bytes of output one inflate step may produce (and of input it is fed), so the body grows a
@@ -38,7 +51,7 @@ def too_large(size: int | None, cap: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"received message larger than max ({shown} vs. {cap})")
 
 
-def _inflate(view: memoryview, wbits: int, cap: int) -> bytearray:
+def _inflate(view: memoryview, wbits: int, cap: int, grown: Callable[[int], None]) -> bytearray:
     inflater = zlib.decompressobj(wbits)
     out = bytearray()
     pos = 0
@@ -52,27 +65,44 @@ def _inflate(view: memoryview, wbits: int, cap: int) -> bytearray:
         out += inflater.decompress(data, min(cap + 1 - len(out), INFLATE_STEP))
         if len(out) > cap:
             raise too_large(None, cap)
+        grown(len(out))
     if not inflater.eof:
         out += inflater.flush()  # at most what zlib still holds of its window
         if len(out) > cap:
             raise too_large(None, cap)
+        grown(len(out))
         if not inflater.eof:
             raise zlib.error("incomplete or truncated stream")
     return out
 
 
-def inflate_body(body: bytes | bytearray, encoding: str, cap: int) -> bytearray:
+def inflate_body(
+    body: bytes | bytearray,
+    encoding: str,
+    cap: int,
+    charge: Callable[[int], None] | None = None,
+) -> bytearray:
     """A ``Content-Encoding: gzip|deflate`` body decompressed a step at a time with the cap on
     the output: it stops as soon as the output passes ``cap`` (``PayloadTooLarge``), so a
     decompression bomb costs the cap, never what it would inflate to. ``deflate`` is the zlib
     format, or a raw deflate stream (some clients send one); a corrupt body is
-    ``InvalidArgument``."""
+    ``InvalidArgument``. ``charge(n)`` is told of each step's ``n`` new bytes of output (the
+    request's bytes in flight: it raises to stop the inflation); a framing that is tried and
+    fails charges nothing twice."""
     framings = (31,) if encoding == GZIP else (15, -15)
     assert encoding in (GZIP, DEFLATE)
+    held = 0
+
+    def grown(size: int) -> None:
+        nonlocal held
+        if charge is not None and size > held:
+            charge(size - held)
+            held = size
+
     last: zlib.error | None = None
     for wbits in framings:
         try:
-            return _inflate(memoryview(body), wbits, cap)
+            return _inflate(memoryview(body), wbits, cap, grown)
         except zlib.error as exc:
             last = exc
     raise InvalidArgument(f"cannot decompress the {encoding} request body: {last}")
@@ -139,10 +169,36 @@ class BodyBuffer:
         return data
 
 
+class BodyCharges:
+    """The REST bodies' side of the process's bytes in flight (module docstring): one per
+    server, shared by its connections; a refusal is counted in
+    ``stats.refused_requests{reason="inflight_bytes"}``."""
+
+    __slots__ = ("inflight", "stats")
+
+    def __init__(self, inflight: InflightBytes, stats: EdgeStats) -> None:
+        self.inflight = inflight
+        self.stats = stats
+
+    def charge(self, n: int, own: int) -> None:
+        """Charge ``n`` bytes more of a request that holds ``own`` already, or
+        RESOURCE_EXHAUSTED (the gRPC refusal's message) when they do not fit."""
+        try:
+            self.inflight.charge(n, own)
+        except ResourceExhausted:
+            self.stats.refuse_request("inflight_bytes")
+            raise
+
+    def release(self, n: int) -> None:
+        """Give back ``n`` charged bytes (their request is answered or its connection ended)."""
+        self.inflight.release(n)
+
+
 __all__ = [
     "INFLATE_STEP",
     "READ_AHEAD_CHUNKS",
     "BodyBuffer",
+    "BodyCharges",
     "PayloadTooLarge",
     "inflate_body",
     "read_ahead_bound",

@@ -20,6 +20,12 @@ bodies):
    of a chunked body as they arrive (``_body``: else 413 ``received message larger than max (N
    vs. M)``, the gRPC message, and the connection closes, lingering a moment so the client
    reads the answer);
+2a. bytes in flight (``serve_app(inflight=...)``): a body is charged to the process's
+   ``InflightBytes``, the budget gRPC messages count in, at its ``Content-Length`` once the head
+   is parsed (a chunked body piece by piece, an inflated one as it grows: ``HttpRequest.charge``)
+   and given back once its request is answered or the connection ends. A body that does not
+   fit is answered 429 with the gRPC refusal's message (after the requests parsed before it)
+   and the connection closes as in rule 2; one request alone is always admitted;
 3. ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the caps;
 4. ``HEAD`` is answered with the headers of ``GET`` and no body;
 5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
@@ -36,7 +42,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -48,8 +54,11 @@ from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
-from kserve_trio.serving.http._body import BodyBuffer, read_ahead_bound, too_large
+from kserve_trio.serving.http._body import BodyBuffer, BodyCharges, read_ahead_bound, too_large
 from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.admission import InflightBytes
 
 log = get_logger("kserve_trio.serving.http")
 
@@ -76,6 +85,18 @@ class HttpRequest:
     query: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | bytearray = b""
+    charged: int = 0
+    """Bytes of this request charged to the process's bytes in flight (rule 2a)."""
+    charges: BodyCharges | None = field(default=None, repr=False, compare=False)
+    """Where they are charged (None: a server that counts no bytes in flight)."""
+
+    def charge(self, n: int) -> None:
+        """Charge ``n`` more bytes this request holds (its body as it inflates) until it is
+        answered; RESOURCE_EXHAUSTED (429) when they do not fit."""
+        charges = self.charges
+        if charges is not None and n:
+            charges.charge(n, self.charged)
+            self.charged += n
 
 
 @dataclass
@@ -148,8 +169,15 @@ class _Parsed:
     """httptools' callbacks: collects requests as they complete (the parser calls back
     synchronously from ``feed_data``)."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, charges: BodyCharges | None = None) -> None:
         self.max_body = max_body
+        self.charges = charges
+        self.charged = 0
+        """Bytes of the request being parsed charged so far (rule 2a)."""
+        self.announced = False
+        """Whether its ``Content-Length`` was charged (its pieces then are not)."""
+        self.refused: ResourceExhausted | None = None
+        """The refusal of a body that did not fit in the bytes in flight."""
         self.ready: list[tuple[HttpRequest, bool]] = []
         self.url = b""
         self.headers: dict[str, str] = {}
@@ -161,6 +189,7 @@ class _Parsed:
 
     def on_message_begin(self) -> None:
         self.url, self.headers, self.head_bytes = b"", {}, 0
+        self.announced = False
         self.body.take()
 
     def on_url(self, url: bytes) -> None:
@@ -174,25 +203,63 @@ class _Parsed:
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
+        if self.refused is not None:
+            return
         length = self.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_body:
-            self.too_large = int(length)
-        elif self.headers.get("expect", "").lower() == "100-continue":
+        if length.isdigit():
+            size = int(length)
+            if size > self.max_body:
+                self.too_large = size
+                return
+            if size and self.charges is not None:
+                if not self._charge(size):
+                    return
+                self.announced = True
+        if self.headers.get("expect", "").lower() == "100-continue":
             self.expect_continue = True
 
+    def _charge(self, n: int) -> bool:
+        """Rule 2a: ``n`` more bytes of this body charged; False (refused) when they do not fit."""
+        assert self.charges is not None
+        try:
+            self.charges.charge(n, self.charged)
+        except ResourceExhausted as exc:
+            self.refused = exc
+            self.body.take()  # what was kept of it goes now
+            return False
+        self.charged += n
+        return True
+
     def on_body(self, data: bytes) -> None:
-        if self.too_large:  # refused at its Content-Length: nothing of it is kept
+        if self.too_large or self.refused is not None:  # refused: nothing of it is kept
             return
         if not self.body.add(data):  # counted as it arrives: refused the moment it passes
             self.too_large = self.body.received
+        elif not self.announced and self.charges is not None:
+            self._charge(len(data))
 
     def on_message_complete(self) -> None:
         assert self.parser is not None
+        if self.refused is not None:  # neither it nor what follows it is answered
+            return
         method = self.parser.get_method().decode("latin-1")
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
-        request = HttpRequest(method, path, query, self.headers, self.body.take())
+        body = self.body.take()
+        request = HttpRequest(method, path, query, self.headers, body, self.charged, self.charges)
+        self.charged = 0
         self.ready.append((request, self.parser.should_keep_alive()))
+
+    def release_held(self) -> None:
+        """Rule 2a at the connection's end: give back what its unanswered requests hold."""
+        charges = self.charges
+        if charges is None:
+            return
+        held = self.charged + sum(request.charged for request, _ in self.ready)
+        self.charged = 0
+        for request, _ in self.ready:
+            request.charged = 0
+        charges.release(held)
 
 
 async def _reply(
@@ -304,11 +371,12 @@ async def serve_connection(
     max_body_bytes: int,
     reaper: IdleReaper | None = None,
     accepted_at: float | None = None,
+    charges: BodyCharges | None = None,
 ) -> None:
     """Serve one connection until it closes (see the module docstring for the rules); with a
     ``reaper``, under its deadlines, the first head's counted from ``accepted_at`` (default:
-    now)."""
-    parsed = _Parsed(max_body_bytes)
+    now); with ``charges``, its bodies count in the process's bytes in flight (rule 2a)."""
+    parsed = _Parsed(max_body_bytes, charges)
     scope = anyio.CancelScope()
     clock = _Clock(scope, anyio.current_time() if accepted_at is None else accepted_at)
     parser = httptools.HttpRequestParser(_HeadWatch(parsed, clock))
@@ -317,7 +385,10 @@ async def serve_connection(
     async with stream:
         with scope:  # what the reaper cancels
             stats = reaper.stats if reaper is not None else None
-            await _serve(stream, app, max_body_bytes, parsed, parser, clock, waiting, stats)
+            try:
+                await _serve(stream, app, max_body_bytes, parsed, parser, clock, waiting, stats)
+            finally:
+                parsed.release_held()
         if clock.reason and reaper is not None:
             reaper.stats.refuse_connection(clock.reason)
             if clock.reason == "handshake_timeout" and clock.head_bytes_seen:
@@ -378,16 +449,24 @@ async def _serve(
             await stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         while parsed.ready:
             request, keep_alive = parsed.ready.pop(0)
-            response = await _answer(app, request)
             close = not keep_alive
             try:
+                response = await _answer(app, request)
                 await _reply(stream, response, head_only=request.method == "HEAD", close=close)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
+            finally:
+                if request.charged:  # rule 2a: answered (or never will be)
+                    charged, request.charged = request.charged, 0
+                    assert request.charges is not None
+                    request.charges.release(charged)
             if close:
                 return
             if clock.head_since is not None:  # a pipelined head: its time starts now
                 clock.head_since = anyio.current_time()
+        if parsed.refused is not None:  # rule 2a, once what came before it is answered
+            await _close_with(stream, error_response(parsed.refused))
+            return
 
 
 async def _close_with(stream: anyio.abc.ByteStream, response: HttpResponse) -> None:
@@ -418,6 +497,7 @@ async def serve_app(
     stats: EdgeStats | None = None,
     connection_cap: int | None = None,
     reuse_port: bool = False,
+    inflight: InflightBytes | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled; ``task_status.started(bound_port)``.
@@ -427,7 +507,9 @@ async def serve_app(
     call's own task group. ``limits`` gives the deadlines and ``max_connections``,
     ``connection_cap`` this listener's cap when the process's descriptor budget set one
     (``serving.fd_budget``); ``stats`` counts what the defences closed.
-    ``reuse_port`` binds with SO_REUSEPORT (several processes share the port).
+    ``reuse_port`` binds with SO_REUSEPORT (several processes share the port). ``inflight``:
+    the process's bytes in flight (``Admission.bytes``) the request bodies are charged to
+    (rule 2a; a refusal counted in ``stats`` as ``inflight_bytes``); None charges nothing.
     """
     limits = limits or EdgeLimits()
     stats = stats or EdgeStats()
@@ -436,6 +518,7 @@ async def serve_app(
     )
     reaper = IdleReaper(limits, stats)
     handshake = limits.handshake_seconds
+    charges = BodyCharges(inflight, stats) if inflight is not None else None
 
     async def serve_socket(sock: socket.socket) -> None:
         accepted_at = anyio.current_time()
@@ -460,7 +543,7 @@ async def serve_app(
                 log.info(f"{name}_tls_handshake_failed", error=repr(exc)[:200])
                 return
         try:
-            await serve_connection(stream, app, max_body_bytes, reaper, accepted_at)
+            await serve_connection(stream, app, max_body_bytes, reaper, accepted_at, charges)
         except Exception as exc:  # one broken connection never stops the endpoint
             log.warning(f"{name}_connection_failed", error=repr(exc))
 
