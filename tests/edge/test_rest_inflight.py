@@ -7,12 +7,14 @@ In process, on asyncio and trio: a real ``serve_app`` on a loopback port with it
 as its head is parsed, a chunked one piece by piece, a gzip one as it inflates; a body that
 does not fit gets 429 with the gRPC refusal's message while the first is still being sent, and
 fits once the first is answered; the gauge is back to 0 after every request and after a client
-that leaves mid-body; a request without a body, or a small one, is served as before.
+that leaves mid-body; requests pipelined before a refused body are answered first; a request
+without a body, or a small one, is served as before.
 
 End to end: a CLI worker (``INFERENCE_SERVER_ENDPOINTS_HTTP_PORT``, a 1 MiB
-``INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES``) refuses a second large body 429 while a first
-one holds the bytes, counts it (``worker_edge_refused_requests{reason="inflight_bytes"}``), and
-its ``worker_edge_inflight_bytes`` gauge returns to 0.
+``INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES``) and a CLI gateway (``KSERVE_TRIO_GATEWAY_LISTEN_
+HTTP``, the same budget) each refuse a second large body 429 while a first one holds the bytes,
+count it (``<prefix>_edge_refused_requests{reason="inflight_bytes"}``), and their
+``<prefix>_edge_inflight_bytes`` gauge returns to 0.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 from kserve_trio.serving.rest_routes import request_body
 from tests.edge.rest_peer import good_infer_body, metric, read_reply, request, worker_metrics
-from tests.gateway.procs import Worker
+from tests.gateway.procs import Gateway, Worker
 from tests.ports import free_port
 
 KIB = 1 << 10
@@ -110,22 +112,36 @@ def head(length: int | None, extra: str = "") -> bytes:
     return f"POST /echo HTTP/1.1\r\nHost: t\r\n{framing}\r\n{extra}\r\n".encode()
 
 
-async def reply(stream: anyio.abc.SocketStream) -> tuple[int, dict]:
-    """One whole reply read from ``stream`` (status, JSON body), within WAIT_SECONDS."""
+def parse_replies(data: bytes) -> list[tuple[int, dict]]:
+    """The whole replies at the start of ``data`` (status, JSON body), in order."""
+    replies = []
+    while True:
+        top, sep, rest = data.partition(b"\r\n\r\n")
+        if not sep:
+            return replies
+        length = next(
+            int(line.split(b":")[1])
+            for line in top.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        if len(rest) < length:
+            return replies
+        replies.append((int(top.split()[1]), json.loads(rest[:length])))
+        data = rest[length:]
+
+
+async def replies(stream: anyio.abc.SocketStream, count: int) -> list[tuple[int, dict]]:
+    """The next ``count`` replies read from ``stream``, within WAIT_SECONDS."""
     data = b""
     with anyio.fail_after(WAIT_SECONDS):
-        while True:
+        while len(parsed := parse_replies(data)) < count:
             data += await stream.receive()
-            top, sep, rest = data.partition(b"\r\n\r\n")
-            if not sep:
-                continue
-            length = next(
-                int(line.split(b":")[1])
-                for line in top.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            if len(rest) >= length:
-                return int(top.split()[1]), json.loads(rest[:length])
+    return parsed
+
+
+async def reply(stream: anyio.abc.SocketStream) -> tuple[int, dict]:
+    """One whole reply read from ``stream`` (status, JSON body), within WAIT_SECONDS."""
+    return (await replies(stream, 1))[0]
 
 
 async def whole(served: Served, body: bytes, extra: str = "") -> tuple[int, dict]:
@@ -228,12 +244,29 @@ async def test_one_request_alone_is_admitted_and_one_without_a_body_is_never_ref
     assert served.stats.refused_requests["inflight_bytes"] == 0
 
 
-# ---------------------------------------------------------------------------- a CLI worker
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_requests_pipelined_before_a_refused_body_are_answered_first(served: Served):
+    holder = await served.connect()
+    await holder.send(head(LARGE) + bytes(FIRST_PIECE))
+    await served.until(lambda: served.inflight.used == LARGE, "the holder charged")
+    async with await served.connect() as pipelined:
+        small = head(10) + b"x" * 10
+        await pipelined.send(small + head(LARGE) + bytes(FIRST_PIECE))
+        answered, refused = await replies(pipelined, 2)
+        assert answered == (200, {"body": 10})
+        # the small body still holds its 10 bytes when both came in one read
+        held = {refusal(LARGE + 10, LARGE), refusal(LARGE, LARGE)}
+        assert refused[0] == 429 and refused[1]["error"] in held, refused
+    await served.until(lambda: served.inflight.used == LARGE, "only the holder left")
+    await holder.aclose()
+    await served.drained()
 
-WORKER_BUDGET = 1 << 20
-WORKER_LARGE = 768 * KIB
-INFLIGHT = "worker_edge_inflight_bytes"
-REFUSED = "worker_edge_refused_requests_total"
+
+# ------------------------------------------------------------- a CLI worker and a gateway
+
+CLI_BUDGET = 1 << 20
+CLI_LARGE = 768 * KIB
 
 
 def gauge(text: str, name: str) -> float:
@@ -243,12 +276,42 @@ def gauge(text: str, name: str) -> float:
     raise AssertionError(f"no {name} in the exposition")
 
 
-def gauge_settles(worker: Worker, value: float, timeout: float = 20.0) -> float:
-    deadline = time.monotonic() + timeout
-    while (seen := gauge(worker_metrics(worker), INFLIGHT)) != value:
-        assert time.monotonic() < deadline, (seen, value)
-        time.sleep(0.02)
-    return seen
+def refuses_and_gives_back(http_port: int, exposition: Callable[[], str], prefix: str) -> None:
+    """Against a CLI process with a ``CLI_BUDGET`` of bytes in flight: one client holds a
+    ``CLI_LARGE`` inference body half sent, a second one is 429 with the gRPC refusal's message
+    and counted, a small inference is served meanwhile, and once the first client leaves
+    mid-body the ``<prefix>_edge_inflight_bytes`` gauge is 0 again (also after one more
+    inference)."""
+
+    def settles(value: float, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (seen := gauge(exposition(), f"{prefix}_edge_inflight_bytes")) != value:
+            assert time.monotonic() < deadline, (seen, value)
+            time.sleep(0.02)
+
+    def small_inference() -> None:
+        status, body = request(http_port, "POST", "/v2/models/mlp/infer", good_infer_body())
+        assert status == 200, body
+
+    infer_head = (
+        "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {CLI_LARGE}\r\n\r\n"
+    ).encode()
+    refused = f"{prefix}_edge_refused_requests_total"
+    counted = metric(exposition(), refused, "inflight_bytes")
+    with socket.create_connection(("127.0.0.1", http_port), timeout=30) as first:
+        first.sendall(infer_head + b" " * FIRST_PIECE)
+        settles(CLI_LARGE)
+        with socket.create_connection(("127.0.0.1", http_port), timeout=30) as second:
+            second.sendall(infer_head + b" " * FIRST_PIECE)
+            status, data = read_reply(second, time.monotonic() + 30)
+        assert status == 429, data
+        assert json.loads(data) == {"error": refusal(CLI_LARGE, CLI_LARGE, CLI_BUDGET)}
+        assert metric(exposition(), refused, "inflight_bytes") == counted + 1
+        small_inference()  # beside the held bytes
+    settles(0)  # the first client left mid-body
+    small_inference()
+    settles(0)
 
 
 @pytest.mark.slow
@@ -262,32 +325,37 @@ def test_a_cli_worker_refuses_a_body_past_its_inflight_bytes_and_gives_them_back
         metrics_port=free_port(),
         env={
             "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT": str(http_port),
-            "INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES": str(WORKER_BUDGET),
+            "INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES": str(CLI_BUDGET),
         },
     )
     try:
         worker.wait_ready()
-        infer_head = (
-            "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {WORKER_LARGE}\r\n\r\n"
-        ).encode()
-        with socket.create_connection(("127.0.0.1", http_port), timeout=30) as first:
-            first.sendall(infer_head + b" " * FIRST_PIECE)
-            gauge_settles(worker, WORKER_LARGE)
-            with socket.create_connection(("127.0.0.1", http_port), timeout=30) as second:
-                second.sendall(infer_head + b" " * FIRST_PIECE)
-                status, data = read_reply(second, time.monotonic() + 30)
-            assert status == 429, data
-            message = refusal(WORKER_LARGE, WORKER_LARGE, WORKER_BUDGET)
-            assert json.loads(data) == {"error": message}
-            assert metric(worker_metrics(worker), REFUSED, "inflight_bytes") == 1
-            # a small inference is served beside the held bytes
-            status, body = request(http_port, "POST", "/v2/models/mlp/infer", good_infer_body())
-            assert status == 200, body
-        gauge_settles(worker, 0)  # the first client left mid-body
-        status, body = request(http_port, "POST", "/v2/models/mlp/infer", good_infer_body())
-        assert status == 200, body
-        gauge_settles(worker, 0)
+        refuses_and_gives_back(http_port, lambda: worker_metrics(worker), "worker")
         assert worker.alive(), worker.logs()
     finally:
         assert worker.stop() == 0, worker.logs()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_cli_gateway_refuses_a_body_past_its_inflight_bytes_and_gives_them_back(
+    demo_repo, tmp_path
+):
+    worker = Worker(demo_repo, "127.0.0.1", free_port())
+    gateway = None
+    try:
+        worker.wait_ready()
+        http_port = free_port()
+        env = {
+            "KSERVE_TRIO_GATEWAY_WORKERS": worker.url,
+            "KSERVE_TRIO_GATEWAY_LISTEN_HTTP": f"127.0.0.1:{http_port}",
+            "KSERVE_TRIO_GATEWAY_LIMITS_MAX_INFLIGHT_BYTES": str(CLI_BUDGET),
+        }
+        gateway = Gateway(tmp_path, env)
+        gateway.wait_ready()
+        refuses_and_gives_back(http_port, lambda: gateway.admin("/metrics")[1], "gateway")
+        assert gateway.alive(), gateway.logs()
+    finally:
+        if gateway is not None:
+            assert gateway.stop() == 0, gateway.logs()
+        worker.stop()

@@ -212,7 +212,11 @@ class _Parsed:
                 self.too_large = size
                 return
             if size and self.charges is not None:
-                if not self._charge(size):
+                inflight = self.charges.inflight
+                if not inflight.cap or inflight.used + size <= inflight.cap:
+                    inflight.used += size  # within the budget: the hot path, inline
+                    self.charged += size
+                elif not self._charge(size):
                     return
                 self.announced = True
         if self.headers.get("expect", "").lower() == "100-continue":
