@@ -2,7 +2,9 @@
 admin endpoints (``/metrics``, ``/healthz``, ``/readyz``) all stand on it.
 
 - ``serve_app``: serve an ``App`` (``HttpRequest`` -> ``HttpResponse``) on a port, inside the
-  caller's task tree, optionally over TLS (``_server``: httptools' parser, anyio streams);
+  caller's task tree, optionally over TLS (``_server``: httptools' parser, anyio streams),
+  its request bodies charged to the process's bytes in flight when given ``inflight`` (429
+  past them, as gRPC's RESOURCE_EXHAUSTED; ``_body.BodyCharges``);
 - ``PayloadTooLarge``: a body over the cap, as sent or decompressed (413; ``_body``);
 - ``HttpClient``: keep-alive connections pooled per host, the same parser library and anyio
   streams (``_client``, one connection in ``_connection``; the gateway's REST forwarding and
