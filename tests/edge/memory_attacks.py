@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 import h2.settings
@@ -29,7 +30,8 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 Server = Worker | Gateway
-During = Callable[[], Awaitable[None]]
+During = Callable[[], Coroutine[Any, Any, None]]
+"""A coroutine function run while an attack holds the server (a well-behaved client)."""
 
 
 def inflight_bytes(server: Server) -> float:
@@ -112,7 +114,8 @@ async def never_reading_stream(
             sent += len(batch)
         with anyio.fail_after(30):
             await peer.until(lambda: peer.replies[sid].done)
-        return sent, peer.replies[sid].reset
+        reset = peer.replies[sid].reset
+    return sent, reset
 
 
 async def partial_messages_round(
