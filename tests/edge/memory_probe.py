@@ -34,6 +34,14 @@ def peak_rss(pid: int) -> int:
     return status_kib(pid, "VmHWM") << 10
 
 
+def reset_peak(pid: int) -> int:
+    """Reset the process's peak resident size (VmHWM) to its resident size now, so what a test
+    reads next is its own peak and not an earlier test's; returns that size in bytes."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    return rss(pid)
+
+
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -12,24 +12,22 @@ from __future__ import annotations
 
 import queue
 import time
-import urllib.request
 
 import anyio
-import h2.settings
 import pytest
 import tritonclient.grpc as grpcclient
 from h2.errors import ErrorCodes
 
-from tests.edge.memory_probe import (
-    MiB,
-    fds,
-    mlp_input,
-    mlp_request_bytes,
-    peak_rss,
-    rss,
-    served_ok,
-    wait_until,
+from tests.edge.memory_attacks import (
+    inflight_bytes,
+    never_reading_stream,
+    opened,
+    partial_messages_round,
+    serve_well,
+    settle,
+    window_zero_round,
 )
+from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, rss, wait_until
 from tests.gateway.procs import Worker
 from tests.ports import free_port
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
@@ -37,7 +35,6 @@ from tests.serving.grpc.h2_peer import Peer, grpc_frame
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
-STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 L = "INFERENCE_SERVER_LIMITS_"
 STALL_SECONDS = 1.0
 RECEIVE_SECONDS = 2.0
@@ -69,57 +66,7 @@ def worker(demo_repo):
         w.stop()
 
 
-def inflight_bytes(w: Worker) -> float:
-    """The worker's ``worker_edge_inflight_bytes`` gauge."""
-    url = f"http://127.0.0.1:{w.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("worker_edge_inflight_bytes "):
-                return float(line.split()[1])
-    raise AssertionError("no worker_edge_inflight_bytes in /metrics")
-
-
-def settle(w: Worker) -> None:
-    """What earlier connections held is given back (the gauge is at 0 again)."""
-    wait_until(lambda: inflight_bytes(w) == 0, 20, "the bytes in flight back at 0")
-
-
-async def serve_well(w: Worker) -> None:
-    """A well-behaved client is served (in a thread: tritonclient blocks)."""
-    assert await anyio.to_thread.run_sync(served_ok, w.client())
-
-
 # ------------------------------------------------------------------ window-0 clients
-
-
-async def opened(peer: Peer) -> None:
-    """Read the server's SETTINGS and WINDOW_UPDATE: its large windows are open to us."""
-    with anyio.fail_after(10):
-        await peer.until(lambda: peer.conn.outbound_flow_control_window > 1 << 20)
-
-
-async def window_zero_round(w: Worker) -> list[int | None]:
-    """Two connections announcing INITIAL_WINDOW_SIZE 0, each with 100 ModelInfer calls whose
-    replies can never be sent; a good client is served meanwhile. The reset codes."""
-    body = grpc_frame(mlp_request_bytes(64))
-    codes: list[int | None] = []
-    settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
-    async with Peer.connect(w.port, settings) as a, Peer.connect(w.port, settings) as b:
-        sids = {}
-        for peer in (a, b):
-            await opened(peer)
-            sids[peer] = []
-            for _ in range(100):
-                sid = peer.open(INFER)
-                peer.conn.send_data(sid, body, end_stream=True)
-                sids[peer].append(sid)
-            await peer.flush()
-        await serve_well(w)
-        with anyio.fail_after(30):
-            for peer in (a, b):
-                await peer.until(lambda p=peer: all(p.replies[s].done for s in sids[p]))
-                codes += [peer.replies[s].reset for s in sids[peer]]
-    return codes
 
 
 @pytest.mark.timeout(120)
@@ -130,7 +77,7 @@ async def test_window_zero_clients_are_reset_and_leave_nothing_behind(worker):
     before = rss(pid)
     after: list[int] = []
     for _ in range(3):
-        codes = await window_zero_round(worker)
+        codes = await window_zero_round(worker.port, lambda: serve_well(worker))
         assert set(codes) == {ErrorCodes.CANCEL}, codes  # reset after send_stall_seconds
         wait_until(lambda: fds(pid) <= base_fds, 20, "descriptors back to the baseline")
         after.append(rss(pid))
@@ -151,52 +98,14 @@ async def test_a_streaming_client_that_never_reads_is_stopped_being_read(worker)
     gets in stays bounded by the buffer and the kernel's socket buffers, far below the 64 MiB
     stream window; the stalled stream is then reset and the process serves on."""
     settle(worker)
-    message = grpc_frame(mlp_request_bytes(1))
-    async with Peer.connect(worker.port, manual_window=True) as peer:
-        await opened(peer)
-        sid = peer.open(STREAM)
-        await peer.flush()
-        sent = 0
-        batch = message * 256
-        while sent < 64 * MiB and not peer.replies[sid].done:
-            room = min(peer.conn.local_flow_control_window(sid), 64 * MiB - sent)
-            if room < len(batch):
-                break
-            peer.conn.send_data(sid, batch)
-            with anyio.move_on_after(1) as write:  # the socket takes no more for a second
-                await peer.flush()
-            if write.cancelled_caught:
-                break
-            sent += len(batch)
-        accepted_requests = sent // len(message)
-        assert sent < 24 * MiB, f"{sent // MiB} MiB ({accepted_requests} requests) taken in"
-        with anyio.fail_after(30):
-            await peer.until(lambda: peer.replies[sid].done)
-        assert peer.replies[sid].reset == ErrorCodes.CANCEL
+    sent, reset = await never_reading_stream(worker.port)
+    assert sent < 24 * MiB, f"{sent // MiB} MiB taken in"
+    assert reset == ErrorCodes.CANCEL
     settle(worker)
     await serve_well(worker)
 
 
 # ------------------------------------------------------------------ partial messages
-
-
-async def partial_messages_round(w: Worker) -> list[int | None]:
-    """40 unary calls on one connection, each announcing a 4 MiB message and sending 3 MiB,
-    then silent; their grpc-statuses."""
-    announced, sent = 4 * MiB, 3 * MiB
-    head = grpc_frame(b"\0" * announced)[: 5 + sent]
-    async with Peer.connect(worker_port(w)) as peer:
-        sids = [peer.open(INFER) for _ in range(40)]
-        await peer.flush()
-        for sid in sids:
-            await peer.send_body(sid, head, end=False)
-        with anyio.fail_after(RECEIVE_SECONDS + 30):
-            await peer.until(lambda: all(peer.replies[s].done for s in sids))
-        return [peer.replies[s].status for s in sids]
-
-
-def worker_port(w: Worker) -> int:
-    return w.port
 
 
 @pytest.mark.timeout(120)
@@ -206,7 +115,7 @@ async def test_partial_messages_hold_no_more_than_the_bytes_in_flight(worker):
     start_rss = rss(pid)
     peaks = []
     for _ in range(2):
-        statuses = await partial_messages_round(worker)
+        statuses = await partial_messages_round(worker.port, RECEIVE_SECONDS)
         admitted = statuses.count(4)  # DEADLINE_EXCEEDED at message_receive_seconds
         refused = statuses.count(8)  # RESOURCE_EXHAUSTED: past the bytes in flight
         # At most INFLIGHT / 4 MiB are admitted at a time (more in all when the first ones'

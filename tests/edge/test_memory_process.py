@@ -11,23 +11,21 @@
 from __future__ import annotations
 
 import queue
-import threading
-import time
 
 import pytest
 
+from tests.edge.memory_attacks import bombs_beside_traffic, served_during
 from tests.edge.memory_probe import MiB, mlp_input, peak_rss, rss
 from tests.gateway.procs import Gateway, Worker
 from tests.ports import free_port
 from tests.serving.bomb import zero_bomb
-from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
+from tests.worker.raw_h2 import grpc_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 CAP = 4
 IN_FLIGHT = 1000
 G = "KSERVE_TRIO_GATEWAY_"
-INFER = "/inference.GRPCInferenceService/ModelInfer"
 MESSAGE_CAP = 256 * MiB
 BOMBS = 3
 
@@ -107,24 +105,7 @@ def test_a_gzip_bomb_costs_about_the_cap_and_a_concurrent_call_is_served_meanwhi
     client = worker.client()
     assert client.infer("mlp", [mlp_input()]).as_numpy("output").shape == (1, 8)
     before = rss(pid)
-    bombs: list[tuple[float, float, int | None, str]] = []
-
-    def send_bombs() -> None:
-        for _ in range(BOMBS):
-            started = time.monotonic()
-            reply = raw_grpc_call(
-                worker.url, INFER, bomb, headers=(("grpc-encoding", "gzip"),), timeout=60
-            )
-            bombs.append((started, time.monotonic(), reply.status, reply.message))
-
-    sender = threading.Thread(target=send_bombs)
-    sender.start()
-    served: list[float] = []
-    while sender.is_alive():
-        result = client.infer("mlp", [mlp_input()], client_timeout=30)
-        assert result.as_numpy("output").shape == (1, 8)
-        served.append(time.monotonic())
-    sender.join()
+    bombs, served = bombs_beside_traffic(worker.url, bomb, client, BOMBS)
     assert [(status, "received message larger than max" in msg) for *_, status, msg in bombs] == [
         (8, True)
     ] * BOMBS, bombs
@@ -133,7 +114,7 @@ def test_a_gzip_bomb_costs_about_the_cap_and_a_concurrent_call_is_served_meanwhi
     assert grown < MESSAGE_CAP + MESSAGE_CAP // 2, (
         f"{grown // MiB} MiB for a {MESSAGE_CAP // MiB} MiB cap"
     )
-    during = [t for t in served if any(start < t < end for start, end, *_ in bombs)]
+    during = served_during(bombs, served)
     # Served between the bomb's steps, not only around it (5 calls in all during three bombs
     # when a bomb inflated in one go and held the event loop).
     assert len(during) >= 20, (len(during), len(served))
