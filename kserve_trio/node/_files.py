@@ -21,7 +21,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from kserve_trio.core.config import load_yaml_mapping
+from kserve_trio.core.config import ENV_OVERRIDES, load_yaml_mapping, parse_env_value
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.node import load_node_raw
 from kserve_trio.core.upstream_env import with_upstream_aliases
@@ -38,6 +38,9 @@ NODE_FILE_ENV = "KSERVE_TRIO_NODE_FILE"
 DEFAULT_NODE_FILE = "/etc/kserve_trio/node.yaml"
 RUNTIME_DIR_ENV = "KSERVE_TRIO_RUNTIME_DIR"
 DEFAULT_RUNTIME_DIR = "/run/kserve_trio"
+
+ENV_OVERRIDES_BY_PATH: Mapping[str, str] = {path: var for var, path in ENV_OVERRIDES.items()}
+"""A worker config key -> the environment variable that overrides it."""
 
 
 def default_node_file(env: Mapping[str, str]) -> str:
@@ -143,11 +146,24 @@ def load_node_for_role(
     return node, resolve_role(role, env, node)
 
 
-def check_model_repo(plan: NodePlan) -> None:
-    """A plan that starts workers needs its model repository to be a directory now: a node
-    file naming one that does not exist is a configuration error before any child starts,
-    not a crash loop of workers that each fail to load it."""
+def check_model_repo(plan: NodePlan, env: Mapping[str, str] | None = None) -> None:
+    """A plan that starts workers needs its workers' model repositories to be directories now:
+    a node file naming one that does not exist is a configuration error before any child
+    starts, not a crash loop of workers that each fail to load it. The workers read
+    ``INFERENCE_SERVER_MODEL_DIRS`` over the node's ``model_repo`` when it is set (``env``), so
+    those are the directories checked then."""
     if plan.node is None or not any(c.kind == "worker" for c in plan.children):
+        return
+    override = with_upstream_aliases(env or {}).get(ENV_OVERRIDES_BY_PATH["model_dirs"])
+    if override is not None:
+        missing = [
+            d for d in parse_env_value("", override, "model_dirs", "list") if not Path(d).is_dir()
+        ]
+        if missing:
+            raise ConfigError(
+                f"{ENV_OVERRIDES_BY_PATH['model_dirs']} names {missing[0]!r}, not a directory",
+                "model_dirs",
+            )
         return
     repo = plan.node.get("model_repo")
     if isinstance(repo, str) and repo and not Path(repo).is_dir():

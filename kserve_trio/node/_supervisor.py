@@ -254,7 +254,7 @@ def supervise(
             node_path, role=role, gateway_path=gateway_path, env=environ, runtime_dir=runtime_dir
         )
         try:
-            check_model_repo(plan)
+            check_model_repo(plan, environ)
         except ConfigError:
             if rdir is not None:
                 rdir.cleanup()
