@@ -198,10 +198,12 @@ def _split_load_once(url, model, shape, conc, duration, generators, gateway_pid,
                 break
     window.start()
     cpu0 = tree_cpu_seconds(gateway_pid)
+    workers0 = sum(tree_cpu_seconds(pid) for pid in others)
     for gen in gens:
         assert gen.stdout is not None
         results.extend(json.loads(line) for line in gen.stdout if line.startswith("{"))
     cpu1 = tree_cpu_seconds(gateway_pid)
+    workers1 = sum(tree_cpu_seconds(pid) for pid in others)
     window.stop()
     for gen in gens:
         gen.wait()
@@ -220,6 +222,8 @@ def _split_load_once(url, model, shape, conc, duration, generators, gateway_pid,
             "p99_ms": max(r["p99_ms"] for r in results),
             "errors": errors,
             "gateway_cpu_ms": (cpu1 - cpu0) / max(requests, 1) * 1e3,
+            "gateway_cores": (cpu1 - cpu0) / duration,
+            "workers_cores": (workers1 - workers0) / duration,
         }
     )
 
@@ -301,15 +305,21 @@ def scaling(args, repo: pathlib.Path) -> int:
             "p99_ms": med(r["p99_ms"] for r in rs),
             "rps": med(r["rps"] for r in rs),
             "gateway_cpu_ms": med(r["gateway_cpu_ms"] for r in rs),
+            "gateway_cores": med(r["gateway_cores"] for r in rs),
+            "workers_cores": med(r["workers_cores"] for r in rs),
             "noisy": any(r.get("noisy") for r in rs),
         }
         for n, rs in rows.items()
     }
-    print("\n| gateway processes | p50 / p99 ms | req/s | gateway CPU ms/req |\n|---|---|---|---|")
+    print(
+        "\n| gateway processes | p50 / p99 ms | req/s | gateway CPU ms/req | gateway cores "
+        "| workers' cores |\n|---|---|---|---|---|---|"
+    )
     for n, r in summary.items():
         print(
             f"| {n} | {r['p50_ms']:.3f} / {r['p99_ms']:.3f} | {r['rps']:.0f} | "
-            f"{r['gateway_cpu_ms']:.3f}{' (noisy)' if r['noisy'] else ''} |"
+            f"{r['gateway_cpu_ms']:.3f}{' (noisy)' if r['noisy'] else ''} | "
+            f"{r['gateway_cores']:.2f} | {r['workers_cores']:.2f} |"
         )
     print(f"\nreq/s N=2 / N=1: {summary[2]['rps'] / max(summary[1]['rps'], 1e-9):.2f}x")
     if args.json:
