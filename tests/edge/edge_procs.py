@@ -63,16 +63,6 @@ def worker_and_gateway(
         worker.stop()
 
 
-def memory_kib(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` of a process, in KiB."""
-    out = {}
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(value.split()[0])
-    return out
-
-
 def raw_call(
     url: str, method: str, body: bytes, metadata: tuple = (), timeout: float = 30.0
 ) -> tuple[grpc.StatusCode, str, float]:

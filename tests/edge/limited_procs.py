@@ -1,15 +1,14 @@
 """The worker and gateway CLIs under a low open-file limit, with every public port open.
 
 ``RLIMIT_NOFILE`` is set to ``NOFILE`` (soft = hard, so the CLI's raise to the hard limit
-changes nothing) by the launcher the CLI runs under (``tests.edge.nofile``); the worker serves gRPC, REST and metrics,
-the gateway gRPC, REST and admin. ``descriptors`` counts a process's open descriptors
-(/proc/<pid>/fd), ``counter`` reads one sample of a Prometheus exposition.
+changes nothing) by the launcher the CLI runs under (``tests.edge.nofile``); the worker serves
+gRPC, REST and metrics, the gateway gRPC, REST and admin. ``counter`` reads one sample of a
+Prometheus exposition.
 """
 
 from __future__ import annotations
 
 import http.client
-import os
 import pathlib
 import re
 import sys
@@ -59,11 +58,6 @@ class LimitedGateway(Gateway):
         super().__init__(workdir, {**full, **env})
 
 
-def descriptors(pid: int) -> int:
-    """The open descriptors of process ``pid`` now."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def get(conn: http.client.HTTPConnection, path: str) -> tuple[int, str]:
     """``GET path`` on ``conn`` (kept alive): the status and the body."""
     conn.request("GET", path)
@@ -93,7 +87,6 @@ __all__ = [
     "LimitedGateway",
     "LimitedWorker",
     "counter",
-    "descriptors",
     "fresh_get",
     "gateway_cap",
     "get",

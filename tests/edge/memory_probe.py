@@ -42,6 +42,12 @@ def reset_peak(pid: int) -> int:
     return rss(pid)
 
 
+def peak_growth_mib(pid: int, before: int) -> float:
+    """How far the peak resident size rose above ``before`` bytes (``reset_peak``'s figure),
+    in MiB."""
+    return (peak_rss(pid) - before) / MiB
+
+
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -9,7 +9,6 @@ process's resident memory from ``/proc/<pid>/status`` with its peak reset before
 from __future__ import annotations
 
 import json
-import pathlib
 import select
 import socket
 import time
@@ -18,6 +17,7 @@ import zlib
 
 import numpy as np
 
+from tests.edge.limited_procs import counter
 from tests.gateway.procs import Worker
 from tests.ports import free_port
 
@@ -38,42 +38,13 @@ class RestWorker(Worker):
 
 def metric(text: str, name: str, reason: str) -> float:
     """The value of ``name{reason="..."}`` in a Prometheus exposition (0 when absent)."""
-    prefix = f'{name}{{reason="{reason}"}} '
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            return float(line[len(prefix) :])
-    return 0.0
+    return counter(text, name, reason=reason)
 
 
 def worker_metrics(worker: Worker) -> str:
     url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as reply:
         return reply.read().decode()
-
-
-def memory_kib(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` (KiB) of process ``pid``."""
-    out = {}
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(value.split()[0])
-    return out
-
-
-def reset_peak(pid: int) -> int:
-    """Reset the process's peak resident size to its current one; returns that size (KiB)."""
-    pathlib.Path(f"/proc/{pid}/clear_refs").write_text("5")
-    return memory_kib(pid)["VmRSS"]
-
-
-def peak_growth_mib(pid: int, before_kib: int) -> float:
-    """How far the peak resident size rose above ``before_kib`` (MiB)."""
-    return (memory_kib(pid)["VmHWM"] - before_kib) / 1024
-
-
-def fd_count(pid: int) -> int:
-    return len(list(pathlib.Path(f"/proc/{pid}/fd").iterdir()))
 
 
 def read_reply(sock: socket.socket, deadline: float) -> tuple[int, bytes]:

@@ -33,7 +33,8 @@ from kserve_trio.serving.tls import server_ssl_context
 from kserve_trio.worker.cli import listen_failure
 from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PKI)
 from tests.edge.idle_flood import Flood
-from tests.edge.limited_procs import descriptors, fresh_get
+from tests.edge.limited_procs import fresh_get
+from tests.edge.memory_probe import fds as descriptors
 
 HEADROOM = 24
 """Descriptors the EMFILE server may open beyond those it holds once listening."""

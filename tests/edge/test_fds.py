@@ -26,12 +26,12 @@ from tests.edge.limited_procs import (
     LimitedGateway,
     LimitedWorker,
     counter,
-    descriptors,
     fresh_get,
     gateway_cap,
     get,
     worker_cap,
 )
+from tests.edge.memory_probe import fds as descriptors
 from tests.gateway.procs import Proc
 
 ATTACKERS = 300

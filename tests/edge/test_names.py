@@ -18,7 +18,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.core.infer_wire import InferInputTensor, InferRequestMessage
-from tests.edge.edge_procs import Pair, memory_kib, raw_call, rest, worker_and_gateway
+from tests.edge.edge_procs import Pair, raw_call, rest, worker_and_gateway
+from tests.edge.memory_probe import status_kib
 
 pytestmark = pytest.mark.slow
 
@@ -116,14 +117,14 @@ def test_empty_raw_contents_are_refused_with_flat_memory(pair, side):
     )
     body = bytes(head) + b"\x3a\x00" * (950 << 10)
     pids = [pair.worker.proc.pid, pair.gateway.proc.pid]
-    before = [memory_kib(pid)["VmHWM"] for pid in pids]
+    before = [status_kib(pid, "VmHWM") for pid in pids]
     peaks = []
     for _ in range(3):
         code, message, elapsed = raw_call(_url(pair, side), MODEL_INFER, body)
         assert code.name == "INVALID_ARGUMENT", message
         assert "raw_input_contents" in message and "limits.max_tensors" in message
         assert elapsed < QUICK_SECONDS
-        peaks.append([memory_kib(pid)["VmHWM"] for pid in pids])
+        peaks.append([status_kib(pid, "VmHWM") for pid in pids])
     # Before the bound the worker's peak grew by ~180 MB on the first such request; now a
     # round holds little more than the message itself (a few MiB), and later rounds add
     # nothing.

@@ -15,6 +15,7 @@ import types
 
 import pytest
 
+from tests.edge.memory_probe import peak_growth_mib, reset_peak
 from tests.edge.rest_peer import (
     MIB,
     deep_infer_body,
@@ -23,9 +24,7 @@ from tests.edge.rest_peer import (
     metric,
     nested,
     number_list_body,
-    peak_growth_mib,
     request,
-    reset_peak,
     served,
 )
 from tests.gateway.procs import Gateway, Worker

@@ -15,21 +15,20 @@ import time
 
 import pytest
 
+from tests.edge.memory_probe import fds as fd_count
+from tests.edge.memory_probe import peak_growth_mib, reset_peak
 from tests.edge.rest_peer import (
     MIB,
     RestWorker,
     deep_infer_body,
     endless_chunked,
-    fd_count,
     gzip,
     gzip_bomb,
     metric,
     nested,
     number_list_body,
-    peak_growth_mib,
     read_reply,
     request,
-    reset_peak,
     served,
     worker_metrics,
 )
