@@ -54,18 +54,10 @@ from kserve_trio.serving.grpc import (
 )
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.message_check import check_bounds, scan_bounds
-from kserve_trio.serving.surface import SERVER_NAME, UNIMPLEMENTED_RPCS
+from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
 
 INFERENCE = "/inference.GRPCInferenceService/"
 CONTROL = "/reactant_control.ControlService/"
-EXTENSIONS = (
-    "model_repository",
-    "model_configuration",
-    "system_shared_memory",
-    "parameters",
-    "statistics",
-)
-"""What ServerMetadata lists (Triton's names): the extensions the gateway answers."""
 
 Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
 

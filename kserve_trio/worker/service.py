@@ -36,7 +36,7 @@ from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import CallContext, Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
-from kserve_trio.serving.surface import SERVER_NAME, UNIMPLEMENTED_RPCS
+from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.state import WorkerState
@@ -49,17 +49,6 @@ if TYPE_CHECKING:
 log = get_logger("kserve_trio.worker.service")
 
 _PREFIX = "/inference.GRPCInferenceService/"
-
-EXTENSIONS = (
-    "model_repository",
-    "model_configuration",
-    "system_shared_memory",
-    "parameters",
-    "statistics",
-    "logging",
-)
-"""What ``ServerMetadata`` lists, by Triton's names and in Triton's order: only extensions the
-worker really answers (docs/protocol.md says why the others are left out)."""
 
 
 class InferenceService:
