@@ -85,9 +85,16 @@ case "$cmd" in
     .venv/bin/pyright
     say "pyright done ($((SECONDS - phase)) s)"
     phase=$SECONDS
-    say "running the test suite (slow tests included)"
+    # Two processes, a test file at a time each (a module's fixtures stay in one process);
+    # KSERVE_TRIO_TEST_PROCS sets how many (1: one process, no xdist).
+    procs=${KSERVE_TRIO_TEST_PROCS:-2}
+    say "running the test suite (slow tests included, $procs processes)"
     status=0
-    .venv/bin/python -m pytest --run-slow "$@" || status=$?
+    if [ "$procs" -gt 1 ]; then
+      .venv/bin/python -m pytest --run-slow -n "$procs" --dist loadfile "$@" || status=$?
+    else
+      .venv/bin/python -m pytest --run-slow "$@" || status=$?
+    fi
     say "tests done ($((SECONDS - phase)) s; everything: $((SECONDS - started)) s)"
     exit "$status"
     ;;
