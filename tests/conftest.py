@@ -73,6 +73,20 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_client_state_per_module():
+    """The client's process-wide state (its ``kserve_init`` settings, pools, routes and loop
+    thread) never crosses from one test module to the next, whatever order the modules run in:
+    the suite's processes take test files in any order, and a module that leaves a small pool
+    or a dead server's routes behind must not change what the next one measures.
+    ``kserve_init()`` restores the default settings and shuts the state down."""
+    from kserve_trio.client import kserve_init
+
+    kserve_init()
+    yield
+    kserve_init()
+
+
 @pytest.fixture(autouse=True)
 def _restore_logging_configuration():
     """A test that reconfigures structlog (a CLI entry point, a log-settings test, a gateway's

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from kserve_trio.client import kserve_shutdown
+from kserve_trio.client import kserve_init
 
 
 @pytest.fixture(autouse=True)
 def fresh_client_state():
-    """``kserve_shutdown`` before and after each test: pools, routes and the loop are per test."""
-    kserve_shutdown()
+    """``kserve_init()`` before and after each test: the default settings, and pools, routes
+    and the loop per test (``kserve_shutdown`` alone keeps a test's ``kserve_init`` sizes)."""
+    kserve_init()
     yield
-    kserve_shutdown()
+    kserve_init()
 
 
 @pytest.fixture(params=["asyncio", "trio"])
