@@ -31,6 +31,8 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from tests.serving.grpc.h2_peer import take_frames
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -154,14 +156,7 @@ class Attacker:
             self.eof = True
             return False
         self._buffer += chunk
-        while len(self._buffer) >= 9:
-            length = int.from_bytes(self._buffer[:3], "big")
-            if len(self._buffer) < 9 + length:
-                break
-            raw = bytes(self._buffer[: 9 + length])
-            del self._buffer[: 9 + length]
-            frame, _ = Frame.parse_frame_header(memoryview(raw[:9]))
-            frame.parse_body(memoryview(raw[9:]))
+        for frame, _raw in take_frames(self._buffer):
             self.frames.append(frame)
             if isinstance(frame, HeadersFrame):
                 decoded = self.decoder.decode(frame.data, raw=False)

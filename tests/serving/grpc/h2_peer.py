@@ -83,6 +83,22 @@ class Reply:
         return grpc_messages(self.data)
 
 
+def take_frames(buffer: bytearray) -> list[tuple[Frame, bytes]]:
+    """The whole frames at the front of ``buffer``, parsed, each with its bytes; they are
+    removed from it (a partial frame stays for the next read)."""
+    out: list[tuple[Frame, bytes]] = []
+    while len(buffer) >= 9:
+        length = int.from_bytes(buffer[:3], "big")
+        if len(buffer) < 9 + length:
+            break
+        raw = bytes(buffer[: 9 + length])
+        del buffer[: 9 + length]
+        frame, _ = Frame.parse_frame_header(memoryview(raw[:9]))
+        frame.parse_body(memoryview(raw[9:]))
+        out.append((frame, raw))
+    return out
+
+
 class Peer:
     """One client connection (module docstring). Read with ``receive`` or ``until``."""
 
@@ -164,14 +180,7 @@ class Peer:
             self.eof = True
             return False
         self._buffer += chunk
-        while len(self._buffer) >= 9:
-            length = int.from_bytes(self._buffer[:3], "big")
-            if len(self._buffer) < 9 + length:
-                break
-            raw = bytes(self._buffer[: 9 + length])
-            del self._buffer[: 9 + length]
-            frame, _ = Frame.parse_frame_header(memoryview(raw[:9]))
-            frame.parse_body(memoryview(raw[9:]))
+        for frame, raw in take_frames(self._buffer):
             self.frames.append(frame)
             if self.feed and not isinstance(frame, GoAwayFrame):
                 self._dispatch(self.conn.receive_data(raw))
