@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 from h2.errors import ErrorCodes
 
+from tests.edge.edge_procs import worker_and_gateway
 from tests.edge.memory_attacks import (
     bombs_beside_traffic,
     inflight_bytes,
@@ -34,7 +35,6 @@ from tests.edge.memory_attacks import (
 )
 from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, reset_peak, rss, wait_until
 from tests.gateway.procs import Gateway, Worker
-from tests.ports import free_port
 from tests.serving.bomb import zero_bomb
 from tests.serving.grpc.h2_peer import grpc_frame
 
@@ -55,38 +55,21 @@ CONCURRENCY = 256
 
 
 @pytest.fixture(scope="module")
-def servers(
-    demo_repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Worker, Gateway]]:
+def servers(demo_repo: pathlib.Path) -> Iterator[tuple[Worker, Gateway]]:
     """A worker with room for every forwarded call, and the gateway under attack."""
-    work = tmp_path_factory.mktemp("edge_memory_gateway")
-    worker = Worker(
+    with worker_and_gateway(
         demo_repo,
-        "127.0.0.1",
-        free_port(),
-        env={"INFERENCE_SERVER_ENDPOINTS_MAX_CONCURRENT_REQUESTS": str(CONCURRENCY)},
-    )
-    gateway = None
-    try:
-        worker.wait_ready()
-        gateway = Gateway(
-            work,
-            {
-                G + "WORKERS": worker.url,
-                G + "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER": str(CONCURRENCY),
-                G + "GRPC_MAX_RECV_MSG_BYTES": str(MESSAGE_CAP),
-                G + "LIMITS_SEND_STALL_SECONDS": str(STALL_SECONDS),
-                G + "LIMITS_MESSAGE_RECEIVE_SECONDS": str(RECEIVE_SECONDS),
-                G + "LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(CONNECTION_BUFFER),
-                G + "LIMITS_MAX_INFLIGHT_BYTES": str(INFLIGHT),
-            },
-        )
-        gateway.wait_ready()
-        yield worker, gateway
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        worker.stop()
+        worker_env={"INFERENCE_SERVER_ENDPOINTS_MAX_CONCURRENT_REQUESTS": str(CONCURRENCY)},
+        gateway_env={
+            G + "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER": str(CONCURRENCY),
+            G + "GRPC_MAX_RECV_MSG_BYTES": str(MESSAGE_CAP),
+            G + "LIMITS_SEND_STALL_SECONDS": str(STALL_SECONDS),
+            G + "LIMITS_MESSAGE_RECEIVE_SECONDS": str(RECEIVE_SECONDS),
+            G + "LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(CONNECTION_BUFFER),
+            G + "LIMITS_MAX_INFLIGHT_BYTES": str(INFLIGHT),
+        },
+    ) as pair:
+        yield pair.worker, pair.gateway
 
 
 def quiet(gateway: Gateway) -> tuple[int, int]:

@@ -14,10 +14,10 @@ import queue
 
 import pytest
 
+from tests.edge.edge_procs import worker_and_gateway
 from tests.edge.memory_attacks import bombs_beside_traffic, served_during
 from tests.edge.memory_probe import MiB, mlp_input, peak_rss, rss
 from tests.gateway.procs import Gateway, Worker
-from tests.ports import free_port
 from tests.serving.bomb import zero_bomb
 from tests.worker.raw_h2 import grpc_frame
 
@@ -31,36 +31,21 @@ BOMBS = 3
 
 
 @pytest.fixture(scope="module")
-def servers(demo_repo, tmp_path_factory):
+def servers(demo_repo):
     """A worker capped at ``CAP`` requests (and a 256 MiB message cap with room beside it in
     the bytes in flight), and a gateway in front of it capped the same."""
-    work = tmp_path_factory.mktemp("edge_streams")
-    worker = Worker(
+    with worker_and_gateway(
         demo_repo,
-        "127.0.0.1",
-        free_port(),
-        env={
+        worker_env={
             "INFERENCE_SERVER_ENDPOINTS_MAX_CONCURRENT_REQUESTS": str(CAP),
             "INFERENCE_SERVER_GRPC_MAX_RECV_MSG_BYTES": str(MESSAGE_CAP),
             "INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES": str(4 * MESSAGE_CAP),
         },
-    )
-    gateway = None
-    try:
-        worker.wait_ready()
-        gateway = Gateway(
-            work,
-            {
-                G + "WORKERS": worker.url,
-                G + "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER": str(CAP),
-            },
-        )
-        gateway.wait_ready()
-        yield worker, gateway
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        worker.stop()
+        gateway_env={
+            G + "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER": str(CAP),
+        },
+    ) as pair:
+        yield pair.worker, pair.gateway
 
 
 def stream_burst(server: Worker | Gateway) -> list[str]:
