@@ -115,7 +115,9 @@ def _apply(settings: LogSettings, stream) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(settings.min_level),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        # One write per line, newline included: the processes of a gateway (and a node's
+        # children) share one output, and a line written in two pieces interleaves with theirs.
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
     _state["settings"] = settings

@@ -115,3 +115,29 @@ def test_log_settings_are_validated_all_or_nothing(restored_logging):
             update_log_settings(changes)
         assert current_log_settings() == before
     assert update_log_settings({"log_file": ""}) == before
+
+
+class _Writes(io.StringIO):
+    """A stream that records each ``write`` call, as the OS would see them unbuffered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.calls.append(s)
+        return super().write(s)
+
+
+def test_each_log_line_is_one_write_newline_included():
+    """Processes that share one output (a gateway's children, a node's) interleave only whole
+    lines: a line written as message and newline in two calls could be split by another's."""
+    stream = _Writes()
+    configure_logging("json", "info", stream=stream)
+    log = get_logger("kserve_trio.test")
+    log.info("first_event", n=1)
+    log.info("second_event", n=2)
+    assert len(stream.calls) == 2
+    for call, event in zip(stream.calls, ("first_event", "second_event"), strict=True):
+        assert call.endswith("\n") and call.count("\n") == 1
+        assert json.loads(call)["event"] == event
