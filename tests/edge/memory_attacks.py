@@ -86,6 +86,13 @@ async def window_zero_round(port: int, during: During, calls: int = 100) -> list
     return codes
 
 
+TAKEN_IN_BOUND = 40 * MiB
+"""What a never-reading stream may get into a server, at most: the connection buffer, what the
+server served before the stall reset it (at most its outstanding requests a turn, more on a
+busy machine, where the reset comes later), and the kernel's socket buffers on both sides;
+well below the 64 MiB its stream window lets in (63 MiB, 691,712 requests, before the bound)."""
+
+
 async def never_reading_stream(
     port: int, limit: int = 64 * MiB, during: During | None = None
 ) -> tuple[int, int | None]:

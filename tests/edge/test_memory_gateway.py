@@ -24,6 +24,7 @@ from h2.errors import ErrorCodes
 
 from tests.edge.edge_procs import worker_and_gateway
 from tests.edge.memory_attacks import (
+    TAKEN_IN_BOUND,
     bombs_beside_traffic,
     inflight_bytes,
     never_reading_stream,
@@ -179,7 +180,7 @@ async def test_a_streaming_client_of_the_gateway_that_never_reads_is_stopped_bei
     peaks: list[int] = []
     for _ in range(2):
         sent, reset = await never_reading_stream(gateway.port, during=lambda: serve_well(gateway))
-        assert sent < 24 * MiB, f"{sent // MiB} MiB taken in"
+        assert sent < TAKEN_IN_BOUND, f"{sent // MiB} MiB taken in"
         assert reset == ErrorCodes.CANCEL
         settle(gateway)
         still_standing(worker, gateway, pid, base_fds)
