@@ -34,7 +34,7 @@ Defences (``limits``, counted in the server's ``EdgeStats``):
   floods) are judged on each read before h2 sees it; a broken rule is GOAWAY with its code and
   debug data, and the read goes no further.
 - A stream beyond the advertised SETTINGS_MAX_CONCURRENT_STREAMS is refused alone
-  (RST_STREAM REFUSED_STREAM, ``_AdvertisedSettings``); the connection serves on.
+  (RST_STREAM REFUSED_STREAM, ``_h2_hooks.AdvertisedSettings``); the connection serves on.
 - Premature resets (``ResetJudge``): each call's end is recorded, reset by the client within
   ``premature_reset_seconds`` of opening or not; too many of the recent ones is
   GOAWAY(ENHANCE_YOUR_CALM).
@@ -87,6 +87,12 @@ from kserve_trio.serving.grpc._frame_guard import (
     ResetJudge,
     Violation,
 )
+from kserve_trio.serving.grpc._h2_hooks import (
+    H2_CONFIG,
+    UNBOUNDED_STREAMS,
+    AdvertisedSettings,
+    ServerH2,
+)
 from kserve_trio.serving.grpc._headers import header_problem, timeout_seconds
 from kserve_trio.serving.grpc._settings import ServerSettings
 from kserve_trio.serving.grpc._status import encode_message, status_of
@@ -105,77 +111,10 @@ _MAX_STREAM_ID = 2**31 - 1
 _DRAIN_PING = b"drain\x00\x00\x00"
 _KEEPALIVE_PING = b"alive\x00\x00\x00"
 
-_H2_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-    validate_inbound_headers=True,
-    normalize_inbound_headers=True,
-)
-
 _GRPC_CONTENT_TYPES = ("application/grpc", "application/grpc+proto")
 
 OnClosed = Callable[["Connection"], None]
 """What a connection calls once it has closed (its server forgets it)."""
-
-_UNBOUNDED_STREAMS = 2**32 + 1
-"""h2's own value for "no SETTINGS_MAX_CONCURRENT_STREAMS"."""
-
-
-class _AdvertisedSettings(h2.settings.Settings):
-    """Our SETTINGS as sent to the client, with h2's own check of the stream limit turned off.
-
-    h2 answers a HEADERS frame that would open one stream more than its local
-    MAX_CONCURRENT_STREAMS with TooManyStreamsError, a connection error: every call on the
-    connection is lost, where RFC 9113 5.1.2 lets the server refuse just that stream. (Before
-    the client has acknowledged our SETTINGS, h2's local value is its own default of 100, so
-    a client's first flight of more than 100 streams would end the connection even under a
-    larger advertised limit.) The value stays in the mapping, so the SETTINGS frame carries it;
-    only the property h2 reads for its check (``_receive_headers_frame`` is its one reader)
-    says unbounded. ``Connection._open`` enforces the advertised limit itself and refuses the
-    streams beyond it with RST_STREAM(REFUSED_STREAM). h2 still decodes the refused stream's
-    header block, so the HPACK state stays in step with the client's.
-    """
-
-    @property
-    def max_concurrent_streams(self) -> int:
-        return _UNBOUNDED_STREAMS
-
-    @max_concurrent_streams.setter
-    def max_concurrent_streams(self, value: int) -> None:
-        self[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = value
-
-
-class _ServerH2(h2.connection.H2Connection):
-    """h2's connection, noting when one of our DATA or HEADERS frames is queued
-    (``payload_sent``, the ping rule's "data flows", cleared by the frame guard)."""
-
-    payload_sent = False
-
-    def send_headers(
-        self,
-        stream_id: int,
-        headers: Any,
-        end_stream: bool = False,
-        priority_weight: int | None = None,
-        priority_depends_on: int | None = None,
-        priority_exclusive: bool | None = None,
-    ) -> None:
-        self.payload_sent = True
-        super().send_headers(
-            stream_id, headers, end_stream, priority_weight, priority_depends_on, priority_exclusive
-        )
-
-    def send_data(
-        self,
-        stream_id: int,
-        data: bytes | memoryview,
-        end_stream: bool = False,
-        pad_length: Any = None,
-    ) -> None:
-        self.payload_sent = True
-        super().send_data(stream_id, data, end_stream, pad_length)
 
 
 class Connection:
@@ -197,11 +136,11 @@ class Connection:
         self._on_closed = on_closed
         self.stats = stats or EdgeStats()
         lim = settings.limits
-        self.h2 = _ServerH2(_H2_CONFIG)
+        self.h2 = ServerH2(H2_CONFIG)
         self._guard = FrameGuard(lim, self.h2)
         self._judge = ResetJudge(lim)
         self._opened_at: dict[int, float] = {}  # a call's stream id -> when it opened
-        self._max_streams = lim.max_concurrent_streams or _UNBOUNDED_STREAMS
+        self._max_streams = lim.max_concurrent_streams or UNBOUNDED_STREAMS
         self._abused = False
         self._linger_at_close = False
         self._handshake_at = math.inf
@@ -257,7 +196,7 @@ class Connection:
         # One SETTINGS frame, in force at once, not only after the client acknowledges it:
         # grpc-core may send a large DATA frame ahead of that (accepting more than advertised
         # is always safe for the receiver).
-        conn.local_settings = _AdvertisedSettings(client=False, initial_values=advertised)
+        conn.local_settings = AdvertisedSettings(client=False, initial_values=advertised)
         conn.initiate_connection()
         conn.max_inbound_frame_size = lim.max_frame_bytes
         if lim.connection_window_bytes > 65535:
@@ -479,7 +418,7 @@ class Connection:
 
     def _open(self, event: h2.events.RequestReceived) -> None:
         """Rules 1-2 for a new request, then the call's task; a stream beyond the advertised
-        concurrency (``_AdvertisedSettings``) or after the drain's last stream is refused."""
+        concurrency (``AdvertisedSettings``) or after the drain's last stream is refused."""
         sid = event.stream_id
         if (self.draining and sid > self._last_stream_id) or len(self.calls) >= self._max_streams:
             self._refuse_stream(sid)
