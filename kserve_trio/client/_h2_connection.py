@@ -22,7 +22,7 @@ So every task belongs to a caller and nothing outlives a call; cancellation need
 supervision, and at concurrency 1 a reply costs one task wake-up, not two. A connection with
 no call in flight is not read; before reusing it the next call peeks at the socket (one
 zero-timeout ``poll``, ``Connection.peek_idle``) and handles what the server sent meanwhile
-(GOAWAY, EOF).
+(GOAWAY, EOF) in ``Connection.catch_up``, which hands the reading on by rule 4 like any reader.
 
 Sends go out through one flusher at a time (``Connection.flush``): whoever queues frames calls
 it; if a flush is already running, that flusher picks the new bytes up before it returns. A
@@ -187,6 +187,18 @@ class Connection:
             return bool(poller.poll(0))
         except OSError:
             return True  # let the read find out what is wrong
+
+    async def catch_up(self, seconds: float) -> None:
+        """On an idle connection the server wrote to (``peek_idle``): read what it sent, for
+        ``seconds`` at most, then follow rule 4. The reader here is no call, and calls that
+        joined while it read (they saw ``reading`` and wait on their events) would otherwise
+        wait for a reader that never comes, even after GOAWAY sent the caller elsewhere."""
+        try:
+            with anyio.move_on_after(seconds):
+                await self.read_once()
+        finally:
+            if not self.reading:
+                self.wake_reader()
 
     async def aclose(self) -> None:
         """Fail what is still in flight, say GOAWAY (bounded), close the socket."""

@@ -160,8 +160,7 @@ class H2Transport:
             if conn.calls or conn.reading:
                 return conn
             if conn.peek_idle():
-                with anyio.move_on_after(CLOSE_SECONDS):
-                    await conn.read_once()  # what the server sent while nobody was reading
+                await conn.catch_up(CLOSE_SECONDS)  # what the server sent while nobody read
             if conn.usable:
                 return conn
         if self._connecting is None:

@@ -132,7 +132,10 @@ class ScriptedH2Server:
     ``script(conn_index, request_index, stream_id, body) -> action``, where the action is one
     of: ``("reply", headers, data, trailers)`` (``data`` raw DATA bytes, ``trailers`` ``None``
     for none), ``("reset", error_code)``, ``("goaway", last_stream_id)`` (GOAWAY, then the
-    connection is closed). ``settings`` are sent as the server's initial SETTINGS.
+    connection is closed); a ``("reply", ...)`` may carry a fifth item, ``after(sock)``,
+    called with the socket once the reply is sent (before the next read: it may wait, and
+    write raw frames the h2 state machine need not know about, such as a GOAWAY that keeps the
+    connection open). ``settings`` are sent as the server's initial SETTINGS.
     ``connections`` and ``requests`` count what arrived; ``max_open`` is the largest number
     of streams open at once on one connection; ``request_headers`` holds each request's headers
     (a dict of bytes), in arrival order.
@@ -210,7 +213,7 @@ class ScriptedH2Server:
                         if action[0] == "reset":
                             conn.reset_stream(event.stream_id, action[1])
                         else:
-                            _, headers, payload, trailers = action
+                            _, headers, payload, trailers, *after = action
                             conn.send_headers(
                                 event.stream_id, headers, end_stream=not payload and not trailers
                             )
@@ -218,6 +221,9 @@ class ScriptedH2Server:
                                 conn.send_data(event.stream_id, payload, end_stream=not trailers)
                             if trailers:
                                 conn.send_headers(event.stream_id, trailers, end_stream=True)
+                            if after:
+                                sock.sendall(conn.data_to_send())
+                                after[0](sock)
                     elif isinstance(event, h2.events.StreamReset):
                         bodies.pop(event.stream_id, None)
                 out = conn.data_to_send()
@@ -245,6 +251,12 @@ GRPC_OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 def grpc_frame(message: bytes, *, compressed: bool = False) -> bytes:
     """A length-prefixed gRPC message."""
     return bytes([1 if compressed else 0]) + len(message).to_bytes(4, "big") + message
+
+
+def goaway_frame(last_stream_id: int, error_code: int = 0) -> bytes:
+    """A raw GOAWAY frame (stream 0, no debug data)."""
+    payload = last_stream_id.to_bytes(4, "big") + error_code.to_bytes(4, "big")
+    return len(payload).to_bytes(3, "big") + bytes([7, 0]) + bytes(4) + payload
 
 
 def ok_reply(message: bytes):

@@ -14,6 +14,7 @@ import threading
 import time
 
 import anyio
+import anyio.abc
 import h2.errors
 import h2.settings
 import pytest
@@ -36,6 +37,7 @@ from tests.client.echo_server import (
     EchoServer,
     Raw,
     ScriptedH2Server,
+    goaway_frame,
     grpc_frame,
     ok_reply,
 )
@@ -597,6 +599,97 @@ async def test_goaway_before_processing_is_retried_on_a_fresh_connection():
     with ScriptedH2Server(script) as server:
         async with transport(server.port) as t:
             assert await t.unary(ECHO, b"payload", Raw, timeout=5) == b"payload"
+    assert server.connections == 2
+
+
+class _GatedStream(anyio.abc.ByteStream):
+    """A client connection's byte stream whose next ``receive`` can be held at a gate, so a
+    test decides what another task does while one task is the connection's reader."""
+
+    def __init__(self, inner: anyio.abc.ByteStream) -> None:
+        self.inner = inner
+        self.gate: anyio.Event | None = None
+        self.entered = anyio.Event()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.entered.set()
+            await gate.wait()
+        return await self.inner.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await self.inner.send(item)
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    @property
+    def extra_attributes(self):
+        return self.inner.extra_attributes
+
+
+@pytest.mark.anyio
+async def test_a_call_joining_while_an_idle_goaway_is_read_is_still_answered(monkeypatch):
+    """The server says GOAWAY on an idle connection. The next call reads it (``catch_up``);
+    a second call that joined the connection meanwhile (it saw someone reading and waits to be
+    woken) must still get its reply after the first has moved to a fresh connection. (Before
+    the fix it waited until its deadline: found as a hung call when a worker restarted under a
+    streaming client on trio, where a receive that has data still yields to other tasks.)"""
+    goaway_now = threading.Event()
+    second_sent = threading.Event()
+    moved_on = threading.Event()
+
+    def idle_goaway(sock):
+        goaway_now.wait(10)
+        sock.sendall(goaway_frame((1 << 31) - 1))  # no new streams; the open ones may finish
+
+    def script(conn_index, request_index, stream_id, body):
+        if conn_index == 0 and stream_id == 1:
+            return (*ok_reply(body[5:]), idle_goaway)
+        if conn_index == 0:  # the joiner's call: answered only once the first call moved on
+            second_sent.set()
+            moved_on.wait(10)
+        else:
+            moved_on.set()
+        return ok_reply(body[5:])
+
+    streams: list[_GatedStream] = []
+    connect = anyio.connect_tcp
+
+    async def gated_connect(*args, **kwargs):
+        streams.append(_GatedStream(await connect(*args, **kwargs)))
+        return streams[-1]
+
+    monkeypatch.setattr(anyio, "connect_tcp", gated_connect)
+    with ScriptedH2Server(script) as server:
+        async with transport(server.port) as t:
+            with anyio.fail_after(20):
+                assert await t.unary(ECHO, b"one", Raw, timeout=15) == b"one"
+                conn = t._conn
+                assert conn is not None
+                goaway_now.set()
+                while not conn.peek_idle():  # the GOAWAY has arrived, unread
+                    await anyio.sleep(0.005)
+                gate = streams[0].gate = anyio.Event()
+                results: dict[str, bytes] = {}
+
+                async def call(name: str) -> None:
+                    results[name] = await t.unary(ECHO, name.encode(), Raw, timeout=15)
+
+                async def join_then_open_the_gate() -> None:
+                    await streams[0].entered.wait()  # the first call is reading the GOAWAY
+                    tg.start_soon(call, "joiner")
+                    await anyio.to_thread.run_sync(second_sent.wait, 10)
+                    gate.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call, "first")
+                    tg.start_soon(join_then_open_the_gate)
+    assert results == {"first": b"first", "joiner": b"joiner"}
     assert server.connections == 2
 
 
