@@ -1,10 +1,15 @@
 """The event loops the project runs on and whether the optional one is installed: one owner for
-the probe the servers, the client's loop thread and the load driver all make; and the one
-reach below anyio's streams that the HTTP/2 connections of both sides use (``asyncio_transport``)."""
+the probe the servers, the client's loop thread and the load driver all make; the one reach
+below anyio's streams that the HTTP/2 connections of both sides use (``asyncio_transport``);
+and the one way another thread hands a callback to the loop without waiting for it
+(``thread_poster``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import sniffio
 
 EVENT_LOOPS = ("uvloop", "asyncio", "trio")
 """The event loops our servers run on (``--event-loop``, ``endpoints.event_loop``)."""
@@ -33,4 +38,50 @@ def asyncio_transport(stream: object) -> tuple[Any, Any] | None:
     return transport, protocol
 
 
-__all__ = ["EVENT_LOOPS", "asyncio_transport", "uvloop_available"]
+class LoopClosed(RuntimeError):
+    """The event loop a poster belongs to has ended: nobody will run the callback."""
+
+
+Poster = Callable[[Callable[[], object]], None]
+"""Runs a callback on its event loop's thread soon; callable from any thread, never blocks."""
+
+
+def thread_poster() -> Poster:
+    """For the running event loop: a function other threads call to have a callback run on it
+    soon, returning at once (asyncio's ``call_soon_threadsafe``, trio's
+    ``TrioToken.run_sync_soon``; both wake a sleeping loop through its own self-pipe or
+    eventfd). It raises ``LoopClosed`` once the loop is gone. anyio's ``from_thread.run_sync``
+    does the same hand-over but blocks the calling thread until the loop has run the callback."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        run_sync_soon = trio.lowlevel.current_trio_token().run_sync_soon
+
+        def post_trio(callback: Callable[[], object]) -> None:
+            try:
+                run_sync_soon(callback)
+            except trio.RunFinishedError:
+                raise LoopClosed("the trio run has finished") from None
+
+        return post_trio
+    import asyncio
+
+    call_soon_threadsafe = asyncio.get_running_loop().call_soon_threadsafe
+
+    def post_asyncio(callback: Callable[[], object]) -> None:
+        try:
+            call_soon_threadsafe(callback)
+        except RuntimeError:  # "Event loop is closed"
+            raise LoopClosed("the asyncio event loop is closed") from None
+
+    return post_asyncio
+
+
+__all__ = [
+    "EVENT_LOOPS",
+    "LoopClosed",
+    "Poster",
+    "asyncio_transport",
+    "thread_poster",
+    "uvloop_available",
+]

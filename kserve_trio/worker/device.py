@@ -8,6 +8,7 @@ acquired, inputs coalesced and padded, the execution timed, outputs sliced per r
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import anyio.to_thread
 import numpy as np
 
 from kserve_trio.core.errors import Internal
+from kserve_trio.core.event_loops import LoopClosed, thread_poster
 from kserve_trio.runtime.weight_cache import NotResidentError
 from kserve_trio.worker.disciplines import MIN_COST_SECONDS
 from kserve_trio.worker.layout import ModelLayout
@@ -46,21 +48,33 @@ class _Job:
 
 
 class DeviceThread:
-    """The one thread that runs device work, fed through a queue.
+    """The one thread that runs device work, fed through a queue, started on (and answering
+    to) the event loop that builds it.
 
     A dedicated thread rather than ``to_thread.run_sync(limiter=CapacityLimiter(1))``: its round
     trip is cheaper than anyio's worker pool, whose limiter, cancel-scope and context bookkeeping
     is paid per call (docs/benchmarks.md). It also gives meta models and control operations one
     stable thread.
+
+    The hand-back (``handback``, see ``worker/switches.py``): with ``post`` a finished job joins
+    ``_finished`` and, unless a wake-up is already pending, one is posted to the loop
+    (``core.event_loops.thread_poster``); the thread goes on to its next job at once, and the
+    loop's wake-up sets the events of every job finished by then. With ``block`` the thread
+    waits until the loop has run each job's wake-up.
     """
 
-    def __init__(self, token: anyio.lowlevel.EventLoopToken) -> None:
-        self._token = token
+    def __init__(self, handback: str = "post") -> None:
+        self._handback = handback
+        self._token = anyio.lowlevel.current_token()
+        self._post = thread_poster()
+        self._finished: collections.deque[_Job] = collections.deque()
+        self._wake_pending = False  # a _wake_waiters is posted and has not started yet
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="kserve-trio-device", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
+        hand_back = self._hand_back_blocking if self._handback == "block" else self._hand_back
         while True:
             job = self._jobs.get()
             if job is None:
@@ -69,20 +83,39 @@ class DeviceThread:
                 job.result = job.fn(*job.args)
             except BaseException as exc:
                 job.error = exc
-            try:
-                # Blocking until the loop has run the callback measured faster at c=1 than a
-                # fire-and-forget call_soon_threadsafe (A/B, in-process service path: 317-430
-                # vs 328-548 us per request): the device thread then does not compete with the
-                # loop for the GIL while the result is picked up.
-                anyio.from_thread.run_sync(job.event.set, token=self._token)
-            except Exception:  # the event loop is gone: nobody is waiting any more
-                pass
+            hand_back(job)
             # Drop this thread's references now: a job's arguments may be views of a
             # shared-memory mapping that can only be unmapped once no view is alive.
             job = None
 
+    def _hand_back(self, job: _Job) -> None:
+        # The order matters (the loop clears the flag before it empties the deque): a job
+        # appended while a wake-up runs is either taken by it or posts the next one.
+        self._finished.append(job)
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        try:
+            self._post(self._wake_waiters)
+        except LoopClosed:  # the event loop is gone: nobody is waiting any more
+            self._finished.clear()
+
+    def _wake_waiters(self) -> None:
+        """On the loop: set the event of every job finished so far."""
+        self._wake_pending = False
+        finished = self._finished
+        while finished:
+            finished.popleft().event.set()
+
+    def _hand_back_blocking(self, job: _Job) -> None:
+        try:
+            anyio.from_thread.run_sync(job.event.set, token=self._token)
+        except Exception:  # the event loop is gone: nobody is waiting any more
+            pass
+
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the device thread; never abandoned once handed over."""
+        """Run ``fn(*args)`` on the device thread; never abandoned once handed over (a
+        cancelled caller still waits for the job, so one execution at a time holds)."""
         job = _Job(fn, args)
         self._jobs.put(job)
         with anyio.CancelScope(shield=True):
@@ -92,6 +125,7 @@ class DeviceThread:
         return job.result
 
     async def close(self) -> None:
+        """Stop after the jobs already queued; returns once the thread has ended."""
         self._jobs.put(None)
         await anyio.to_thread.run_sync(self._thread.join)
 

@@ -55,6 +55,7 @@ from kserve_trio.worker.model_state import (
     same_io,
 )
 from kserve_trio.worker.planner import BatchPlan, plan_batch
+from kserve_trio.worker.switches import HotPathSwitches
 
 if TYPE_CHECKING:
     from kserve_trio.core.config import SchedulerConfig
@@ -63,28 +64,6 @@ if TYPE_CHECKING:
 log = get_logger("kserve_trio.worker.scheduler")
 
 SHUTTING_DOWN = "server is shutting down"
-
-INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
-"""Batches whose fastest execution seen is at most this many microseconds run on the event
-loop thread instead of the device thread (default ``INLINE_DEFAULT_US``, 0: never), which saves
-two thread crossings per batch. Off by default: its effect on CPU per request measured within
-the noise (docs/benchmarks.md, "Small requests against KServe")."""
-INLINE_DEFAULT_US = 0.0
-COALESCE_ENV = "KSERVE_TRIO_COALESCE_YIELDS"
-"""How many times the loop yields to the event loop before planning a batch that is not full:
-requests already read but still being decoded join the batch (default 0: plan at once; it
-measured no gain, docs/benchmarks.md)."""
-
-
-def _env_number(name: str, default: float) -> float:
-    """A non-negative number from the environment, ``default`` when unset or unreadable."""
-    import os
-
-    try:
-        return max(0.0, float(os.environ.get(name, default)))
-    except ValueError:
-        log.warning("bad_environment_value", variable=name, value=os.environ.get(name))
-        return default
 
 
 class Phase(enum.Enum):
@@ -110,6 +89,7 @@ class DispatchLoop:
         warmup: bool,
         clock: Callable[[], int],
         cache: WeightCache | None,
+        switches: HotPathSwitches | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -126,8 +106,9 @@ class DispatchLoop:
         self._inflight: ModelState | None = None
         self._inflight_done: anyio.Event | None = None
         self._looping = False
-        self.inline_seconds = _env_number(INLINE_ENV, INLINE_DEFAULT_US) / 1e6
-        self.coalesce_yields = int(_env_number(COALESCE_ENV, 0))
+        self.switches = switches or HotPathSwitches.from_environment()
+        self.inline_seconds = self.switches.inline_seconds
+        self.coalesce_yields = self.switches.coalesce_yields
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -142,7 +123,7 @@ class DispatchLoop:
             raise RuntimeError("Scheduler.run() can only be started once")
         stopped = self._stopped = self._stopped or anyio.Event()
         self._wake = anyio.Event()
-        device = self._device = DeviceThread(anyio.lowlevel.current_token())
+        device = self._device = DeviceThread(self.switches.handback)
         self.phase = Phase.RUNNING
         try:
             for state in self.pending_warmups:

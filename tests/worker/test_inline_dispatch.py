@@ -16,16 +16,16 @@ import pytest
 
 from kserve_trio.core.config import SchedulerConfig, SchedulingDiscipline
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.worker.dispatch import INLINE_ENV
 from kserve_trio.worker.mock_backend import scale_model
 from kserve_trio.worker.scheduler import Scheduler
+from kserve_trio.worker.switches import INLINE_ENV
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request) -> str:
+    return request.param
 
 
 def recording(model, threads: list[str]):
