@@ -106,6 +106,8 @@ class DispatchLoop:
         self._inflight: ModelState | None = None
         self._inflight_done: anyio.Event | None = None
         self._looping = False
+        self._parked = False  # the loop waits for work: nothing queued, no unit, no batch
+        self.direct_batches = 0  # batches the direct lane ran (``serve_directly``)
         self.switches = switches or HotPathSwitches.from_environment()
         self.inline_seconds = self.switches.inline_seconds
         self.coalesce_yields = self.switches.coalesce_yields
@@ -178,8 +180,41 @@ class DispatchLoop:
 
     def wake(self) -> None:
         """Tell an idle loop that a request or a unit was queued."""
+        self._parked = False  # what was queued goes first: no direct lane past it
         if self._wake is not None:
             self._wake.set()
+
+    def serve_directly(self, state: ModelState, req: QueuedRequest) -> bool:
+        """The direct lane: while the loop is parked (nothing queued anywhere, no unit, no
+        device work in flight), a request whose batch would run inline anyway (``_runs_inline``)
+        runs now, in its caller's task, exactly as the loop would run it next: the same plan,
+        deadline check, execution and record, without the hand-over to the loop and back (two
+        task switches and two events per request). True once ``req`` is finished (result or
+        error); False leaves it to the caller to queue. Synchronous from start to finish, so
+        no other task sees the request half-served."""
+        if not (
+            self._parked
+            and self.inline_seconds
+            and self.phase is Phase.RUNNING
+            and self._inflight is None
+            and not self._units
+            and not state.queue
+        ):
+            return False
+        state.queue.append(req)
+        plan = self._plan(state)
+        if plan is None:  # the planner failed and answered the request
+            return True
+        if plan.take != 1 or not self._runs_inline(state, plan):
+            state.queue.pop()
+            return False
+        now = self.clock()
+        taken = self._take(state, plan, now)
+        if taken is None:  # expired: answered DEADLINE_EXCEEDED
+            return True
+        self.direct_batches += 1
+        self._run_batch_inline(state, plan, taken, now)
+        return True
 
     # ---------------------------------------------------------------- the model table
     # The only changes to ``models``. Each keeps the table consistent with the weight cache
@@ -400,7 +435,11 @@ class DispatchLoop:
                 picked = self._select()
                 if picked is None:
                     self._wake = anyio.Event()
-                    await self._wake.wait()
+                    self._parked = True
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        self._parked = False
                     continue
                 chosen, plan = picked
                 if (
@@ -504,13 +543,24 @@ class DispatchLoop:
     async def _dispatch(self, state: ModelState, plan: BatchPlan) -> None:
         """Admit (deadlines, edf laxity), execute on the device thread, record, deliver."""
         now = self.clock()
+        taken = self._take(state, plan, now)
+        if taken is None:
+            return
+        try:
+            await self._execute(state, plan, taken, now)
+        finally:  # whatever happened, no waiter is left hanging on a RUNNING request
+            for r in taken:
+                finish(r, error=Internal(f"execution of model '{state.name}' was interrupted"))
+
+    def _take(self, state: ModelState, plan: BatchPlan, now: int) -> list[QueuedRequest] | None:
+        """The plan's requests off the queue, marked RUNNING; None when some had expired (they
+        are answered DEADLINE_EXCEEDED and the rest stay queued, to be planned again)."""
         taken = [state.queue[i] for i in range(plan.take)]
         margin = 0
         if self.discipline == "edf":
             margin = laxity_margin_ns(state.cost.get((plan.variant, plan.batch_key)))
         expired = [r for r in taken if deadline_expired(r.deadline_ns, now, margin)]
         if expired:
-            # Refuse them and re-plan from the queue as it now stands.
             for r in expired:
                 state.queue.remove(r)
                 if now >= r.deadline_ns:
@@ -522,16 +572,12 @@ class DispatchLoop:
                         f"(estimated compute {margin / 1e9:.6f}s)",
                     )
                 finish(r, error=err)
-            return
+            return None
         for _ in range(plan.take):
             state.queue.popleft()
         for r in taken:
             r.state = ItemState.RUNNING
-        try:
-            await self._execute(state, plan, taken, now)
-        finally:  # whatever happened, no waiter is left hanging on a RUNNING request
-            for r in taken:
-                finish(r, error=Internal(f"execution of model '{state.name}' was interrupted"))
+        return taken
 
     def _runs_inline(self, state: ModelState, plan: BatchPlan) -> bool:
         """A batch known to take at most ``inline_seconds``, with its weights on the device,
@@ -551,33 +597,58 @@ class DispatchLoop:
     async def _execute(
         self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
     ) -> None:
-        args = (
-            state,
-            plan,
-            [r.arrays for r in taken],
-            [r.rows for r in taken],
-            self.clock,
-            self.cache,
-        )
-        inline = self._runs_inline(state, plan)
-        try:
-            if inline:
-                elapsed_ns, slices = execute_plan(*args)
-            else:
-                elapsed_ns, slices = await self._device_call(state, execute_plan, *args)
-        except Exception as exc:
-            if not isinstance(exc, ServingError):
-                log.error(
-                    "execution_failed",
-                    model=state.name,
-                    batch_size=plan.batch_key,
-                    error=f"{type(exc).__name__}: {exc}",
-                    request_ids=[r.request_id for r in taken],
-                )
-                exc = Internal(f"execution of model '{state.name}' failed: {exc}")
-            for r in taken:
-                finish(r, error=exc)
+        if self._runs_inline(state, plan):
+            self._run_batch_inline(state, plan, taken, now)
+            # the loop thread ran it: let the waiters (and the network) have a turn
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             return
+        args = (state, plan, [r.arrays for r in taken], [r.rows for r in taken], self.clock)
+        try:
+            elapsed_ns, slices = await self._device_call(state, execute_plan, *args, self.cache)
+        except Exception as exc:
+            self._fail_batch(state, plan, taken, exc)
+            return
+        self._deliver(state, plan, taken, now, elapsed_ns, slices)
+
+    def _run_batch_inline(
+        self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
+    ) -> None:
+        """Execute a batch on the calling (loop) thread, then deliver or fail it."""
+        try:
+            arrays, rows = [r.arrays for r in taken], [r.rows for r in taken]
+            elapsed_ns, slices = execute_plan(state, plan, arrays, rows, self.clock, self.cache)
+        except Exception as exc:
+            self._fail_batch(state, plan, taken, exc)
+            return
+        self._deliver(state, plan, taken, now, elapsed_ns, slices)
+
+    def _fail_batch(
+        self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], exc: Exception
+    ) -> None:
+        """A batch's execution raised: every request in it gets the error (a model's own
+        failure is logged and answered INTERNAL)."""
+        if not isinstance(exc, ServingError):
+            log.error(
+                "execution_failed",
+                model=state.name,
+                batch_size=plan.batch_key,
+                error=f"{type(exc).__name__}: {exc}",
+                request_ids=[r.request_id for r in taken],
+            )
+            exc = Internal(f"execution of model '{state.name}' failed: {exc}")
+        for r in taken:
+            finish(r, error=exc)
+
+    def _deliver(
+        self,
+        state: ModelState,
+        plan: BatchPlan,
+        taken: list[QueuedRequest],
+        now: int,
+        elapsed_ns: int,
+        slices: list[list[np.ndarray]],
+    ) -> None:
+        """Record a finished batch (costs, EMA, statistics) and hand each request its slice."""
         key = (plan.variant, plan.batch_key)
         seconds = elapsed_ns / 1e9
         if seconds < state.fastest.get(key, float("inf")):
@@ -596,8 +667,6 @@ class DispatchLoop:
         for r, outs in zip(taken, slices, strict=True):
             r.outputs = outs
             finish(r)
-        if inline:  # the loop thread ran it: let the waiters (and the network) have a turn
-            await anyio.lowlevel.cancel_shielded_checkpoint()
 
 
 def _programs(states: dict[str, ModelState]) -> Callable[[str], Sequence[Program]]:

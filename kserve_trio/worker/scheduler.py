@@ -280,9 +280,13 @@ class Scheduler:
         if deadline_ns and now >= deadline_ns:
             raise DeadlineExceeded(name)
         req = QueuedRequest(arrays, variant, rows, now, deadline_ns, request_id)
-        state.queue.append(req)
-        self._loop.wake()
-        await self._await_result(state, req)
+        if self._loop.serve_directly(state, req):
+            if req.error is not None:
+                raise req.error
+        else:
+            state.queue.append(req)
+            self._loop.wake()
+            await self._await_result(state, req)
         assert req.outputs is not None
         if trace is not None:
             trace.queue_ns, trace.compute_ns, trace.batch_size = (

@@ -71,3 +71,51 @@ async def test_zero_turns_inline_execution_off(monkeypatch):
 async def test_a_slow_model_stays_on_the_device_thread(monkeypatch):
     threads = await served_threads(monkeypatch, "200", delay=0.002)
     assert threads and set(threads) == {"kserve-trio-device"}
+
+
+async def test_an_idle_loop_lets_a_tiny_request_run_in_its_own_task(monkeypatch):
+    """The direct lane: with nothing queued and the loop parked, a tiny request runs in the
+    caller's task (no hand-over to the loop). While the loop is busy (here: a slow model's
+    batch on the device thread) requests queue for it as before and it coalesces them."""
+    monkeypatch.setenv(INLINE_ENV, "5000")
+    threads: list[str] = []
+    tiny = recording(scale_model(batch_sizes=(1, 4)), threads)
+    slow = scale_model("slow", batch_sizes=(1,), delay=0.2)
+    sched = Scheduler(SchedulerConfig(discipline=SchedulingDiscipline.FAIR))
+
+    async def double(i: int) -> np.ndarray:
+        x = np.full((1, 4), i, np.float32)
+        return (await sched.infer("double", [NamedTensor.from_array("x", x)]))[0].data
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(sched.run)
+        await sched.add_model(tiny)
+        await sched.add_model(slow)
+        loop = sched._loop
+        try:
+            threads.clear()
+            for i in range(5):
+                np.testing.assert_array_equal(await double(i), np.full((1, 4), 2 * i))
+            assert loop.direct_batches == 5
+            assert set(threads) == {threading.current_thread().name}
+
+            results: dict[int, np.ndarray] = {}
+            calls_before = len(tiny.calls)
+
+            async def one(i: int) -> None:
+                results[i] = await double(i)
+
+            async with anyio.create_task_group() as burst:
+                x = NamedTensor.from_array("x", np.ones((1, 4), np.float32))
+                burst.start_soon(sched.infer, "slow", [x])
+                while not loop._inflight:  # the slow batch holds the device thread
+                    await anyio.sleep(0.001)
+                for i in range(4):
+                    burst.start_soon(one, i)
+            assert sorted(results) == [0, 1, 2, 3]
+            for i, y in results.items():
+                np.testing.assert_array_equal(y, np.full((1, 4), 2 * i))
+            assert loop.direct_batches == 5  # none of the four took the lane
+            assert [c.batch_key for c in tiny.calls[calls_before:]] == [4]  # one batch of 4
+        finally:
+            await sched.stop()

@@ -360,8 +360,10 @@ def main() -> int:
                 roles["ours16"].append(worker_server(label, repos["r16"], tree, env))
             if "ours224" in needed:
                 roles["ours224"].append(worker_server(label, repos["r224"], tree, env))
-        if "echo" in needed:  # one echo server per worker variant, same tree and env
+        if "echo" in needed:  # one echo server per tree (the worker's switches do not reach it)
             for label, env, tree in variants:
+                if env:
+                    continue
                 name = "echo" + label.removeprefix("kserve_trio")
                 roles["echo"].append(echo_server(name, tree, env))
         if "floor" in needed:
