@@ -18,9 +18,11 @@ from kserve_trio.core.logging import get_logger
 log = get_logger("kserve_trio.worker.switches")
 
 INLINE_ENV = "KSERVE_TRIO_INLINE_EXEC_US"
-"""Batches whose fastest execution seen is at most this many microseconds run on the event
-loop's thread instead of the device thread; 0 turns that off."""
-INLINE_DEFAULT_US = 0.0
+"""The direct lane's bound: a request that finds the dispatch loop idle runs at once in its own
+task, on the event loop's thread, when its batch's fastest execution seen is at most this many
+microseconds (``DispatchLoop.serve_directly``); 0 sends every batch through the loop to the
+device thread."""
+INLINE_DEFAULT_US = 200.0
 
 HANDBACK_ENV = "KSERVE_TRIO_DEVICE_HANDBACK"
 """How the device thread hands a finished job back to the event loop: ``post`` (queue the

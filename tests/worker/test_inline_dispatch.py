@@ -1,9 +1,10 @@
-"""Batches of known tiny cost run on the event loop thread; the others on the device thread.
+"""The direct lane: a request that finds the dispatch loop idle, with a batch of known tiny
+cost, runs in its own task on the event loop's thread; everything else goes through the loop to
+the device thread.
 
 The dispatch loop learns each (variant, batch size)'s execution cost (warmup seeds it). A batch
-whose cost is at most ``KSERVE_TRIO_INLINE_EXEC_US`` runs inline on the loop thread, which
-saves two thread crossings per batch; 0 turns that off; a slow model always runs on the device
-thread, so the loop never stalls behind it.
+whose cost is at most ``KSERVE_TRIO_INLINE_EXEC_US`` may take the lane; 0 turns it off; a slow
+model always runs on the device thread, and so do the batches the loop coalesces under load.
 """
 
 from __future__ import annotations
@@ -117,5 +118,6 @@ async def test_an_idle_loop_lets_a_tiny_request_run_in_its_own_task(monkeypatch)
                 np.testing.assert_array_equal(y, np.full((1, 4), 2 * i))
             assert loop.direct_batches == 5  # none of the four took the lane
             assert [c.batch_key for c in tiny.calls[calls_before:]] == [4]  # one batch of 4
+            assert threads[-1] == "kserve-trio-device"  # the loop's batches: the device thread
         finally:
             await sched.stop()
