@@ -65,6 +65,11 @@ log = get_logger("kserve_trio.worker.scheduler")
 
 SHUTTING_DOWN = "server is shutting down"
 
+DIRECT_LANE_MAX_BYTES = 64 * 1024
+"""The largest request (its input arrays) the direct lane takes. Measured: [1,16] FP32 requests
+(64 B) gained 12-25% CPU per request at c=1; [1,3,224,224] (602 KB) taking the lane had a p99
+of 1.3 s at c=32 against 0.25 s without (docs/benchmarks.md). The bound between is a choice."""
+
 
 class Phase(enum.Enum):
     """The loop's lifecycle: built, serving, refusing new work, returned."""
@@ -186,12 +191,12 @@ class DispatchLoop:
 
     def serve_directly(self, state: ModelState, req: QueuedRequest) -> bool:
         """The direct lane: while the loop is parked (nothing queued anywhere, no unit, no
-        device work in flight), a request whose batch would run inline anyway (``_runs_inline``)
-        runs now, in its caller's task, exactly as the loop would run it next: the same plan,
-        deadline check, execution and record, without the hand-over to the loop and back (two
-        task switches and two events per request). True once ``req`` is finished (result or
-        error); False leaves it to the caller to queue. Synchronous from start to finish, so
-        no other task sees the request half-served."""
+        device work in flight), a request of at most ``DIRECT_LANE_MAX_BYTES`` whose batch may
+        run on the loop's thread (``_runs_inline``) runs now, in its caller's task, as the loop
+        would run it next: the same plan, deadline check, execution and record, without the
+        hand-over to the loop and back (two task switches and two events per request). True
+        once ``req`` is finished (result or error); False leaves it to the caller to queue.
+        Synchronous from start to finish, so no other task sees the request half-served."""
         if not (
             self._parked
             and self.inline_seconds
@@ -199,6 +204,7 @@ class DispatchLoop:
             and self._inflight is None
             and not self._units
             and not state.queue
+            and sum(a.nbytes for a in req.arrays) <= DIRECT_LANE_MAX_BYTES
         ):
             return False
         state.queue.append(req)
