@@ -56,7 +56,7 @@ from kserve_trio.client._h2_call import _Call, _error_name
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.config import MAX_FRAME_BYTES, WINDOW_BYTES
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.event_loops import asyncio_transport
+from kserve_trio.core.event_loops import asyncio_transport, stream_attribute
 
 # The client advertises the same receive windows (connection and each stream) and largest DATA
 # frame as our servers do by default (WINDOW_BYTES, MAX_FRAME_BYTES): a large reply never waits
@@ -98,7 +98,7 @@ class Connection:
         self.sending = False
         self.dead: str | None = None  # why the connection can no longer carry calls
         self.draining = False  # GOAWAY received: no new streams
-        self.sock: Any = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        self.sock: Any = stream_attribute(stream, anyio.abc.SocketAttribute.raw_socket)
         self.poller: Any = None
         if self.sock is not None and hasattr(select, "poll"):
             self.poller = select.poll()

@@ -1,6 +1,7 @@
 """The event loops the project runs on and whether the optional one is installed: one owner for
-the probe the servers, the client's loop thread and the load driver all make; the one reach
-below anyio's streams that the HTTP/2 connections of both sides use (``asyncio_transport``);
+the probe the servers, the client's loop thread and the load driver all make; the reaches
+below anyio's streams that the connections of both sides use (``asyncio_transport``,
+``stream_attribute``);
 and the one way another thread hands a callback to the loop without waiting for it
 (``thread_poster``)."""
 
@@ -36,6 +37,17 @@ def asyncio_transport(stream: object) -> tuple[Any, Any] | None:
     if transport is None or not hasattr(protocol, "write_event"):
         return None
     return transport, protocol
+
+
+def stream_attribute(stream: Any, attribute: Any, default: Any = None) -> Any:
+    """``stream.extra(attribute, default)``, also when the peer has already closed the
+    connection: anyio builds every socket attribute of a stream at once, and on a transport
+    that is gone its peer-name lookup raises ``AttributeError`` (no socket) rather than the
+    ``OSError`` it expects, whatever attribute was asked for."""
+    try:
+        return stream.extra(attribute, default)
+    except AttributeError:
+        return default
 
 
 class LoopClosed(RuntimeError):
@@ -82,6 +94,7 @@ __all__ = [
     "LoopClosed",
     "Poster",
     "asyncio_transport",
+    "stream_attribute",
     "thread_poster",
     "uvloop_available",
 ]

@@ -70,6 +70,25 @@ def test_a_port_that_cannot_be_reserved_names_the_key():
         taken.close()
 
 
+def test_a_port_another_program_shares_with_so_reuseport_is_refused_not_shared():
+    """Another listener of the same user with SO_REUSEPORT on the port (an older gateway, or
+    another test's): the reservation must fail as for any taken port. Before, the gateway bound
+    it too and the kernel split the connections between them (seen as a test's admin request
+    answered by another gateway's gRPC port under a parallel run)."""
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    try:
+        with pytest.raises(OSError) as info:
+            reserve_port("127.0.0.1", other.getsockname()[1], "listen.grpc")
+        assert info.value.errno == errno.EADDRINUSE
+        assert "listen.grpc 127.0.0.1:" in str(info.value)
+    finally:
+        other.close()
+
+
 @pytest.mark.anyio
 async def test_one_record_for_every_process_and_one_holder_at_a_time(tmp_path):
     record = tmp_path / "shm-registrations.json"

@@ -5,6 +5,12 @@ every child then binds too (SO_REUSEPORT, and they listen). The parent's sockets
 so the kernel hands them no connection; they stay open for the parent's lifetime, so the port
 stays reserved while a child restarts (no other program can take it in between).
 
+Each address is first bound once alone, without SO_REUSEPORT (``_alone``), and only then with
+it: SO_REUSEPORT would otherwise let the gateway share a port that another program of the same
+user already listens on with SO_REUSEPORT (an older gateway still running; under a parallel
+test run, another test's gateway), and the kernel would split the connections between the two
+without a word. Alone, such a port is refused (EADDRINUSE) as any taken port is.
+
 The addresses bound are those ``anyio.create_tcp_listener`` binds for the same host (every
 stream address ``getaddrinfo`` gives for it), so the children's listeners and the parent's
 reservation are the same set of (family, address, port).
@@ -48,6 +54,17 @@ def _bound(family: int, sockaddr: tuple) -> socket.socket:
     return sock
 
 
+def _alone(family: int, sockaddr: tuple) -> int:
+    """Bind ``sockaddr`` without SO_REUSEPORT and let it go again: the port it got (``sockaddr``'s
+    own, or a free one for port 0), or EADDRINUSE when any socket holds that port already."""
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no holder
+        sock.bind(sockaddr)
+        return sock.getsockname()[1]
+
+
 def reserve_port(host: str, port: int, what: str) -> ReservedPort:
     """Bind every stream address of ``host:port`` with SO_REUSEPORT (no listen); ``port`` 0
     takes one ephemeral port for all of them. Raises ``OSError`` naming ``what`` (the
@@ -61,7 +78,8 @@ def reserve_port(host: str, port: int, what: str) -> ReservedPort:
         reserved = ReservedPort(host, port)
         try:
             for fam, sockaddr in addrs:
-                sock = _bound(fam, (sockaddr[0], reserved.port, *sockaddr[2:]))
+                alone = _alone(fam, (sockaddr[0], reserved.port, *sockaddr[2:]))
+                sock = _bound(fam, (sockaddr[0], alone, *sockaddr[2:]))
                 reserved.sockets.append(sock)
                 reserved.port = sock.getsockname()[1]
         except OSError as exc:

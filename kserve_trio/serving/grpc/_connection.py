@@ -77,6 +77,7 @@ from hyperframe.frame import GoAwayFrame, PingFrame
 
 from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.event_loops import stream_attribute
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._call import Call
@@ -302,10 +303,7 @@ class Connection:
             return self._fast.peer()
         if self.stream is None:
             return ""
-        try:
-            address = self.stream.extra(anyio.abc.SocketAttribute.remote_address)
-        except anyio.TypedAttributeLookupError:
-            return ""
+        address = stream_attribute(self.stream, anyio.abc.SocketAttribute.remote_address, "")
         if isinstance(address, tuple):
             return f"{address[0]}:{address[1]}"
         return str(address)

@@ -21,6 +21,8 @@ import anyio
 import anyio.abc
 import httptools
 
+from kserve_trio.core.event_loops import stream_attribute
+
 READ_BYTES = 256 << 10
 _JOIN_BYTES = 256 << 10
 """Up to this size the request head and body go out in one write (one syscall); a larger body
@@ -129,7 +131,7 @@ class Connection:
         self.authority = authority
         self.reused = False
         self.idle_since = 0.0
-        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        raw = stream_attribute(stream, anyio.abc.SocketAttribute.raw_socket)
         self._fd = raw.fileno() if raw is not None else -1
 
     def stale(self) -> bool:
