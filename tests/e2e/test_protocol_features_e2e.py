@@ -97,28 +97,18 @@ def mlp_input(x: np.ndarray, datatype: str = "FP32") -> grpcclient.InferInput:
     return inp
 
 
-def sample_total(worker, name: str) -> float:
-    """The sum of a metric's samples, whatever their labels."""
+def sample(worker, name: str, model: str | None = None, **labels) -> float:
+    """The sum of a metric's samples with these labels (``model`` None: any model)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
         text = r.read().decode()
+    if model is not None:
+        labels["model"] = model
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == name
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
-
-
-def sample(worker, name: str, model: str, **labels) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
-        text = r.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and s.labels.get("model") == model:
-                if all(s.labels.get(k) == v for k, v in labels.items()):
-                    total += s.value
-    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,7 +165,7 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker):
     hold.start()  # the device thread sleeps 3 s: mlp requests queue behind it
     deadline = time.monotonic() + 10.0
     while not (  # admitted and taken off its queue: the device thread is in it
-        sample_total(worker, "worker_inflight_requests") >= 1
+        sample(worker, "worker_inflight_requests") >= 1
         and sample(worker, "worker_queue_depth", "sleepy") == 0
     ):
         assert time.monotonic() < deadline, "the sleepy request never reached the device"

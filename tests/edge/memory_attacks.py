@@ -21,9 +21,10 @@ import anyio
 import h2.settings
 import tritonclient.grpc as grpcclient
 
-from tests.edge.memory_probe import MiB, mlp_input, mlp_request_bytes, served_ok, wait_until
+from tests.edge.memory_probe import MiB, mlp_input, mlp_request_bytes, served_ok
 from tests.gateway.procs import Gateway, Worker
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
+from tests.waiting import wait_until
 from tests.worker.raw_h2 import raw_grpc_call
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"

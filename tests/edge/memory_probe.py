@@ -4,8 +4,6 @@ open descriptors), deadline loops, and the mlp request of the demo repository.""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -50,15 +48,6 @@ def peak_growth_mib(pid: int, before: int) -> float:
 
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; AssertionError naming ``what`` past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
 
 
 def mlp_input(rows: int = 1, value: float = 1.0) -> grpcclient.InferInput:

@@ -28,10 +28,11 @@ from tests.edge.memory_attacks import (
     settle,
     window_zero_round,
 )
-from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, rss, wait_until
+from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, rss
 from tests.gateway.procs import Worker
 from tests.ports import free_port
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

@@ -34,10 +34,11 @@ from tests.edge.memory_attacks import (
     settle,
     window_zero_round,
 )
-from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, reset_peak, rss, wait_until
+from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, reset_peak, rss
 from tests.gateway.procs import Gateway, Worker
 from tests.serving.bomb import zero_bomb
 from tests.serving.grpc.h2_peer import grpc_frame
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
+from tests.waiting import wait_until
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
 
 
@@ -56,14 +57,6 @@ def block_device(running, seconds: float) -> threading.Thread:
     t.start()
     assert on_device.wait(30), "the device thread never took the blocking job"
     return t
-
-
-def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
-    """Poll ``condition`` until it holds (a deadline, not a sleep that guesses)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def mlp_input(x, name="input_0", datatype="FP32"):
