@@ -114,8 +114,6 @@ class DispatchLoop:
         self._parked = False  # the loop waits for work: nothing queued, no unit, no batch
         self.direct_batches = 0  # batches the direct lane ran (``serve_directly``)
         self.switches = switches or HotPathSwitches.from_environment()
-        self.inline_seconds = self.switches.inline_seconds
-        self.coalesce_yields = self.switches.coalesce_yields
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -199,7 +197,7 @@ class DispatchLoop:
         Synchronous from start to finish, so no other task sees the request half-served."""
         if not (
             self._parked
-            and self.inline_seconds
+            and self.switches.inline_seconds
             and self.phase is Phase.RUNNING
             and self._inflight is None
             and not self._units
@@ -449,12 +447,12 @@ class DispatchLoop:
                     continue
                 chosen, plan = picked
                 if (
-                    self.coalesce_yields
+                    self.switches.coalesce_yields
                     and chosen.layout.batched
                     and plan.take == len(chosen.queue)
                 ):
                     # Let requests that are already being decoded reach the queue first.
-                    for _ in range(self.coalesce_yields):
+                    for _ in range(self.switches.coalesce_yields):
                         await anyio.lowlevel.cancel_shielded_checkpoint()
                     picked = self._select()
                     if picked is None:
@@ -587,18 +585,19 @@ class DispatchLoop:
 
     def _runs_inline(self, state: ModelState, plan: BatchPlan) -> bool:
         """Whether a batch may run on the loop's thread (the direct lane's test): it is known
-        to take at most ``inline_seconds`` and its weights are on the device. Batches the loop
+        to take at most the switches' ``inline_seconds`` and its weights are on the device. Batches the loop
         itself dispatches always go to the device thread: under load its execution (XLA
         releases the GIL) overlaps the network work on another core, and the loop running
         them itself measured more CPU per request at c=32 and a p99 of seconds on 0.6 MB
         requests (docs/benchmarks.md)."""
-        if not self.inline_seconds:
+        bound = self.switches.inline_seconds
+        if not bound:
             return False
         key = (plan.variant, plan.batch_key)
         cost = state.fastest.get(key)
         if cost is None:
             cost = state.cost.get(key)  # the warmup's figure, until a batch has run
-        if cost is None or cost > self.inline_seconds:
+        if cost is None or cost > bound:
             return False
         resident = getattr(state.entry, "weights_resident", None)
         return resident is None or bool(resident())

@@ -40,12 +40,23 @@ class ReservedPort:
         self.sockets.clear()
 
 
-def _bound(family: int, sockaddr: tuple) -> socket.socket:
+def _stream_socket(family: int) -> socket.socket:
+    """A TCP socket for one address of the reservation: IPv6 only for AF_INET6 (the IPv4
+    address is bound on its own), SO_REUSEADDR (a port in TIME_WAIT holds no one)."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _bound(family: int, sockaddr: tuple) -> socket.socket:
+    sock = _stream_socket(family)
+    try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(sockaddr)
     except BaseException:
@@ -57,10 +68,7 @@ def _bound(family: int, sockaddr: tuple) -> socket.socket:
 def _alone(family: int, sockaddr: tuple) -> int:
     """Bind ``sockaddr`` without SO_REUSEPORT and let it go again: the port it got (``sockaddr``'s
     own, or a free one for port 0), or EADDRINUSE when any socket holds that port already."""
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no holder
+    with _stream_socket(family) as sock:
         sock.bind(sockaddr)
         return sock.getsockname()[1]
 
