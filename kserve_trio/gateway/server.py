@@ -126,6 +126,7 @@ class Gateway:
         lpt = config.scheduling.mode is SchedulingMode.LPT_PACKING
         self.policy = LptPacking(config.scheduling.basis) if lpt else make_policy(config.scheduling)
         self.state = RoutingState()
+        self.listening = False  # the gRPC port accepts (the admin port comes up before it)
         self.admission = Admission(
             config.grpc.max_concurrent_requests_per_worker,
             lambda: len(self.pool.clients),
@@ -232,8 +233,10 @@ class Gateway:
         return bool(self.prober.routable_labels)
 
     def ready(self) -> bool:
-        """``/readyz``: some worker is routable and the gateway is not draining."""
-        return self.has_routable_worker() and not self.admission.draining
+        """``/readyz``: the gRPC port accepts, some worker is routable and the gateway is not
+        draining. (The admin port is up first: without the first condition a client that
+        waited for /readyz could find the gRPC port still refusing connections.)"""
+        return self.listening and self.has_routable_worker() and not self.admission.draining
 
 
 @dataclass
@@ -367,6 +370,7 @@ async def serve_gateway_async(
                     server.serve, grpc_host, grpc_port, ssl_context, reuse_port=shared_ports
                 )
             )
+            gateway.listening = True
             running = RunningGateway(
                 config=config,
                 host=grpc_host,

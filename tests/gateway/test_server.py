@@ -318,6 +318,20 @@ def test_the_inbound_cap_sheds_resource_exhausted():
             assert "gateway_max_concurrent_requests 1.0" in text
 
 
+def test_readyz_waits_for_the_grpc_port_not_only_for_a_worker():
+    """The admin port comes up before the gRPC port: /readyz must not say ready in between
+    (a client that waited for it found the gRPC port still refusing, seen in a loaded run)."""
+    with fleet(1) as (a,), running([a]) as gw:
+        wait_for(lambda: admin(gw, "/readyz") == (200, "ok"))
+        assert gw.gateway.listening
+        gw.gateway.listening = False  # as between the two ports coming up
+        try:
+            assert admin(gw, "/readyz") == (503, "not ready")
+        finally:
+            gw.gateway.listening = True
+        assert admin(gw, "/readyz") == (200, "ok")
+
+
 def test_stop_drains_refuses_new_requests_and_lets_in_flight_ones_finish():
     with fleet(1) as (a,):
         a.echo = True
