@@ -234,6 +234,15 @@ class H2Transport:
             block += header_block(metadata_headers(metadata))
         return block
 
+    def _deadline_error(self, rpc: str, timeout: float) -> RpcError:
+        """The client's own DEADLINE_EXCEEDED; built only when a call ran out of time (an
+        exception with its message costs about as much as the rest of a small call's set-up)."""
+        return RpcError(
+            StatusCode.DEADLINE_EXCEEDED,
+            f"deadline of {timeout:.3f}s exceeded calling {rpc} on {self._address}",
+            method=rpc,
+        )
+
     async def unary(
         self,
         method: str,
@@ -278,11 +287,6 @@ class H2Transport:
                 )
             block = self._request_block(method, timeout, metadata, compressed_with)
             data = _NOT_SET
-            expired = RpcError(
-                StatusCode.DEADLINE_EXCEEDED,
-                f"deadline of {timeout:.3f}s exceeded calling {rpc} on {self._address}",
-                method=rpc,
-            )
             deadline = anyio.current_time() + timeout
             with anyio.CancelScope(deadline=deadline):
                 try:
@@ -293,10 +297,10 @@ class H2Transport:
                     # header's rounding; an earlier DEADLINE_EXCEEDED is the server's own.)
                     tie = anyio.current_time() >= deadline - _DEADLINE_TIE_SECONDS
                     if exc.status is StatusCode.DEADLINE_EXCEEDED and tie:
-                        raise expired from None
+                        raise self._deadline_error(rpc, timeout) from None
                     raise
             if data is _NOT_SET:
-                raise expired
+                raise self._deadline_error(rpc, timeout)
         if reply_type is not InferResponseMessage and type(data) is not bytes:
             data = bytes(data)  # only the ModelInfer reply is parsed from a view
         try:
