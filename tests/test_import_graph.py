@@ -156,3 +156,19 @@ def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path):
 def test_the_project_has_no_import_cycle():
     found = cycles(import_graph())
     assert found == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+FACED_PACKAGES = ("kserve_trio.gateway.placement",)
+"""Packages the rest of the project reaches through their ``__init__`` only."""
+
+
+def test_faced_packages_are_imported_through_their_face_only():
+    graph = import_graph()
+    reached_around = sorted(
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps
+        for face in FACED_PACKAGES
+        if dep.startswith(face + ".") and not module.startswith(face + ".") and module != face
+    )
+    assert reached_around == [], "imports around a package's face:\n" + "\n".join(reached_around)

@@ -17,9 +17,8 @@ workers), ``fanout`` and ``aggregate`` (the RPCs answered by every worker, and t
 merges), ``stream`` (ModelStreamInfer), ``admission`` (the inbound cap and drain), ``service``
 (the gRPC surface), ``admin`` (the admin HTTP endpoints), ``metrics`` and ``metrics_merge``
 (``/metrics``), ``tls`` (the public and worker-side TLS contexts), ``server`` (the task tree,
-``serve_gateway``) and ``cli`` (``python -m kserve_trio gateway``). lpt_packing: ``placement``
-and ``fill`` (the pure planners), ``lpt_policy`` (its routing), ``lpt_scheduler`` (start-up,
-ticks, repacks), ``compaction``, ``lpt_control`` (GatewayControlService) and ``lpt_metrics``.
+``serve_gateway``) and ``cli`` (``python -m kserve_trio gateway``). lpt_packing lives in the
+``placement`` package, behind its one face (its docstring names the parts).
 
 It never imports jax, ``kserve_trio.runtime`` or ``kserve_trio.worker``: it stands on ``core``,
 ``serving`` and the client transport only.

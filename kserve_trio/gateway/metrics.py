@@ -10,7 +10,7 @@ Series updated as requests finish: ``gateway_requests_total{rpc,model,status}``,
 ``gateway_worker_inflight_work{worker,basis}`` (every known worker, in label order).
 
 Under lpt_packing the scheduler's series join the same registry (``add_collector``;
-``lpt_metrics``).
+``placement.metrics``).
 
 ``model`` is the model name for ModelInfer, the region name for the shared-memory RPCs and
 ``""`` otherwise; ``status`` is the gRPC status in CamelCase (``OK``, ``NotFound``,

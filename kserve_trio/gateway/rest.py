@@ -21,12 +21,10 @@ health is refused once the gateway drains.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
 
-from kserve_trio.core import compression
 from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import Unimplemented
 from kserve_trio.core.request_bounds import check_path_names
@@ -38,7 +36,6 @@ from kserve_trio.gateway.service import GatewayService
 from kserve_trio.serving.accept import ListenError
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeStats
-from kserve_trio.serving.grpc import Call, Limits, RawMessage
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response, serve_app
 from kserve_trio.serving.rest_routes import (
     REPLY_TYPES,
@@ -50,24 +47,6 @@ from kserve_trio.serving.rest_routes import (
     route,
     unsupported,
 )
-
-Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
-
-
-class RestRawCall(Call):
-    """A REST request as a raw gRPC handler sees its call: an uncompressed message, no custom
-    metadata, no deadline of its own (the attempt timeouts of the worker clients apply)."""
-
-    __slots__ = ()
-
-    def __init__(self, rpc: str, limits: Limits) -> None:
-        self.rpc = rpc
-        self.limits = limits
-        self.encoding = compression.IDENTITY
-        self.headers = ()
-        self.deadline = None
-        self.deadline_ns = 0
-        self._metadata = {}
 
 
 class GatewayRest:
@@ -96,31 +75,7 @@ class GatewayRest:
         self.models = ModelRequests(
             service.forwarder, self.upstream, self.limits.max_recv_bytes, max_json_depth
         )
-        s = service
-
-        def admitted(fn: Handler) -> Handler:
-            """Counted by the gateway's admission like the gRPC call (refused once it
-            drains)."""
-
-            async def run(call: Call, message: RawMessage) -> bytes:
-                with s.admission.call():
-                    return await fn(call, message)
-
-            return run
-
-        self._handlers: dict[str, Handler] = {
-            "ServerLive": s.server_live,
-            "ServerReady": s.server_ready,
-            "ServerMetadata": admitted(s.server_metadata),
-            "ModelStatistics": admitted(s.model_statistics),
-            "RepositoryIndex": admitted(s.repository_index),
-            "RepositoryModelLoad": admitted(s.repository_model_load),
-            "RepositoryModelUnload": admitted(s.repository_model_unload),
-            "SystemSharedMemoryStatus": admitted(s.shm_status),
-            "SystemSharedMemoryRegister": admitted(s.shm_register),
-            "SystemSharedMemoryUnregister": admitted(s.shm_unregister),
-            "LogSettings": admitted(s.log_settings),
-        }
+        self._rpcs = service.fleet_rpcs()
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -140,12 +95,12 @@ class GatewayRest:
             gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
             with gate:
                 return await self.models.answer(call, request)
-        handler = self._handlers.get(call.rpc)
-        if handler is None:
+        rpc = self._rpcs.get(call.rpc)
+        if rpc is None:
             raise Unimplemented(unsupported(call.rpc))
         body = request_body(request, self.limits.max_recv_bytes)
         message = grpc_request(call, body, self.max_json_depth)
-        data = await handler(RestRawCall(call.rpc, self.limits), RawMessage(bytes(message)))
+        data = await rpc(bytes(message), None)  # no deadline of its own: the workers' timeouts
         return reply_response(call, REPLY_TYPES[call.rpc]().parse(data))
 
     async def aclose(self) -> None:
@@ -199,4 +154,4 @@ async def serve_rest(
             await rest.aclose()
 
 
-__all__ = ["GatewayRest", "RestRawCall", "serve_rest"]
+__all__ = ["GatewayRest", "serve_rest"]

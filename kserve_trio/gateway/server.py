@@ -18,7 +18,7 @@ server's task group, so nothing outlives the tree.
 Given a ``ProcessRole`` (one of several gateway processes, ``gateway.processes``) the same tree
 binds the public ports with SO_REUSEPORT, keeps its shared-memory registrations in the shared
 record, announces its admin port once it serves and, under lpt_packing, places (process 0) or
-follows the placement (``lpt_processes``).
+follows the placement (``placement.multiprocess``).
 
 Start-up: the first prober round runs before the ports open (discovery, probes, shared-memory
 replay, routing table). If no worker is routable after it, the gateway waits up to
@@ -54,7 +54,6 @@ from kserve_trio.core.restricted import Restrictions
 from kserve_trio.gateway.admin import AdminEndpoints
 from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import pass_caller_headers
-from kserve_trio.gateway.compaction import Compactor
 from kserve_trio.gateway.config import (
     GatewayConfig,
     SchedulingMode,
@@ -69,12 +68,17 @@ from kserve_trio.gateway.discovery import (
 )
 from kserve_trio.gateway.fanout import Fleet
 from kserve_trio.gateway.forward import Forwarder, RegisterGates
-from kserve_trio.gateway.lpt_control import GatewayControl
-from kserve_trio.gateway.lpt_metrics import LptCollector
-from kserve_trio.gateway.lpt_policy import LptPacking
-from kserve_trio.gateway.lpt_processes import LptFollower, LptPlacer, shared_lpt
-from kserve_trio.gateway.lpt_scheduler import LptScheduler
 from kserve_trio.gateway.metrics import GatewayMetrics
+from kserve_trio.gateway.placement import (
+    Compactor,
+    GatewayControl,
+    LptCollector,
+    LptFollower,
+    LptPacking,
+    LptPlacer,
+    LptScheduler,
+    shared_lpt,
+)
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
 from kserve_trio.gateway.prober import GatewayWedged, Prober
 from kserve_trio.gateway.processes._layout import ProcessRole

@@ -1,5 +1,11 @@
-"""The gateway's gRPC surface: ``inference.GRPCInferenceService`` and the fleet-wide part of
-``reactant_control.ControlService``, as raw-bytes ``serving.grpc`` methods.
+"""The gateway's RPC layer: ``inference.GRPCInferenceService`` and the fleet-wide part of
+``reactant_control.ControlService``.
+
+Every RPC but the two inference ones is a ``FleetRpc`` (``fleet_rpcs``): the request's bytes and
+the caller's deadline in, the reply's bytes out, with no transport in sight. ``methods`` serves
+them over gRPC (``over_grpc``: the call's message, uncompressed, and its deadline) and the REST
+endpoint (``rest``) calls the same functions on the message it built from JSON. ModelInfer and
+ModelStreamInfer are gRPC's own (``serving.grpc`` raw methods); REST forwards inference its way.
 
 Where each answer comes from:
 
@@ -48,6 +54,7 @@ from kserve_trio.serving.grpc import (
     Limits,
     Method,
     RawMessage,
+    RawUnaryFn,
     raw_unary,
     stream,
     unimplemented,
@@ -59,7 +66,11 @@ from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_R
 INFERENCE = "/inference.GRPCInferenceService/"
 CONTROL = "/reactant_control.ControlService/"
 
-Handler = Callable[[Call, RawMessage], Awaitable[bytes]]
+FleetRpc = Callable[[bytes, "float | None"], Awaitable[bytes]]
+"""One RPC of the gateway's RPC layer: the request message's uncompressed bytes and the
+caller's deadline (absolute ``anyio.current_time()``; ``None``: none) -> the reply's bytes. The
+gateway forwards those bytes to workers as they are, which is why this layer speaks bytes, not
+messages; it knows nothing of the transport, so gRPC and REST call the same functions."""
 
 
 def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -71,10 +82,19 @@ def forwarded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _plain(call: Call, message: RawMessage) -> bytes:
-    """A control request's bytes, uncompressed (these are small: a compressed one is copied
-    into ``bytes`` once)."""
+    """A request's bytes, uncompressed (the fleet RPCs' requests are small: a compressed one is
+    copied into ``bytes`` once)."""
     data = call.plain(message)
     return data if type(data) is bytes else bytes(data)
+
+
+def over_grpc(rpc: FleetRpc) -> RawUnaryFn:
+    """The gRPC adapter of a fleet RPC: the call's message, uncompressed, and its deadline."""
+
+    async def run(call: Call, message: RawMessage) -> bytes:
+        return await rpc(_plain(call, message), call.deadline)
+
+    return run
 
 
 def _parse(cls: type, data: bytes, rpc: str, bounds: EdgeLimits) -> Any:
@@ -114,10 +134,11 @@ class GatewayService:
         self._ready = ready
         self.stream_infer = StreamInfer(forwarder, admission)
 
-    def methods(self) -> dict[str, Method]:
-        lim = self.limits
-        inference: dict[str, Handler] = {
-            "ModelInfer": self.model_infer,
+    def fleet_rpcs(self) -> dict[str, FleetRpc]:
+        """Every RPC but ModelInfer and ModelStreamInfer by its name, as both transports serve
+        it: counted by the admission (so refused once the gateway drains) except the health
+        checks."""
+        admitted: dict[str, FleetRpc] = {
             "ModelReady": self.model_ready,
             "ModelMetadata": self.model_metadata,
             "ModelConfig": self.model_config,
@@ -130,18 +151,24 @@ class GatewayService:
             "SystemSharedMemoryUnregister": self.shm_unregister,
             "IsSameIPCNamespace": self.is_same_ipc_namespace,
             "ServerMetadata": self.server_metadata,
+            "LogSettings": self.log_settings,
+            "CompactMemory": self.compact_memory,
         }
+        rpcs = {rpc: self._admitted(fn) for rpc, fn in admitted.items()}
+        rpcs["ServerLive"] = self.server_live
+        rpcs["ServerReady"] = self.server_ready
+        return rpcs
+
+    def methods(self) -> dict[str, Method]:
+        lim = self.limits
         mapping = {
-            INFERENCE + rpc: raw_unary(fn if rpc == "ModelInfer" else self._admitted(fn), lim, rpc)
-            for rpc, fn in inference.items()
+            (CONTROL if rpc == "CompactMemory" else INFERENCE) + rpc: raw_unary(
+                over_grpc(fn), lim, rpc
+            )
+            for rpc, fn in self.fleet_rpcs().items()
         }
-        mapping[INFERENCE + "ServerLive"] = raw_unary(self.server_live, lim, "ServerLive")
-        mapping[INFERENCE + "ServerReady"] = raw_unary(self.server_ready, lim, "ServerReady")
+        mapping[INFERENCE + "ModelInfer"] = raw_unary(self.model_infer, lim, "ModelInfer")
         mapping[INFERENCE + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
-        mapping[INFERENCE + "LogSettings"] = raw_unary(self.log_settings, lim, "LogSettings")
-        mapping[CONTROL + "CompactMemory"] = raw_unary(
-            self._admitted(self.compact_memory), lim, "CompactMemory"
-        )
         for rpc, reason in UNIMPLEMENTED_RPCS.items():
             mapping[INFERENCE + rpc] = unimplemented(rpc, reason, lim)
         for rpc in ("ModelControlStatus", "SetModelResidency", "SetModelPolicy"):
@@ -150,47 +177,45 @@ class GatewayService:
             )
         return mapping
 
-    async def log_settings(self, call: Call, message: RawMessage) -> bytes:
-        """The gateway process's own log settings (Triton's LogSettings): read, or change all
-        or nothing. Workers keep theirs; change a worker's on its own port."""
-        request = _parse(
-            pb.LogSettingsRequest, _plain(call, message), "LogSettings", self.limits.edge
-        )
-        return bytes(answer_log_settings(request))
-
-    def _admitted(self, fn: Handler) -> Handler:
-        async def run(call: Call, message: RawMessage) -> bytes:
+    def _admitted(self, fn: FleetRpc) -> FleetRpc:
+        async def run(data: bytes, deadline: float | None) -> bytes:
             with self.admission.call():
-                return await fn(call, message)
+                return await fn(data, deadline)
 
         return run
 
     # -- the gateway's own answers -----------------------------------------------------------
 
-    async def server_live(self, call: Call, message: RawMessage) -> bytes:
+    async def server_live(self, data: bytes, deadline: float | None) -> bytes:
         return bytes(pb.ServerLiveResponse(live=True))
 
-    async def server_ready(self, call: Call, message: RawMessage) -> bytes:
+    async def server_ready(self, data: bytes, deadline: float | None) -> bytes:
         ready = self._ready() and not self.admission.draining
         return bytes(pb.ServerReadyResponse(ready=ready))
 
-    async def server_metadata(self, call: Call, message: RawMessage) -> bytes:
+    async def server_metadata(self, data: bytes, deadline: float | None) -> bytes:
         return bytes(
             pb.ServerMetadataResponse(
                 name=SERVER_NAME, version=kserve_trio.__version__, extensions=list(EXTENSIONS)
             )
         )
 
-    async def shm_status(self, call: Call, message: RawMessage) -> bytes:
-        request = _parse(
-            pb.SystemSharedMemoryStatusRequest, _plain(call, message), "status", self.limits.edge
-        )
+    async def log_settings(self, data: bytes, deadline: float | None) -> bytes:
+        """The gateway process's own log settings (Triton's LogSettings): read, or change all
+        or nothing. Workers keep theirs; change a worker's on its own port."""
+        request = _parse(pb.LogSettingsRequest, data, "LogSettings", self.limits.edge)
+        return bytes(answer_log_settings(request))
+
+    async def shm_status(self, data: bytes, deadline: float | None) -> bytes:
+        request = _parse(pb.SystemSharedMemoryStatusRequest, data, "status", self.limits.edge)
         registered = [data for _, data in self.shm.registrations.items()]
         return bytes(aggregate.shm_status(registered, request.name))
 
     # -- inference ---------------------------------------------------------------------------
 
     async def model_infer(self, call: Call, message: RawMessage) -> bytes:
+        """ModelInfer over gRPC: the message as it arrived (compressed or not) and the caller's
+        metadata go to a replica (REST forwards its own way, ``rest_forward``)."""
         with self.admission.inference():
             if message.compressed:
                 return await self.forwarder.infer(
@@ -208,29 +233,28 @@ class GatewayService:
 
     # -- from a ready replica ----------------------------------------------------------------
 
-    async def _from_replica(self, call: Call, message: RawMessage, rpc: str, cls: type):
-        data = _plain(call, message)
+    async def _from_replica(self, data: bytes, deadline: float | None, rpc: str, cls: type):
         request = _parse(cls, data, rpc, self.limits.edge)
         reply = await self.forwarder.call_replica(
-            INFERENCE + rpc, request.name, data, deadline=call.deadline
+            INFERENCE + rpc, request.name, data, deadline=deadline
         )
         return request, reply
 
-    async def model_ready(self, call: Call, message: RawMessage) -> bytes:
-        _, reply = await self._from_replica(call, message, "ModelReady", pb.ModelReadyRequest)
+    async def model_ready(self, data: bytes, deadline: float | None) -> bytes:
+        _, reply = await self._from_replica(data, deadline, "ModelReady", pb.ModelReadyRequest)
         return bytes(pb.ModelReadyResponse(ready=False)) if reply is None else reply
 
-    async def model_metadata(self, call: Call, message: RawMessage) -> bytes:
+    async def model_metadata(self, data: bytes, deadline: float | None) -> bytes:
         request, reply = await self._from_replica(
-            call, message, "ModelMetadata", pb.ModelMetadataRequest
+            data, deadline, "ModelMetadata", pb.ModelMetadataRequest
         )
         if reply is None:
             raise NotFound(f"model {shown(request.name)} not found on any worker")
         return reply
 
-    async def model_config(self, call: Call, message: RawMessage) -> bytes:
+    async def model_config(self, data: bytes, deadline: float | None) -> bytes:
         request, reply = await self._from_replica(
-            call, message, "ModelConfig", pb.ModelConfigRequest
+            data, deadline, "ModelConfig", pb.ModelConfigRequest
         )
         if reply is None:
             raise NotFound(f"model {shown(request.name)} not found on any worker")
@@ -238,28 +262,27 @@ class GatewayService:
 
     # -- fan-outs ----------------------------------------------------------------------------
 
-    async def repository_index(self, call: Call, message: RawMessage) -> bytes:
-        data = _plain(call, message)
+    async def repository_index(self, data: bytes, deadline: float | None) -> bytes:
         _parse(pb.RepositoryIndexRequest, data, "RepositoryIndex", self.limits.edge)
-        return await self.fleet.repository_index(data, call.deadline)
+        return await self.fleet.repository_index(data, deadline)
 
-    async def model_statistics(self, call: Call, message: RawMessage) -> bytes:
-        data = _plain(call, message)
+    async def model_statistics(self, data: bytes, deadline: float | None) -> bytes:
         request = _parse(pb.ModelStatisticsRequest, data, "ModelStatistics", self.limits.edge)
-        return await self.fleet.model_statistics(data, request.name, call.deadline)
+        return await self.fleet.model_statistics(data, request.name, deadline)
 
-    async def repository_model_load(self, call: Call, message: RawMessage) -> bytes:
+    async def repository_model_load(self, data: bytes, deadline: float | None) -> bytes:
         return await self._load_or_unload(
-            call, message, "RepositoryModelLoad", pb.RepositoryModelLoadRequest
+            data, deadline, "RepositoryModelLoad", pb.RepositoryModelLoadRequest
         )
 
-    async def repository_model_unload(self, call: Call, message: RawMessage) -> bytes:
+    async def repository_model_unload(self, data: bytes, deadline: float | None) -> bytes:
         return await self._load_or_unload(
-            call, message, "RepositoryModelUnload", pb.RepositoryModelUnloadRequest
+            data, deadline, "RepositoryModelUnload", pb.RepositoryModelUnloadRequest
         )
 
-    async def _load_or_unload(self, call: Call, message: RawMessage, rpc: str, cls: type) -> bytes:
-        data = _plain(call, message)
+    async def _load_or_unload(
+        self, data: bytes, deadline: float | None, rpc: str, cls: type
+    ) -> bytes:
         request = _parse(cls, data, rpc, self.limits.edge)
         check_model_name(rpc, request.model_name)  # the worker's rule, so the same status
         if self.placement_managed:  # a fan-out pin on every worker would undo the placement
@@ -268,21 +291,20 @@ class GatewayService:
                 "gateway places models; use GatewayControlService/SetModelPlacement (or call "
                 "a worker's own port)"
             )
-        return await self.fleet.load_or_unload(rpc, data, request.model_name, call.deadline)
+        return await self.fleet.load_or_unload(rpc, data, request.model_name, deadline)
 
-    async def is_same_ipc_namespace(self, call: Call, message: RawMessage) -> bytes:
-        data = _plain(call, message)
+    async def is_same_ipc_namespace(self, data: bytes, deadline: float | None) -> bytes:
         _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace", self.limits.edge)
         return await self.fleet.same_ipc_namespace(data)
 
-    async def compact_memory(self, call: Call, message: RawMessage) -> bytes:
-        return await self.fleet.compact_memory(_plain(call, message))
+    async def compact_memory(self, data: bytes, deadline: float | None) -> bytes:
+        return await self.fleet.compact_memory(data)
 
-    async def shm_register(self, call: Call, message: RawMessage) -> bytes:
-        return await self.shm.register(_plain(call, message), deadline=call.deadline)
+    async def shm_register(self, data: bytes, deadline: float | None) -> bytes:
+        return await self.shm.register(data, deadline=deadline)
 
-    async def shm_unregister(self, call: Call, message: RawMessage) -> bytes:
-        return await self.shm.unregister(_plain(call, message), deadline=call.deadline)
+    async def shm_unregister(self, data: bytes, deadline: float | None) -> bytes:
+        return await self.shm.unregister(data, deadline=deadline)
 
 
-__all__ = ["CONTROL", "EXTENSIONS", "INFERENCE", "SERVER_NAME", "GatewayService"]
+__all__ = ["CONTROL", "EXTENSIONS", "INFERENCE", "SERVER_NAME", "FleetRpc", "GatewayService"]

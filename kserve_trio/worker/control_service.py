@@ -28,7 +28,7 @@ from kserve_trio.runtime.weight_cache import (
     least_resident,
     residency_target,
 )
-from kserve_trio.serving.grpc import CallContext, Method, unary
+from kserve_trio.serving.grpc import Method, unary
 from kserve_trio.worker.registry import unknown_model
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ class ControlService:
         }
         return {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
 
-    async def model_control_status(self, request, ctx: CallContext):
+    async def model_control_status(self, request):
         status = control_status(self.state)
         return pb.ModelControlStatusResponse(
             residency_mode=status.residency_mode,
@@ -252,11 +252,11 @@ class ControlService:
             weight_cache_max_bytes=status.weight_cache_max_bytes,
         )
 
-    async def set_model_residency(self, request, ctx: CallContext):
+    async def set_model_residency(self, request):
         result = await set_model_residency(self.state, request.name, request.target)
         return pb.SetModelResidencyResponse(residency=pb.Residency(int(result)))
 
-    async def set_model_policy(self, request, ctx: CallContext):
+    async def set_model_policy(self, request):
         scheduler = self.state.scheduler
         if not scheduler.has_model(request.name):
             raise unknown_model(request.name)
@@ -264,7 +264,7 @@ class ControlService:
             scheduler.set_policy(request.name, weight=request.weight)
         return pb.SetModelPolicyResponse()
 
-    async def compact_memory(self, request, ctx: CallContext):
+    async def compact_memory(self, request):
         reloaded = await self.state.scheduler.compact(list(request.reload_models))
         cache = self.state.cache
         after = cache.stats().resident_bytes if cache is not None else 0

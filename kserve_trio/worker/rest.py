@@ -24,7 +24,6 @@ from kserve_trio.core.errors import Unimplemented
 from kserve_trio.core.request_bounds import check_path_names
 from kserve_trio.core.restricted import Restrictions, group_of
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.serving.grpc import CallContext
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
 from kserve_trio.serving.message_check import check_bounds
 from kserve_trio.serving.rest_routes import (
@@ -41,7 +40,7 @@ from kserve_trio.serving.rest_routes import (
 from kserve_trio.worker.inference import InferenceCore, ResponseEncoder
 from kserve_trio.worker.service import InferenceService
 
-RpcMethod = Callable[[Any, CallContext], Awaitable[Any]]
+RpcMethod = Callable[[Any], Awaitable[Any]]
 
 
 def rest_encoder(parsed: rest_codec.RestInferRequest) -> ResponseEncoder[rest_codec.RestReply]:
@@ -118,7 +117,7 @@ class WorkerRest:
             body = request_body(request, self.max_recv_bytes)
             message = grpc_request(call, body, self.max_json_depth)
             check_bounds(message, self.bounds)  # what gRPC's parse_message checks
-            reply = await method(message, CallContext(None, 0))
+            reply = await method(message)
             return reply_response(call, reply)
         except Exception as exc:
             note_refusal(exc, request, self.max_json_depth, self.stats)

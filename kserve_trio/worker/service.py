@@ -1,12 +1,16 @@
-"""The worker's ``inference.GRPCInferenceService``: KServe V2 RPCs mapped onto the worker.
+"""The worker's RPC layer: the KServe V2 ``inference.GRPCInferenceService`` on typed messages.
 
-Each RPC is a ``serving.grpc`` method (``methods``). ``ModelInfer`` is a thin adapter: the
-parsed request goes to the transport-free ``InferenceCore`` (``worker/inference.py``) with the
-call's ``grpc-timeout`` deadline, and its encoded reply goes back to the server layer as it is; ``ModelStreamInfer`` serves each message of a stream the same way
-(``worker/stream.py``). Models are found in the ``ModelRepository``. Statuses: unknown
-model or version NOT_FOUND; malformed or mismatching input INVALID_ARGUMENT; queue full or
-concurrency cap RESOURCE_EXHAUSTED; expired deadline DEADLINE_EXCEEDED; shutting down
-UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
+``InferenceService`` is transport-free: each method takes the RPC's request message and returns
+its reply message (``ModelInfer`` also takes the call's deadline), and both transports wrap it:
+``methods`` maps the gRPC paths to it (``serving.grpc.unary``), and the REST adapter
+(``worker/rest.py``) calls the same methods on the messages it builds from JSON. So an RPC has
+one implementation, one message for each fault and one status on both transports.
+``ModelInfer`` hands the parsed request to the ``InferenceCore`` (``worker/inference.py``) and
+its encoded reply back to the server layer as it is; ``ModelStreamInfer`` serves each message
+of a stream the same way (``worker/stream.py``). Models are found in the ``ModelRepository``.
+Statuses: unknown model or version NOT_FOUND; malformed or mismatching input INVALID_ARGUMENT;
+queue full or concurrency cap RESOURCE_EXHAUSTED; expired deadline DEADLINE_EXCEEDED; shutting
+down UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
 
 Every bundle is served as version ``1`` (``""`` means the same); ``ServerMetadata`` lists
 ``EXTENSIONS`` by Triton's names, and every model reports platform ``jax`` (docs/protocol.md).
@@ -34,7 +38,7 @@ from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc import CallContext, Method, stream, unary, unimplemented
+from kserve_trio.serving.grpc import Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
 from kserve_trio.worker.control_service import set_model_residency
@@ -68,7 +72,6 @@ class InferenceService:
             "ModelReady": (self.model_ready, pb.ModelReadyRequest),
             "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
             "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
-            "ModelInfer": (self.model_infer, pb.ModelInferRequest),
             "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
             "ModelConfig": (self.model_config, pb.ModelConfigRequest),
             "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest),
@@ -87,24 +90,27 @@ class InferenceService:
             "LogSettings": (self.log_settings, pb.LogSettingsRequest),
         }
         mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+        mapping[_PREFIX + "ModelInfer"] = unary(
+            self.model_infer, pb.ModelInferRequest, lim, "ModelInfer", with_deadline=True
+        )
         mapping[_PREFIX + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
         for rpc, reason in UNIMPLEMENTED_RPCS.items():
             mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason, lim))
         return mapping
 
-    async def server_live(self, request, ctx: CallContext):
+    async def server_live(self, request):
         return pb.ServerLiveResponse(live=True)
 
-    async def server_ready(self, request, ctx: CallContext):
+    async def server_ready(self, request):
         return pb.ServerReadyResponse(ready=self.state.server_ready())
 
-    async def model_ready(self, request, ctx: CallContext):
+    async def model_ready(self, request):
         """An unknown model, or a known one asked for another version, is not ready."""
         return pb.ModelReadyResponse(
             ready=self.repository.model_ready(request.name, request.version)
         )
 
-    async def server_metadata(self, request, ctx: CallContext):
+    async def server_metadata(self, request):
         extensions = [
             e
             for e in EXTENSIONS
@@ -114,17 +120,17 @@ class InferenceService:
             name=SERVER_NAME, version=kserve_trio.__version__, extensions=extensions
         )
 
-    async def model_metadata(self, request, ctx: CallContext):
+    async def model_metadata(self, request):
         bundle = self.repository.lookup(request.name, request.version)
         return codec.encode_model_metadata(request.name, bundle.manifest, PLATFORM)
 
-    async def repository_index(self, request, ctx: CallContext):
+    async def repository_index(self, request):
         entries = self.repository.index()  # failed bundles too, with the reason
         if request.ready:
             entries = [e for e in entries if e[1]]
         return codec.encode_repository_index(entries)
 
-    async def shm_status(self, request, ctx: CallContext):
+    async def shm_status(self, request):
         # Register, Unregister and Status validate names and keys in ShmRegistry
         # (core/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field.
         regions = self._shm().status(request.name)
@@ -137,17 +143,17 @@ class InferenceService:
             }
         )
 
-    async def shm_register(self, request, ctx: CallContext):
+    async def shm_register(self, request):
         self._shm().register(request.name, request.key, request.offset, request.byte_size)
         log.debug("shm_registered", region=request.name, key=request.key, bytes=request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    async def shm_unregister(self, request, ctx: CallContext):
+    async def shm_unregister(self, request):
         self._shm().unregister(request.name)
         log.debug("shm_unregistered", region=request.name or "<all>")
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def is_same_ipc_namespace(self, request, ctx: CallContext):
+    async def is_same_ipc_namespace(self, request):
         # The name reaches posix_ipc only once it is a valid key (a NUL byte crashes it).
         check_key(request.name, rpc="IsSameIPCNamespace", field="name")
         return pb.IsSameIpcNamespaceResponse(same=same_ipc_namespace(request.name))
@@ -162,7 +168,7 @@ class InferenceService:
                 f"{rpc} requires model_control_mode 'explicit' (this worker runs '{mode.value}')"
             )
 
-    async def repository_model_load(self, request, ctx: CallContext):
+    async def repository_model_load(self, request):
         """Explicit mode: pin the model's weights to the device (= SetModelResidency
         PINNED_DEVICE); the model is served and ready once this returns. A name that is not a
         model name (``core.request_bounds.check_model_name``) is INVALID_ARGUMENT first, in
@@ -178,7 +184,7 @@ class InferenceService:
         log.info("model_load_requested", model=request.model_name)
         return pb.RepositoryModelLoadResponse()
 
-    async def repository_model_unload(self, request, ctx: CallContext):
+    async def repository_model_unload(self, request):
         """Explicit mode: unpin (= SetModelResidency UNPINNED): device and host copies are
         released; the model stays compiled but is not ready nor served until loaded again."""
         check_model_name("RepositoryModelUnload", request.model_name)
@@ -189,7 +195,7 @@ class InferenceService:
 
     # ---- Triton's log settings ------------------------------------------------------------
 
-    async def log_settings(self, request, ctx: CallContext):
+    async def log_settings(self, request):
         """Change the settings the request names (all or nothing) and answer with every
         setting in force; a request without settings only reads them."""
         return answer_log_settings(request)
@@ -199,15 +205,15 @@ class InferenceService:
             raise Unavailable("shared memory is not available on this server")
         return self.state.shm_registry
 
-    def model_infer(self, request: ParsedInferRequest, ctx: CallContext) -> Awaitable[InferReply]:
-        """The inference core does the work; its encoded reply goes back to the server layer as
-        it is. A plain method handing the layer the core's coroutine (one frame less per
-        request than awaiting it here)."""
-        return self.core.infer(request, transport_deadline_ns=ctx.deadline_ns)
+    def model_infer(self, request: ParsedInferRequest, deadline_ns: int) -> Awaitable[InferReply]:
+        """The inference core does the work under the call's deadline; its encoded reply goes
+        back to the server layer as it is. A plain method handing the layer the core's
+        coroutine (one frame less per request than awaiting it here)."""
+        return self.core.infer(request, transport_deadline_ns=deadline_ns)
 
     # ---- Triton extensions: configuration and statistics -----------------------------
 
-    async def model_config(self, request, ctx: CallContext):
+    async def model_config(self, request):
         bundle = self.repository.lookup(request.name, request.version)
         sizes: list[int] = []
         coalesces = False
@@ -224,7 +230,7 @@ class InferenceService:
             )
         )
 
-    async def model_statistics(self, request, ctx: CallContext):
+    async def model_statistics(self, request):
         state = self.state
         if request.name:
             self.repository.lookup(request.name, request.version)

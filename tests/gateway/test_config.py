@@ -21,6 +21,8 @@ from kserve_trio.gateway.config import (
     NO_ENDPOINTS,
     PROBER_ENV,
     CompactionMode,
+    FillMode,
+    FillPolicy,
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
@@ -42,7 +44,6 @@ from kserve_trio.gateway.config import (
     schema_paths,
     validate_gateway_config,
 )
-from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "gateway.example.yaml"

@@ -15,6 +15,8 @@ from kserve_trio.gateway.config import (
     INFLIGHT_WARNING,
     LPT_SCHEDULING_KEYS,
     CompactionMode,
+    FillMode,
+    FillPolicy,
     ModelPlacementConfig,
     SchedulingMode,
     WorkBasis,
@@ -23,7 +25,6 @@ from kserve_trio.gateway.config import (
     load_gateway_config,
     schema_paths,
 )
-from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "gateway.lpt_packing.yaml"

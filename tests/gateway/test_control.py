@@ -27,7 +27,7 @@ from kserve_trio.gateway.config import (
     SchedulingConfig,
     SchedulingMode,
 )
-from kserve_trio.gateway.lpt_scheduler import LptStartupError
+from kserve_trio.gateway.placement.scheduler import LptStartupError
 from kserve_trio.gateway.server import serve_gateway, stop
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.procs import Gateway as GatewayProc

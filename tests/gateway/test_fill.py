@@ -6,7 +6,8 @@ from collections import Counter, deque
 
 import pytest
 
-from kserve_trio.gateway.fill import FillMode, FillPolicy, FillState, fill_quantum
+from kserve_trio.gateway.config import FillMode, FillPolicy
+from kserve_trio.gateway.placement.fill import FillState, fill_quantum
 
 W2 = ("w0", "w1")
 

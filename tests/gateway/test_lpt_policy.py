@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from kserve_trio.gateway.config import WorkBasis
-from kserve_trio.gateway.fill import FillMode
-from kserve_trio.gateway.lpt_policy import FillSettings, LptPacking
-from kserve_trio.gateway.placement import compute_assignment
+from kserve_trio.gateway.config import FillMode, WorkBasis
+from kserve_trio.gateway.placement.assignment import compute_assignment
+from kserve_trio.gateway.placement.policy import FillSettings, LptPacking
 from kserve_trio.gateway.routing import RoutingTable
 from kserve_trio.gateway.routing_metadata import ModelCost, RoutingMetadata
 

@@ -7,28 +7,29 @@ from __future__ import annotations
 import pytest
 
 from kserve_trio.core.errors import ConfigError, InvalidArgument
-from kserve_trio.gateway.compaction import compaction_jobs
 from kserve_trio.gateway.config import (
     CompactionMode,
+    FillMode,
+    FillPolicy,
     ModelPlacementConfig,
     SchedulingConfig,
     SchedulingMode,
 )
-from kserve_trio.gateway.fill import FillMode, FillPolicy
-from kserve_trio.gateway.lpt_control import (
+from kserve_trio.gateway.placement.assignment import Assignment, Placement
+from kserve_trio.gateway.placement.compaction import compaction_jobs
+from kserve_trio.gateway.placement.control import (
     apply_policy_update,
     placement_override,
     policy_message,
     scheduling_status,
 )
-from kserve_trio.gateway.lpt_policy import LptPacking
-from kserve_trio.gateway.lpt_scheduler import (
+from kserve_trio.gateway.placement.policy import LptPacking
+from kserve_trio.gateway.placement.scheduler import (
     NO_REPACK_YET,
     LptScheduler,
     LptStartupError,
     check_preconditions,
 )
-from kserve_trio.gateway.placement import Assignment, Placement
 from kserve_trio.gateway.routing import build_routing_table
 from kserve_trio.gateway.routing_metadata import aggregate_poll, fold_poll
 from kserve_trio.proto import reactant_control as rc

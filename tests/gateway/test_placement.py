@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kserve_trio.gateway.placement import (
+from kserve_trio.gateway.placement.assignment import (
     ALL_REPLICAS,
     Assignment,
     changed_workers,

@@ -31,7 +31,6 @@ import numpy as np
 from kserve_trio.core import codec
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.export.demo import write_demo_repository
-from kserve_trio.serving.grpc import CallContext
 from kserve_trio.worker import service as service_mod
 from kserve_trio.worker.server import serve, stop
 
@@ -66,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     svc = _service(running.state)
     x = np.ones((1, 16), np.float32)
     data = bytes(codec.encode_infer_request("mlp", [NamedTensor.from_array("input_0", x)]))
-    ctx = CallContext(None, 0)
 
     async def round_(n: int, profile: cProfile.Profile | None) -> tuple[float, float]:
         requests = [parse_infer_request(data) for _ in range(n)]
@@ -74,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None:
             profile.enable()
         for request in requests:
-            await svc.model_infer(request, ctx)
+            await svc.model_infer(request, 0)
         if profile is not None:
             profile.disable()
         return (time.perf_counter_ns() - t0) / n / 1e3, (time.thread_time_ns() - c0) / n / 1e3

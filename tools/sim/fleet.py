@@ -33,8 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kserve_trio.gateway.config import WorkBasis
-from kserve_trio.gateway.lpt_policy import LptPacking
-from kserve_trio.gateway.placement import compute_assignment
+from kserve_trio.gateway.placement import LptPacking, compute_assignment
 from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin, RoutingTable
 from kserve_trio.gateway.routing_metadata import ModelCost, RoutingMetadata
 

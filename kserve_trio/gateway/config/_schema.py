@@ -26,6 +26,8 @@ from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._types import (
     ALL_REPLICAS,
     CompactionMode,
+    FillMode,
+    FillPolicy,
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
@@ -38,7 +40,6 @@ from kserve_trio.gateway.config._types import (
     WorkerClientConfig,
     WorkerTlsConfig,
 )
-from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 
 def _leaves(cls: type, *skip: str) -> dict[str, None]:

@@ -14,7 +14,6 @@ from kserve_trio.core.config import (
     parse_enum,
 )
 from kserve_trio.gateway.addresses import parse_host_port
-from kserve_trio.gateway.fill import FillMode, FillPolicy
 
 ENV_PREFIX = "KSERVE_TRIO_GATEWAY_"
 FILE_ENV = "KSERVE_TRIO_GATEWAY_FILE"
@@ -27,6 +26,23 @@ MAX_PROCESSES = 256
 """The most gateway processes one gateway may run (``processes``)."""
 ALL_REPLICAS = -1
 """``replicas`` / ``default_replicas`` value meaning "every ready worker" (YAML ``"all"``)."""
+
+
+class FillMode(enum.Enum):
+    """How lpt_packing picks among a multi-replica model's replicas (``routing_fill_mode``;
+    the fill plans in ``gateway.placement.fill`` say what each does)."""
+
+    RUN = "run"
+    SPREAD = "spread"
+    INFLIGHT = "inflight"
+
+
+class FillPolicy(enum.Enum):
+    """lpt_packing's tie-break between replicas (``routing_policy``): the least loaded worker
+    first, or a plain rotation."""
+
+    FILL_LEAST = "fill_least"
+    FILL_RR = "fill_rr"
 
 
 class SchedulingMode(enum.Enum):

@@ -17,12 +17,12 @@ from kserve_trio.gateway.config._types import (
     LOG_FORMATS,
     MAX_PROCESSES,
     NO_ENDPOINTS,
+    FillMode,
     GatewayConfig,
     SchedulingConfig,
     SchedulingMode,
     WorkerTlsConfig,
 )
-from kserve_trio.gateway.fill import FillMode
 
 INFLIGHT_WARNING = (
     "fill mode 'inflight' parks a closed loop of fewer clients than the fill quantum on one "

@@ -6,8 +6,8 @@ control, stream states, HPACK) stays h2's; what is ours is the policy around it:
 opened, read, answered, timed out, cancelled and drained.
 
 - ``GrpcServer``: listeners, connections, the two-phase drain (``_server``).
-- ``Method`` and its builders ``unary``, ``raw_unary``, ``stream``, ``unimplemented``;
-  ``CallContext`` for typed unary handlers (``_methods``).
+- ``Method`` and its builders ``unary``, ``raw_unary``, ``stream``, ``unimplemented``
+  (``_methods``).
 - ``StreamSession``: the request/answer stream engine of ModelStreamInfer, shared by the
   worker and the gateway (``_stream_session``).
 - ``Call``: one call's receive and send paths (``_call``).
@@ -24,7 +24,7 @@ from kserve_trio.serving.grpc._frames import patch_frame_repr
 from kserve_trio.serving.grpc._headers import header_problem
 from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message
 from kserve_trio.serving.grpc._methods import (
-    CallContext,
+    DeadlineUnaryFn,
     Method,
     RawStreamFn,
     RawUnaryFn,
@@ -50,7 +50,7 @@ __all__ = [
     "WINDOW_BYTES",
     "Call",
     "CallClosed",
-    "CallContext",
+    "DeadlineUnaryFn",
     "GrpcError",
     "GrpcServer",
     "Limits",

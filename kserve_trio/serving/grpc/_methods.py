@@ -1,7 +1,10 @@
 """The RPC shapes a server maps paths to, each a ``Method`` whose ``run(call)`` serves one call.
 
-- ``unary(fn, request_type, limits, rpc)``: ``fn(request, ctx) -> reply`` with typed messages
+- ``unary(fn, request_type, limits, rpc)``: ``fn(request) -> reply`` with typed messages
   (``parse_message``); the reply is compressed like the request when the client accepts it.
+  With ``with_deadline=True`` it is ``fn(request, deadline_ns)``: the call's ``grpc-timeout``
+  as an absolute ``time.monotonic_ns()`` (0: none). That is all a typed handler learns of its
+  call, so the same handler serves another transport (REST calls it with no deadline).
 - ``raw_unary(fn, limits, rpc)``: ``fn(call, message) -> bytes`` with the message as it
   arrived: for a proxy that never decodes a payload.
 - ``stream(fn, limits, rpc)``: ``fn(call)`` reads and writes the ``Call`` itself (raw
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kserve_trio.core import compression
 from kserve_trio.core.errors import InvalidArgument, Unimplemented
@@ -33,19 +36,6 @@ class Method:
     run: Callable[[Call], Awaitable[None]]
 
 
-@dataclass(slots=True)
-class CallContext:
-    """What a typed unary handler may know about its call besides the request message."""
-
-    call: Call | None
-    deadline_ns: int = 0  # absolute time.monotonic_ns() from grpc-timeout; 0 = none
-    request_encoding: str = compression.IDENTITY
-
-    @property
-    def metadata(self) -> dict[str, str | bytes]:
-        return {} if self.call is None else self.call.metadata
-
-
 async def _one_message(call: Call) -> RawMessage:
     message = await call.receive()
     if message is None:
@@ -53,16 +43,28 @@ async def _one_message(call: Call) -> RawMessage:
     return message
 
 
+TypedUnaryFn = Callable[[Any], Awaitable[Any]]
+DeadlineUnaryFn = Callable[[Any, int], Awaitable[Any]]
+
+
 def unary(
-    fn: Callable[[Any, CallContext], Awaitable[Any]], request_type: Any, limits: Limits, rpc: str
+    fn: TypedUnaryFn | DeadlineUnaryFn,
+    request_type: Any,
+    limits: Limits,
+    rpc: str,
+    *,
+    with_deadline: bool = False,
 ) -> Method:
     """A typed unary-unary RPC (module docstring)."""
 
     async def run(call: Call) -> None:
         message = await _one_message(call)
         request = parse_message(call.plain(message), request_type, limits.edge)
+        if with_deadline:
+            reply = await cast(DeadlineUnaryFn, fn)(request, call.deadline_ns)
+        else:
+            reply = await cast(TypedUnaryFn, fn)(request)
         encoding = call.encoding if message.compressed else compression.IDENTITY
-        reply = await fn(request, CallContext(call, call.deadline_ns, encoding))
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
     return Method(rpc, limits, run)
@@ -96,10 +98,11 @@ def unimplemented(rpc: str, reason: str, limits: Limits) -> Method:
 
 
 __all__ = [
-    "CallContext",
+    "DeadlineUnaryFn",
     "Method",
     "RawStreamFn",
     "RawUnaryFn",
+    "TypedUnaryFn",
     "raw_unary",
     "stream",
     "unary",

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kserve_trio.gateway.lpt_scheduler import LptScheduler
+from kserve_trio.gateway.placement.scheduler import LptScheduler
 
 TRIGGERS = ("startup", "compute", "operator")
 

@@ -4,7 +4,7 @@
 whole by the control RPCs, with a ``generation`` counter), the per-model rate and cost averages,
 the compute accumulator that decides when to repack, and the repack bookkeeping that
 GetSchedulingStatus reports. It places through ``placement.compute_assignment`` and routes
-through ``lpt_policy.LptPacking``; compaction after a repack is ``compaction.Compactor``.
+through ``policy.LptPacking``; compaction after a repack is ``compaction.Compactor``.
 
 Start-up (``start``, before the gateway serves):
 1. Every worker must answer ModelControlStatus (each call bounded by the watchdog; a timed-out
@@ -43,7 +43,7 @@ Repack (``_repack``):
    moved models (worker set changed) and changed workers (``placement.changed_workers``) are
    counted and logged; the compaction cadence decides whether to compact the changed workers.
 
-Several gateway processes (``lpt_processes``): one process's scheduler places; it counts the
+Several gateway processes (``multiprocess``): one process's scheduler places; it counts the
 others' arrivals too (``extra_arrivals``, added to its own at repack rule 1) and hands each
 repack's result to ``on_repack``, which the other processes follow.
 """
@@ -60,23 +60,23 @@ import anyio
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import get_logger
-from kserve_trio.gateway.compaction import Compactor, compaction_jobs
 from kserve_trio.gateway.config import (
+    ALL_REPLICAS,
     INFLIGHT_WARNING,
     CompactionMode,
+    FillMode,
     ModelPlacementConfig,
     SchedulingConfig,
 )
-from kserve_trio.gateway.fill import FillMode
-from kserve_trio.gateway.lpt_policy import FillSettings, LptPacking
-from kserve_trio.gateway.placement import (
-    ALL_REPLICAS,
+from kserve_trio.gateway.placement.assignment import (
     Assignment,
     Placement,
     changed_workers,
     compute_assignment,
     moved_models,
 )
+from kserve_trio.gateway.placement.compaction import Compactor, compaction_jobs
+from kserve_trio.gateway.placement.policy import FillSettings, LptPacking
 from kserve_trio.gateway.pool import PROBE_TIMEOUT_SECONDS, WorkerClient
 from kserve_trio.gateway.prober import MODEL_CONTROL_STATUS, WATCHDOG_SECONDS, GatewayWedged
 from kserve_trio.gateway.routing_metadata import FleetPoll, RoutingMetadata, aggregate_poll, ewma

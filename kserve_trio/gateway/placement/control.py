@@ -27,17 +27,18 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.config import (
+    ALL_REPLICAS,
     INFLIGHT_WARNING,
     CompactionMode,
+    FillMode,
+    FillPolicy,
     ModelPlacementConfig,
     SchedulingConfig,
     SchedulingMode,
     WorkBasis,
     validate_scheduling,
 )
-from kserve_trio.gateway.fill import FillMode, FillPolicy
-from kserve_trio.gateway.lpt_scheduler import LptScheduler
-from kserve_trio.gateway.placement import ALL_REPLICAS
+from kserve_trio.gateway.placement.scheduler import LptScheduler
 from kserve_trio.proto import reactant_control as rc
 from kserve_trio.serving.grpc import Call, Limits, Method, RawMessage, raw_unary
 
@@ -328,7 +329,7 @@ class GatewayControl:
         self.limits = limits
         self.settled: Callable[[], Awaitable[None]] | None = None
         """Awaited after a change (SetSchedulingPolicy, SetModelPlacement, Repack) and before
-        its reply: a gateway's other processes have adopted it (``lpt_processes``)."""
+        its reply: a gateway's other processes have adopted it (``multiprocess``)."""
 
     def methods(self) -> dict[str, Method]:
         rpcs = {

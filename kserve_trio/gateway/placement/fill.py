@@ -19,20 +19,10 @@ load, ``fill_rr`` ignores load and rotates.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
-class FillMode(enum.Enum):
-    RUN = "run"
-    SPREAD = "spread"
-    INFLIGHT = "inflight"
-
-
-class FillPolicy(enum.Enum):
-    FILL_LEAST = "fill_least"
-    FILL_RR = "fill_rr"
+from kserve_trio.gateway.config import FillMode, FillPolicy
 
 
 def fill_quantum(max_batch: int, factor: float) -> int:

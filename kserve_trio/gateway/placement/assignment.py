@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-ALL_REPLICAS = -1
-"""``replicas`` / ``default_replicas`` value meaning "every worker"."""
+from kserve_trio.gateway.config import ALL_REPLICAS
 
 
 @dataclass(frozen=True)
@@ -204,7 +203,6 @@ def changed_workers(old: Assignment, new: Assignment) -> list[str]:
 
 
 __all__ = [
-    "ALL_REPLICAS",
     "Assignment",
     "Placement",
     "changed_workers",
