@@ -32,6 +32,7 @@ from kserve_trio.core.config import (
     check_keys,
     deep_merge,
     load_yaml_mapping,
+    merge_given,
     validate_config,
 )
 from kserve_trio.core.errors import ConfigError
@@ -416,21 +417,10 @@ def load_server_config(
     if chosen_by_env:
         applied.append((WORKER_NAME_ENV, env[WORKER_NAME_ENV]))
     if overrides:
-        raw = deep_merge(raw, _drop_none(overrides))
+        raw = merge_given(raw, overrides)
     cfg = dataclasses.replace(build_config(raw), worker_name=name)
     validate_config(cfg, check_dirs=check_dirs)
     return cfg, applied
-
-
-def _drop_none(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``raw`` without its ``None`` leaves (a command-line flag that was not given)."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, Mapping):
-            out[key] = _drop_none(value)
-        elif value is not None:
-            out[key] = value
-    return out
 
 
 def node_gpus(node: Mapping[str, Any]) -> Literal["auto"] | int | list[str]:

@@ -51,9 +51,9 @@ import anyio
 from kserve_trio.client.errors import RpcError, is_stale_registration
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.config import EdgeLimits
-from kserve_trio.core.errors import NotFound, ServingError, StatusCode, Unavailable
+from kserve_trio.core.errors import NotFound, ServingError, Unavailable
 from kserve_trio.core.request_bounds import RequestBounds, check_name, shown
-from kserve_trio.gateway.metrics import GatewayMetrics
+from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
 from kserve_trio.gateway.peek import PeekedRequest, peek_routing
 from kserve_trio.gateway.pool import WorkerClient, WorkerPool, forward_deadline
 from kserve_trio.gateway.prober import RouteRefresher
@@ -183,13 +183,10 @@ class Forwarder:
         (rule 1; raising ``InvalidArgument`` if malformed) and ``attempt(client, deadline)``
         sends it to one worker (raising ``RpcError`` as ``WorkerClient.call_raw`` does). The
         gRPC ModelInfer above and the gateway's REST forwarding both run through here."""
-        started = anyio.current_time()
-        model = ""
-        status = StatusCode.INTERNAL
-        try:
+        with ObservedRequest(self.metrics, rpc) as seen:
             head = peeked()
             check_name("model_name", head.model_name, self.max_name_bytes)
-            model = head.model_name
+            model = seen.name = head.model_name
             units = self.policy.request_units(model, head.shape)
             selection = self.policy.select(model, units, self.state.table)
             if not selection.order:
@@ -199,15 +196,7 @@ class Forwarder:
             with selection.reservation:
                 if not selection.order:
                     raise NotFound(f"model {shown(model)} not found on any worker")
-                reply = await self._attempts(rpc, model, selection.order, deadline, attempt)
-            status = StatusCode.OK
-            return reply
-        except ServingError as exc:
-            status = exc.status
-            raise
-        finally:
-            if self.metrics is not None:
-                self.metrics.observe_request(rpc, model, status, anyio.current_time() - started)
+                return await self._attempts(rpc, model, selection.order, deadline, attempt)
 
     async def call_replica(
         self,

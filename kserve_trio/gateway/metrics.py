@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
@@ -29,7 +30,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.errors import ServingError, StatusCode
 from kserve_trio.gateway.routing import RoutingPolicy
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 
@@ -223,4 +224,33 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return family
 
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "GatewayMetrics", "status_label"]
+class ObservedRequest:
+    """``with ObservedRequest(metrics, rpc) as seen:`` counts one client request when the block
+    ends: OK if it returned, a ``ServingError``'s own status, INTERNAL for anything else
+    (cancellation included), under ``seen.name`` (the model or region, set once known)."""
+
+    __slots__ = ("metrics", "name", "rpc", "started")
+
+    def __init__(self, metrics: GatewayMetrics | None, rpc: str) -> None:
+        self.metrics = metrics
+        self.rpc = rpc
+        self.name = ""
+        self.started = 0.0
+
+    def __enter__(self) -> ObservedRequest:
+        self.started = anyio.current_time()
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self.metrics is None:
+            return
+        if kind is None:
+            status = StatusCode.OK
+        else:
+            status = exc.status if isinstance(exc, ServingError) else StatusCode.INTERNAL
+        self.metrics.observe_request(
+            self.rpc, self.name, status, anyio.current_time() - self.started
+        )
+
+
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "GatewayMetrics", "ObservedRequest", "status_label"]

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +90,7 @@ from kserve_trio.gateway.tls import public_ssl_context
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.background import (
     BackgroundLoop,
+    RunningHandle,
     run_loop,
     running_event_loop,
     serve_until_signal,
@@ -244,7 +244,7 @@ class Gateway:
 
 
 @dataclass
-class RunningGateway:
+class RunningGateway(RunningHandle):
     """A running gateway: its configuration, bound ports and parts (``gateway``)."""
 
     config: GatewayConfig
@@ -254,15 +254,6 @@ class RunningGateway:
     gateway: Gateway
     http_port: int = 0
     _loop: BackgroundLoop[RunningGateway] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def _thread(self) -> threading.Thread | None:
-        """The background thread of a non-blocking ``serve_gateway``; None otherwise."""
-        return self._loop.thread if self._loop is not None else None
 
     @property
     def metrics_address(self) -> str:

@@ -41,10 +41,10 @@ import anyio
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.transport import method_path
-from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode, Unavailable
+from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.forward import RegisterGates
-from kserve_trio.gateway.metrics import GatewayMetrics
+from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
 from kserve_trio.gateway.peek import peek_region_name
 from kserve_trio.gateway.pool import WorkerClient
 from kserve_trio.proto import inference as pb
@@ -160,20 +160,9 @@ class ShmFanout:
         fn: Callable[[str, bytes, float | None], Awaitable[bytes]],
         deadline: float | None,
     ) -> bytes:
-        started = anyio.current_time()
-        status = StatusCode.INTERNAL
-        name = ""
-        try:
-            name = peek_region_name(data, rpc)
-            reply = await fn(name, data, deadline)
-            status = StatusCode.OK
-            return reply
-        except ServingError as exc:
-            status = exc.status
-            raise
-        finally:
-            if self.metrics is not None:
-                self.metrics.observe_request(rpc, name, status, anyio.current_time() - started)
+        with ObservedRequest(self.metrics, rpc) as seen:
+            seen.name = peek_region_name(data, rpc)
+            return await fn(seen.name, data, deadline)
 
     async def _register(self, name: str, data: bytes, deadline: float | None) -> bytes:
         rpc = "SystemSharedMemoryRegister"

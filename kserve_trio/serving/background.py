@@ -120,6 +120,30 @@ class BackgroundLoop(Generic[T]):
             raise TimeoutError(f"{what} did not stop within {timeout}s")
 
 
+class RunningHandle:
+    """What the handle of a running server (a worker's ``RunningServer``, a gateway's
+    ``RunningGateway``) knows about where it listens and the loop it runs on; the dataclass
+    that derives from it declares the fields."""
+
+    host: str
+    port: int
+    _loop: BackgroundLoop[Any] | None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The background thread of a non-blocking start; None for a blocking one."""
+        return self._loop.thread if self._loop is not None else None
+
+    @property
+    def _portal(self) -> anyio.lowlevel.EventLoopToken | None:
+        """The token of the background loop (for ``anyio.from_thread`` calls into it)."""
+        return self._loop.token if self._loop is not None else None
+
+
 def start_in_thread(
     open_server: Callable[[], AbstractAsyncContextManager[T]],
     *,
@@ -170,6 +194,7 @@ def start_in_thread(
 __all__ = [
     "EVENT_LOOPS",
     "BackgroundLoop",
+    "RunningHandle",
     "add_event_loop_flags",
     "default_event_loop",
     "event_loop_from_args",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import ssl
-import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from kserve_trio.core.node import load_server_config
 from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.serving.background import (
     BackgroundLoop,
+    RunningHandle,
     run_loop,
     running_event_loop,
     serve_until_signal,
@@ -76,7 +76,7 @@ DRAIN_SECONDS = 5.0
 
 
 @dataclass
-class RunningServer:
+class RunningServer(RunningHandle):
     """Handle to a running worker: its resolved config, bound port and live components."""
 
     config: ServerConfig
@@ -87,20 +87,6 @@ class RunningServer:
     metrics_port: int = 0
     http_port: int = 0
     _loop: BackgroundLoop[RunningServer] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def _thread(self) -> threading.Thread | None:
-        """The background thread of a non-blocking ``serve``; None for a blocking one."""
-        return self._loop.thread if self._loop is not None else None
-
-    @property
-    def _portal(self) -> anyio.lowlevel.EventLoopToken | None:
-        """The token of the background loop (for ``anyio.from_thread`` calls into the worker)."""
-        return self._loop.token if self._loop is not None else None
 
     @property
     def bundles(self) -> Mapping[str, ModelBundle]:

@@ -33,7 +33,7 @@ PREFIX = "/inference.GRPCInferenceService/"
 SEND_CAP = 64 << 20
 
 
-async def model_infer(request, ctx):
+async def model_infer(request):
     """ModelInfer answering with its inputs (views of the received request: zero copy)."""
     decoded = codec.decode_infer_request(request)
     with decoded:

@@ -34,7 +34,7 @@ async def main(port: int) -> None:
 
     limits = Limits(512 << 20, 512 << 20)
 
-    async def model_infer(request, ctx):
+    async def model_infer(request):
         decoded = codec.decode_infer_request(request)
         try:
             return codec.encode_infer_response(
@@ -47,10 +47,10 @@ async def main(port: int) -> None:
         finally:
             decoded.release()
 
-    async def ready(request, ctx):
+    async def ready(request):
         return pb.ServerReadyResponse(ready=True)
 
-    async def model_ready(request, ctx):
+    async def model_ready(request):
         return pb.ModelReadyResponse(ready=True)
 
     prefix = "/inference.GRPCInferenceService/"

@@ -23,8 +23,10 @@ from __future__ import annotations
 from kserve_trio.core.config._env import (
     ENV_OVERRIDES,
     apply_env_overrides,
+    apply_env_table,
     parse_env_bool,
     parse_env_value,
+    unknown_env_override,
 )
 from kserve_trio.core.config._limits import (
     LIMIT_FIELDS,
@@ -34,7 +36,7 @@ from kserve_trio.core.config._limits import (
     limits_env_rows,
     validate_limits,
 )
-from kserve_trio.core.config._raw import deep_merge, load_yaml_mapping, set_path
+from kserve_trio.core.config._raw import deep_merge, load_yaml_mapping, merge_given, set_path
 from kserve_trio.core.config._report import config_to_raw, log_config
 from kserve_trio.core.config._schema import (
     BATCH_POLICY_REMOVED,
@@ -98,6 +100,7 @@ __all__ = [
     "ServerConfig",
     "TlsConfig",
     "apply_env_overrides",
+    "apply_env_table",
     "as_bool",
     "as_float",
     "as_int",
@@ -110,11 +113,13 @@ __all__ = [
     "limits_env_rows",
     "load_yaml_mapping",
     "log_config",
+    "merge_given",
     "parse_enum",
     "parse_env_bool",
     "parse_env_value",
     "read_block",
     "set_path",
+    "unknown_env_override",
     "validate_config",
     "validate_limits",
     "validate_tls",

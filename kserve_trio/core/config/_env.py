@@ -8,7 +8,7 @@ a path), and a variable under the prefix that is not in it is an error: a typo m
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kserve_trio.core.config._limits import limits_env_rows
@@ -139,13 +139,36 @@ def apply_env_overrides(
                 "scheduled unit, so there is no meta concurrency gate to size"
             )
         if var.startswith(ENV_PREFIX) and var not in ENV_OVERRIDES:
-            close = difflib.get_close_matches(var, list(ENV_OVERRIDES), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"unknown environment override {var}{hint}")
+            raise unknown_env_override(var, ENV_OVERRIDES)
+    return apply_env_table(raw, env, _ENV_TABLE)
+
+
+def unknown_env_override(var: str, known: Iterable[str]) -> ConfigError:
+    """The error of a variable under a configuration prefix that no key has, naming the
+    closest known one (a typo must not be inert)."""
+    close = difflib.get_close_matches(var, sorted(known), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return ConfigError(f"unknown environment override {var}{hint}")
+
+
+EnvParser = Callable[[str, str, str, str], Any]
+"""``parse(var, text, path, kind) -> value``: one variable's value for its YAML path."""
+
+
+def apply_env_table(
+    raw: Mapping[str, Any],
+    env: Mapping[str, str],
+    table: Iterable[tuple[str, str, str]],
+    parse: EnvParser | None = None,
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A copy of ``raw`` with every variable of ``table`` (``(var, path, kind)``) that ``env``
+    sets parsed (``parse``, default ``parse_env_value``) and set at its path, in table order;
+    and the ``(var, text)`` pairs applied."""
+    parse = parse or parse_env_value
     out = deep_merge({}, raw)
     applied: list[tuple[str, str]] = []
-    for var, path, kind in _ENV_TABLE:
+    for var, path, kind in table:
         if var in env:
-            set_path(out, path, parse_env_value(var, env[var], path, kind))
+            set_path(out, path, parse(var, env[var], path, kind))
             applied.append((var, env[var]))
     return out, applied

@@ -51,6 +51,23 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def merge_given(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``overrides`` merged over it, leaving out their ``None`` leaves: the
+    command-line flags that were not given (so they do not erase a file's or the environment's
+    value)."""
+    return deep_merge(raw, _given(overrides))
+
+
+def _given(raw: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            out[key] = _given(value)
+        elif value is not None:
+            out[key] = value
+    return out
+
+
 def _copy(value: Any) -> Any:
     return [_copy(v) for v in value] if isinstance(value, list) else value
 

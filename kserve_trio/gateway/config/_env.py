@@ -3,13 +3,16 @@ and the environment-only prober knobs."""
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from kserve_trio.core.config import deep_merge, limits_env_rows, parse_env_value, set_path
-from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.config import (
+    apply_env_table,
+    limits_env_rows,
+    parse_env_value,
+    unknown_env_override,
+)
 from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, ProberConfig
 
 _ENV_TABLE_TEXT = """
@@ -97,18 +100,12 @@ def apply_gateway_env(
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX) or var in _KNOWN_ENV:
             continue
-        close = difflib.get_close_matches(var, sorted(_KNOWN_ENV), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise ConfigError(f"unknown environment override {var}{hint}")
-    out = deep_merge({}, raw)
-    applied: list[tuple[str, str]] = []
-    for var, path, kind in _ENV_TABLE:
-        if var in env:
-            text = env[var]
-            value = _csv(text) if kind == "csv" else parse_env_value(var, text, path, kind)
-            set_path(out, path, value)
-            applied.append((var, text))
-    return out, applied
+        raise unknown_env_override(var, _KNOWN_ENV)
+    return apply_env_table(raw, env, _ENV_TABLE, _parse)
+
+
+def _parse(var: str, text: str, path: str, kind: str) -> Any:
+    return _csv(text) if kind == "csv" else parse_env_value(var, text, path, kind)
 
 
 def prober_from_env(env: Mapping[str, str]) -> tuple[ProberConfig, list[tuple[str, str]]]:

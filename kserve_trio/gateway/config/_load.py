@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kserve_trio.core.config import deep_merge, load_yaml_mapping
+from kserve_trio.core.config import load_yaml_mapping, merge_given
 from kserve_trio.core.logging import configure_logging, get_logger
 from kserve_trio.core.restricted import redacted
 from kserve_trio.core.upstream_env import with_upstream_aliases
@@ -64,7 +64,7 @@ def load_gateway_config(
     raw, applied = apply_gateway_env(raw, env)
     prober, prober_applied = prober_from_env(env)
     if overrides:
-        raw = deep_merge(raw, _drop_none(overrides))
+        raw = merge_given(raw, overrides)
     cfg = build_gateway_config(raw, prober)
     validate_gateway_config(cfg, check_files=check_files)
     return LoadedGatewayConfig(
@@ -73,16 +73,6 @@ def load_gateway_config(
         applied=tuple(applied + prober_applied),
         warnings=tuple(config_warnings(cfg)),
     )
-
-
-def _drop_none(raw: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, Mapping):
-            out[key] = _drop_none(value)
-        elif value is not None:
-            out[key] = value
-    return out
 
 
 def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
