@@ -15,27 +15,19 @@ from tritonclient.utils import InferenceServerException
 from kserve_trio.worker import heartbeat
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 POLL = 0.25
-LOAD_SECONDS = 20.0  # the closed-loop load on mlp runs at least this long
+AFTER_CHANGES = 50
+"""Requests the closed-loop load on mlp must still get served after the last change."""
 
 
 def mlp_infer(c, model, x):
     inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     return c.infer(model, [inp]).as_numpy("output")
-
-
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def status(c, model, x):
@@ -86,7 +78,6 @@ def test_add_reweight_rename_delete_under_load(demo_repo, tmp_path):
                 failures.append(repr(exc))
 
     loader = threading.Thread(target=load)
-    load_started = time.monotonic()
     loader.start()
     try:
         c = grpcclient.InferenceServerClient(running.address)
@@ -94,7 +85,7 @@ def test_add_reweight_rename_delete_under_load(demo_repo, tmp_path):
         # 1. add B
         t0 = time.monotonic()
         shutil.copytree(staging / "b", repo / "b")
-        wait_for(lambda: status(c, "b", x) == "OK", 2 * POLL + 10)
+        wait_until(lambda: status(c, "b", x) == "OK", 2 * POLL + 10)
         np.testing.assert_allclose(
             mlp_infer(c, "b", x), ref.mlp(x, ref.weights(repo, "b")), rtol=1e-5
         )
@@ -107,32 +98,33 @@ def test_add_reweight_rename_delete_under_load(demo_repo, tmp_path):
         save_file(w2, str(tmp), metadata={"argument_order": '["w1", "b1", "w2", "b2"]'})
         tmp.replace(repo / "b" / "weights.safetensors")
         expected = ref.mlp(x, w2)
-        wait_for(
+        wait_until(
             lambda: np.allclose(mlp_infer(c, "b", x), expected, rtol=1e-5, atol=1e-5), 2 * POLL + 10
         )
         assert compilations(running, "b") == 2
         # 3. rename B -> C: no recompilation, the old name disappears
         (repo / "b").rename(repo / "c")
-        wait_for(lambda: status(c, "c", x) == "OK", 2 * POLL + 10)
+        wait_until(lambda: status(c, "c", x) == "OK", 2 * POLL + 10)
         assert status(c, "b", x) == "StatusCode.NOT_FOUND"
         assert compilations(running, "c") == 0
         np.testing.assert_allclose(mlp_infer(c, "c", x), expected, rtol=1e-5, atol=1e-5)
         # 4. delete C
         shutil.rmtree(repo / "c")
-        wait_for(lambda: status(c, "c", x) == "StatusCode.NOT_FOUND", 2 * POLL + 10)
+        wait_until(lambda: status(c, "c", x) == "StatusCode.NOT_FOUND", 2 * POLL + 10)
         # 5. a bundle copied in slowly (a file every half poll) never loads half-written
         (repo / "slow").mkdir()
         for f in sorted((staging / "b").iterdir(), key=lambda p: p.name != "manifest.yaml"):
             shutil.copy2(f, repo / "slow" / f.name)
             time.sleep(POLL / 2)
-        wait_for(lambda: status(c, "slow", x) == "OK", 2 * POLL + 10)
+        wait_until(lambda: status(c, "slow", x) == "OK", 2 * POLL + 10)
         assert compilations(running, "slow") == 1
-        time.sleep(max(1.0, LOAD_SECONDS - (time.monotonic() - load_started)))
+        after = served[0] + AFTER_CHANGES
+        wait_until(lambda: served[0] >= after, 30)
     finally:
         stop_load.set()
         loader.join()
         stop(running)
         heartbeat.unregister_heartbeat(beat)
     assert failures == []
-    assert served[0] > 50
+    assert served[0] > AFTER_CHANGES
     assert events == [("load", "b"), ("load", "b"), ("unload", "c"), ("load", "slow")]

@@ -27,6 +27,7 @@ from kserve_trio.proto import inference as pb
 from tests.e2e import reference as ref
 from tests.gateway.procs import Gateway, Worker
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"
@@ -373,10 +374,9 @@ def test_a_worker_killed_under_load_fails_only_its_in_flight_requests_and_comes_
                     results.append((time.monotonic(), outcome))
 
         threads = [threading.Thread(target=load) for _ in range(clients)]
-        started = time.monotonic()
         for t in threads:
             t.start()
-        time.sleep(3.0)
+        wait_until(lambda: successes(b) >= 20, 30, "worker b serving under the load")
         b.kill()
         killed = time.monotonic()
         b.restart()
@@ -386,8 +386,9 @@ def test_a_worker_killed_under_load_fails_only_its_in_flight_requests_and_comes_
             if successes(b) > 0:  # the new process counts from zero
                 back = time.monotonic()
             time.sleep(0.05)
-        while time.monotonic() < started + 20.0:
-            time.sleep(0.1)
+        if back is not None:  # the load runs on until b has served some of it again
+            again = successes(b) + 20
+            wait_until(lambda: successes(b) >= again, 30, "worker b serving again")
         stop_load.set()
         for t in threads:
             t.join(30)
