@@ -3,6 +3,13 @@
 ``pytest`` alone skips slow tests (fast local loop); ``pytest --run-slow`` (what CI runs through
 ``tools/dev.sh test``) runs everything. ``gpu`` tests are skipped when no CUDA device exists.
 
+Every test has a time bound of its own (pytest-timeout, fixtures' set-up included), so one that
+hangs fails naming itself instead of stalling the run: ``SLOW_TEST_SECONDS`` for a ``slow``
+test, ``FAST_TEST_SECONDS`` for the rest, unless the test states its own
+(``@pytest.mark.timeout(N)``). The bounds are several times the slowest test of each tier on the
+2-core machine the suite is measured on (docs/benchmarks.md, "Test suite"); they catch hangs, they
+measure nothing.
+
 Every worker the suite starts (in process or as a CLI subprocess, which inherits the
 environment) compiles the same demo bundles: JAX's persistent compilation cache, shared by the
 whole suite in ``.cache/jax-tests`` (git-ignored), compiles each module once per machine instead
@@ -34,6 +41,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run slow tests too")
 
 
+SLOW_TEST_SECONDS = 180
+FAST_TEST_SECONDS = 60
+
+
 def _has_gpu() -> bool:
     import shutil
 
@@ -44,6 +55,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_slow = config.getoption("--run-slow")
     gpu = None
     for item in items:
+        if item.get_closest_marker("timeout") is None:
+            bound = SLOW_TEST_SECONDS if "slow" in item.keywords else FAST_TEST_SECONDS
+            item.add_marker(pytest.mark.timeout(bound))
         if "slow" in item.keywords and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow test: run with --run-slow"))
         if "gpu" in item.keywords:

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 POLL_SECONDS = 0.01
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``condition`` until it holds; AssertionError naming ``what`` past ``timeout``."""
+def wait_until(condition: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
+    """Poll ``condition`` until it holds and return what it returned then; AssertionError
+    naming ``what`` past ``timeout``."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what or 'the condition'}")
         time.sleep(POLL_SECONDS)
+    return value
 
 
 __all__ = ["wait_until"]

@@ -46,6 +46,7 @@ from tests.gateway.test_rest_e2e import (  # noqa: F401
     test_one_server_over_rest_and_traffic_spreads_over_both_workers,
     test_shared_memory_through_the_gateway,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"
@@ -99,16 +100,6 @@ def mlp_input(x: np.ndarray) -> grpcclient.InferInput:
     inp = grpcclient.InferInput("input_0", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     return inp
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def client_per_process(gw: TwoProcesses) -> dict[str, grpcclient.InferenceServerClient]:
@@ -198,17 +189,17 @@ def test_a_gateway_process_killed_under_load_fails_only_its_in_flight_requests(e
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: len(results) > 40, 30, "no load")
+        wait_until(lambda: len(results) > 40, 30, "no load")
         os.kill(pids[int(victim)], signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(
+        wait_until(
             lambda: gw.children().get(int(victim), pids[int(victim)]) != pids[int(victim)],
             30,
             "the killed process did not come back",
         )
         came_back = time.monotonic()
         settled = max(came_back, killed + 5.0)  # every client has reconnected by then
-        wait_for(lambda: len([r for r in results if r[0] > settled]) > 20, 30, "no load after")
+        wait_until(lambda: len([r for r in results if r[0] > settled]) > 20, 30, "no load after")
     finally:
         stop.set()
         for t in threads:
@@ -255,7 +246,7 @@ def test_shm_registered_through_one_process_and_unregistered_through_the_other(e
             doc = json.loads(gw.admin("/routing")[1])
             return len(doc["processes"]) == 2 and label in doc["models"].get("mlp", [])
 
-        wait_for(routed_everywhere, 30, "the restarted worker is not routed by both processes")
+        wait_until(routed_everywhere, 30, "the restarted worker is not routed by both processes")
         regions = b.client().get_system_shared_memory_status(as_json=True).get("regions", {})
         assert set(regions) == {"gwp_y"}  # the live registration, not the unregistered one
         replays = gw.events("shm_region_replayed")[replayed_before:]
@@ -284,7 +275,7 @@ def test_sigterm_drains_every_process_and_leaves_nothing_behind(e2e, tmp_path):
     try:
         gw.wait_ready()
         parent_up = lambda: [e for e in gw.events("gateway_up") if "processes" in e]  # noqa: E731
-        (up,) = wait_for(parent_up, 30, "the parent logged no gateway_up")
+        (up,) = wait_until(parent_up, 30, "the parent logged no gateway_up")
         port = int(up["address"].rsplit(":", 1)[1])
         (starting,) = gw.events("gateway_processes_starting")
         runtime_dir = pathlib.Path(starting["runtime_dir"])

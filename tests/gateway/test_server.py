@@ -33,6 +33,7 @@ from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.fake_worker import FakeWorker
 from tests.gateway.test_prober import fleet
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -76,13 +77,6 @@ def admin(gateway, path: str) -> tuple[int, str]:
 
 def served_by(result) -> str:
     return result.get_response().parameters["worker"].string_param
-
-
-def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_the_kserve_surface_through_the_gateway():
@@ -283,10 +277,10 @@ def test_a_client_leaving_a_stream_cancels_its_requests_on_the_workers():
             c = client(gw)
             c.start_stream(callback=lambda result, error: None)
             c.async_stream_infer("m", [tensor(np.ones((1, 4), np.float32))])
-            wait_for(lambda: a.in_flight == 1)
+            wait_until(lambda: a.in_flight == 1)
             c.stop_stream(cancel_requests=True)
-            wait_for(lambda: a.cancelled == 1 and a.in_flight == 0)
-            wait_for(lambda: gw.gateway.admission.busy == 0)
+            wait_until(lambda: a.cancelled == 1 and a.in_flight == 0)
+            wait_until(lambda: gw.gateway.admission.busy == 0)
 
 
 def test_the_inbound_cap_sheds_resource_exhausted():
@@ -306,7 +300,7 @@ def test_the_inbound_cap_sheds_resource_exhausted():
 
             first = threading.Thread(target=call)
             first.start()
-            wait_for(lambda: a.in_flight == 1)
+            wait_until(lambda: a.in_flight == 1)
             with pytest.raises(InferenceServerException) as info:
                 client(gw).infer("m", [tensor(x)])
             assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
@@ -322,7 +316,7 @@ def test_readyz_waits_for_the_grpc_port_not_only_for_a_worker():
     """The admin port comes up before the gRPC port: /readyz must not say ready in between
     (a client that waited for it found the gRPC port still refusing, seen in a loaded run)."""
     with fleet(1) as (a,), running([a]) as gw:
-        wait_for(lambda: admin(gw, "/readyz") == (200, "ok"))
+        wait_until(lambda: admin(gw, "/readyz") == (200, "ok"))
         assert gw.gateway.listening
         gw.gateway.listening = False  # as between the two ports coming up
         try:
@@ -346,10 +340,10 @@ def test_stop_drains_refuses_new_requests_and_lets_in_flight_ones_finish():
         results: queue.Queue = queue.Queue()
         flight = threading.Thread(target=lambda: results.put(client(gw).infer("m", [tensor(x)])))
         flight.start()
-        wait_for(lambda: a.in_flight == 1)
+        wait_until(lambda: a.in_flight == 1)
         stopper = threading.Thread(target=stop, args=(gw,))
         stopper.start()
-        wait_for(lambda: gw.gateway.admission.draining)
+        wait_until(lambda: gw.gateway.admission.draining)
         assert admin(gw, "/readyz") == (503, "not ready")
         assert not client(gw).is_server_ready()
         with pytest.raises(InferenceServerException) as info:
@@ -378,10 +372,10 @@ def test_one_name_behind_two_addresses_is_two_workers_and_an_address_dropped_is_
             labels = lambda: [w["worker"] for w in json.loads(admin(gw, "/routing")[1])["workers"]]  # noqa: E731
             assert labels() == [f"127.0.0.1:{a.port}", f"127.0.0.2:{a.port}"]
             hosts.write_text("127.0.0.1 workers.test\n")
-            wait_for(lambda: labels() == [f"127.0.0.1:{a.port}"])
+            wait_until(lambda: labels() == [f"127.0.0.1:{a.port}"])
             # The routing table follows the worker set within a round (not atomically with it).
             routes = lambda: json.loads(admin(gw, "/routing")[1])["models"]  # noqa: E731
-            wait_for(lambda: routes() == {"m": [f"127.0.0.1:{a.port}"]})
+            wait_until(lambda: routes() == {"m": [f"127.0.0.1:{a.port}"]})
         finally:
             stop(gw)
 
@@ -443,7 +437,7 @@ def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
         c = client(gw)
         c.start_stream(callback=lambda result, error: answers.put((result, error)))
         c.async_stream_infer("m", [tensor(np.ones((1, 4), np.float32))], request_id="in-flight")
-        wait_for(lambda: a.in_flight == 1)
+        wait_until(lambda: a.in_flight == 1)
         stopper = threading.Thread(target=stop, args=(gw,))
         stopper.start()
         result, error = answers.get(timeout=10)

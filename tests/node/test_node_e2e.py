@@ -34,6 +34,7 @@ from tests.node.conftest import (
     write_node,
 )
 from tests.ports import free_ports
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,7 @@ def test_a_killed_worker_is_restarted_while_the_other_keeps_serving(two_workers,
     loop = threading.Thread(target=closed_loop)
     loop.start()
     try:
-        time.sleep(0.5)
+        wait_until(lambda: results["ok"] > 0, 30, "the load served")
         os.kill(victim, signal.SIGKILL)
         exited = node.wait_for(
             r"^\[supervisor\] worker0 exited \(code=none, signal=SIGKILL, uptime=", after=mark
@@ -422,7 +423,7 @@ def test_a_killed_worker_behind_the_gateway_restarts_and_its_shm_registrations_c
         )
         for t in loops:
             t.start()
-        time.sleep(2.0)
+        wait_until(lambda: worker_successes(g.workers[0]) >= 20, 30, "worker0 serving the load")
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
         exited = node.wait_for(
@@ -442,7 +443,9 @@ def test_a_killed_worker_behind_the_gateway_restarts_and_its_shm_registrations_c
             if worker_successes(g.workers[0]) > 0:  # the new process counts from zero
                 back = time.monotonic()
             time.sleep(0.05)
-        time.sleep(1.0)
+        if back is not None:  # the load runs on until the new worker0 has served some of it
+            again = worker_successes(g.workers[0]) + 20
+            wait_until(lambda: worker_successes(g.workers[0]) >= again, 30, "worker0 back")
     finally:
         stop.set()
         for t in loops:

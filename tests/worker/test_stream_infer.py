@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from kserve_trio.core import compression
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
+from tests.waiting import wait_until
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -84,15 +85,6 @@ class Feed:
             yield item
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 def mlp_metrics(running):
     return running.scheduler.scheduler_metrics()["mlp"]
 
@@ -136,7 +128,7 @@ def test_every_request_is_answered_with_its_id_and_errors_keep_the_stream_open(s
         assert got[rid].error_message == message
     assert got["r2"].infer_response.model_name == "nope"
     assert again.error_message == "" and again.infer_response.id == "after"
-    assert wait_for(lambda: server.state.streams.count == 0)
+    assert wait_until(lambda: server.state.streams.count == 0)
 
 
 def test_requests_over_the_concurrency_cap_wait_and_are_all_served(demo_repo):
@@ -151,7 +143,7 @@ def test_requests_over_the_concurrency_cap_wait_and_are_all_served(demo_repo):
         with grpc.insecure_channel(running.address) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             answers = stub.ModelStreamInfer(iter(feed), timeout=60)
-            assert wait_for(lambda: running.state.inflight == 2)  # the cap, no more
+            assert wait_until(lambda: running.state.inflight == 2)  # the cap, no more
             first = [next(answers) for _ in range(6)]
             blocker.join()
             feed.put(mlp_request(np.ones((1, 16), np.float32), "later"))
@@ -179,7 +171,7 @@ def test_stream_requests_coalesce_with_unary_ones(server):
             stub.ModelInfer.future(mlp_request(np.full((1, 16), i, np.float32), f"u{i}"))
             for i in range(4)
         ]
-        assert wait_for(lambda: mlp_metrics(server).queue_depth == 8)
+        assert wait_until(lambda: mlp_metrics(server).queue_depth == 8)
         blocker.join()
         streamed = [next(answers) for _ in range(4)]
         replies = [f.result(timeout=30) for f in unary]
@@ -201,12 +193,12 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(server):
     answers = stub.ModelStreamInfer(iter(feed), timeout=60)
     for i in range(6):
         feed.put(mlp_request(np.full((1, 16), i, np.float32), f"d{i}"))
-    assert wait_for(lambda: mlp_metrics(server).queue_depth == 6)
+    assert wait_until(lambda: mlp_metrics(server).queue_depth == 6)
     assert server.state.streams.count == 1 and server.state.inflight == 6
     answers.cancel()  # RST_STREAM while six requests wait for the device
     # dequeued at once, while the device is still busy
-    assert wait_for(lambda: mlp_metrics(server).queue_depth == 0, timeout=1.0)
-    assert wait_for(lambda: server.state.inflight == 0 and server.state.streams.count == 0, 1.0)
+    assert wait_until(lambda: mlp_metrics(server).queue_depth == 0, timeout=1.0)
+    assert wait_until(lambda: server.state.inflight == 0 and server.state.streams.count == 0, 1.0)
     assert blocker.is_alive()
     blocker.join()
     time.sleep(0.3)
@@ -332,7 +324,7 @@ def test_shutdown_answers_the_queued_requests_and_ends_the_stream_unavailable(de
         answers = stub.ModelStreamInfer(iter(feed), timeout=60)
         for i in range(3):
             feed.put(mlp_request(np.ones((1, 16), np.float32), f"q{i}"))
-        assert wait_for(lambda: mlp_metrics(running).queue_depth == 3)
+        assert wait_until(lambda: mlp_metrics(running).queue_depth == 3)
         stopper = threading.Thread(target=stop, args=(running,))
         started = time.monotonic()
         stopper.start()
