@@ -197,7 +197,7 @@ class CompiledModel:
 
 def _host_converter(platform: str) -> Callable[[Sequence[Any]], list[np.ndarray]]:
     if platform == "cpu":
-        # np.asarray of a CPU jax array is a zero-copy read-only view (about 1 us).
+        # np.asarray of a CPU jax array is a zero-copy read-only view.
         def to_host(outs: Sequence[Any]) -> list[np.ndarray]:
             return [np.asarray(o) for o in outs]
 

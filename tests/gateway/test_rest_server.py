@@ -29,8 +29,9 @@ from kserve_trio.gateway.config import (
 )
 from kserve_trio.gateway.server import serve_gateway, stop
 from tests.gateway.test_prober import fleet
-from tests.gateway.test_server import gateway_config, wait_for
+from tests.gateway.test_server import gateway_config
 from tests.gateway.test_server import running as grpc_gateway_running
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -117,7 +118,7 @@ def test_the_inbound_cap_sheds_429_over_rest():
             x = np.ones((1, 4), np.float32)
             first = threading.Thread(target=lambda: results.put(client(gw).infer("m", [tensor(x)])))
             first.start()
-            wait_for(lambda: a.in_flight == 1)
+            wait_until(lambda: a.in_flight == 1)
             status, message = status_of(lambda: client(gw).infer("m", [tensor(x)]))
             assert status == "429" and "admission cap (1 requests in flight" in message
             first.join()
@@ -133,10 +134,10 @@ def test_a_drain_answers_503_and_the_request_in_flight_finishes():
         results: queue.Queue = queue.Queue()
         flight = threading.Thread(target=lambda: results.put(client(gw).infer("m", [tensor(x)])))
         flight.start()
-        wait_for(lambda: a.in_flight == 1)
+        wait_until(lambda: a.in_flight == 1)
         stopper = threading.Thread(target=stop, args=(gw,))
         stopper.start()
-        wait_for(lambda: gw.gateway.admission.draining)
+        wait_until(lambda: gw.gateway.admission.draining)
         url = f"http://127.0.0.1:{gw.http_port}/v2/health/ready"
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(url, timeout=5)
