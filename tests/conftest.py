@@ -81,6 +81,25 @@ def demo_repo(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def demo_worker(demo_repo):
+    """One in-process worker serving the demo repository (static mode, a free port), shared by
+    the test modules that only send it requests: such a module must leave what it serves and
+    how unchanged (no registrations kept, no settings changed). It saves each of them a worker
+    start with its compilations."""
+    from kserve_trio.worker.server import serve, stop
+
+    running = serve(
+        None,
+        blocking=False,
+        model_dirs=[str(demo_repo)],
+        model_control_mode="static",
+        endpoints={"port": 0},
+    )
+    yield running
+    stop(running)
+
+
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
     """Tests run on asyncio unless their module parametrizes ``anyio_backend`` itself (the
     servers and the client run on trio too: tests/serving/grpc, tests/e2e/test_event_loops.py)."""

@@ -30,7 +30,6 @@ from kserve_trio.bench._drive import _drive_level
 from kserve_trio.client import PoolAcquireTimeout, RpcError
 from kserve_trio.client.spec import ModelIOSpec, TensorMeta
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.worker.server import serve, stop
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -177,16 +176,9 @@ def test_plot_draws_every_series_in_its_own_color(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def server(demo_repo):
-    running = serve(
-        None,
-        blocking=False,
-        model_dirs=[str(demo_repo)],
-        model_control_mode="static",
-        endpoints={"port": 0},
-    )
-    yield running
-    stop(running)
+def server(demo_worker):
+    """The suite's shared demo worker (this module only sends it requests)."""
+    return demo_worker
 
 
 def test_bench_command_writes_report_progress_and_plot(server, tmp_path):

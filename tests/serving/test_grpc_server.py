@@ -7,7 +7,6 @@ import pytest
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.serving.grpc import header_problem
-from kserve_trio.worker.server import serve, stop
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
 
 BASE = [(":method", "POST"), (":path", "/x"), ("content-type", "application/grpc")]
@@ -42,16 +41,9 @@ def test_unknown_encodings_are_unimplemented_with_what_we_accept():
 
 
 @pytest.fixture(scope="module")
-def worker(demo_repo):
-    running = serve(
-        None,
-        blocking=False,
-        model_dirs=[str(demo_repo)],
-        model_control_mode="static",
-        endpoints={"port": 0},
-    )
-    yield running
-    stop(running)
+def worker(demo_worker):
+    """The suite's shared demo worker (this module only sends it requests)."""
+    return demo_worker
 
 
 PATH = "/inference.GRPCInferenceService/ServerLive"

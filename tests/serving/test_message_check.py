@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 from kserve_trio.serving.message_check import wrong_field
-from kserve_trio.worker.server import serve, stop
 
 
 def test_well_typed_messages_pass():
@@ -37,17 +36,10 @@ def test_a_map_value_sent_as_a_varint_is_named():
 
 
 @pytest.fixture(scope="module")
-def channel(demo_repo):
-    running = serve(
-        None,
-        blocking=False,
-        model_dirs=[str(demo_repo)],
-        model_control_mode="static",
-        endpoints={"port": 0},
-    )
-    with grpc.insecure_channel(running.address) as ch:
+def channel(demo_worker):
+    """A channel to the suite's shared demo worker (this module only sends it requests)."""
+    with grpc.insecure_channel(demo_worker.address) as ch:
         yield ch
-    stop(running)
 
 
 RPCS = [

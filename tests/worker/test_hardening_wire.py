@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
 
@@ -38,16 +37,9 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def server(demo_repo):
-    running = serve(
-        None,
-        blocking=False,
-        model_dirs=[str(demo_repo)],
-        model_control_mode="static",
-        endpoints={"port": 0},
-    )
-    yield running
-    stop(running)
+def server(demo_worker):
+    """The suite's shared demo worker (this module only sends it requests)."""
+    return demo_worker
 
 
 @pytest.fixture(scope="module")
