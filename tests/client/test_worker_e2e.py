@@ -45,6 +45,7 @@ from kserve_trio.client.transport import default_transport_factory
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
+from tests.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -294,10 +295,32 @@ def test_shedding_under_a_concurrency_cap_is_retried_to_success(demo_repo, anyio
             retry=RetryPolicy(initial_backoff=0.02, max_backoff=0.2),
             transport_factory=CountingTransport,
         )
-        blocker = block_device(running, 0.3)  # the first request holds the only admission
         infer_sync(model, ArrayIO(data("mlp", 8), (8,)))  # warm the route before the burst
-        anyio.run(infer_async, model, io, backend=anyio_backend)
-        blocker.join()
+        # While the device is held the burst's first chunk waits in the queue with the only
+        # admission, so the others are shed and retried; the device is let go once a shed
+        # was seen (no timer decides the order).
+        blocker = block_device(running, 60.0)
+        errors: list[BaseException] = []
+
+        def run_burst() -> None:
+            try:
+                anyio.run(infer_async, model, io, backend=anyio_backend)
+            except BaseException as exc:
+                errors.append(exc)
+
+        burst = threading.Thread(target=run_burst)
+        burst.start()
+        try:
+            wait_until(
+                lambda: StatusCode.RESOURCE_EXHAUSTED in CountingTransport.failures,
+                30,
+                "a chunk shed by the concurrency cap",
+            )
+        finally:
+            blocker.release()
+            blocker.join()
+            burst.join(60)
+        assert not burst.is_alive() and errors == []
         np.testing.assert_allclose(io.y, expected(demo_repo, "mlp", x), rtol=1e-5, atol=1e-5)
         assert StatusCode.RESOURCE_EXHAUSTED in CountingTransport.failures
         assert set(CountingTransport.failures) == {StatusCode.RESOURCE_EXHAUSTED}
