@@ -41,6 +41,7 @@ class FakeServer:
         self.shed = 0  # answer this many ModelInfer calls RESOURCE_EXHAUSTED
         self.errors: list[RpcError] = []  # raised, in order, by the next ModelInfer calls
         self.probe_stall = 0.0  # seconds IsSameIPCNamespace sleeps
+        self.stalled_probes = 0  # IsSameIPCNamespace calls that have begun such a sleep
         self.infer_delay = 0.0
         self.forget_after: int | None = None  # restart() once ModelInfer has run this many times
         self.budgets: list[float | None] = []  # timeout of each ModelInfer attempt
@@ -66,6 +67,7 @@ class FakeServer:
 
     async def _IsSameIPCNamespace(self, request, timeout):
         if self.probe_stall:
+            self.stalled_probes += 1
             await anyio.sleep(self.probe_stall)
         if self.same_namespace is None:
             raise RpcError(StatusCode.UNIMPLEMENTED, "IsSameIPCNamespace is not implemented")

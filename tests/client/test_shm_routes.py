@@ -233,7 +233,9 @@ def test_shutdown_returns_quickly_while_a_re_probe_stalls(server, anyio_backend)
         server.fail_register = 1
         await run_io(model, 8)
         server.probe_stall = 30.0
-        await anyio.sleep(0.1)  # the re-prober is now stuck in its probe
+        with anyio.fail_after(10):  # until the re-prober is stuck in its probe
+            while not server.stalled_probes:
+                await anyio.sleep(0.01)
 
     anyio.run(main, backend=anyio_backend)
     assert server.calls["IsSameIPCNamespace"] >= 2

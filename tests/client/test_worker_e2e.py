@@ -44,6 +44,7 @@ from kserve_trio.client.runtime import get_state
 from kserve_trio.client.transport import default_transport_factory
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.worker.server import serve, stop
+from tests.device_hold import hold_device
 from tests.e2e import reference as ref
 from tests.waiting import wait_until
 
@@ -111,35 +112,6 @@ def data(model: str, n: int, seed: int = 0) -> np.ndarray:
 def expected(demo_repo, model: str, x: np.ndarray) -> np.ndarray:
     _, _, fn, _ = MODELS[model]
     return fn(x, ref.weights(demo_repo, model))
-
-
-class DeviceBlocker(threading.Thread):
-    """Occupies the worker's device thread so that requests wait in its queue: for ``seconds``
-    at most, or until ``release``; it has started once the device thread runs it."""
-
-    def __init__(self, running, seconds: float) -> None:
-        super().__init__(daemon=True)
-        self.running, self.seconds = running, seconds
-        self.on_device, self.released = threading.Event(), threading.Event()
-
-    def hold(self) -> None:
-        self.on_device.set()
-        self.released.wait(self.seconds)
-
-    def run(self) -> None:
-        anyio.from_thread.run(
-            self.running.scheduler.run_on_device, self.hold, token=self.running._portal
-        )
-
-    def release(self) -> None:
-        self.released.set()
-
-
-def block_device(running, seconds: float) -> DeviceBlocker:
-    blocker = DeviceBlocker(running, seconds)
-    blocker.start()
-    assert blocker.on_device.wait(30), "the device thread never took the blocking job"
-    return blocker
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,7 +271,7 @@ def test_shedding_under_a_concurrency_cap_is_retried_to_success(demo_repo, anyio
         # While the device is held the burst's first chunk waits in the queue with the only
         # admission, so the others are shed and retried; the device is let go once a shed
         # was seen (no timer decides the order).
-        blocker = block_device(running, 60.0)
+        blocker = hold_device(running)
         errors: list[BaseException] = []
 
         def run_burst() -> None:
@@ -318,7 +290,6 @@ def test_shedding_under_a_concurrency_cap_is_retried_to_success(demo_repo, anyio
             )
         finally:
             blocker.release()
-            blocker.join()
             burst.join(60)
         assert not burst.is_alive() and errors == []
         np.testing.assert_allclose(io.y, expected(demo_repo, "mlp", x), rtol=1e-5, atol=1e-5)
@@ -332,7 +303,7 @@ def test_deadline_exhaustion_is_reported_as_such(server):
     x = np.zeros((1, 16), np.float32)
     model = KServeModel(server.address, "mlp", deadline=0.3)
     infer_sync(model, [InferInput("input_0", x)])  # connected and warm
-    blocker = block_device(server, 60.0)  # held until released: the device never frees up
+    blocker = hold_device(server)  # held until released: the device never frees up
     try:
         started = time.monotonic()
         with pytest.raises(RpcError) as info:
@@ -344,7 +315,6 @@ def test_deadline_exhaustion_is_reported_as_such(server):
         assert info.value.status is StatusCode.DEADLINE_EXCEEDED
     finally:
         blocker.release()
-        blocker.join()
 
 
 def test_pool_exhaustion_raises_pool_acquire_timeout_and_leaks_no_slot(

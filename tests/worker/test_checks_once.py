@@ -14,12 +14,10 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
-import anyio.from_thread
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -33,6 +31,7 @@ from kserve_trio.worker import inference, layout, registry
 from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.server import RunningServer, serve, stop
+from tests.device_hold import hold_device
 from tests.e2e import reference as ref
 
 HOOKS_PY = """
@@ -193,20 +192,6 @@ def test_an_unknown_model_is_looked_up_once_and_never_decoded(server, monkeypatc
     assert dict(counts.n) == {"lookup": 1}
 
 
-def block_device(running: RunningServer, seconds: float) -> threading.Thread:
-    """Occupy the device thread for ``seconds`` so that new requests queue up."""
-
-    def target() -> None:
-        anyio.from_thread.run(
-            running.scheduler.run_on_device, time.sleep, seconds, token=running._portal
-        )
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    time.sleep(0.1)
-    return t
-
-
 def requests_with_status(running: RunningServer, status: str) -> float:
     assert running.state.metrics is not None
     return running.state.metrics.requests.labels(model="mlp", status=status)._value.get()
@@ -241,7 +226,7 @@ def test_a_cancelled_shm_request_releases_its_leases_once(server, monkeypatch):
         c.register_system_shared_memory(name, key, x.nbytes)
         cancelled_before = requests_with_status(server, "CANCELLED")
         served_before = server.scheduler.scheduler_metrics()["mlp"].requests_served
-        blocker = block_device(server, 1.5)
+        blocker = hold_device(server)
         inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
         inp.set_shared_memory(name, x.nbytes)
         call = c.async_infer("mlp", [inp], callback=lambda result, error: None)
@@ -253,7 +238,7 @@ def test_a_cancelled_shm_request_releases_its_leases_once(server, monkeypatch):
         while requests_with_status(server, "CANCELLED") == cancelled_before:
             assert time.monotonic() < deadline, "the cancelled request was never recorded"
             time.sleep(0.01)
-        blocker.join()
+        blocker.release()
         assert dict(released) == {0: 1}
         assert requests_with_status(server, "CANCELLED") == cancelled_before + 1
         assert server.scheduler.scheduler_metrics()["mlp"].requests_served == served_before

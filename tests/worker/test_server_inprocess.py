@@ -11,7 +11,6 @@ import asyncio
 import threading
 import time
 
-import anyio.from_thread
 import grpc
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.worker.server import serve, stop
+from tests.device_hold import hold_device
 from tests.e2e import reference as ref
 from tests.waiting import wait_until
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
@@ -39,24 +39,6 @@ def server(demo_repo):
     running = start(demo_repo, endpoints={"max_concurrent_requests": 256})
     yield running
     stop(running)
-
-
-def block_device(running, seconds: float) -> threading.Thread:
-    """Occupy the device thread for ``seconds`` so that new requests queue up."""
-
-    on_device = threading.Event()
-
-    def occupy() -> None:
-        on_device.set()
-        time.sleep(seconds)
-
-    def target():
-        anyio.from_thread.run(running.scheduler.run_on_device, occupy, token=running._portal)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    assert on_device.wait(30), "the device thread never took the blocking job"
-    return t
 
 
 def mlp_input(x, name="input_0", datatype="FP32"):
@@ -115,7 +97,7 @@ def test_64_concurrent_clients_get_their_own_results_and_batches_form(server, de
 
 def test_cancelled_queued_requests_are_never_executed(server):
     before = server.scheduler.scheduler_metrics()["mlp"].requests_served
-    blocker = block_device(server, 2.0)
+    blocker = hold_device(server)
 
     async def main():
         client = aioclient.InferenceServerClient(server.address)
@@ -136,7 +118,7 @@ def test_cancelled_queued_requests_are_never_executed(server):
 
     statuses = asyncio.run(main())
     assert set(statuses) == {"StatusCode.DEADLINE_EXCEEDED"}
-    blocker.join()
+    blocker.release()
     wait_until(
         lambda: server.scheduler.scheduler_metrics()["mlp"].queue_depth == 0,
         what="the expired requests to leave the queue",
@@ -215,19 +197,20 @@ def test_compressed_requests_are_served_and_an_unknown_encoding_is_unimplemented
 
 
 def test_expired_deadline_is_deadline_exceeded(server, demo_repo):
-    blocker = block_device(server, 1.0)
+    blocker = hold_device(server)
     c = grpcclient.InferenceServerClient(server.address)
     # Triton's per-request `timeout` parameter (µs) expires while the request queues.
     code, msg = status_of(
         lambda: c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))], timeout=200_000)
     )
     assert code == "StatusCode.DEADLINE_EXCEEDED", msg
-    blocker.join()
+    blocker.release()
     assert_still_serving(server.address, demo_repo)
 
 
-def burst(address: str, n: int) -> list[tuple[str, str]]:
-    """Send ``n`` concurrent one-row mlp requests; returns (status, message) per request."""
+def burst(address: str, n: int, answered: list | None = None) -> list[tuple[str, str]]:
+    """Send ``n`` concurrent one-row mlp requests; returns (status, message) per request, and
+    appends each to ``answered`` as it comes."""
 
     async def main():
         client = aioclient.InferenceServerClient(address)
@@ -238,9 +221,12 @@ def burst(address: str, n: int) -> list[tuple[str, str]]:
                 inp.set_data_from_numpy(np.ones((1, 16), np.float32))
                 try:
                     await client.infer("mlp", [inp])
+                    result = ("OK", "")
                 except InferenceServerException as exc:
-                    return exc.status(), exc.message()
-                return "OK", ""
+                    result = (exc.status(), exc.message())
+                if answered is not None:
+                    answered.append(result)
+                return result
 
             return await asyncio.gather(*(one() for _ in range(n)))
         finally:
@@ -249,14 +235,32 @@ def burst(address: str, n: int) -> list[tuple[str, str]]:
     return asyncio.run(main())
 
 
+def burst_while_held(running, n: int, answered_while_held: int) -> list[tuple[str, str]]:
+    """``burst`` while the device is held: the device is let go once ``answered_while_held``
+    requests have been answered (the refused ones; the admitted ones wait on the device)."""
+    answered: list = []
+    box: dict[str, list] = {}
+    blocker = hold_device(running)
+    sender = threading.Thread(target=lambda: box.update(r=burst(running.address, n, answered)))
+    sender.start()
+    try:
+        wait_until(
+            lambda: len(answered) >= answered_while_held,
+            30,
+            f"{answered_while_held} requests answered while the device is held",
+        )
+    finally:
+        blocker.release()
+        sender.join(60)
+    return box["r"]
+
+
 def test_full_queue_is_resource_exhausted(demo_repo):
     running = start(
         demo_repo, scheduler={"max_queue_depth": 2}, endpoints={"max_concurrent_requests": 0}
     )
     try:
-        blocker = block_device(running, 1.5)
-        results = burst(running.address, 8)
-        blocker.join()
+        results = burst_while_held(running, 8, 6)
         assert [r[0] for r in results].count("OK") == 2  # the queue held two; they ran later
         shed = [m for code, m in results if code == "StatusCode.RESOURCE_EXHAUSTED"]
         assert len(shed) == 6
@@ -278,9 +282,7 @@ def test_concurrency_cap_and_message_size_are_resource_exhausted(demo_repo):
             lambda: c.infer("mlp", [mlp_input(np.ones((1, 300_000), np.float32))])
         )
         assert code == "StatusCode.RESOURCE_EXHAUSTED" and "larger than max" in msg
-        blocker = block_device(running, 1.5)
-        results = burst(running.address, 8)
-        blocker.join()
+        results = burst_while_held(running, 8, 4)
         assert [r[0] for r in results].count("OK") == 4
         shed = [m for code, m in results if code == "StatusCode.RESOURCE_EXHAUSTED"]
         assert len(shed) == 4
@@ -292,7 +294,7 @@ def test_concurrency_cap_and_message_size_are_resource_exhausted(demo_repo):
 
 def test_shutdown_answers_queued_requests_unavailable(demo_repo):
     running = start(demo_repo)
-    blocker = block_device(running, 3.0)  # long enough for four clients to queue on a busy box
+    blocker = hold_device(running)
     results: list = []
 
     def client_thread():
@@ -311,11 +313,14 @@ def test_shutdown_answers_queued_requests_unavailable(demo_repo):
         what="four requests queued behind the busy device",
     )
     t0 = time.monotonic()
-    stop(running)
-    assert time.monotonic() - t0 < 6.0
+    stopper = threading.Thread(target=stop, args=(running,))
+    stopper.start()
+    wait_until(lambda: len(results) == 4, 30, "the queued requests answered by the drain")
+    blocker.release()  # the drain lets the execution on the device finish
+    stopper.join(30)
+    assert not stopper.is_alive() and time.monotonic() - t0 < 6.0
     for t in threads:
         t.join(5)
-    blocker.join(5)
     assert results and set(results) <= {"OK", "StatusCode.UNAVAILABLE"}
     assert "StatusCode.UNAVAILABLE" in results
 

@@ -14,7 +14,6 @@ import struct
 import threading
 import time
 
-import anyio.from_thread
 import grpc
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from kserve_trio.core import compression
 from kserve_trio.worker.server import serve, stop
+from tests.device_hold import hold_device
 from tests.e2e import reference as ref
 from tests.waiting import wait_until
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call
@@ -45,20 +45,6 @@ def server(demo_repo):
     running = start(demo_repo, max_concurrent_requests=256)
     yield running
     stop(running)
-
-
-def block_device(running, seconds: float) -> threading.Thread:
-    """Occupy the device thread for ``seconds`` so that new requests queue up."""
-
-    def target():
-        anyio.from_thread.run(
-            running.scheduler.run_on_device, time.sleep, seconds, token=running._portal
-        )
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    time.sleep(0.1)
-    return t
 
 
 def mlp_request(x: np.ndarray, rid: str, model: str = "mlp", datatype: str = "FP32"):
@@ -136,7 +122,7 @@ def test_requests_over_the_concurrency_cap_wait_and_are_all_served(demo_repo):
     take the cap's slots as they free up and every one is answered OK."""
     running = start(demo_repo, max_concurrent_requests=2)
     try:
-        blocker = block_device(running, 1.5)
+        blocker = hold_device(running)
         feed = Feed()
         for i in range(6):
             feed.put(mlp_request(np.full((1, 16), i, np.float32), f"c{i}"))
@@ -144,8 +130,8 @@ def test_requests_over_the_concurrency_cap_wait_and_are_all_served(demo_repo):
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             answers = stub.ModelStreamInfer(iter(feed), timeout=60)
             assert wait_until(lambda: running.state.inflight == 2)  # the cap, no more
+            blocker.release()
             first = [next(answers) for _ in range(6)]
-            blocker.join()
             feed.put(mlp_request(np.ones((1, 16), np.float32), "later"))
             later = next(answers)
             feed.close()
@@ -160,7 +146,7 @@ def test_requests_over_the_concurrency_cap_wait_and_are_all_served(demo_repo):
 
 def test_stream_requests_coalesce_with_unary_ones(server):
     before = mlp_metrics(server)
-    blocker = block_device(server, 1.0)
+    blocker = hold_device(server)
     feed = Feed()
     with grpc.insecure_channel(server.address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -172,7 +158,7 @@ def test_stream_requests_coalesce_with_unary_ones(server):
             for i in range(4)
         ]
         assert wait_until(lambda: mlp_metrics(server).queue_depth == 8)
-        blocker.join()
+        blocker.release()
         streamed = [next(answers) for _ in range(4)]
         replies = [f.result(timeout=30) for f in unary]
         feed.close()
@@ -186,7 +172,7 @@ def test_stream_requests_coalesce_with_unary_ones(server):
 
 def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(server):
     before = mlp_metrics(server)
-    blocker = block_device(server, 2.0)
+    blocker = hold_device(server)
     feed = Feed()
     channel = grpc.insecure_channel(server.address)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -200,8 +186,8 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(server):
     assert wait_until(lambda: mlp_metrics(server).queue_depth == 0, timeout=1.0)
     assert wait_until(lambda: server.state.inflight == 0 and server.state.streams.count == 0, 1.0)
     assert blocker.is_alive()
-    blocker.join()
-    time.sleep(0.3)
+    blocker.release()
+    time.sleep(0.3)  # what the device thread would run next, were anything left queued
     assert mlp_metrics(server).requests_served == before.requests_served  # never executed
     stats = server.state.observer.stats_of("mlp")
     assert stats.fail.count >= 6
@@ -316,7 +302,7 @@ def test_tritonclient_compressed_stream(server, demo_repo):
 
 def test_shutdown_answers_the_queued_requests_and_ends_the_stream_unavailable(demo_repo):
     running = start(demo_repo)
-    blocker = block_device(running, 1.0)
+    blocker = hold_device(running)
     feed = Feed()
     channel = grpc.insecure_channel(running.address)
     try:
@@ -329,6 +315,7 @@ def test_shutdown_answers_the_queued_requests_and_ends_the_stream_unavailable(de
         started = time.monotonic()
         stopper.start()
         got = [next(answers) for _ in range(3)]
+        blocker.release()  # the drain waits for the execution running on the device
         with pytest.raises(grpc.RpcError) as info:
             next(answers)
         stopper.join(30)
@@ -341,6 +328,6 @@ def test_shutdown_answers_the_queued_requests_and_ends_the_stream_unavailable(de
     finally:
         feed.close()
         channel.close()
-        blocker.join()
+        blocker.release()
         if running._thread is not None and running._thread.is_alive():
             stop(running)
