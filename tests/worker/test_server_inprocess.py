@@ -99,6 +99,9 @@ def test_cancelled_queued_requests_are_never_executed(server):
     before = server.scheduler.scheduler_metrics()["mlp"].requests_served
     blocker = hold_device(server)
 
+    def queued() -> int:
+        return server.scheduler.scheduler_metrics()["mlp"].queue_depth
+
     async def main():
         client = aioclient.InferenceServerClient(server.address)
         try:
@@ -106,23 +109,25 @@ def test_cancelled_queued_requests_are_never_executed(server):
             async def one(i):
                 inp = aioclient.InferInput("input_0", [1, 16], "FP32")
                 inp.set_data_from_numpy(np.full((1, 16), i, dtype=np.float32))
-                try:
-                    await client.infer("mlp", [inp], client_timeout=0.5)
-                except InferenceServerException as exc:
-                    return exc.status()
-                return "OK"
+                await client.infer("mlp", [inp])
 
-            return await asyncio.gather(*(one(i) for i in range(100)))
+            calls = [asyncio.ensure_future(one(i)) for i in range(100)]
+            # every request queued behind the held device before any is cancelled, so none
+            # can still be on its way to the server when the device frees up
+            deadline = time.monotonic() + 30
+            while queued() < 100:
+                assert time.monotonic() < deadline, f"only {queued()} of 100 requests queued"
+                await asyncio.sleep(0.01)
+            for call in calls:
+                call.cancel()  # RST_STREAM for each
+            return await asyncio.gather(*calls, return_exceptions=True)
         finally:
             await client.close()
 
-    statuses = asyncio.run(main())
-    assert set(statuses) == {"StatusCode.DEADLINE_EXCEEDED"}
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes[:3]
+    wait_until(lambda: queued() == 0, 30, "the cancelled requests to leave the queue")
     blocker.release()
-    wait_until(
-        lambda: server.scheduler.scheduler_metrics()["mlp"].queue_depth == 0,
-        what="the expired requests to leave the queue",
-    )
     assert server.scheduler.scheduler_metrics()["mlp"].requests_served == before
 
 
