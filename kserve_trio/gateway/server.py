@@ -379,7 +379,7 @@ async def serve_gateway_async(
                 address=running.address,
                 metrics_port=bound_metrics,
                 http_port=bound_http or None,
-                tls="mutual" if config.tls.mutual else config.tls.enabled,
+                tls=config.tls.logged,
                 scheduling=gateway.policy.mode,
                 workers=sorted(gateway.pool.clients),
                 routable=sorted(gateway.prober.routable_labels),

@@ -277,7 +277,7 @@ async def serve_async(
             address=running.address,
             metrics_port=metrics_port or None,
             http_port=http_port or None,
-            tls="mutual" if config.endpoints.tls.mutual else config.endpoints.tls.enabled,
+            tls=config.endpoints.tls.logged,
             models=sorted(bundles),
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),

@@ -27,6 +27,8 @@ from tests.e2e import reference as ref
 
 @pytest.fixture(scope="module")
 def server(demo_repo):
+    """A worker of its own, not the suite's shared ``demo_worker``: this module registers and
+    unregisters regions on it."""
     running = serve(
         None,
         blocking=False,

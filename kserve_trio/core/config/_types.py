@@ -215,6 +215,11 @@ class TlsConfig:
     def mutual(self) -> bool:
         return bool(self.client_ca_file)
 
+    @property
+    def logged(self) -> str | bool:
+        """What the ``*_up`` log lines say of it: ``"mutual"``, else whether TLS is on."""
+        return "mutual" if self.mutual else self.enabled
+
 
 @dataclass(frozen=True)
 class EndpointsConfig:

@@ -1,7 +1,8 @@
 """lpt_packing: placing models on workers by measured load, and routing to the placement.
 
-The rest of the gateway uses this package through the names below only; the request path never
-imports it unless ``scheduling.mode`` is ``lpt_packing``. Its parts, by what they decide:
+The rest of the gateway uses this package through the names below only (the composition root,
+``gateway/server.py``, builds them under ``scheduling.mode: lpt_packing``). Its parts, by what
+they decide:
 
 - ``assignment``: which workers hold which models (longest-processing-time-first packing over
   compute and device memory; pure);
