@@ -20,6 +20,12 @@ _COMMANDS: dict[str, tuple[str, str | None, str]] = {
         "kserve_trio.worker.cli:configure_parser",
         "the Worker core capability",
     ),
+    "frontend": (
+        "one front-end process of a worker (started by the worker itself when "
+        "endpoints.frontend_processes > 1)",
+        "kserve_trio.frontend.cli:configure_parser",
+        "the worker front ends capability",
+    ),
     "gateway": (
         "front many workers: discovery, routing, shedding",
         "kserve_trio.gateway.cli:configure_parser",

@@ -25,29 +25,10 @@ from collections.abc import Callable
 import anyio
 
 from kserve_trio.core.errors import ServingError
-from kserve_trio.core.wire import encode_varint
+from kserve_trio.core.stream_answers import stream_error, stream_response
 from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
 from kserve_trio.gateway.forward import Forwarder
-from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
-
-_INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, bytes
-
-
-def stream_response(reply: bytes) -> bytes:
-    """A ``ModelStreamInferResponse`` around a worker's ``ModelInferResponse`` bytes, which are
-    embedded as they are (never decoded)."""
-    return _INFER_RESPONSE_TAG + encode_varint(len(reply)) + reply
-
-
-def stream_error(message: str, model: str = "", request_id: str = "") -> bytes:
-    """The response of a request that failed: its error message, and its model and id."""
-    return bytes(
-        pb.ModelStreamInferResponse(
-            error_message=message,
-            infer_response=pb.ModelInferResponse(model_name=model, id=request_id),
-        )
-    )
 
 
 class StreamInfer:

@@ -53,6 +53,14 @@ def configure_parser(parser: argparse.ArgumentParser):
         "metadata, inference, shared-memory, model-config, model-repository, statistics, "
         "trace, logging, control), gRPC and REST; repeatable (endpoints.restricted_protocols)",
     )
+    parser.add_argument(
+        "--frontend-processes",
+        type=int,
+        metavar="N",
+        help="serve the gRPC and REST ports from N front-end processes in front of this one, "
+        "which keeps the device (default 1: this process serves them; "
+        "endpoints.frontend_processes)",
+    )
     add_event_loop_flags(parser, "endpoints.event_loop, env INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP")
     return run
 
@@ -76,6 +84,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     event_loop = event_loop_from_args(args)
     if event_loop is not None:
         endpoints["event_loop"] = event_loop
+    if getattr(args, "frontend_processes", None) is not None:
+        endpoints["frontend_processes"] = args.frontend_processes
     if getattr(args, "restricted_protocol", None):
         endpoints["restricted_protocols"] = list(args.restricted_protocol)
     if endpoints:

@@ -28,14 +28,15 @@ from kserve_trio.runtime.weight_cache import (
     least_resident,
     residency_target,
 )
-from kserve_trio.serving.grpc import Method, unary
+from kserve_trio.serving.grpc import Method, TypedUnaryFn, unary
 from kserve_trio.worker.registry import unknown_model
 
 if TYPE_CHECKING:
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.worker.state import WorkerState
 
-_PREFIX = "/reactant_control.ControlService/"
+PREFIX = "/reactant_control.ControlService/"
+"""The path prefix of the control service's RPCs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,15 +234,20 @@ class ControlService:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
 
-    def methods(self) -> dict[str, Method]:
-        lim = self.state.limits
-        rpcs = {
+    def typed_rpcs(self) -> dict[str, tuple[TypedUnaryFn, type]]:
+        """The RPCs by name: handler and request message."""
+        return {
             "ModelControlStatus": (self.model_control_status, pb.ModelControlStatusRequest),
             "SetModelResidency": (self.set_model_residency, pb.SetModelResidencyRequest),
             "SetModelPolicy": (self.set_model_policy, pb.SetModelPolicyRequest),
             "CompactMemory": (self.compact_memory, pb.CompactMemoryRequest),
         }
-        return {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
+
+    def methods(self) -> dict[str, Method]:
+        lim = self.state.limits
+        return {
+            PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
+        }
 
     async def model_control_status(self, request):
         status = control_status(self.state)
@@ -272,6 +278,7 @@ class ControlService:
 
 
 __all__ = [
+    "PREFIX",
     "ControlService",
     "ControlStatus",
     "ModelControlRow",

@@ -63,7 +63,9 @@ if TYPE_CHECKING:
     from kserve_trio.serving.admission import InflightBytes
     from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.grpc import GrpcServer
+    from kserve_trio.worker.frontends import FrontendProcesses
     from kserve_trio.worker.inference import InferenceCore
+    from kserve_trio.worker.metrics import WorkerMetrics
     from kserve_trio.worker.registry import ModelBundle
     from kserve_trio.worker.repository import ModelRepository
     from kserve_trio.worker.scheduler import Scheduler
@@ -129,11 +131,14 @@ async def serve_async(
     from kserve_trio.serving.restricted import restrict
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
+    from kserve_trio.worker.forwarded import ForwardedRpcs
+    from kserve_trio.worker.frontends import FrontendProcesses
     from kserve_trio.worker.inference import InferenceCore, worker_admission
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
     from kserve_trio.worker.observer import RequestObserver
     from kserve_trio.worker.registry import load_repository
     from kserve_trio.worker.repository import ModelRepository
+    from kserve_trio.worker.rest import WorkerRest
     from kserve_trio.worker.scheduler import Scheduler
     from kserve_trio.worker.service import InferenceService
     from kserve_trio.worker.state import WorkerState
@@ -187,6 +192,7 @@ async def serve_async(
         cache=cache,
         backend=backend,
     )
+    frontends: FrontendProcesses | None = None
     async with _weights_released(cache, repository), anyio.create_task_group() as tg:
         metrics_port = 0
         if config.endpoints.metrics_port:
@@ -195,7 +201,7 @@ async def serve_async(
                     serve_http,
                     config.endpoints.host,
                     config.endpoints.metrics_port,
-                    exposition=metrics.exposition,
+                    exposition=lambda: _exposition(metrics, frontends),
                     ready=state.server_ready,
                     limits=config.limits,
                     stats=edge_stats,
@@ -237,32 +243,46 @@ async def serve_async(
             bounds=config.limits,
         )
         service = InferenceService(state, core)
-        http_port = 0
-        if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
-            http_port = await tg.start(
-                functools.partial(
-                    _serve_rest,
-                    config,
-                    service,
-                    core,
-                    ssl_context,
-                    edge_stats,
-                    cap,
-                    inflight=admission.bytes,
-                )
+        control = ControlService(state)
+        restrictions = Restrictions.from_specs(config.endpoints.restricted_protocols)
+        server: GrpcServer | FrontendProcesses
+        if config.endpoints.frontend_processes > 1:
+            rest = (
+                WorkerRest(service, core, restrictions, max_json_depth=config.limits.max_json_depth)
+                if config.endpoints.http_port
+                else None
             )
-        server = GrpcServer(
-            restrict(
-                {**service.methods(), **ControlService(state).methods()},
-                Restrictions.from_specs(config.endpoints.restricted_protocols),
-            ),
-            ServerSettings(limits=config.limits),
-            edge_stats,
-            connection_cap=cap,
-        )
-        port = await tg.start(
-            server.serve, config.endpoints.host, config.endpoints.port, ssl_context
-        )
+            frontends = FrontendProcesses(
+                config,
+                ForwardedRpcs(service, control, rest, lambda s: _push_log_settings(frontends, s)),
+                config.endpoints.frontend_processes,
+            )
+            port, http_port = await tg.start(frontends.serve)
+            server = frontends
+        else:
+            http_port = 0
+            if config.endpoints.http_port:  # first: a taken REST port fails before gRPC listens
+                http_port = await tg.start(
+                    functools.partial(
+                        _serve_rest,
+                        config,
+                        service,
+                        core,
+                        ssl_context,
+                        edge_stats,
+                        cap,
+                        inflight=admission.bytes,
+                    )
+                )
+            server = GrpcServer(
+                restrict({**service.methods(), **control.methods()}, restrictions),
+                ServerSettings(limits=config.limits),
+                edge_stats,
+                connection_cap=cap,
+            )
+            port = await tg.start(
+                server.serve, config.endpoints.host, config.endpoints.port, ssl_context
+            )
         running = RunningServer(
             config=config,
             port=port,
@@ -282,6 +302,7 @@ async def serve_async(
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),
             event_loop=running_event_loop(),
+            frontend_processes=config.endpoints.frontend_processes,
         )
         heartbeat.fire("up", config)
         try:
@@ -425,7 +446,25 @@ async def _serve_rest(
         raise ListenError(exc.errno, f"REST port {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer) -> None:
+def _exposition(metrics: WorkerMetrics, frontends: FrontendProcesses | None) -> bytes:
+    """The worker's ``/metrics``: its own series, and with front ends theirs (each sample
+    labelled ``frontend_process``)."""
+    own = metrics.exposition()
+    if frontends is None:
+        return own
+    from kserve_trio.serving.metrics_merge import merge_expositions
+
+    return merge_expositions([own.decode(), *frontends.expositions()]).encode()
+
+
+def _push_log_settings(frontends: FrontendProcesses | None, settings) -> None:
+    if frontends is not None:
+        frontends.push_log_settings(settings)
+
+
+async def _shutdown(
+    state: WorkerState, scheduler: Scheduler, server: GrpcServer | FrontendProcesses
+) -> None:
     if state.admission is not None:
         state.admission.start_drain()
     state.streams.close()  # open ModelStreamInfer calls stop reading and end UNAVAILABLE
@@ -436,8 +475,8 @@ async def _shutdown(state: WorkerState, scheduler: Scheduler, server: GrpcServer
     while (state.inflight > 0 or state.streams.count > 0) and time.monotonic() < deadline:
         await anyio.sleep(0.01)
     cancelled = await server.shutdown(max(0.0, deadline - time.monotonic()))
-    if cancelled:
-        log.warning("shutdown_drain_timeout", cancelled_calls=cancelled)
+    if cancelled:  # calls, or with front ends the front ends killed
+        log.warning("shutdown_drain_timeout", cancelled=cancelled)
     if state.shm_registry is not None:
         state.shm_registry.close()
 

@@ -38,7 +38,7 @@ from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc import Method, stream, unary, unimplemented
+from kserve_trio.serving.grpc import Method, TypedUnaryFn, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
 from kserve_trio.worker.control_service import set_model_residency
@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 
 log = get_logger("kserve_trio.worker.service")
 
-_PREFIX = "/inference.GRPCInferenceService/"
+PREFIX = "/inference.GRPCInferenceService/"
+"""The path prefix of the service's RPCs."""
 
 
 class InferenceService:
@@ -64,9 +65,10 @@ class InferenceService:
         self.core = core
         self.stream_infer = StreamInfer(core, state.streams, state.admission)
 
-    def methods(self) -> dict[str, Method]:
-        lim = self.state.limits
-        rpcs = {
+    def typed_rpcs(self) -> dict[str, tuple[TypedUnaryFn, type]]:
+        """The typed unary RPCs by name: handler and request message (ModelInfer and
+        ModelStreamInfer are served apart: ``methods``)."""
+        return {
             "ServerLive": (self.server_live, pb.ServerLiveRequest),
             "ServerReady": (self.server_ready, pb.ServerReadyRequest),
             "ModelReady": (self.model_ready, pb.ModelReadyRequest),
@@ -89,13 +91,18 @@ class InferenceService:
             ),
             "LogSettings": (self.log_settings, pb.LogSettingsRequest),
         }
-        mapping = {_PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in rpcs.items()}
-        mapping[_PREFIX + "ModelInfer"] = unary(
+
+    def methods(self) -> dict[str, Method]:
+        lim = self.state.limits
+        mapping = {
+            PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
+        }
+        mapping[PREFIX + "ModelInfer"] = unary(
             self.model_infer, pb.ModelInferRequest, lim, "ModelInfer", with_deadline=True
         )
-        mapping[_PREFIX + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
+        mapping[PREFIX + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
         for rpc, reason in UNIMPLEMENTED_RPCS.items():
-            mapping.setdefault(_PREFIX + rpc, unimplemented(rpc, reason, lim))
+            mapping.setdefault(PREFIX + rpc, unimplemented(rpc, reason, lim))
         return mapping
 
     async def server_live(self, request):
@@ -274,4 +281,4 @@ class InferenceService:
         return pb.ModelStatisticsResponse(model_stats=out)
 
 
-__all__ = ["EXTENSIONS", "SERVER_NAME", "InferenceService", "WorkerState"]
+__all__ = ["EXTENSIONS", "PREFIX", "SERVER_NAME", "InferenceService", "WorkerState"]

@@ -24,37 +24,19 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import ServingError
 from kserve_trio.core.infer_wire import WirePieces
-from kserve_trio.core.wire import encode_varint
+from kserve_trio.core.stream_answers import stream_error, stream_reply
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession, parse_message, status_of
 from kserve_trio.worker.dispatch import SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import Admission
-    from kserve_trio.worker.inference import InferenceCore, InferReply
+    from kserve_trio.worker.inference import InferenceCore
 
 RPC = "ModelStreamInfer"
-
-_INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, bytes
-
-
-def stream_reply(reply: InferReply) -> WirePieces:
-    """A ``ModelStreamInferResponse`` around an encoded ``ModelInferResponse``: its pieces
-    behind one tag and length, nothing copied."""
-    head = _INFER_RESPONSE_TAG + encode_varint(reply.nbytes)
-    return WirePieces([head, *reply.pieces])
-
-
-def stream_error(message: str, model: str = "", request_id: str = "") -> bytes:
-    """The answer of a request that failed: why, and the request's model and id."""
-    return bytes(
-        pb.ModelStreamInferResponse(
-            error_message=message,
-            infer_response=pb.ModelInferResponse(model_name=model, id=request_id),
-        )
-    )
 
 
 class OpenStreams:
@@ -111,25 +93,39 @@ class StreamInfer:
         self, call: Call, message: RawMessage
     ) -> tuple[WirePieces | bytes, Callable[[str], bytes]]:
         try:
-            request = parse_message(call.plain(message), pb.ModelInferRequest, call.limits.edge)
+            data = call.plain(message)
         except ServingError as exc:
             return stream_error(exc.message), stream_error
+        answer, model, request_id = await self.serve_message(
+            data, call.deadline_ns, call.limits.edge, admitted=self.admission is not None
+        )
+        return answer, lambda why: stream_error(why, model, request_id)
+
+    async def serve_message(
+        self, data, deadline_ns: int, bounds: EdgeLimits | None, *, admitted: bool
+    ) -> tuple[WirePieces | bytes, str, str]:
+        """One message of a stream (its plain bytes) served: the answer, and the request's
+        model and id (for an error answer written later, one over the send cap). The front
+        ends of a worker in several processes have their streams' messages served here too."""
+        try:
+            request = parse_message(data, pb.ModelInferRequest, bounds)
+        except ServingError as exc:
+            return stream_error(exc.message), "", ""
         model, request_id = request.model_name, request.id
-
-        def failed(why: str) -> bytes:
-            return stream_error(why, model, request_id)
-
         try:
             reply = await self.core.infer(
-                request,
-                transport_deadline_ns=call.deadline_ns,
-                admitted=self.admission is not None,
+                request, transport_deadline_ns=deadline_ns, admitted=admitted
             )
         except ServingError as exc:
-            return failed(exc.message or exc.status.name), failed
+            return (
+                stream_error(exc.message or exc.status.name, model, request_id),
+                model,
+                request_id,
+            )
         except Exception as exc:  # TimeoutError, or a bug: the status_of wording
-            return failed(status_of(exc, request_id=request_id, rpc=RPC)[1]), failed
-        return stream_reply(reply), failed
+            why = status_of(exc, request_id=request_id, rpc=RPC)[1]
+            return stream_error(why, model, request_id), model, request_id
+        return stream_reply(reply), model, request_id
 
 
 __all__ = ["OpenStreams", "StreamInfer", "stream_error", "stream_reply"]

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kserve_trio.gateway.metrics_merge import (
+from kserve_trio.serving.metrics_merge import (
     ExpositionError,
     add_worker_label,
     label_names,

@@ -228,7 +228,10 @@ class EndpointsConfig:
     uncapped; ``tls`` secures the gRPC and REST ports; ``event_loop`` is what the servers run on
     (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed, else asyncio);
     ``restricted_protocols`` lists ``group[,group...]:key=value`` restrictions (Triton's
-    ``--grpc-restricted-protocol``; ``core.restricted``), gRPC and REST alike; none by default."""
+    ``--grpc-restricted-protocol``; ``core.restricted``), gRPC and REST alike; none by default.
+    ``frontend_processes`` > 1 serves the gRPC and REST ports from that many front-end
+    processes that hand every request to this one, which keeps the device (1: this process
+    serves them itself)."""
 
     host: str = "127.0.0.1"
     port: int = 8001
@@ -238,6 +241,7 @@ class EndpointsConfig:
     http_port: int = 0
     event_loop: str = ""
     restricted_protocols: tuple[str, ...] = ()
+    frontend_processes: int = 1
 
 
 @dataclass(frozen=True)

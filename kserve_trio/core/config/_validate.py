@@ -34,6 +34,11 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
             "must be >= 0 (0 = uncapped)",
         ),
         (
+            "endpoints.frontend_processes",
+            ep.frontend_processes >= 1,
+            "must be >= 1 (1: the worker serves its ports itself)",
+        ),
+        (
             "endpoints.event_loop",
             ep.event_loop in ("", *EVENT_LOOPS),
             "must be uvloop, asyncio or trio (empty: uvloop when installed)",

@@ -41,7 +41,7 @@ from kserve_trio.gateway.config import (
 from kserve_trio.gateway.processes._admin import LOOPBACK, ProcessesAdmin
 from kserve_trio.gateway.processes._children import ChildFailedToStart, GatewayChild
 from kserve_trio.gateway.processes._layout import CONFIG_FILE, write_atomically
-from kserve_trio.gateway.processes._ports import ReservedPort, reserve_port
+from kserve_trio.serving.ports import ReservedPort, reserve_port
 from kserve_trio.serving.admin_http import serve_http
 
 CHILD_GRACE_SECONDS = 8.0

@@ -6,12 +6,13 @@ control, stream states, HPACK) stays h2's; what is ours is the policy around it:
 opened, read, answered, timed out, cancelled and drained.
 
 - ``GrpcServer``: listeners, connections, the two-phase drain (``_server``).
-- ``Method`` and its builders ``unary``, ``raw_unary``, ``stream``, ``unimplemented``
+- ``Method`` and its builders ``unary``, ``raw_unary``, ``bytes_unary``, ``stream``,
+  ``unimplemented``
   (``_methods``).
 - ``StreamSession``: the request/answer stream engine of ModelStreamInfer, shared by the
   worker and the gateway (``_stream_session``).
 - ``Call``: one call's receive and send paths (``_call``).
-- ``Limits``, ``RawMessage``, ``parse_message`` (``_messages``).
+- ``Limits``, ``RawMessage``, ``parse_message``, ``reply_pieces`` (``_messages``).
 - ``GrpcError`` and ``status_of``: the one exception-to-status mapping (``_status``).
 - ``ServerSettings`` and the HTTP/2 defaults (``_settings``).
 - ``header_problem``: the request-header checks (``_headers``).
@@ -22,12 +23,15 @@ from __future__ import annotations
 from kserve_trio.serving.grpc._call import Call, CallClosed
 from kserve_trio.serving.grpc._frames import patch_frame_repr
 from kserve_trio.serving.grpc._headers import header_problem
-from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message
+from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message, reply_pieces
 from kserve_trio.serving.grpc._methods import (
+    BytesUnaryFn,
     DeadlineUnaryFn,
     Method,
     RawStreamFn,
     RawUnaryFn,
+    TypedUnaryFn,
+    bytes_unary,
     raw_unary,
     stream,
     unary,
@@ -48,6 +52,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_OUTSTANDING",
     "WINDOW_BYTES",
+    "BytesUnaryFn",
     "Call",
     "CallClosed",
     "DeadlineUnaryFn",
@@ -60,9 +65,12 @@ __all__ = [
     "RawUnaryFn",
     "ServerSettings",
     "StreamSession",
+    "TypedUnaryFn",
+    "bytes_unary",
     "header_problem",
     "parse_message",
     "raw_unary",
+    "reply_pieces",
     "status_of",
     "stream",
     "unary",

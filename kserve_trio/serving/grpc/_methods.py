@@ -7,6 +7,9 @@
   call, so the same handler serves another transport (REST calls it with no deadline).
 - ``raw_unary(fn, limits, rpc)``: ``fn(call, message) -> bytes`` with the message as it
   arrived: for a proxy that never decodes a payload.
+- ``bytes_unary(fn, limits, rpc)``: ``fn(data, deadline_ns) -> reply`` with the message
+  decompressed and the reply compressed as ``unary`` does: for a worker's front end, which
+  hands the message to the device process and sends back what it answers.
 - ``stream(fn, limits, rpc)``: ``fn(call)`` reads and writes the ``Call`` itself (raw
   messages; ``StreamSession`` is the request/answer engine such a handler runs).
 - ``unimplemented(rpc, reason)``: UNIMPLEMENTED naming the RPC.
@@ -70,6 +73,21 @@ def unary(
     return Method(rpc, limits, run)
 
 
+BytesUnaryFn = Callable[[bytes | bytearray, int], Awaitable[Any]]
+
+
+def bytes_unary(fn: BytesUnaryFn, limits: Limits, rpc: str) -> Method:
+    """A unary RPC on its plain message bytes and deadline (module docstring)."""
+
+    async def run(call: Call) -> None:
+        message = await _one_message(call)
+        reply = await fn(call.plain(message), call.deadline_ns)
+        encoding = call.encoding if message.compressed else compression.IDENTITY
+        await call.send_last(reply, encoding=call.reply_encoding(encoding))
+
+    return Method(rpc, limits, run)
+
+
 RawUnaryFn = Callable[[Call, RawMessage], Awaitable[bytes]]
 RawStreamFn = Callable[[Call], Awaitable[None]]
 
@@ -98,11 +116,13 @@ def unimplemented(rpc: str, reason: str, limits: Limits) -> Method:
 
 
 __all__ = [
+    "BytesUnaryFn",
     "DeadlineUnaryFn",
     "Method",
     "RawStreamFn",
     "RawUnaryFn",
     "TypedUnaryFn",
+    "bytes_unary",
     "raw_unary",
     "stream",
     "unary",

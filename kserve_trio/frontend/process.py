@@ -1,0 +1,205 @@
+"""One front-end process of a worker: ``python -m kserve_trio frontend`` (started by the
+device process, never by hand).
+
+It inherits three descriptors from the device process: its end of the channel's socket pair
+and the two arenas (``serving.ipc``). The first frame on the channel is ``HELLO``: the worker's
+resolved configuration, this front end's index and the RPCs to forward. The front end then
+binds the worker's gRPC (and REST) address with SO_REUSEPORT and listens, beside the other
+front ends (the device process holds the same addresses bound and never listens, so port 0
+resolved once and the port stays reserved across a restart), says ``READY`` and serves.
+
+Its own, per process: the edge limits (connections, streams, bytes in flight, deadlines; they
+protect this process's memory), TLS, restricted protocols, the edge counters (sent to the
+device process as an exposition when they changed, at most once a ``EDGE_PUSH_SECONDS``, so
+the worker's ``/metrics`` shows them per front end).
+
+It ends when the device process says ``DRAIN`` (the worker's shutdown: GOAWAY, the calls in
+flight finish within the grace period), on SIGTERM or SIGINT (the same drain), and at once when
+the channel closes: the device process is gone (the kernel closes its end however it ended,
+SIGKILL included), so nothing it was asked will be answered. The parent-death signal is not
+used: it is tied to the thread that started the process, and trio starts processes from worker
+threads that end on their own.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import signal
+import socket
+import struct
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from kserve_trio.core.config import ServerConfig
+from kserve_trio.core.logging import get_logger
+from kserve_trio.frontend.forwarding import ForwardedRest, forwarded_methods
+from kserve_trio.frontend.link import DeviceLink
+from kserve_trio.serving.admission import InflightBytes
+from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
+from kserve_trio.serving.ipc import EDGE, HELLO, READY, Arena, Channel
+
+log = get_logger("kserve_trio.frontend")
+
+EDGE_PUSH_SECONDS = 1.0
+"""How often a front end looks whether its edge counters changed (and sends them if so)."""
+
+DRAIN_SECONDS = 5.0
+"""The grace a drain gives the calls in flight (the worker's own drain waits this long too)."""
+
+
+def read_hello(sock: socket.socket) -> dict[str, Any]:
+    """The first frame, read before any event loop runs (it says which loop to run)."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the device process closed the channel before HELLO")
+            data += chunk
+        return data
+
+    (n,) = struct.unpack(">I", exactly(4))
+    batch = pickle.loads(exactly(n))
+    op, hello = batch[0]
+    if op != HELLO:
+        raise ConnectionError(f"the device process's first message is not HELLO ({op})")
+    return hello
+
+
+class Frontend:
+    """One front end's servers and its link (module docstring)."""
+
+    def __init__(self, hello: dict[str, Any], sock: socket.socket, requests: Arena, replies: Arena):
+        self.config: ServerConfig = hello["config"]
+        self.index: int = hello["index"]
+        self.rpcs = hello["rpcs"]
+        self.shutting_down: str = hello["shutting_down"]
+        self.sock = sock
+        self.requests = requests
+        self.replies = replies
+        self.stats = EdgeStats()
+        self.closing = anyio.Event()
+        self.drained = False
+
+    async def run(self) -> int:
+        """Serve until drained (0) or the device process is gone (1)."""
+        from kserve_trio.core.restricted import Restrictions
+        from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
+        from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+        from kserve_trio.serving.restricted import restrict
+        from kserve_trio.serving.tls import server_ssl_context
+
+        config = self.config
+        ep = config.endpoints
+        channel = Channel(await anyio.abc.SocketStream.from_socket(self.sock))
+        link = DeviceLink(channel, self.requests, self.replies)
+        inflight = InflightBytes(config.limits.max_inflight_bytes)
+        self.stats.inflight_bytes = lambda: inflight.used
+        limits = Limits(
+            config.grpc.max_recv_msg_bytes,
+            config.grpc.max_send_msg_bytes,
+            config.grpc.compress_responses,
+            config.limits,
+            inflight=inflight,
+        )
+        restrictions = Restrictions.from_specs(ep.restricted_protocols)
+        budget = FdBudget.plan(open_file_limit(), listeners=2 if ep.http_port else 1)
+        cap = budget.connection_cap(config.limits.max_connections)
+        server = GrpcServer(
+            restrict(
+                forwarded_methods(link, self.rpcs, limits, self.closing, self.shutting_down),
+                restrictions,
+            ),
+            ServerSettings(limits=config.limits),
+            self.stats,
+            connection_cap=cap,
+        )
+        ssl_context = server_ssl_context(ep.tls)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(channel.run_writer)
+            port = await tg.start(
+                functools.partial(server.serve, ep.host, ep.port, ssl_context, reuse_port=True)
+            )
+            rest_scope = anyio.CancelScope()
+            http_port = 0
+            if ep.http_port:
+                http_port = await tg.start(
+                    self._serve_rest, rest_scope, link, ssl_context, cap, inflight, restrictions
+                )
+            channel.send((READY, port, http_port))
+            log.info("frontend_up", index=self.index, port=port, http_port=http_port or None)
+            tg.start_soon(self._push_edge, channel)
+            tg.start_soon(self._drain_on_signal)
+            tg.start_soon(self._drain_when_closing, server, rest_scope, tg.cancel_scope)
+            await link.run_reader(on_drain=self.closing.set, on_log=_apply_log_settings)
+            tg.cancel_scope.cancel()  # the channel closed
+        if self.drained:
+            return 0
+        log.warning("frontend_device_gone", index=self.index)
+        return 1
+
+    async def _drain_when_closing(self, server, rest_scope: anyio.CancelScope, scope) -> None:
+        """Once asked to close: GOAWAY and the calls in flight finish (within the grace),
+        REST stops, then everything ends."""
+        await self.closing.wait()
+        cancelled = await server.shutdown(DRAIN_SECONDS)
+        if cancelled:
+            log.warning("frontend_drain_timeout", index=self.index, cancelled_calls=cancelled)
+        rest_scope.cancel()
+        self.drained = True
+        scope.cancel()
+
+    async def _serve_rest(
+        self, scope, link, ssl_context, cap, inflight, restrictions, *, task_status
+    ):
+        from kserve_trio.serving.http import serve_app
+
+        config = self.config
+        with scope:
+            await serve_app(
+                config.endpoints.host,
+                config.endpoints.http_port,
+                ForwardedRest(link),
+                max_body_bytes=config.grpc.max_recv_msg_bytes,
+                ssl_context=ssl_context,
+                name="rest",
+                limits=config.limits,
+                stats=self.stats,
+                connection_cap=cap,
+                reuse_port=True,
+                inflight=inflight,
+                task_status=task_status,
+            )
+
+    async def _drain_on_signal(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                self.closing.set()
+                return
+
+    async def _push_edge(self, channel: Channel) -> None:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = CollectorRegistry()
+        registry.register(EdgeCollector(self.stats, "worker"))
+        last = b""
+        while True:
+            text = generate_latest(registry)
+            if text != last:
+                channel.send((EDGE, text.decode()))
+                last = text
+            await anyio.sleep(EDGE_PUSH_SECONDS)
+
+
+def _apply_log_settings(settings: dict[str, Any]) -> None:
+    """The device process's log settings, now in force here too."""
+    from kserve_trio.core.logging import update_log_settings
+
+    update_log_settings(settings)
+
+
+__all__ = ["DRAIN_SECONDS", "EDGE_PUSH_SECONDS", "Frontend", "read_hello"]

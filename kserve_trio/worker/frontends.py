@@ -1,0 +1,313 @@
+"""``FrontendProcesses``: a worker's front ends (``endpoints.frontend_processes`` > 1), seen
+from its device process.
+
+The device process reserves the gRPC and REST addresses first (``serving.ports``: bound with
+SO_REUSEPORT, never listening, so port 0 resolves once and the port stays reserved while a
+front end restarts), then starts each front end by exec (``python -m kserve_trio frontend``,
+``subprocess.Popen`` from a worker thread: vfork and exec, never a fork that runs Python in a
+copy of a process whose XLA threads exist), handing it its end of a new socket pair and
+two new memfd arenas (``serving.ipc``) through ``pass_fds``. The front end binds the same
+addresses and listens, so the kernel spreads new connections over the front ends.
+
+Rules:
+
+1. the worker is up once every front end said ``READY``; a front end that exits before it
+   was ever ready fails the worker's start with its exit status;
+2. a front end that exits later (crashed, killed) is restarted after a back-off of
+   ``min(0.25 * 2 ** (k - 1), 10)`` seconds for the ``k``-th consecutive failure (``k`` counts
+   from 1 again after ``STABLE_SECONDS`` up); its requests in flight were cancelled with its
+   link (its clients' connections died with it, UNAVAILABLE), the other front ends go on;
+3. ``shutdown(grace)``: every front end is told ``DRAIN`` (GOAWAY, the calls in flight finish
+   within the grace) and exits; one still running after the grace and a second is killed; then
+   the reserved addresses are released. No restart follows.
+
+Nothing a front end holds outlives it: the socket pair and the arenas are anonymous (no name
+in the file system or in ``/dev/shm``), and the device process drops its ends once the link has
+ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+import anyio
+import anyio.abc
+
+from kserve_trio.core.config import ServerConfig
+from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
+from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
+from kserve_trio.serving.metrics_merge import add_label
+from kserve_trio.serving.ports import ReservedPort, reserve_port
+from kserve_trio.worker.forwarded import ForwardedRpcs
+from kserve_trio.worker.frontend_link import FrontendLink
+
+log = get_logger("kserve_trio.worker.frontends")
+
+STABLE_SECONDS = 30.0
+BACKOFF_FIRST_SECONDS = 0.25
+BACKOFF_CAP_SECONDS = 10.0
+KILL_AFTER_SECONDS = 1.0
+"""How long past the drain's grace a front end may take to exit before it is killed."""
+
+
+def backoff_seconds(failures: int) -> float:
+    """Rule 2."""
+    return min(BACKOFF_FIRST_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_CAP_SECONDS)
+
+
+class FrontendFailedToStart(RuntimeError):
+    """Rule 1: a front end exited before it was ready, on the worker's first start."""
+
+    def __init__(self, index: int, returncode: int) -> None:
+        super().__init__(f"front end {index} exited with status {returncode} at start-up")
+        self.index = index
+        self.returncode = returncode
+
+
+class _Frontend:
+    """One front end's slot: its current process and link, and its restarts."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: subprocess.Popen | None = None
+        self.link: FrontendLink | None = None
+        self.ever_ready = False
+        self.restarts = 0
+        self.served_before = 0
+        """Requests forwarded by this front end's earlier processes."""
+        self.ready = anyio.Event()
+        self.stopped = anyio.Event()
+        """Set once no process of this front end runs any more (the keeper has returned)."""
+
+    @property
+    def served(self) -> int:
+        return self.served_before + (self.link.served if self.link is not None else 0)
+
+
+class FrontendProcesses:
+    """The front ends of one worker (module docstring)."""
+
+    def __init__(self, config: ServerConfig, rpcs: ForwardedRpcs, count: int) -> None:
+        self.config = config
+        self.rpcs = rpcs
+        self.count = count
+        self.frontends = [_Frontend(i) for i in range(count)]
+        self.port = 0
+        self.http_port = 0
+        self._reserved: list[ReservedPort] = []
+        self._stopping = False
+        self._stop_requested = anyio.Event()
+
+    # ---------------------------------------------------------------- start and run
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[tuple[int, int]] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Reserve the ports, run every front end (rules 1-2) until ``shutdown``."""
+        ep = self.config.endpoints
+        try:
+            grpc = reserve_port(ep.host, ep.port, "endpoints.port")
+            self._reserved.append(grpc)
+            self.port = grpc.port
+            if ep.http_port:
+                rest = reserve_port(ep.host, ep.http_port, "endpoints.http_port")
+                self._reserved.append(rest)
+                self.http_port = rest.port
+            async with anyio.create_task_group() as tg:
+                for frontend in self.frontends:
+                    tg.start_soon(self._keep_running, frontend)
+                for frontend in self.frontends:
+                    await frontend.ready.wait()
+                task_status.started((self.port, self.http_port))
+        finally:
+            for reserved in self._reserved:
+                reserved.close()
+            self._reserved.clear()
+
+    def _argv(self, channel_fd: int, request_fd: int, reply_fd: int) -> list[str]:
+        settings = current_log_settings()
+        level = "debug" if settings.log_verbose_level > 0 else "info"
+        return [
+            sys.executable,
+            "-m",
+            "kserve_trio",
+            "frontend",
+            "--channel-fd",
+            str(channel_fd),
+            "--request-arena-fd",
+            str(request_fd),
+            "--reply-arena-fd",
+            str(reply_fd),
+            "--log-format",
+            "console" if settings.log_format == "console" else "json",
+            "--log-level",
+            level,
+        ]
+
+    async def _start(self, frontend: _Frontend) -> tuple[subprocess.Popen, FrontendLink]:
+        """One front end's process, its channel and arenas (module docstring)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds: list[int] = []
+        try:
+            for what in ("requests", "replies"):
+                fds.append(Arena.create_fd(f"kserve_trio-frontend{frontend.index}-{what}"))
+            arenas = [Arena(fd, ARENA_BYTES) for fd in fds]
+            argv = self._argv(theirs.fileno(), *fds)
+            process = await anyio.to_thread.run_sync(
+                functools.partial(
+                    subprocess.Popen,
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(), *fds),
+                )
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            for fd in fds:
+                os.close(fd)
+        channel = Channel(await anyio.abc.SocketStream.from_socket(ours))
+        link = FrontendLink(frontend.index, channel, arenas[0], arenas[1], self.rpcs)
+        ep = dataclasses.replace(self.config.endpoints, port=self.port, http_port=self.http_port)
+        hello = {
+            "config": dataclasses.replace(self.config, endpoints=ep),
+            "index": frontend.index,
+            "rpcs": self.rpcs.listing(),
+            "shutting_down": self.rpcs.shutting_down,
+        }
+        channel.send((HELLO, hello))
+        return process, link
+
+    async def _keep_running(self, frontend: _Frontend) -> None:
+        """Rules 1 and 2 for one front end, until ``shutdown``."""
+        try:
+            await self._keep_running_until_stopped(frontend)
+        finally:
+            frontend.stopped.set()
+
+    async def _keep_running_until_stopped(self, frontend: _Frontend) -> None:
+        failures = 0
+        while not self._stopping:
+            started = anyio.current_time()
+            process, link = await self._start(frontend)
+            frontend.process, frontend.link = process, link
+            log.info("frontend_started", frontend_process=frontend.index, pid=process.pid)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._mark_ready, frontend, link)
+                await link.serve()  # until the front end's end of the channel closes
+                tg.cancel_scope.cancel()
+            returncode = await self._reap(process)
+            frontend.served_before += link.served
+            frontend.process, frontend.link = None, None
+            if self._stopping:
+                break
+            if not frontend.ever_ready:
+                raise FrontendFailedToStart(frontend.index, returncode)
+            uptime = anyio.current_time() - started
+            failures = 1 if uptime >= STABLE_SECONDS else failures + 1
+            pause = backoff_seconds(failures)
+            frontend.restarts += 1
+            log.warning(
+                "frontend_exited",
+                frontend_process=frontend.index,
+                returncode=returncode,
+                uptime_seconds=round(uptime, 3),
+                restart_in_seconds=pause,
+            )
+            with anyio.move_on_after(pause):
+                await self._stop_requested.wait()
+
+    async def _mark_ready(self, frontend: _Frontend, link: FrontendLink) -> None:
+        await link.ready.wait()
+        frontend.ever_ready = True
+        frontend.ready.set()
+        log.info("frontend_ready", frontend_process=frontend.index, port=link.ports[0])
+
+    async def _reap(self, process: subprocess.Popen) -> int:
+        """The exit status of a front end whose channel closed (killed if it lingers)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                returncode = await _wait(process, KILL_AFTER_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                returncode = await _wait(process, None)
+        return returncode
+
+    # ---------------------------------------------------------------- while serving
+
+    def push_log_settings(self, settings: LogSettings) -> None:
+        """Every front end takes the log settings the device process now has."""
+        for frontend in self.frontends:
+            if frontend.link is not None:
+                frontend.link.channel.send((LOG, asdict(settings)))
+
+    def expositions(self) -> list[str]:
+        """What the worker's ``/metrics`` adds for its front ends: the requests each forwarded
+        and its restarts (counted here), and each running front end's edge counters as it last
+        sent them, every sample labelled ``frontend_process``."""
+        counts = [
+            "# HELP worker_frontend_requests Requests a front end forwarded to the device process",
+            "# TYPE worker_frontend_requests counter",
+            *(
+                f'worker_frontend_requests_total{{frontend_process="{f.index}"}} {f.served}'
+                for f in self.frontends
+            ),
+            "# HELP worker_frontend_restarts Times a front end was started again",
+            "# TYPE worker_frontend_restarts counter",
+            *(
+                f'worker_frontend_restarts_total{{frontend_process="{f.index}"}} {f.restarts}'
+                for f in self.frontends
+            ),
+        ]
+        out = ["\n".join(counts) + "\n"]
+        for frontend in self.frontends:
+            link = frontend.link
+            if link is not None and link.edge_exposition:
+                out.append(add_label(link.edge_exposition, "frontend_process", str(frontend.index)))
+        return out
+
+    # ---------------------------------------------------------------- the end
+
+    async def shutdown(self, grace: float) -> int:
+        """Rule 3 (shielded: it runs while the worker is being cancelled); returns the number
+        of front ends that had to be killed."""
+        self._stopping = True
+        self._stop_requested.set()
+        killed = 0
+        with anyio.CancelScope(shield=True):
+            for frontend in self.frontends:
+                if frontend.link is not None:
+                    frontend.link.channel.send((DRAIN,))
+            wait_until = time.monotonic() + (grace if math.isfinite(grace) else 3600.0)
+            for frontend in self.frontends:
+                process = frontend.process
+                if process is None:
+                    continue
+                try:
+                    left = max(0.0, wait_until - time.monotonic()) + KILL_AFTER_SECONDS
+                    await _wait(process, left)
+                except subprocess.TimeoutExpired:
+                    log.warning("frontend_killed", frontend_process=frontend.index, pid=process.pid)
+                    process.kill()
+                    killed += 1
+            for frontend in self.frontends:  # their links end with them
+                await frontend.stopped.wait()
+        return killed
+
+
+async def _wait(process: subprocess.Popen, timeout: float | None) -> int:
+    """``process.wait(timeout)`` off the event loop (``TimeoutExpired`` past it)."""
+    return await anyio.to_thread.run_sync(functools.partial(process.wait, timeout))
+
+
+__all__ = ["FrontendFailedToStart", "FrontendProcesses", "backoff_seconds"]
