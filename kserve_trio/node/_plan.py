@@ -40,6 +40,7 @@ from kserve_trio.node._devices import (
 )
 from kserve_trio.node._restart import max_restarts
 from kserve_trio.node._threads import (
+    frontend_processes,
     affinity_mode,
     cpu_slices,
     format_cpus,
@@ -63,6 +64,7 @@ PORT_ENV = ENV_PREFIX + "ENDPOINTS_PORT"
 METRICS_PORT_ENV = ENV_PREFIX + "ENDPOINTS_METRICS_PORT"
 HTTP_PORT_ENV = ENV_PREFIX + "ENDPOINTS_HTTP_PORT"
 HOST_ENV = ENV_PREFIX + "ENDPOINTS_HOST"
+FRONTEND_PROCESSES_ENV = ENV_PREFIX + "ENDPOINTS_FRONTEND_PROCESSES"
 PER_WORKER_ENV = (
     PORT_ENV,
     METRICS_PORT_ENV,
@@ -339,7 +341,9 @@ def plan_node(
        (``KSERVE_TRIO_CPU_WORKERS`` of them on a CPU node), then ``validate_node``;
     3. every worker runs ``python -m kserve_trio worker --node NODE_FILE --worker NAME`` with
        ``KSERVE_TRIO_WORKER_NAME=NAME``, ``CUDA_VISIBLE_DEVICES`` = its device (empty for a CPU
-       worker, never inherited), the thread budget's variables and CPUs (``_threads``); the
+       worker, never inherited), the thread budget's variables and CPUs (``_threads``) and,
+       from the same budget, ``INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES`` when it is above
+       1 and the worker's configuration leaves the key at 1; the
        node-assigned ``INFERENCE_SERVER_ENDPOINTS_PORT`` / ``_METRICS_PORT`` /
        ``_RUNTIME_DEVICE_ORDINAL`` are not inherited (a warning says so);
     4. role ``all`` with exactly one worker: that worker serves the public addresses itself
@@ -443,6 +447,13 @@ def plan_node(
                 + http_text
                 + "; no gateway"
             )
+        front_ends = frontend_processes(threads)
+        if (
+            front_ends > 1
+            and configs[i].endpoints.frontend_processes == 1
+            and FRONTEND_PROCESSES_ENV not in base_env
+        ):
+            extra[FRONTEND_PROCESSES_ENV] = str(front_ends)
         child_env = {
             **_UNBUFFERED,
             **base_env,

@@ -29,6 +29,12 @@ with one gateway process per worker the gateway is not the narrower stage. At mo
 four CPUs, so the workers' compute threads keep most of the machine (the gateway's processes
 are not in their budget), and at most 8. The node's ``gateway:`` block (``processes: N``) or
 ``KSERVE_TRIO_GATEWAY_PROCESSES`` overrides it.
+
+Each worker's front-end processes (``endpoints.frontend_processes``) come from its own budget:
+``frontend_processes(T) = clamp(T - 1, 1, 8)``, the last of its cores for the device process
+(its event loop and the device thread). So a worker with 2 cores or fewer serves its ports
+itself (one front end in another process costs the channel and buys no core), and at most 8,
+as for the gateway. A worker whose configuration or environment sets the key keeps its value.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ WORKER_THREADS_ENV = "KSERVE_TRIO_WORKER_THREADS"
 AFFINITY_ENV = "KSERVE_TRIO_WORKER_AFFINITY"
 MAX_WORKER_THREADS = 16
 MAX_GATEWAY_PROCESSES = 8
+MAX_FRONTEND_PROCESSES = 8
 CPUS_PER_GATEWAY_PROCESS = 4
 SINGLE_THREAD_XLA_FLAG = "--xla_cpu_multi_thread_eigen=false"
 THREAD_ENV_VARS = ("PJRT_NPROC", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -57,6 +64,11 @@ def gateway_processes(cpu_threads: int, n_workers: int) -> int:
     """``clamp(min(n_workers, cpu_threads // 4), 1, 8)``: the embedded gateway's processes."""
     by_cpus = cpu_threads // CPUS_PER_GATEWAY_PROCESS
     return max(1, min(MAX_GATEWAY_PROCESSES, n_workers, by_cpus))
+
+
+def frontend_processes(threads: int) -> int:
+    """``clamp(threads - 1, 1, 8)``: a worker's front ends from its thread budget."""
+    return max(1, min(MAX_FRONTEND_PROCESSES, threads - 1))
 
 
 def worker_threads(cpu_threads: int, n_workers: int, env: Mapping[str, str]) -> int:

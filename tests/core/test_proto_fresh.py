@@ -64,6 +64,15 @@ if _has_modules("kserve_trio.serving"):
 for _layer in ("kserve_trio.gateway", "kserve_trio.node"):
     if _has_modules(_layer):
         LAYERS[_layer] = (*_JAX, "kserve_trio.runtime", "kserve_trio.export", "kserve_trio.worker")
+if _has_modules("kserve_trio.frontend"):  # a worker's front end holds no model: no jax
+    LAYERS["kserve_trio.frontend"] = (
+        *_JAX,
+        "kserve_trio.runtime",
+        "kserve_trio.export",
+        "kserve_trio.worker",
+        "kserve_trio.gateway",
+        "kserve_trio.node",
+    )
 if "kserve_trio.gateway" in LAYERS:  # the node supervisor embeds the gateway, never the reverse
     LAYERS["kserve_trio.gateway"] += ("kserve_trio.node",)
 

@@ -410,3 +410,20 @@ def test_the_embedded_gateway_is_sized_from_the_cpus_unless_configured():
     source = GatewaySource("node", "/run/g.yaml", {"processes": 1})
     _, add = gateway_launch(source, workers, None, {}, PY, processes=4)
     assert "KSERVE_TRIO_GATEWAY_PROCESSES" not in add  # the node file's gateway.processes wins
+
+
+def test_each_worker_gets_front_ends_from_its_thread_budget():
+    """``clamp(T - 1, 1, 8)`` front ends per worker; 1 (the worker serves its ports) is not
+    passed; a worker that sets the key keeps it."""
+    p = plan(node_of(), {"KSERVE_TRIO_CPU_WORKERS": "2"}, role="workers", machine=machine(16))
+    assert [c.env["INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES"] for c in p.children] == [
+        "7",
+        "7",
+    ]
+    small = plan(node_of(), {"KSERVE_TRIO_CPU_WORKERS": "2"}, role="workers", machine=machine(4))
+    assert all("INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES" not in c.env for c in small.children)
+    big = plan(node_of(), {}, role="workers", machine=machine(64))
+    assert big.children[0].env["INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES"] == "8"
+    own = {"INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES": "3"}
+    kept = plan(node_of(), own, role="workers", machine=machine(16))
+    assert kept.children[0].env["INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES"] == "3"

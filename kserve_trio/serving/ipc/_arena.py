@@ -78,8 +78,8 @@ class Ring:
             start, end = held.popleft()
             returned.discard(start)
             self._tail = end
-        if not held:
-            self._tail = self._head
+        if not held:  # empty: start again at the arena's beginning (slots stay unique)
+            self._head = self._tail = -(-self._head // self.size) * self.size
 
 
 class Arena:
