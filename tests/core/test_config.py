@@ -609,6 +609,12 @@ ENV_CASES = [
     ("INFERENCE_SERVER_ENDPOINTS_HTTP_PORT", "8000", lambda c: c.endpoints.http_port, 8000),
     ("INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP", "trio", lambda c: c.endpoints.event_loop, "trio"),
     (
+        "INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES",
+        "3",
+        lambda c: c.endpoints.frontend_processes,
+        3,
+    ),
+    (
         "INFERENCE_SERVER_ENDPOINTS_RESTRICTED_PROTOCOLS",
         "model-repository,logging:admin-key=s; control:ops=t",
         lambda c: c.endpoints.restricted_protocols,
