@@ -71,6 +71,13 @@ class FrontendLink:
                 await self._read(tg)
                 tg.cancel_scope.cancel()
         finally:
+            log.info(
+                "frontend_link_closed",
+                frontend_process=self.index,
+                requests=self.served,
+                frames_sent=self.channel.frames_sent,
+                messages_sent=self.channel.messages_sent,
+            )
             self._calls.clear()
             self._requests.close()
             self._replies.close()

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -79,6 +80,7 @@ def measure_once(server: peers.Server, case: str, conc: int, procs: int, duratio
         ]  # fmt: skip
         gens.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
     pid = server.proc.pid
+    split0 = frontend_split(server)
     started = 0
     sample0: tuple[float, ...] = ()
     sample1: tuple[float, ...] = ()
@@ -114,6 +116,7 @@ def measure_once(server: peers.Server, case: str, conc: int, procs: int, duratio
                 break
     for g in gens:
         g.wait()
+    split1 = frontend_split(server)
     if len(results) != len(gens):
         raise RuntimeError(f"a load generator failed: {server.label} {case} c={conc}")
     t = max(sample1[0] - sample0[0], 1e-9)
@@ -133,7 +136,24 @@ def measure_once(server: peers.Server, case: str, conc: int, procs: int, duratio
         "server_cores": round(server_cpu / t, 3),
         "others_cores": round(max(0.0, others) / t, 3),
         "load": load_average(),
+        "split": [round(b - a) for a, b in zip(split0, split1, strict=True)],
     }
+
+
+def frontend_split(server: peers.Server) -> list[float]:
+    """Requests each front end forwarded so far (empty for a server without front ends):
+    SO_REUSEPORT places a connection by a hash of its addresses, so two connections land on
+    one front end about half the time, and the table says which runs did."""
+    if server.kind != "worker" or not server.metrics_port:
+        return []
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("worker_frontend_requests_total{"):
+            index = int(line.split('frontend_process="')[1].split('"')[0])
+            counts[index] = float(line.rsplit(" ", 1)[1])
+    return [counts[i] for i in sorted(counts)]
 
 
 def measure(server: peers.Server, case: str, conc: int, procs: int, duration: float) -> dict:
@@ -183,7 +203,15 @@ def main() -> int:
                 server.stop()
     summary = []
     for (case, conc, label), runs in table.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "noisy"}
+        med = {
+            k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("noisy", "split")
+        }
+        med["splits"] = [r["split"] for r in runs]
+        balanced = [
+            r["rps"] for r in runs if r["split"] and min(r["split"]) > 0.2 * sum(r["split"])
+        ]
+        if balanced:  # runs whose connections landed on different front ends
+            med["rps_balanced"] = statistics.median(balanced)
         med.update(case=case, concurrency=conc, server=label, rounds=len(runs))
         med["rps_range"] = [min(r["rps"] for r in runs), max(r["rps"] for r in runs)]
         summary.append(med)
