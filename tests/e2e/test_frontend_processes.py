@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import queue
 import shutil
 import signal
 import socket
@@ -40,6 +41,9 @@ from tests.ports import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
+
+ARENA = 10_000_000
+"""The device arena of the explicit-mode worker (the weight cache needs one on the CPU)."""
 
 GATE_MODEL_PY = """\
 import pathlib
@@ -452,15 +456,24 @@ def test_a_killed_device_process_takes_its_front_ends_with_it(repo):
         w.terminate()
 
 
-def test_sigterm_leaves_no_process_shared_memory_or_socket_behind(repo):
+@pytest.mark.parametrize("event_loop", ["uvloop", "trio"])
+def test_sigterm_leaves_no_process_shared_memory_or_socket_behind(repo, event_loop):
+    """On both event loops (the device process and the front ends run the worker's)."""
     shm_before = set(os.listdir("/dev/shm"))
-    w = start_worker(repo)
+    w = start_worker(repo, "--event-loop", event_loop)
     try:
         w.wait_ready()
         c = grpcclient.InferenceServerClient(w.url)
         assert (
             c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))]).as_numpy("output") is not None
         )
+        answers: queue.Queue = queue.Queue()
+        c.start_stream(lambda result, error: answers.put((result, error)))
+        c.async_stream_infer("mlp", [mlp_input(np.ones((2, 16), np.float32))], request_id="s")
+        result, error = answers.get(timeout=60)
+        c.stop_stream()
+        assert error is None and result.as_numpy("output").shape[0] == 2
+        assert log_events(w, "server_up")[0]["event_loop"] == event_loop
         pids = frontend_pids(w)
     finally:
         assert w.terminate() == 0
@@ -499,3 +512,50 @@ def test_tls_through_the_front_ends(repo, pki):  # noqa: F811
         del root
     finally:
         w.terminate()
+
+
+def test_repository_load_unload_and_the_control_service_through_the_front_ends(repo):
+    w = start_worker(
+        repo,
+        "--model-control-mode",
+        "explicit",
+        env={"INFERENCE_SERVER_RUNTIME_CPU_DEVICE_MEMORY_BYTES": str(ARENA)},
+    )
+    try:
+        w.wait_ready()
+        clients = one_client_per_frontend(w)
+        a, b = clients[0], clients[1]
+        assert not b.is_model_ready("mlp")
+        a.load_model("mlp")
+        assert b.is_model_ready("mlp"), "loaded through one front end, ready through the other"
+        x = np.ones((1, 16), np.float32)
+        np.testing.assert_allclose(
+            b.infer("mlp", [mlp_input(x)]).as_numpy("output"),
+            ref.mlp(x, ref.weights(repo, "mlp")),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+        status = control_status(w.url)
+        assert {m.name: m.device_resident for m in status.models}["mlp"] is True
+        b.unload_model("mlp")
+        assert not a.is_model_ready("mlp")
+        with pytest.raises(InferenceServerException) as err:
+            a.infer("mlp", [mlp_input(x)])
+        assert "FAILED_PRECONDITION" in str(err.value.status())
+    finally:
+        w.terminate()
+
+
+def control_status(url: str):
+    """ModelControlStatus over a plain gRPC channel (the control service is ours)."""
+    import grpc
+
+    from kserve_trio.proto import reactant_control as rc
+
+    with grpc.insecure_channel(url) as channel:
+        call = channel.unary_unary(
+            "/reactant_control.ControlService/ModelControlStatus",
+            request_serializer=bytes,
+            response_deserializer=rc.ModelControlStatusResponse.parse,
+        )
+        return call(rc.ModelControlStatusRequest(), timeout=30)

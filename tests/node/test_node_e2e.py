@@ -505,3 +505,41 @@ def test_sigterm_stops_the_workers_and_the_embedded_gateway(gateway_node):
     probe = run_probe(node, g.node_file)
     assert probe.returncode == 1
     assert probe.stdout.strip() == f"not ready: 127.0.0.1:{g.public}"
+
+
+# --- a worker with front-end processes under the node ------------------------------------------
+
+
+def test_a_killed_device_process_is_restarted_with_its_front_ends_and_nothing_orphaned(
+    demo_repo, tmp_path
+):
+    base = free_ports(1)
+    node_file = write_node(tmp_path, demo_repo, base)
+    env = {
+        "KSERVE_TRIO_CPU_WORKERS": "1",
+        "KSERVE_TRIO_WORKER_THREADS": "1",
+        "INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES": "2",
+    }
+    node = NodeProcess(tmp_path, ["--node", str(node_file), "--role", "workers"], env)
+    try:
+        url = f"127.0.0.1:{base}"
+        wait_ready(url, node=node)
+        infer_mlp(url, demo_repo)
+        victim = node.pids()["worker0"]
+        front_ends = children_of(victim)
+        assert len(front_ends) == 2 and all(alive(p) for p in front_ends)
+        mark = len(node.text())
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: not any(alive(p) for p in front_ends), 30, "the front ends exit with it")
+        exited = node.wait_for(
+            r"^\[supervisor\] worker0 exited \(code=none, signal=SIGKILL", after=mark
+        )
+        node.wait_for(r"^\[supervisor\] started worker0 \(pid (\d+)\)$", after=exited.end())
+        wait_ready(url, node=node)
+        infer_mlp(url, demo_repo, rows=2, seed=3)
+        assert len(children_of(node.pids()["worker0"])) == 2
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(timeout=30) == 0
+        assert processes_with_env(node.marker) == []
+    finally:
+        node.close()
