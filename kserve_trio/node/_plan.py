@@ -40,10 +40,10 @@ from kserve_trio.node._devices import (
 )
 from kserve_trio.node._restart import max_restarts
 from kserve_trio.node._threads import (
-    frontend_processes,
     affinity_mode,
     cpu_slices,
     format_cpus,
+    frontend_processes,
     gateway_processes,
     thread_env,
     worker_threads,

@@ -19,13 +19,13 @@ from kserve_trio.gateway.config import (
     ProberConfig,
     load_gateway_config,
 )
-from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.gateway.processes._admin import routing_intersection
 from kserve_trio.gateway.processes._children import backoff_seconds
 from kserve_trio.gateway.processes._layout import ProcessRole, read_announcement
 from kserve_trio.gateway.processes._parent import child_env, child_raw_config
-from kserve_trio.serving.ports import reserve_port
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
+from kserve_trio.serving.metrics_merge import add_label
+from kserve_trio.serving.ports import reserve_port
 
 G = "KSERVE_TRIO_GATEWAY_"
 

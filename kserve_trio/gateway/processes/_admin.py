@@ -37,9 +37,9 @@ from prometheus_client.process_collector import ProcessCollector
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.admin import ScrapeError, fetch
 from kserve_trio.gateway.metrics import CONTENT_TYPE
-from kserve_trio.serving.metrics_merge import ExpositionError, add_label, merge_expositions
 from kserve_trio.gateway.processes._children import GatewayChild
 from kserve_trio.serving.admin_http import Route
+from kserve_trio.serving.metrics_merge import ExpositionError, add_label, merge_expositions
 
 PROCESS_LABEL = "gateway_process"
 LOOPBACK = "127.0.0.1"

@@ -41,8 +41,8 @@ from kserve_trio.gateway.config import (
 from kserve_trio.gateway.processes._admin import LOOPBACK, ProcessesAdmin
 from kserve_trio.gateway.processes._children import ChildFailedToStart, GatewayChild
 from kserve_trio.gateway.processes._layout import CONFIG_FILE, write_atomically
-from kserve_trio.serving.ports import ReservedPort, reserve_port
 from kserve_trio.serving.admin_http import serve_http
+from kserve_trio.serving.ports import ReservedPort, reserve_port
 
 CHILD_GRACE_SECONDS = 8.0
 """How long a stopping child may drain (its own drain is 5 s) before it is killed; under the
