@@ -13,9 +13,8 @@ Rules:
 
 1. the worker is up once every front end said ``READY``; a front end that exits before it
    was ever ready fails the worker's start with its exit status;
-2. a front end that exits later (crashed, killed) is restarted after a back-off of
-   ``min(0.25 * 2 ** (k - 1), 10)`` seconds for the ``k``-th consecutive failure (``k`` counts
-   from 1 again after ``STABLE_SECONDS`` up); its requests in flight were cancelled with its
+2. a front end that exits later (crashed, killed) is restarted after the back-off the
+   gateway's processes get too (``serving.restart_backoff``); its requests in flight were cancelled with its
    link (its clients' connections died with it, UNAVAILABLE), the other front ends go on;
 3. ``shutdown(grace)``: every front end is told ``DRAIN`` (GOAWAY, the calls in flight finish
    within the grace) and exits; one still running after the grace and a second is killed; then
@@ -46,21 +45,14 @@ from kserve_trio.core.logging import LogSettings, current_log_settings, get_logg
 from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
+from kserve_trio.serving.restart_backoff import RestartBackoff
 from kserve_trio.worker.forwarded import ForwardedRpcs
 from kserve_trio.worker.frontend_link import FrontendLink
 
 log = get_logger("kserve_trio.worker.frontends")
 
-STABLE_SECONDS = 30.0
-BACKOFF_FIRST_SECONDS = 0.25
-BACKOFF_CAP_SECONDS = 10.0
 KILL_AFTER_SECONDS = 1.0
 """How long past the drain's grace a front end may take to exit before it is killed."""
-
-
-def backoff_seconds(failures: int) -> float:
-    """Rule 2."""
-    return min(BACKOFF_FIRST_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_CAP_SECONDS)
 
 
 class FrontendFailedToStart(RuntimeError):
@@ -196,7 +188,7 @@ class FrontendProcesses:
             frontend.stopped.set()
 
     async def _keep_running_until_stopped(self, frontend: _Frontend) -> None:
-        failures = 0
+        backoff = RestartBackoff()
         while not self._stopping:
             started = anyio.current_time()
             process, link = await self._start(frontend)
@@ -214,8 +206,7 @@ class FrontendProcesses:
             if not frontend.ever_ready:
                 raise FrontendFailedToStart(frontend.index, returncode)
             uptime = anyio.current_time() - started
-            failures = 1 if uptime >= STABLE_SECONDS else failures + 1
-            pause = backoff_seconds(failures)
+            pause = backoff.after_exit(uptime)
             frontend.restarts += 1
             log.warning(
                 "frontend_exited",
@@ -310,4 +301,4 @@ async def _wait(process: subprocess.Popen, timeout: float | None) -> int:
     return await anyio.to_thread.run_sync(functools.partial(process.wait, timeout))
 
 
-__all__ = ["FrontendFailedToStart", "FrontendProcesses", "backoff_seconds"]
+__all__ = ["FrontendFailedToStart", "FrontendProcesses"]

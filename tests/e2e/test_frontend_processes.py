@@ -17,7 +17,6 @@ import json
 import os
 import pathlib
 import queue
-import shutil
 import signal
 import socket
 import threading
@@ -32,11 +31,11 @@ import tritonclient.utils.shared_memory as shm
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
+from kserve_trio.export.demo import tokenize_sum_reference
 from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PKI)
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess
-from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, SLEEPY_MODEL_PY
+from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, features_repository
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -84,13 +83,8 @@ class Gate:
 
 @pytest.fixture(scope="module")
 def repo(demo_repo, tmp_path_factory):
-    root = tmp_path_factory.mktemp("frontends") / "models"
-    root.mkdir()
-    shutil.copytree(demo_repo / "mlp", root / "mlp")
-    write_demo_repository(root, only=["tokenize_sum"])
-    (root / "sleepy").mkdir()
-    (root / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
-    (root / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
+    """The protocol-features repository and ``gate``."""
+    root = features_repository(tmp_path_factory.mktemp("frontends") / "models", demo_repo)
     (root / "gate").mkdir()
     gate_dir = root.parent / "gate"
     gate_dir.mkdir()

@@ -13,6 +13,7 @@ that requests queue behind it deterministically.
 from __future__ import annotations
 
 import json
+import pathlib
 import queue
 import shutil
 import threading
@@ -60,9 +61,8 @@ register_meta_model("sleepy", run=run)
 """
 
 
-@pytest.fixture(scope="module")
-def repo(demo_repo, tmp_path_factory):
-    root = tmp_path_factory.mktemp("features") / "models"
+def features_repository(root: pathlib.Path, demo_repo: pathlib.Path) -> pathlib.Path:
+    """``root`` made a repository of the demo ``mlp``, ``tokenize_sum`` and ``sleepy``."""
     root.mkdir()
     shutil.copytree(demo_repo / "mlp", root / "mlp")
     write_demo_repository(root, only=["tokenize_sum"])
@@ -70,6 +70,11 @@ def repo(demo_repo, tmp_path_factory):
     (root / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
     (root / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
     return root
+
+
+@pytest.fixture(scope="module")
+def repo(demo_repo, tmp_path_factory):
+    return features_repository(tmp_path_factory.mktemp("features") / "models", demo_repo)
 
 
 @pytest.fixture(autouse=True)

@@ -20,12 +20,12 @@ from kserve_trio.gateway.config import (
     load_gateway_config,
 )
 from kserve_trio.gateway.processes._admin import routing_intersection
-from kserve_trio.gateway.processes._children import backoff_seconds
 from kserve_trio.gateway.processes._layout import ProcessRole, read_announcement
 from kserve_trio.gateway.processes._parent import child_env, child_raw_config
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import reserve_port
+from kserve_trio.serving.restart_backoff import RestartBackoff, backoff_seconds
 
 G = "KSERVE_TRIO_GATEWAY_"
 
@@ -189,6 +189,9 @@ def test_an_announcement_counts_only_for_the_pid_that_wrote_it(tmp_path):
 
 def test_restart_backoff_doubles_from_a_quarter_second_to_ten():
     assert [backoff_seconds(k) for k in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
+    backoff = RestartBackoff()
+    assert [backoff.after_exit(1.0) for _ in range(3)] == [0.25, 0.5, 1.0]
+    assert backoff.after_exit(30.0) == 0.25, "a child that stayed up starts counting again"
 
 
 def test_routing_lists_what_every_process_routes():

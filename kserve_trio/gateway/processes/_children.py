@@ -14,9 +14,9 @@ Rules (``GatewayChild.run``):
 2. a child that exits before it was ever up, on the gateway's first start, fails the whole
    gateway with that exit status (a configuration or bind error shows at once, not as a
    restart loop);
-3. any other exit is restarted after a back-off: ``min(0.25 * 2 ** (k - 1), 10)`` seconds for
-   the ``k``-th consecutive failure, ``k`` counting again from 1 after a child stayed up
-   ``STABLE_SECONDS``;
+3. any other exit is restarted after a back-off (``serving.restart_backoff``:
+   ``min(0.25 * 2 ** (k - 1), 10)`` seconds for the ``k``-th consecutive failure, ``k``
+   counting again from 1 after a child stayed up 30 s);
 4. ``stop(grace)``: SIGTERM (the child drains), then SIGKILL when it has not exited within
    ``grace``; no restart follows.
 """
@@ -34,19 +34,12 @@ import anyio.abc
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.processes._layout import read_announcement
+from kserve_trio.serving.restart_backoff import RestartBackoff
 
 TRAMPOLINE = str(Path(__file__).resolve().parents[2] / "node" / "_trampoline.py")
 ANNOUNCE_POLL_SECONDS = 0.05
-STABLE_SECONDS = 30.0
-BACKOFF_FIRST_SECONDS = 0.25
-BACKOFF_CAP_SECONDS = 10.0
 
 _log = get_logger("kserve_trio.gateway.processes")
-
-
-def backoff_seconds(failures: int) -> float:
-    """Rule 3."""
-    return min(BACKOFF_FIRST_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_CAP_SECONDS)
 
 
 class ChildFailedToStart(RuntimeError):
@@ -99,7 +92,7 @@ class GatewayChild:
 
     async def run(self, parent_pid: int) -> None:
         """Rules 1-3, until ``stop``."""
-        failures = 0
+        backoff = RestartBackoff()
         while not self._stopping:
             started = anyio.current_time()
             process = await anyio.open_process(
@@ -124,8 +117,7 @@ class GatewayChild:
             if not self.ever_up:
                 raise ChildFailedToStart(self.index, returncode)
             uptime = anyio.current_time() - started
-            failures = 1 if uptime >= STABLE_SECONDS else failures + 1
-            pause = backoff_seconds(failures)
+            pause = backoff.after_exit(uptime)
             self.restarts += 1
             _log.warning(
                 "gateway_process_exited",
@@ -167,4 +159,4 @@ class GatewayChild:
             await process.wait()
 
 
-__all__ = ["TRAMPOLINE", "ChildFailedToStart", "GatewayChild", "backoff_seconds"]
+__all__ = ["TRAMPOLINE", "ChildFailedToStart", "GatewayChild"]
