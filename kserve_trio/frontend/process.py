@@ -27,6 +27,7 @@ import functools
 import pickle
 import signal
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -35,10 +36,12 @@ import anyio.abc
 
 from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.restricted import Restrictions
 from kserve_trio.frontend.forwarding import ForwardedRest, forwarded_methods
 from kserve_trio.frontend.link import DeviceLink
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
+from kserve_trio.serving.grpc import GrpcServer
 from kserve_trio.serving.ipc import EDGE, HELLO, READY, Arena, Channel
 
 log = get_logger("kserve_trio.frontend")
@@ -73,7 +76,9 @@ def read_hello(sock: socket.socket) -> dict[str, Any]:
 class Frontend:
     """One front end's servers and its link (module docstring)."""
 
-    def __init__(self, hello: dict[str, Any], sock: socket.socket, requests: Arena, replies: Arena):
+    def __init__(
+        self, hello: dict[str, Any], sock: socket.socket, requests: Arena, replies: Arena
+    ) -> None:
         self.config: ServerConfig = hello["config"]
         self.index: int = hello["index"]
         self.rpcs = hello["rpcs"]
@@ -87,9 +92,8 @@ class Frontend:
 
     async def run(self) -> int:
         """Serve until drained (0) or the device process is gone (1)."""
-        from kserve_trio.core.restricted import Restrictions
         from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
-        from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+        from kserve_trio.serving.grpc import Limits, ServerSettings
         from kserve_trio.serving.restricted import restrict
         from kserve_trio.serving.tls import server_ssl_context
 
@@ -142,7 +146,9 @@ class Frontend:
         log.warning("frontend_device_gone", index=self.index)
         return 1
 
-    async def _drain_when_closing(self, server, rest_scope: anyio.CancelScope, scope) -> None:
+    async def _drain_when_closing(
+        self, server: GrpcServer, rest_scope: anyio.CancelScope, scope: anyio.CancelScope
+    ) -> None:
         """Once asked to close: GOAWAY and the calls in flight finish (within the grace),
         REST stops, then everything ends."""
         await self.closing.wait()
@@ -154,8 +160,17 @@ class Frontend:
         scope.cancel()
 
     async def _serve_rest(
-        self, scope, link, ssl_context, cap, inflight, restrictions, *, task_status
-    ):
+        self,
+        scope: anyio.CancelScope,
+        link: DeviceLink,
+        ssl_context: ssl.SSLContext | None,
+        cap: int,
+        inflight: InflightBytes,
+        restrictions: Restrictions,
+        *,
+        task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The REST port (restrictions are the device process's REST adapter's to check)."""
         from kserve_trio.serving.http import serve_app
 
         config = self.config
