@@ -132,7 +132,7 @@ class Frontend:
             http_port = 0
             if ep.http_port:
                 http_port = await tg.start(
-                    self._serve_rest, rest_scope, link, ssl_context, cap, inflight, restrictions
+                    self._serve_rest, rest_scope, link, ssl_context, cap, inflight
                 )
             channel.send((READY, port, http_port))
             log.info("frontend_up", index=self.index, port=port, http_port=http_port or None)
@@ -166,7 +166,6 @@ class Frontend:
         ssl_context: ssl.SSLContext | None,
         cap: int,
         inflight: InflightBytes,
-        restrictions: Restrictions,
         *,
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:

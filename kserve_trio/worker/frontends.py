@@ -90,7 +90,6 @@ class FrontendProcesses:
     def __init__(self, config: ServerConfig, rpcs: ForwardedRpcs, count: int) -> None:
         self.config = config
         self.rpcs = rpcs
-        self.count = count
         self.frontends = [_Frontend(i) for i in range(count)]
         self.port = 0
         self.http_port = 0

@@ -81,7 +81,6 @@ def measure_once(server: peers.Server, case: str, conc: int, procs: int, duratio
         gens.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
     pid = server.proc.pid
     split0 = frontend_split(server)
-    started = 0
     sample0: tuple[float, ...] = ()
     sample1: tuple[float, ...] = ()
     results = []
@@ -101,7 +100,6 @@ def measure_once(server: peers.Server, case: str, conc: int, procs: int, duratio
     for it in lines:
         for line in it:
             if line.startswith("WINDOW_START"):
-                started += 1
                 break
     sample0 = sample()
     ended = False
