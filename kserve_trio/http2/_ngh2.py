@@ -1,0 +1,223 @@
+"""The ``ngh2`` engine: libnghttp2 (through the ngh2 binding) behind our ``Engine`` seam.
+
+libnghttp2 already keeps every rule of the seam: DATA is queued per stream and framed as flow
+control admits it (``queued_body_size`` is *queued sends*' ``pending``), trailers follow the
+queued body, received DATA is consumed explicitly (automatic WINDOW_UPDATEs are off, padding is
+consumed by the library itself), and the defences of ``EngineSettings`` are its own options.
+This module only translates: its events into ours, its exceptions into ``PeerError`` and
+``StreamGone``.
+
+A connection error of the peer's shows only once its GOAWAY is serialized (libnghttp2 then
+reports ``ConnectionClosed`` with the code), so ``receive`` serializes what is queued before it
+reads the events, and keeps the bytes for the next ``data_to_send``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import ngh2
+
+from kserve_trio.http2._engine import EngineSettings as Settings
+from kserve_trio.http2._engine import ErrorCode, PeerError, StreamGone
+from kserve_trio.http2._events import (
+    DataReceived,
+    Event,
+    GoAwayReceived,
+    Header,
+    PingAcknowledged,
+    PingReceived,
+    RequestReceived,
+    ResponseReceived,
+    SettingsReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowOpened,
+)
+
+_DATA = ngh2.DataReceived
+_REQUEST = ngh2.RequestReceived
+_RESPONSE = ngh2.ResponseReceived
+_TRAILERS = ngh2.TrailersReceived
+_WINDOW = ngh2.WindowUpdated
+_CLOSED = ngh2.StreamClosed
+_RESET = ngh2.StreamReset
+_SETTINGS = ngh2.SettingsReceived
+_PING = ngh2.PingReceived
+_PING_ACK = ngh2.PingAcknowledged
+_GOAWAY = ngh2.GoAwayReceived
+_CONNECTION_CLOSED = ngh2.ConnectionClosed
+
+
+class Ngh2Engine:
+    """One HTTP/2 connection on libnghttp2 (module docstring)."""
+
+    name = "ngh2"
+
+    __slots__ = ("_conn", "_held", "_reset_by_peer", "_settings")
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        config = ngh2.Configuration(
+            auto_window_update=False,
+            max_outbound_ack=settings.max_outbound_acks,
+            max_settings=settings.max_settings_entries,
+            stream_reset_rate_limit=settings.reset_rate,
+            max_continuations=settings.max_continuations,
+            glitch_rate_limit=settings.glitch_rate,
+            max_inbound_header_list_size=settings.max_header_list,
+            max_inbound_header_count=settings.max_header_fields,
+        )
+        role = ngh2.Role.CLIENT if settings.client else ngh2.Role.SERVER
+        self._conn = ngh2.Connection(role, config)
+        self._held = b""  # bytes serialized early to read a connection error's code
+        self._reset_by_peer: set[int] = set()
+
+    def initiate(self) -> None:
+        s = self._settings
+        advertised: dict[int, int] = {
+            ngh2.Setting.INITIAL_WINDOW_SIZE: s.stream_window,
+            ngh2.Setting.MAX_FRAME_SIZE: s.max_frame,
+            ngh2.Setting.MAX_HEADER_LIST_SIZE: s.max_header_list,
+        }
+        if s.client:
+            advertised[ngh2.Setting.ENABLE_PUSH] = 0
+        if s.max_concurrent_streams:
+            advertised[ngh2.Setting.MAX_CONCURRENT_STREAMS] = s.max_concurrent_streams
+        self._conn.initiate_connection(advertised)
+        if s.connection_window > 65535:
+            self._conn.set_local_window_size(s.connection_window)
+
+    # ---------------------------------------------------------------- receiving
+
+    def receive(self, data: bytes) -> list[Event]:
+        conn = self._conn
+        try:
+            conn.receive_data(data)
+            # Serialized now: a connection error shows as ``ConnectionClosed`` only once its
+            # GOAWAY is (module docstring).
+            self._held += conn.data_to_send()
+            raw = conn.events()
+        except ngh2.NGH2Error as exc:  # the session is unusable: nothing more is sent
+            raise PeerError(ErrorCode.PROTOCOL_ERROR, str(exc)) from None
+        out: list[Event] = []
+        append = out.append
+        for event in raw:
+            kind = event.__class__
+            if kind is _DATA:
+                body = event.data
+                append(DataReceived(event.stream_id, body, len(body), event.end_stream))
+            elif kind is _REQUEST:
+                append(RequestReceived(event.stream_id, event.headers, event.end_stream))  # type: ignore[arg-type]
+            elif kind is _WINDOW:
+                append(WindowOpened(event.stream_id))
+            elif kind is _CLOSED:
+                sid = event.stream_id
+                if sid in self._reset_by_peer:
+                    self._reset_by_peer.discard(sid)
+                elif event.error_code:  # a stream error the library answered itself
+                    append(StreamReset(sid, event.error_code, remote=False))
+            elif kind is _TRAILERS:
+                append(TrailersReceived(event.stream_id, event.headers))  # type: ignore[arg-type]
+            elif kind is _RESPONSE:
+                append(ResponseReceived(event.stream_id, event.headers, event.end_stream))  # type: ignore[arg-type]
+            elif kind is _RESET:
+                self._reset_by_peer.add(event.stream_id)
+                append(StreamReset(event.stream_id, event.error_code))
+            elif kind is _SETTINGS:
+                append(SettingsReceived())
+            elif kind is _PING:
+                append(PingReceived(event.opaque_data))
+            elif kind is _PING_ACK:
+                append(PingAcknowledged(event.opaque_data))
+            elif kind is _GOAWAY:
+                append(GoAwayReceived(event.last_stream_id, event.error_code, event.debug_data))
+            elif kind is _CONNECTION_CLOSED and event.error_code:  # *peer errors*
+                raise PeerError(
+                    event.error_code,
+                    event.debug_data.decode("latin-1") or ErrorCode(event.error_code).name,
+                    event.debug_data,
+                )
+        return out
+
+    # ---------------------------------------------------------------- sending
+
+    def data_to_send(self) -> bytes:
+        try:
+            data = self._conn.data_to_send()
+        except ngh2.NGH2Error:  # the session has ended
+            data = b""
+        if self._held:
+            data, self._held = self._held + data, b""
+        return data
+
+    def send_request(self, headers: Iterable[Header], end_stream: bool = False) -> int:
+        try:
+            return self._conn.send_request(headers, end_stream=end_stream)
+        except ngh2.NGH2Error as exc:
+            raise StreamGone(str(exc)) from None
+
+    def send_headers(
+        self, stream_id: int, headers: Iterable[Header], end_stream: bool = False
+    ) -> None:
+        try:
+            self._conn.send_response(stream_id, headers, end_stream=end_stream)
+        except ngh2.NGH2Error as exc:
+            raise StreamGone(str(exc)) from None
+
+    def send_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool = False) -> None:
+        try:
+            self._conn.send_data(stream_id, data, end_stream=end_stream)
+        except ngh2.NGH2Error as exc:
+            raise StreamGone(str(exc)) from None
+
+    def send_trailers(self, stream_id: int, headers: Iterable[Header]) -> None:
+        try:
+            self._conn.send_trailers(stream_id, headers)
+        except ngh2.NGH2Error as exc:
+            raise StreamGone(str(exc)) from None
+
+    def end_stream(self, stream_id: int) -> None:
+        try:
+            self._conn.end_stream(stream_id)
+        except ngh2.NGH2Error as exc:
+            raise StreamGone(str(exc)) from None
+
+    def reset_stream(self, stream_id: int, code: int = ErrorCode.CANCEL) -> None:
+        try:
+            self._conn.reset_stream(stream_id, code)
+        except (ngh2.NGH2Error, ValueError):
+            pass
+
+    def acknowledge(self, stream_id: int, n: int) -> None:
+        try:
+            self._conn.acknowledge_received_data(n, stream_id)
+        except (ngh2.NGH2Error, ValueError):  # the stream is gone: its bytes went with it
+            pass
+
+    def pending(self, stream_id: int) -> int:
+        try:
+            return self._conn.queued_body_size(stream_id)
+        except (ngh2.NGH2Error, ValueError):
+            return 0
+
+    def ping(self, data: bytes) -> None:
+        try:
+            self._conn.ping(data)
+        except ngh2.NGH2Error:  # the connection is ending: no answer is needed
+            pass
+
+    def goaway_notice(self) -> None:
+        try:
+            self._conn.send_shutdown_notice()
+        except ngh2.NGH2Error:
+            pass
+
+    def goaway(self, code: int = ErrorCode.NO_ERROR, debug: bytes = b"") -> None:
+        try:
+            self._conn.send_goaway(code, debug_data=debug)
+        except ngh2.NGH2Error:
+            pass
+
+
+__all__ = ["Ngh2Engine"]
