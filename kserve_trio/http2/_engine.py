@@ -12,8 +12,10 @@ The rules every engine keeps (cited by name below and by the engines):
   does not admit yet is queued in the engine and framed by a later ``data_to_send`` as
   WINDOW_UPDATEs come. ``pending(stream_id)`` says how much of a stream's DATA still waits; a
   sender that bounds its memory waits on that, not on the windows.
-- *Trailers last*: ``send_trailers`` goes after every byte queued before it on the stream;
-  ``reset_stream`` drops what the stream still had queued.
+- *Trailers last*: ``send_trailers`` goes after every byte queued before it on the stream.
+  ``reset_stream`` drops what the stream still had queued, except a NO_ERROR reset (RFC 9113
+  8.1: a server that has answered asks the client to stop sending its request), which goes
+  after the whole response.
 - *Consumed, then acknowledged*: received DATA takes window until ``acknowledge`` gives it back
   (never automatically), so a slow reader holds the peer back instead of buffering.
 - *Peer errors*: a peer that breaks the protocol or a defence makes ``receive`` raise

@@ -54,6 +54,9 @@ from kserve_trio.http2._events import (
     WindowOpened,
 )
 from kserve_trio.http2._h2_guard import FrameGuard
+from kserve_trio.http2._h2_repr import patch_frame_repr
+
+patch_frame_repr()
 
 _UNBOUNDED_STREAMS = 2**32 + 1
 """h2's own value for "no SETTINGS_MAX_CONCURRENT_STREAMS"."""
@@ -80,13 +83,14 @@ class _AdvertisedSettings(h2.settings.Settings):
 class _Queue:
     """One stream's DATA waiting for window, and what follows it."""
 
-    __slots__ = ("chunks", "end", "size", "trailers")
+    __slots__ = ("chunks", "end", "reset_after", "size", "trailers")
 
     def __init__(self) -> None:
         self.chunks: deque[memoryview] = deque()
         self.size = 0
         self.end = False
         self.trailers: list[Header] | None = None
+        self.reset_after = False
 
 
 def _view(data: bytes | memoryview) -> memoryview:
@@ -347,12 +351,16 @@ class H2Engine:
             del self._queues[sid]
             if queue.trailers is not None:
                 conn.send_headers(sid, queue.trailers, end_stream=True)
-            elif queue.end and not queue.size:
-                pass  # END_STREAM went with the last piece (or there was no DATA at all)
+            if queue.reset_after:
+                conn.reset_stream(sid, ErrorCode.NO_ERROR)
         except (h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
             self._queues.pop(sid, None)  # the stream is gone: its queue goes with it
 
     def reset_stream(self, stream_id: int, code: int = ErrorCode.CANCEL) -> None:
+        queue = self._queues.get(stream_id)
+        if queue is not None and code == ErrorCode.NO_ERROR:
+            queue.reset_after = True  # after the whole response (*trailers last*)
+            return
         self._queues.pop(stream_id, None)
         try:
             self._conn.reset_stream(stream_id, code)

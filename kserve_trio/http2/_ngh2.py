@@ -54,7 +54,7 @@ class Ngh2Engine:
 
     name = "ngh2"
 
-    __slots__ = ("_conn", "_held", "_reset_by_peer", "_settings")
+    __slots__ = ("_conn", "_held", "_reset_by_peer", "_resets_after", "_settings")
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -72,6 +72,7 @@ class Ngh2Engine:
         self._conn = ngh2.Connection(role, config)
         self._held = b""  # bytes serialized early to read a connection error's code
         self._reset_by_peer: set[int] = set()
+        self._resets_after: list[int] = []  # NO_ERROR resets that follow a response
 
     def initiate(self) -> None:
         s = self._settings
@@ -145,11 +146,28 @@ class Ngh2Engine:
     def data_to_send(self) -> bytes:
         try:
             data = self._conn.data_to_send()
+            if self._resets_after:
+                data += self._reset_after_responses()
         except ngh2.NGH2Error:  # the session has ended
             data = b""
         if self._held:
             data, self._held = self._held + data, b""
         return data
+
+    def _reset_after_responses(self) -> bytes:
+        """The NO_ERROR resets whose streams have nothing left to send (``reset_stream``)."""
+        conn = self._conn
+        waiting = []
+        for sid in self._resets_after:
+            if self.pending(sid):
+                waiting.append(sid)
+            else:
+                try:
+                    conn.reset_stream(sid, ErrorCode.NO_ERROR)
+                except (ngh2.NGH2Error, ValueError):
+                    pass
+        self._resets_after = waiting
+        return conn.data_to_send()
 
     def send_request(self, headers: Iterable[Header], end_stream: bool = False) -> int:
         try:
@@ -184,6 +202,12 @@ class Ngh2Engine:
             raise StreamGone(str(exc)) from None
 
     def reset_stream(self, stream_id: int, code: int = ErrorCode.CANCEL) -> None:
+        if code == ErrorCode.NO_ERROR:
+            # After a whole response (RFC 9113 8.1: "stop sending the request"): libnghttp2
+            # sends RST_STREAM ahead of queued HEADERS and DATA and drops them, so it waits
+            # until the response has been serialized (*trailers last*).
+            self._resets_after.append(stream_id)
+            return
         try:
             self._conn.reset_stream(stream_id, code)
         except (ngh2.NGH2Error, ValueError):
@@ -210,6 +234,9 @@ class Ngh2Engine:
     def goaway_notice(self) -> None:
         try:
             self._conn.send_shutdown_notice()
+            # Serialized now: libnghttp2 would send a PING queued next ahead of it, and the
+            # drain's PING proves the client has seen the GOAWAY only when it follows it.
+            self._held += self._conn.data_to_send()
         except ngh2.NGH2Error:
             pass
 

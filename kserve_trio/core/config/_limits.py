@@ -61,7 +61,12 @@ class EdgeLimits:
     max_control_frames_per_second: int = 10000
     """SETTINGS, PING, PRIORITY, WINDOW_UPDATE, empty DATA and unknown frames a connection may
     send per second before GOAWAY(ENHANCE_YOUR_CALM): a token bucket of one second's worth,
-    refilled at this rate."""
+    refilled at this rate (on ngh2, libnghttp2's glitch rate limit, which also counts the
+    client's stream errors)."""
+    max_resets_per_second: int = 1000
+    """RST_STREAM frames a connection may send per second before GOAWAY(ENHANCE_YOUR_CALM): a
+    token bucket of one second's worth, refilled at this rate (libnghttp2's stream reset rate
+    limit on ngh2). Rapid-reset floods meet the premature-reset rule long before this."""
     max_connection_buffer_bytes: int = 16 << 20
     """Inbound bytes a connection may have buffered (received, not yet taken by its calls)
     before we stop reading its socket."""

@@ -1,27 +1,31 @@
-"""Our gRPC server: gRPC over HTTP/2 on the ``h2`` library's sans-IO connection and anyio streams.
+"""Our gRPC server: a sans-IO gRPC protocol core over an HTTP/2 engine, and two thin transports.
 
-It serves every RPC of the worker and the gateway, on asyncio (uvloop) and trio alike, with
-every connection and call task inside the server's task group. HTTP/2 itself (framing, flow
-control, stream states, HPACK) stays h2's; what is ours is the policy around it: how calls are
-opened, read, answered, timed out, cancelled and drained.
+It serves every RPC of the worker, its front ends and the gateway, on asyncio (uvloop) and trio
+alike, with every connection and call task inside the server's task group. HTTP/2 itself
+(framing, flow control, stream states, HPACK) is the engine's (``kserve_trio.http2``: ngh2 by
+default, h2 as the fallback, ``ServerSettings.http2_engine``); what is ours is the policy around
+it: how calls are opened, read, answered, timed out, cancelled and drained.
 
 - ``GrpcServer``: listeners, connections, the two-phase drain (``_server``).
+- ``ServerConnection``: one connection's protocol core, no I/O (``_connection``); its
+  transports: the event loop's own on asyncio (``_asyncio_transport``), an anyio byte stream
+  on trio (``_stream_transport``). They are the only modules of the package that name an event
+  loop or a socket.
+- ``Call`` and its lifecycle (``_call``); the call tasks (``_runners``).
 - ``Method`` and its builders ``unary``, ``raw_unary``, ``bytes_unary``, ``stream``,
-  ``unimplemented``
-  (``_methods``).
+  ``unimplemented`` (``_methods``).
 - ``StreamSession``: the request/answer stream engine of ModelStreamInfer, shared by the
   worker and the gateway (``_stream_session``).
-- ``Call``: one call's receive and send paths (``_call``).
 - ``Limits``, ``RawMessage``, ``parse_message``, ``reply_pieces`` (``_messages``).
 - ``GrpcError`` and ``status_of``: the one exception-to-status mapping (``_status``).
-- ``ServerSettings`` and the HTTP/2 defaults (``_settings``).
+- ``ServerSettings``, ``engine_settings`` and the HTTP/2 defaults (``_settings``).
 - ``header_problem``: the request-header checks (``_headers``).
 """
 
 from __future__ import annotations
 
-from kserve_trio.serving.grpc._call import Call, CallClosed
-from kserve_trio.serving.grpc._frames import patch_frame_repr
+from kserve_trio.serving.grpc._call import Call, CallClosed, CallState
+from kserve_trio.serving.grpc._connection import ServerConnection, Transport
 from kserve_trio.serving.grpc._headers import header_problem
 from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message, reply_pieces
 from kserve_trio.serving.grpc._methods import (
@@ -42,11 +46,10 @@ from kserve_trio.serving.grpc._settings import (
     MAX_FRAME_BYTES,
     WINDOW_BYTES,
     ServerSettings,
+    engine_settings,
 )
 from kserve_trio.serving.grpc._status import GrpcError, status_of
 from kserve_trio.serving.grpc._stream_session import MAX_OUTSTANDING, StreamSession
-
-patch_frame_repr()
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -55,6 +58,7 @@ __all__ = [
     "BytesUnaryFn",
     "Call",
     "CallClosed",
+    "CallState",
     "DeadlineUnaryFn",
     "GrpcError",
     "GrpcServer",
@@ -63,10 +67,13 @@ __all__ = [
     "RawMessage",
     "RawStreamFn",
     "RawUnaryFn",
+    "ServerConnection",
     "ServerSettings",
     "StreamSession",
+    "Transport",
     "TypedUnaryFn",
     "bytes_unary",
+    "engine_settings",
     "header_problem",
     "parse_message",
     "raw_unary",

@@ -1,66 +1,74 @@
-"""One gRPC call: the object every handler of every RPC shape talks to.
+"""One gRPC call: the object every handler of every RPC shape talks to, and its lifecycle.
 
-A ``Call`` is made by its connection when a stream's request headers arrive; it owns that
-stream's inbound buffer and writes the stream's side of the reply through the connection's h2
-state. The same object serves unary calls (typed or raw-bytes messages), server streaming and
-bidirectional streaming, so there is one receive path and one send path:
+A ``Call`` is made by its connection when a stream's request headers arrive. It owns that
+stream's inbound buffer, and it writes only through its ``CallSink`` (the connection): queue
+these headers, this DATA, these trailers, reset the stream. It never sees the HTTP/2 engine.
+The same object serves unary calls (typed or raw-bytes messages), server streaming and
+bidirectional streaming, so there is one receive path and one send path.
+
+Lifecycle (``CallState``, moved only through ``_TRANSITIONS``):
+
+- ``PENDING``: opened, waiting for a call task;
+- ``RUNNING``: its handler runs (in a cancel scope of its own, ``scope``);
+- ``EXPIRED``: its deadline passed while it ran: the handler is cancelled and the call will be
+  answered DEADLINE_EXCEEDED;
+- ``ANSWERED``: its trailers are queued (the end of every call we end ourselves);
+- ``RESET``: the stream is gone (the client reset it, a reply stalled, the connection ended):
+  nothing more is sent.
 
 Receiving (``receive``), per message:
-1. A message is a 5-byte prefix (flag, big-endian length) and the payload. A stream that ends
-   inside either is malformed (INVALID_ARGUMENT); one that ends before a new prefix ends the
-   client's side (``None``).
-2. Flag 0 is a plain message; flag 1 a compressed one, which needs a ``grpc-encoding``; any
-   other flag is malformed.
-3. The announced length is checked against ``Limits.max_recv_bytes`` before the payload is
-   buffered (RESOURCE_EXHAUSTED); ``plain`` bounds what a compressed payload inflates to by the
-   same cap.
-4. Received bytes are handed back to the client's flow-control window as they arrive while the
-   call holds at most one window (or the message it waits for) unread; beyond that only as the
-   handler reads them, so a client cannot make a slow handler buffer without bound. What a call
-   holds beyond the message it is reading counts in its connection's inbound buffer, which
-   stops reading the socket at ``limits.max_connection_buffer_bytes``.
-5. Once its length is known a message is charged to the process's bytes in flight
-   (``Limits.inflight``) until its request is done (``done_with``, or the call's end): past the
-   cap a unary call is refused RESOURCE_EXHAUSTED and a stream's message waits
-   (``receive(wait=True)``). A message whose first bytes have come must be whole within
-   ``limits.message_receive_seconds`` (DEADLINE_EXCEEDED, then the stream is reset).
-6. A compressed message is inflated on arrival a bounded step at a time
-   (``compression.Inflater``), its output charged as it grows (refused past the bytes in
-   flight, never waiting for them) and the task yielding between steps, so a bomb neither takes
-   more than its cap nor holds the event loop; ``plain`` returns the result (or raises what
-   stopped it).
+
+- *Framing*: a message is a 5-byte prefix (flag, big-endian length) and the payload. A stream
+  that ends inside either is malformed (INVALID_ARGUMENT); one that ends before a new prefix
+  ends the client's side (``None``). Flag 0 is a plain message, flag 1 a compressed one (which
+  needs a ``grpc-encoding``); any other flag is malformed.
+- *Receive cap*: the announced length is checked against ``Limits.max_recv_bytes`` before the
+  payload is buffered (RESOURCE_EXHAUSTED); ``plain`` bounds what a compressed payload
+  inflates to by the same cap.
+- *Bounded buffering*: received bytes are acknowledged to the client's flow-control windows as
+  they arrive while the call holds at most one window (or the message it waits for) unread;
+  beyond that only as the handler reads them, so a client cannot make a slow handler buffer
+  without bound. What a call holds beyond the message it is reading counts in its connection's
+  inbound buffer, which stops reading the socket at ``limits.max_connection_buffer_bytes``.
+- *Bytes in flight*: once its length is known a message is charged to the process's bytes in
+  flight (``Limits.inflight``) until its request is done (``done_with``, or the call's end):
+  past the cap a unary call is refused RESOURCE_EXHAUSTED and a stream's message waits
+  (``receive(wait=True)``). A message whose first bytes have come must be whole within
+  ``limits.message_receive_seconds`` (DEADLINE_EXCEEDED, then the stream is reset).
+- *Stepwise inflation*: a compressed message is inflated on arrival a bounded step at a time
+  (``compression.Inflater``), its output charged as it grows (refused past the bytes in flight,
+  never waiting for them) and the task yielding between steps, so a bomb neither takes more
+  than its cap nor holds the event loop; ``plain`` returns the result (or raises what stopped
+  it).
 
 Sending (``send`` for one message, ``send_last`` for a unary reply and the call's end):
-7. The send cap (``Limits.max_send_bytes``, on the uncompressed size) is checked before
-   anything is sent (RESOURCE_EXHAUSTED).
-8. A reply that fits the peer's window and frame size is one DATA frame, queued with the
-   response headers (and, for ``send_last``, the OK trailers) so the connection writes them in
-   one socket write. A larger one is framed from its own buffers within the peer's flow-control
-   window and frame size, written in batches, waiting for WINDOW_UPDATE when the window is
-   spent. Concurrent senders on one stream take turns for framed messages. A sender waits while
-   its connection has ``limits.max_send_queue_bytes`` queued for the socket; a reply that cannot
-   make progress (flow control, the queue) for ``limits.send_stall_seconds`` is reset
-   (RST_STREAM CANCEL) and its call cancelled, which releases everything it held.
-9. ``finish`` ends the call with a status: trailers-only when nothing was sent yet, trailers
-   otherwise, ``grpc-message`` percent-encoded.
 
-Cancellation: the call's handler runs inside ``scope``; RST_STREAM from the client, a lost
-connection and the call's deadline cancel it (``expired`` tells the deadline apart).
+- *Send cap*: ``Limits.max_send_bytes`` (on the uncompressed size) is checked before anything
+  is queued (RESOURCE_EXHAUSTED).
+- *One queue*: the reply is queued in the engine whole (headers, DATA, trailers for
+  ``send_last``), its buffers as they are, and the engine frames it within the client's flow
+  control; the connection writes what a loop turn queued in one socket write.
+- *Bounded sending*: before a reply is queued the sender waits while its connection has
+  ``limits.max_send_queue_bytes`` queued for the socket; after, it waits while more than
+  ``SEND_BATCH_BYTES`` of its stream are still queued (a unary reply: until all of it has
+  gone). A wait that sees no progress for ``limits.send_stall_seconds`` resets the stream
+  (RST_STREAM CANCEL), which releases everything the call held.
+- *Status*: ``finish`` ends the call with a status: trailers-only when nothing was sent yet,
+  trailers otherwise (``core.grpc_wire.status_trailers``).
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Awaitable, Callable
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
-import h2.exceptions
 
-from kserve_trio.core import compression
+from kserve_trio.core import compression, grpc_wire
+from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -69,30 +77,24 @@ from kserve_trio.core.errors import (
     StatusCode,
 )
 from kserve_trio.core.logging import get_logger
-from kserve_trio.serving.grpc._headers import Headers, custom_metadata, header_value
+from kserve_trio.serving.grpc._headers import Headers, header_value
 from kserve_trio.serving.grpc._messages import (
     Limits,
     RawMessage,
     reply_encoding,
     reply_pieces,
 )
-from kserve_trio.serving.grpc._status import encode_message
-
-if TYPE_CHECKING:
-    from kserve_trio.serving.grpc._connection import Connection
 
 JOIN_BYTES = 256 << 10
-"""Up to this size a reply is joined into one ``bytes`` and queued as one frame when it fits;
-from this size up each payload is framed from its own buffer (joining 256 KiB costs about one
-more h2 ``send_data`` call)."""
-SEND_BATCH_BYTES = 1 << 20
-"""How much DATA a framed reply queues before it waits for the socket write."""
+"""Up to this size a reply's pieces are joined into one ``bytes`` with its prefix (one DATA
+frame when it fits); from this size up each piece is queued as its own buffer, uncopied."""
+SEND_BATCH_BYTES = 256 << 10
+"""How much of a stream's DATA may wait in the engine (for the client's window, or the next
+write) before its sender waits for it to go."""
 
 log = get_logger("kserve_trio.serving.grpc")
 
-_PREFIX = struct.Struct(">BI")
-_CONTENT_TYPE = ("content-type", "application/grpc+proto")
-_OK_TRAILERS = [("grpc-status", "0")]
+_ACCEPT_ENCODING = compression.ACCEPT_ENCODING.encode("ascii")
 
 
 class CallClosed(Exception):
@@ -100,10 +102,86 @@ class CallClosed(Exception):
     already ended."""
 
 
+class CallState(enum.Enum):
+    """Where a call is in its life (module docstring)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    EXPIRED = "expired"
+    ANSWERED = "answered"
+    RESET = "reset"
+
+
+class CallEvent(enum.Enum):
+    """What moves a call from one state to the next."""
+
+    START = "start"
+    EXPIRE = "expire"
+    ANSWER = "answer"
+    RESET = "reset"
+
+
+_P, _R, _X = CallState.PENDING, CallState.RUNNING, CallState.EXPIRED
+_TRANSITIONS: dict[tuple[CallState, CallEvent], CallState] = {
+    (_P, CallEvent.START): _R,
+    (_P, CallEvent.EXPIRE): _X,
+    (_P, CallEvent.ANSWER): CallState.ANSWERED,
+    (_P, CallEvent.RESET): CallState.RESET,
+    (_R, CallEvent.EXPIRE): _X,
+    (_R, CallEvent.ANSWER): CallState.ANSWERED,
+    (_R, CallEvent.RESET): CallState.RESET,
+    (_X, CallEvent.ANSWER): CallState.ANSWERED,
+    (_X, CallEvent.RESET): CallState.RESET,
+    (CallState.ANSWERED, CallEvent.RESET): CallState.RESET,
+}
+"""Every move a call can make; any other is ignored (an expiry after the answer, a second
+answer, a reset of a reset stream)."""
+
+
+class CallSink(Protocol):
+    """What a call asks of its connection: the narrow way out (module docstring)."""
+
+    limits: EdgeLimits
+
+    def queue_headers(self, stream_id: int, block: list[tuple[bytes, bytes]], end: bool) -> None:
+        """Queue a header block (response headers, or trailers-only with ``end``)."""
+        ...
+
+    def queue_data(self, stream_id: int, data: bytes | memoryview) -> None: ...
+
+    def queue_trailers(self, stream_id: int, block: list[tuple[bytes, bytes]]) -> None: ...
+
+    def reset(self, stream_id: int, stalled: bool = False) -> None:
+        """RST_STREAM (CANCEL); ``stalled``: a reply made no progress (counted and logged)."""
+        ...
+
+    def pending(self, stream_id: int) -> int:
+        """DATA of ``stream_id`` queued in the engine and not yet framed."""
+        ...
+
+    def send_queue_full(self) -> bool:
+        """Whether ``limits.max_send_queue_bytes`` are queued for the socket."""
+        ...
+
+    def queued_bytes(self) -> int:
+        """Bytes queued for the socket and not yet written (the engine's and the transport's)."""
+        ...
+
+    async def progress(self) -> None:
+        """Return once something queued has moved to the socket (or the windows grew)."""
+        ...
+
+    def acknowledge(self, stream_id: int, n: int) -> None: ...
+
+    def inbound_changed(self, delta: int) -> None: ...
+
+    def peer(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class InflatedMessage(RawMessage):
-    """A compressed message inflated on arrival (rule 6): ``plain_data``, or the ``problem``
-    that stopped it (raised by ``Call.plain``)."""
+    """A compressed message inflated on arrival (*stepwise inflation*): ``plain_data``, or the
+    ``problem`` that stopped it (raised by ``Call.plain``)."""
 
     plain_data: bytes = b""
     problem: ServingError | None = None
@@ -116,7 +194,6 @@ class Call:
         "_buffered",
         "_charged",
         "_chunks",
-        "_conn",
         "_data_event",
         "_excess",
         "_message_by",
@@ -124,64 +201,97 @@ class Call:
         "_need",
         "_reserved",
         "_send_lock",
+        "_sink",
         "_unacked",
-        "_window_event",
-        "closed",
         "deadline",
         "deadline_ns",
         "encoding",
-        "expired",
         "headers",
         "headers_sent",
         "inbound_done",
         "limits",
-        "method",
         "path",
-        "reset",
         "rpc",
         "scope",
+        "state",
         "stream_id",
     )
 
     def __init__(
         self,
-        conn: Connection,
+        sink: CallSink,
         stream_id: int,
         path: str,
         headers: Headers,
         encoding: str,
         limits: Limits,
         rpc: str,
-        method: Any = None,
     ) -> None:
-        self._conn = conn
+        self._sink = sink
         self.stream_id = stream_id
         self.path = path
         self.headers = headers
         self.encoding = encoding
         self.limits = limits
         self.rpc = rpc
-        self.method = method
+        self.state = CallState.PENDING
         self.deadline: float | None = None
+        """When the call expires, on the connection's clock (None: no deadline)."""
         self.deadline_ns = 0
+        """The same moment as ``time.monotonic_ns()`` (0: none): what handlers are given."""
         self.scope: anyio.CancelScope | None = None
         self._metadata: dict[str, str | bytes] | None = None
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._unacked = 0
         self._need = 0
-        self._reserved = 0  # the length of the charged message being read (rules 4-5)
+        self._reserved = 0  # the length of the charged message being read
         self._excess = 0  # what this call counts in its connection's inbound buffer
         self._charged = 0  # bytes charged to the process's bytes in flight
         self._message_by: float | None = None  # the receive deadline of the message arriving
         self._data_event: anyio.Event | None = None
-        self._window_event: anyio.Event | None = None
         self._send_lock: anyio.Lock | None = None
         self.inbound_done = False
-        self.reset = False
-        self.expired = False
         self.headers_sent = False
-        self.closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def move(self, event: CallEvent) -> bool:
+        """Apply ``event`` (``_TRANSITIONS``); whether the state changed."""
+        after = _TRANSITIONS.get((self.state, event))
+        if after is None:
+            return False
+        self.state = after
+        return True
+
+    @property
+    def closed(self) -> bool:
+        """Nothing more can be sent: the call was answered or its stream is gone."""
+        state = self.state
+        return state is CallState.ANSWERED or state is CallState.RESET
+
+    @property
+    def reset(self) -> bool:
+        """The stream is gone (the client reset it, a reply stalled, the connection ended)."""
+        return self.state is CallState.RESET
+
+    @property
+    def expired(self) -> bool:
+        return self.state is CallState.EXPIRED
+
+    def expire(self) -> None:
+        """The deadline has passed (from the connection's timer): the handler is cancelled."""
+        if self.move(CallEvent.EXPIRE) and self.scope is not None:
+            self.scope.cancel()
+
+    def on_reset(self) -> None:
+        """The stream is gone: the handler is cancelled and what it held is released."""
+        if not self.move(CallEvent.RESET):
+            return
+        if self.scope is not None:  # first: a waiter woken before it would miss the cancel
+            self.scope.cancel()
+        self._wake_reader()
+        self._drop_inbound()
 
     # ---------------------------------------------------------------- what the handler reads
 
@@ -189,13 +299,13 @@ class Call:
     def metadata(self) -> dict[str, str | bytes]:
         """The caller's custom metadata (``-bin`` values as bytes; ``grpc-*`` left out)."""
         if self._metadata is None:
-            self._metadata = custom_metadata(self.headers)
+            self._metadata = grpc_wire.custom_metadata(self.headers)
         return self._metadata
 
     @property
     def peer(self) -> str:
-        """The client's address as ``host:port`` (empty when the stream does not say)."""
-        return self._conn.peer()
+        """The client's address as ``host:port`` (empty when the transport does not say)."""
+        return self._sink.peer()
 
     def header(self, name: str) -> str | None:
         """The first value of request header ``name``."""
@@ -207,22 +317,24 @@ class Call:
         encoding = self.encoding if request_encoding is None else request_encoding
         return reply_encoding(encoding, self.header("grpc-accept-encoding"), self.limits)
 
-    # ---------------------------------------------------------------- receiving (rules 1-4)
+    # ---------------------------------------------------------------- receiving
 
-    def _feed(self, data: bytes, flow_length: int) -> None:
-        """A DATA frame's payload for this call (from the connection's read loop)."""
+    def feed(self, data: bytes, flow_length: int) -> None:
+        """A DATA payload for this call (from the connection)."""
         if data:
             self._chunks.append(data)
             self._buffered += len(data)
             self._recount()
-        if self._buffered <= max(self._conn.settings.limits.stream_window_bytes, self._need):
-            self._conn.acknowledge(flow_length + self._unacked, self.stream_id)
+        if self._buffered <= max(self._sink.limits.stream_window_bytes, self._need):
+            if flow_length + self._unacked:
+                self._sink.acknowledge(self.stream_id, flow_length + self._unacked)
             self._unacked = 0
         else:
             self._unacked += flow_length
         self._wake_reader()
 
-    def _end_inbound(self) -> None:
+    def end_inbound(self) -> None:
+        """The client has ended its side."""
         self.inbound_done = True
         self._wake_reader()
 
@@ -232,29 +344,14 @@ class Call:
             self._data_event = None
             event.set()
 
-    def _wake_sender(self) -> None:
-        event = self._window_event
-        if event is not None:
-            self._window_event = None
-            event.set()
-
-    def _on_reset(self) -> None:
-        """The client reset the stream, or the connection is gone (or a reply stalled)."""
-        self.reset = True
-        self.closed = True
-        if self.scope is not None:  # first: a waiter woken before it would miss the cancel
-            self.scope.cancel()
-        self._wake_reader()
-        self._wake_sender()
-        self._drop_inbound()
-
     def _recount(self) -> None:
-        """Rule 4: tell the connection what this call holds beyond the message it reads."""
+        """*Bounded buffering*: tell the connection what this call holds beyond the message
+        it reads."""
         excess = self._buffered - self._reserved
         if excess < 0:
             excess = 0
         if excess != self._excess:
-            self._conn.inbound_changed(excess - self._excess)
+            self._sink.inbound_changed(excess - self._excess)
             self._excess = excess
 
     def _drop_inbound(self) -> None:
@@ -266,22 +363,14 @@ class Call:
         self._uncharge(self._charged)
 
     def done_with(self, message: RawMessage) -> None:
-        """Rule 5: the request ``message`` carried is done (a stream's; a unary call's message
-        is given back at the call's end): its bytes leave the process's bytes in flight."""
+        """*Bytes in flight*: the request ``message`` carried is done (a stream's; a unary
+        call's message is given back at the call's end)."""
         n = len(message.data)
         if isinstance(message, InflatedMessage):
             n += len(message.plain_data)
         self._uncharge(n)
 
-    def _expire(self) -> None:
-        """The call's deadline has passed (from the connection's timer)."""
-        if self.closed:
-            return
-        self.expired = True
-        if self.scope is not None:
-            self.scope.cancel()
-
-    def _release(self) -> int:
+    def release(self) -> int:
         """Drop what was buffered and not read; the flow-control bytes still owed to the
         connection window (the connection acknowledges them)."""
         owed = self._unacked
@@ -292,14 +381,14 @@ class Call:
     async def _read(self, n: int) -> bytes | None:
         """Exactly ``n`` buffered bytes, or None when the stream ended (or was reset) first."""
         while self._buffered < n:
-            if self.inbound_done or self.reset:
+            if self.inbound_done or self.state is CallState.RESET:
                 return None
             self._need = n
             if self._unacked:  # the reader now needs more than the window: let it in
-                self._conn.acknowledge(self._unacked, self.stream_id)
+                self._sink.acknowledge(self.stream_id, self._unacked)
                 self._unacked = 0
             event = self._data_event = anyio.Event()
-            if self._buffered or self._reserved:  # a message has begun to arrive (rule 5)
+            if self._buffered or self._reserved:  # a message has begun to arrive
                 await self._wait_for_message(event)
             else:
                 await event.wait()
@@ -329,8 +418,8 @@ class Call:
             data = b"".join(got)
         self._buffered -= n
         self._recount()
-        if self._unacked and self._buffered <= self._conn.settings.limits.stream_window_bytes:
-            self._conn.acknowledge(self._unacked, self.stream_id)
+        if self._unacked and self._buffered <= self._sink.limits.stream_window_bytes:
+            self._sink.acknowledge(self.stream_id, self._unacked)
             self._unacked = 0
         return data
 
@@ -338,7 +427,7 @@ class Call:
         """Wait for more of a message that has begun to arrive, within its receive deadline."""
         by = self._message_by
         if by is None:
-            seconds = self._conn.settings.limits.message_receive_seconds
+            seconds = self._sink.limits.message_receive_seconds
             if not seconds:
                 await event.wait()
                 return
@@ -346,7 +435,7 @@ class Call:
         with anyio.CancelScope(deadline=by) as scope:
             await event.wait()
         if scope.cancelled_caught:
-            seconds = self._conn.settings.limits.message_receive_seconds
+            seconds = self._sink.limits.message_receive_seconds
             raise DeadlineExceeded(
                 "",
                 f"the request message was not received within {seconds:g} s "
@@ -354,19 +443,20 @@ class Call:
             )
 
     async def receive(self, *, wait: bool = False) -> RawMessage | None:
-        """The next request message, or None when the client has ended its side (rules 1-6).
+        """The next request message, or None when the client has ended its side (module
+        docstring: *framing* to *stepwise inflation*).
 
         ``wait``: past the process's bytes in flight the message waits for room (a stream's
         backpressure) instead of being refused RESOURCE_EXHAUSTED (a unary call).
         """
-        prefix = await self._read(5)
+        prefix = await self._read(grpc_wire.PREFIX_BYTES)
         if prefix is None:
             if self._buffered:
                 raise InvalidArgument(
                     "truncated request: the stream ended inside the 5-byte gRPC message prefix"
                 )
             return None
-        flag, length = _PREFIX.unpack(prefix)
+        flag, length = grpc_wire.PREFIX.unpack(prefix)
         if flag > 1:
             raise InvalidArgument(f"malformed gRPC message prefix: compressed flag {flag}")
         if flag and self.encoding == compression.IDENTITY:
@@ -379,7 +469,7 @@ class Call:
         data = b""
         if length:
             budget = self.limits.inflight
-            if budget is not None:  # rule 5, inline: no coroutine per message on this path
+            if budget is not None:  # inline: no coroutine per message on this path
                 if wait:
                     await budget.charge_waiting(length)
                 else:
@@ -402,14 +492,15 @@ class Call:
         return RawMessage(data, False)
 
     def _charge(self, n: int, own: int) -> None:
-        """Rule 5: ``n`` more bytes of a message that has charged ``own`` already."""
+        """*Bytes in flight*: ``n`` more bytes of a message that has charged ``own``."""
         budget = self.limits.inflight
         if budget is not None:
             budget.charge(n, own)
             self._charged += n
 
     async def _inflate(self, data: bytes) -> InflatedMessage:
-        """Rule 6: ``data`` inflated step by step, charged as it grows, yielding between steps.
+        """*Stepwise inflation*: ``data`` inflated step by step, charged as it grows, yielding
+        between steps.
 
         The steps never wait for room in the bytes in flight (two messages inflating at once
         could wait for each other for good): past it the message is refused, RESOURCE_EXHAUSTED
@@ -440,7 +531,7 @@ class Call:
                 budget.release(n)
 
     def plain(self, message: RawMessage) -> bytes | bytearray:
-        """``message`` uncompressed (rule 3's cap applies to what it inflates to)."""
+        """``message`` uncompressed (the *receive cap* applies to what it inflates to)."""
         if not message.compressed:
             return message.data
         if isinstance(message, InflatedMessage):
@@ -449,21 +540,21 @@ class Call:
             return message.plain_data
         return compression.decompress(message.data, self.encoding, self.limits.max_recv_bytes)
 
-    # ---------------------------------------------------------------- sending (rules 5-7)
+    # ---------------------------------------------------------------- sending
 
-    def _response_headers(self, encoding: str) -> list[tuple[str, str]]:
-        headers = [(":status", "200"), _CONTENT_TYPE]
+    def _response_headers(self, encoding: str) -> list[tuple[bytes, bytes]]:
+        headers = list(grpc_wire.RESPONSE_HEADERS)
         if encoding != compression.IDENTITY:
-            headers.append(("grpc-encoding", encoding))
-            headers.append(("grpc-accept-encoding", compression.ACCEPT_ENCODING))
+            headers.append((b"grpc-encoding", encoding.encode("ascii")))
+            headers.append((b"grpc-accept-encoding", _ACCEPT_ENCODING))
         return headers
 
     async def send(self, reply: Any, *, encoding: str = compression.IDENTITY) -> None:
-        """Send one reply message (rules 5-6); the call stays open."""
+        """Send one reply message; the call stays open."""
         await self._send(reply, encoding, last=False)
 
     async def send_last(self, reply: Any, *, encoding: str = compression.IDENTITY) -> None:
-        """Send a unary call's reply and end the call OK (rules 5-6)."""
+        """Send a unary call's reply and end the call OK."""
         await self._send(reply, encoding, last=True)
 
     async def _send(self, reply: Any, encoding: str, *, last: bool) -> None:
@@ -471,108 +562,68 @@ class Call:
         cap = self.limits.max_send_bytes
         if length > cap:
             raise ResourceExhausted(f"response larger than max ({length} vs. {cap})")
-        if self.closed:
-            raise CallClosed(f"{self.rpc}: the call has ended")
         if encoding != compression.IDENTITY:
             packed = compression.compress(b"".join(pieces), encoding)
-            pieces, length, flag = [packed], len(packed), 1
+            pieces, length, compressed = [packed], len(packed), True
         else:
-            flag = 0
-        conn = self._conn
-        h2conn = conn.h2
-        sid = self.stream_id
-        try:
-            if length <= JOIN_BYTES:
-                payload = b"".join([_PREFIX.pack(flag, length), *pieces])
-                if self._send_lock is None or not self._send_lock.locked():
-                    if conn.send_queue_full():
-                        await self._progress(conn.send_room)
-                    elif conn.backlogged and not last:
-                        await self._progress(conn.drained)
-                    if self.closed:
-                        raise CallClosed(f"{self.rpc}: the call has ended")
-                if len(payload) <= min(
-                    h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size
-                ) and (self._send_lock is None or not self._send_lock.locked()):
-                    if not self.headers_sent:
-                        h2conn.send_headers(sid, self._response_headers(encoding))
-                        self.headers_sent = True
-                    if last:
-                        h2conn.send_data(sid, payload)
-                        h2conn.send_headers(sid, _OK_TRAILERS, end_stream=True)
-                        self.closed = True
-                    else:
-                        h2conn.send_data(sid, payload)
-                    conn.want_write()
-                    return
-                buffers: list[Any] = [payload]
-            else:
-                buffers = [_PREFIX.pack(flag, length), *pieces]
-            if self._send_lock is None:
-                self._send_lock = anyio.Lock()
-            async with self._send_lock:
-                if self.closed:
-                    raise CallClosed(f"{self.rpc}: the call has ended")
-                if not self.headers_sent:
-                    h2conn.send_headers(sid, self._response_headers(encoding))
-                    self.headers_sent = True
-                await self._send_framed(buffers)
-                if last:
-                    h2conn.send_headers(sid, _OK_TRAILERS, end_stream=True)
-                    self.closed = True
-                conn.want_write()
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
-            self.closed = True
-            raise CallClosed(f"{self.rpc}: the stream is closed ({exc})") from None
+            compressed = False
+        prefix = grpc_wire.message_prefix(compressed, length)
+        buffers: list[Any] = (
+            [b"".join([prefix, *pieces])] if length <= JOIN_BYTES else [prefix, *pieces]
+        )
+        lock = self._send_lock
+        if lock is None and not last:
+            lock = self._send_lock = anyio.Lock()  # a stream's concurrent senders take turns
+        if lock is not None:
+            async with lock:
+                await self._queue(buffers, encoding, last)
+        else:
+            await self._queue(buffers, encoding, last)
 
-    async def _send_framed(self, buffers: list[Any]) -> None:
-        """DATA frames sliced from ``buffers`` within flow control (rule 6)."""
-        conn = self._conn
-        h2conn = conn.h2
+    async def _queue(self, buffers: list[Any], encoding: str, last: bool) -> None:
+        """*One queue* and *bounded sending* for one reply."""
+        sink = self._sink
         sid = self.stream_id
-        queued = 0
+        if sink.send_queue_full():
+            await self._progress(lambda: not sink.send_queue_full(), sink.queued_bytes)
+        if self.closed or self.state is CallState.EXPIRED:
+            raise CallClosed(f"{self.rpc}: the call has ended")
+        if not self.headers_sent:
+            self.headers_sent = True
+            sink.queue_headers(sid, self._response_headers(encoding), False)
         for buffer in buffers:
-            view = memoryview(buffer)
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
-            pos, end = 0, view.nbytes
-            while pos < end:
-                if self.reset:
-                    raise CallClosed(f"{self.rpc}: the client reset the stream")
-                window = h2conn.local_flow_control_window(sid)
-                if window <= 0 or conn.send_queue_full():
-                    if queued:
-                        conn.want_write()
-                        queued = 0
-                    if window <= 0:
-                        event = self._window_event = anyio.Event()
-                        await self._progress(event.wait)
-                    else:
-                        await self._progress(conn.send_room)
-                    continue
-                n = min(window, h2conn.max_outbound_frame_size, end - pos)
-                h2conn.send_data(sid, view[pos : pos + n])
-                pos += n
-                queued += n
-                if queued >= SEND_BATCH_BYTES:
-                    conn.want_write()
-                    await self._progress(conn.drained)
-                    queued = 0
+            sink.queue_data(sid, buffer)
+        if last:
+            self.move(CallEvent.ANSWER)
+            sink.queue_trailers(sid, grpc_wire.OK_TRAILERS)
+            if sink.pending(sid):
+                await self._progress(lambda: not sink.pending(sid), lambda: sink.pending(sid))
+        elif sink.pending(sid) > SEND_BATCH_BYTES:
+            await self._progress(
+                lambda: sink.pending(sid) <= SEND_BATCH_BYTES, lambda: sink.pending(sid)
+            )
 
-    async def _progress(self, wait: Callable[[], Awaitable[Any]]) -> None:
-        """``wait()`` for the reply to be able to go on (rule 8): within
-        ``limits.send_stall_seconds``, or the stream is reset and the call cancelled."""
-        stall = self._conn.settings.limits.send_stall_seconds
-        if not stall:
-            await wait()
-            return
-        with anyio.move_on_after(stall) as scope:
-            await wait()
-        if scope.cancelled_caught and not self.closed:
-            log.info("send_stalled", rpc=self.rpc, seconds=stall)
-            self._conn.reset_stalled(self.stream_id)
-            self._on_reset()
-            raise CallClosed(f"{self.rpc}: the reply made no progress for {stall:g} s")
+    async def _progress(self, done: Callable[[], bool], level: Callable[[], int]) -> None:
+        """Wait until ``done()`` (*bounded sending*): ``level()`` going down is progress; none
+        for ``limits.send_stall_seconds`` resets the stream and cancels the call."""
+        sink = self._sink
+        stall = sink.limits.send_stall_seconds or float("inf")
+        deadline = anyio.current_time() + stall
+        lowest = level()
+        while not done():
+            if self.state is CallState.RESET:
+                raise CallClosed(f"{self.rpc}: the stream was reset")
+            with anyio.CancelScope(deadline=deadline):
+                await sink.progress()
+            now = level()
+            if now < lowest:
+                lowest = now
+                deadline = anyio.current_time() + stall
+            elif anyio.current_time() >= deadline and not done():
+                log.info("send_stalled", rpc=self.rpc, seconds=stall)
+                sink.reset(self.stream_id, stalled=True)
+                self.on_reset()
+                raise CallClosed(f"{self.rpc}: the reply made no progress for {stall:g} s")
 
     def finish(
         self,
@@ -580,23 +631,26 @@ class Call:
         message: str = "",
         extra: Headers = (),
     ) -> None:
-        """End the call with ``status`` (rule 7); nothing happens when it has ended already."""
-        if self.closed:
+        """End the call with ``status`` (*status*); nothing happens when it has ended already."""
+        if not self.move(CallEvent.ANSWER):
             return
-        self.closed = True
-        trailers: list[tuple[str, str]] = (
-            [] if self.headers_sent else [(":status", "200"), _CONTENT_TYPE]
+        block = grpc_wire.status_trailers(
+            status, message, extra, trailers_only=not self.headers_sent
         )
-        trailers.append(("grpc-status", str(int(status))))
-        if message:
-            trailers.append(("grpc-message", encode_message(message)))
-        trailers.extend(extra)
-        try:
-            self._conn.h2.send_headers(self.stream_id, trailers, end_stream=True)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            return
-        self.headers_sent = True
-        self._conn.want_write()
+        if self.headers_sent:
+            self._sink.queue_trailers(self.stream_id, block)
+        else:
+            self.headers_sent = True
+            self._sink.queue_headers(self.stream_id, block, True)
 
 
-__all__ = ["JOIN_BYTES", "SEND_BATCH_BYTES", "Call", "CallClosed"]
+__all__ = [
+    "JOIN_BYTES",
+    "SEND_BATCH_BYTES",
+    "Call",
+    "CallClosed",
+    "CallEvent",
+    "CallSink",
+    "CallState",
+    "InflatedMessage",
+]

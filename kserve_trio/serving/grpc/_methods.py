@@ -32,11 +32,14 @@ from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One RPC of a server: its name (for logs and errors), caps and how a call is served."""
+    """One RPC of a server: its name (for logs and errors), caps and how a call is served.
+    ``unary``: a call must end with a reply message or an error, never OK with nothing (a
+    handler that returns without replying is a bug, answered INTERNAL)."""
 
     rpc: str
     limits: Limits
     run: Callable[[Call], Awaitable[None]]
+    unary: bool = True
 
 
 async def _one_message(call: Call) -> RawMessage:
@@ -103,7 +106,7 @@ def raw_unary(fn: RawUnaryFn, limits: Limits, rpc: str) -> Method:
 
 def stream(fn: RawStreamFn, limits: Limits, rpc: str) -> Method:
     """A streaming RPC served on the ``Call`` itself."""
-    return Method(rpc, limits, fn)
+    return Method(rpc, limits, fn, unary=False)
 
 
 def unimplemented(rpc: str, reason: str, limits: Limits) -> Method:

@@ -6,7 +6,7 @@ listening socket and a task per connection in the server's own task group. ``shu
 is the orderly end:
 
 1. the listeners close, so no new connection is accepted;
-2. every connection starts its two-phase GOAWAY (``Connection.start_drain``), so clients stop
+2. every connection starts its two-phase GOAWAY (``ServerConnection.start_drain``), so clients stop
    opening streams on it and move elsewhere without losing a request in flight;
 3. the calls in flight finish for up to ``grace`` seconds; what is left is cancelled;
 4. ``serve`` returns.
@@ -33,10 +33,11 @@ from anyio.streams.tls import TLSStream
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
-from kserve_trio.serving.grpc._connection import Connection
-from kserve_trio.serving.grpc._fast_io import open_native
+from kserve_trio.serving.grpc._asyncio_transport import serve_socket
+from kserve_trio.serving.grpc._connection import ServerConnection
 from kserve_trio.serving.grpc._methods import Method
 from kserve_trio.serving.grpc._settings import ServerSettings, warn_removed_switches
+from kserve_trio.serving.grpc._stream_transport import serve_stream
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -59,7 +60,7 @@ class GrpcServer:
         self.stats = stats or EdgeStats()
         """What the edge defences did (shared with the process's other servers)."""
         self.port = 0
-        self.connections: set[Connection] = set()
+        self.connections: set[ServerConnection] = set()
         self._accepting = anyio.CancelScope()
         self._scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -117,33 +118,21 @@ class GrpcServer:
             self._accept_loops_done.set()
 
     async def _serve_socket(self, sock: socket.socket) -> None:
-        """An accepted socket on asyncio: a native transport (TLS on it when configured)."""
+        """An accepted socket on asyncio: the loop's own transport (TLS on it when set)."""
         try:
-            with anyio.fail_after(self.settings.limits.handshake_seconds or None):
-                fast = await open_native(
-                    sock, self._ssl, self.settings.limits.handshake_seconds or None
-                )
-        except Exception as exc:
-            if isinstance(exc, TimeoutError):
-                self.stats.refuse_connection("handshake_timeout")
-            log.info(
-                "tls_handshake_failed" if self._ssl else "accept_failed", error=repr(exc)[:200]
+            await serve_socket(
+                sock, self._ssl, self.methods, self.settings, self.stats, self._closed, self._opened
             )
-            return
-        await self._run(
-            Connection(None, self.methods, self.settings, self._closed, fast, self.stats)
-        )
+        except Exception as exc:  # a bug in one connection must not end the server
+            log.error("connection_failed", error=repr(exc)[:500], exc_info=exc)
 
     async def _serve_stream(self, sock: socket.socket) -> None:
-        """An accepted socket on trio: anyio's stream over it."""
+        """An accepted socket on trio: anyio's stream over it (TLS through ``TLSStream``)."""
         try:
-            stream = await anyio.abc.SocketStream.from_socket(sock)
+            stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(sock)
         except BaseException:
             sock.close()
             raise
-        await self._serve_connection(stream)
-
-    async def _serve_connection(self, stream: anyio.abc.ByteStream) -> None:
         if self._ssl is not None:
             try:
                 with anyio.fail_after(self.settings.limits.handshake_seconds or None):
@@ -157,20 +146,19 @@ class GrpcServer:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
                 return
-        await self._run(
-            Connection(stream, self.methods, self.settings, self._closed, None, self.stats)
-        )
-
-    async def _run(self, conn: Connection) -> None:
-        self.connections.add(conn)
-        if self._shutting_down:
-            conn.start_drain()
         try:
-            await conn.run()
+            await serve_stream(
+                stream, self.methods, self.settings, self.stats, self._closed, self._opened
+            )
         except Exception as exc:  # a bug in one connection must not end the server
             log.error("connection_failed", error=repr(exc)[:500], exc_info=exc)
 
-    def _closed(self, conn: Connection) -> None:
+    def _opened(self, conn: ServerConnection) -> None:
+        self.connections.add(conn)
+        if self._shutting_down:
+            conn.start_drain()
+
+    def _closed(self, conn: ServerConnection) -> None:
         self.connections.discard(conn)
         if not self.connections and self._no_connections is not None:
             self._no_connections.set()

@@ -1,4 +1,4 @@
-"""The one mapping from exceptions to gRPC statuses, and how a status message travels.
+"""The one mapping from exceptions to gRPC statuses.
 
 Every call of every server ends through ``status_of``: our ``ServingError`` family carries its
 status, ``GrpcError`` carries any status a handler wants to send (test servers, proxies passing
@@ -9,24 +9,10 @@ traceback as a field of the JSON event (never as plain text).
 
 from __future__ import annotations
 
-from urllib.parse import quote, unquote
-
 from kserve_trio.core.errors import ServingError, StatusCode
 from kserve_trio.core.logging import get_logger
 
 log = get_logger("kserve_trio.serving.grpc")
-
-# Printable ASCII except '%' goes unescaped in grpc-message (the gRPC HTTP/2 mapping's rule).
-_UNESCAPED = "".join(chr(c) for c in range(0x20, 0x7F) if c != 0x25)
-
-MAX_MESSAGE_CHARS = 1024
-"""A status message longer than this is cut (with a note): a message may echo client input, and
-an unbounded trailer costs the event loop time to encode and the client its header budget."""
-MAX_MESSAGE_BYTES = 4096
-"""The most a ``grpc-message`` value may take once percent-encoded: a character outside
-printable ASCII takes up to 12 bytes, and grpc-core clients refuse a trailer block over 8 KiB
-(tritonclient would see RESOURCE_EXHAUSTED instead of the status sent)."""
-
 
 class GrpcError(ServingError):
     """A call's end with an explicit status, for handlers that choose it themselves."""
@@ -55,29 +41,4 @@ def status_of(exc: BaseException, *, rpc: str = "", request_id: str = "") -> tup
     return StatusCode.INTERNAL, f"internal error: {exc!r}"
 
 
-def encode_message(message: str) -> str:
-    """``message`` as a ``grpc-message`` value: cut to ``MAX_MESSAGE_CHARS``, UTF-8,
-    percent-encoded, and cut further until the encoding fits ``MAX_MESSAGE_BYTES``."""
-    total = len(message)
-    keep = min(total, MAX_MESSAGE_CHARS)
-    while True:
-        cut = message if keep == total else message[:keep] + f"... ({total} characters)"
-        encoded = quote(cut, safe=_UNESCAPED, encoding="utf-8", errors="replace")
-        if len(encoded) <= MAX_MESSAGE_BYTES:
-            return encoded
-        keep //= 2
-
-
-def decode_message(value: str) -> str:
-    """A ``grpc-message`` value back as text (invalid escapes kept, bad UTF-8 replaced)."""
-    return unquote(value, encoding="utf-8", errors="replace")
-
-
-__all__ = [
-    "MAX_MESSAGE_BYTES",
-    "MAX_MESSAGE_CHARS",
-    "GrpcError",
-    "decode_message",
-    "encode_message",
-    "status_of",
-]
+__all__ = ["GrpcError", "status_of"]

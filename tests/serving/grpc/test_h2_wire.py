@@ -10,6 +10,8 @@ settings are small and the bounds generous, and nothing asserts that anything wa
 
 from __future__ import annotations
 
+import dataclasses
+
 import gzip
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -139,9 +141,11 @@ class Served:
 
 
 @asynccontextmanager
-async def served(settings: ServerSettings | None = None) -> AsyncIterator[Served]:
-    """A ``GrpcServer`` on the test's loop, shut down (the test's slow calls released) after."""
+async def served(settings: ServerSettings | None, engine: str) -> AsyncIterator[Served]:
+    """A ``GrpcServer`` on the test's loop on HTTP/2 ``engine``, shut down (the test's slow
+    calls released) after."""
     probe = Probe()
+    settings = dataclasses.replace(settings or ServerSettings(), http2_engine=engine)
     server = GrpcServer(probe.methods(), settings)
     async with anyio.create_task_group() as tg:
         port = await tg.start(server.serve, "127.0.0.1", 0)
@@ -154,8 +158,8 @@ async def served(settings: ServerSettings | None = None) -> AsyncIterator[Served
 
 
 @pytest.fixture()
-async def srv() -> AsyncIterator[Served]:
-    async with served() as s:
+async def srv(http2_engine: str) -> AsyncIterator[Served]:
+    async with served(None, http2_engine) as s:
         yield s
 
 
@@ -206,8 +210,9 @@ async def test_frames_are_cut_to_the_clients_max_frame_size_and_the_servers_is_a
             assert peer.conn.max_outbound_frame_size == MAX_FRAME_BYTES  # what we sent in
     assert (big.status, big.messages) == (0, [pattern(n)])
     assert max(sizes) <= frame_size
-    if frame_size > 16 << 10:
-        assert max(sizes) > 16 << 10  # the large frames were used, not only allowed
+    if frame_size > 16 << 10 and srv.server.settings.http2_engine == "h2":
+        # the large frames were used, not only allowed (libnghttp2 frames DATA at 16 KiB)
+        assert max(sizes) > 16 << 10
     assert (echoed.status, echoed.messages) == (0, [pattern(n)])
 
 
@@ -333,16 +338,19 @@ async def test_shutdown_is_a_two_phase_goaway_that_lets_the_call_in_flight_finis
             assert [kind for kind, _ in seen] == ["goaway", "ping", "goaway"]
             assert seen[0][1] == MAX_STREAM_ID and seen[2][1] == slow
             assert peer.goaways[-1].error_code == 0
-            # A stream opened after the real last stream id is refused, not served.
+            # A stream opened after the real last stream id is never served: h2 refuses it
+            # (REFUSED_STREAM), libnghttp2 ignores it (the GOAWAY told the client so).
             late = peer.open("/t.T/Echo")
             await peer.flush()
             await peer.send_body(late, grpc_frame(b"late"))
-            refused = await peer.wait(late)
-            assert refused.reset == ErrorCodes.REFUSED_STREAM
+            if srv.server.settings.http2_engine == "h2":
+                refused = await peer.wait(late)
+                assert refused.reset == ErrorCodes.REFUSED_STREAM
             probe.release.set()
             done = await peer.wait(slow)
             assert (done.status, done.messages) == (0, [b"slow done"])
             await peer.until_eof()
+            assert peer.replies[late].status is None
     assert probe.handled == 1 and probe.cancelled == []
 
 
@@ -379,8 +387,8 @@ async def test_a_ping_is_answered(srv: Served):
 KEEPALIVE = ServerSettings(keepalive_seconds=0.2, keepalive_timeout_seconds=0.3)
 
 
-async def test_an_idle_client_that_answers_keepalive_pings_stays_connected():
-    async with served(KEEPALIVE) as s:
+async def test_an_idle_client_that_answers_keepalive_pings_stays_connected(http2_engine: str):
+    async with served(KEEPALIVE, http2_engine) as s:
         with anyio.fail_after(BOUND):
             async with Peer.connect(s.port) as peer:  # h2 acknowledges every PING
                 await peer.until(lambda: len(peer.server_pings) >= 3)
@@ -388,8 +396,8 @@ async def test_an_idle_client_that_answers_keepalive_pings_stays_connected():
                 await echo_ok(peer)
 
 
-async def test_a_client_that_does_not_answer_keepalive_pings_is_closed_with_goaway():
-    async with served(KEEPALIVE) as s:
+async def test_a_client_that_does_not_answer_keepalive_pings_is_closed_with_goaway(http2_engine: str):
+    async with served(KEEPALIVE, http2_engine) as s:
         with anyio.fail_after(BOUND):
             async with Peer.connect(s.port, feed=False) as peer:  # reads, never answers
                 await peer.until_eof()
@@ -399,9 +407,9 @@ async def test_a_client_that_does_not_answer_keepalive_pings_is_closed_with_goaw
     assert peer.goaways[-1].additional_data == b"keepalive timeout"
 
 
-async def test_max_connection_age_drains_the_connection_and_lets_the_call_finish():
+async def test_max_connection_age_drains_the_connection_and_lets_the_call_finish(http2_engine: str):
     aged = ServerSettings(max_connection_age_seconds=0.3, max_connection_age_grace_seconds=0.5)
-    async with served(aged) as s:
+    async with served(aged, http2_engine) as s:
         with anyio.fail_after(BOUND):
             async with Peer.connect(s.port) as peer:
                 slow = peer.open("/t.T/Slow")
@@ -429,7 +437,10 @@ async def test_a_malformed_preface_closes_that_connection_and_the_server_serves_
     assert srv.probe.handled == 1
 
 
-async def test_headers_on_a_closed_stream_are_an_h2_error_and_the_server_survives(srv: Served):
+async def test_headers_on_a_closed_stream_are_never_served_and_the_server_survives(srv: Served):
+    """h2 answers with a connection or stream error; libnghttp2 ignores frames on a stream id it
+    has seen close (it cannot remember every closed stream, so it never guesses): either way
+    the reused id never reaches a handler."""
     with anyio.fail_after(BOUND):
         async with Peer.connect(srv.port) as peer:
             await echo_ok(peer, b"first")
@@ -452,11 +463,15 @@ async def test_headers_on_a_closed_stream_are_an_h2_error_and_the_server_survive
                     for f in peer.frames
                 )
 
-            while not answered() and await peer.receive():
-                pass
-            assert answered()
+            if srv.server.settings.http2_engine == "h2":
+                while not answered() and await peer.receive():
+                    pass
+                assert answered()
+            else:
+                await echo_ok(peer, b"ignored, and served on")
         await healthy(srv.port)
-    assert srv.probe.handled == 2  # the first call and the health check; never the reused id
+    handled = 2 if srv.server.settings.http2_engine == "h2" else 3
+    assert srv.probe.handled == handled  # the calls sent; never the reused id
 
 
 # ------------------------------------------------------------------------------ statuses
@@ -569,7 +584,7 @@ async def test_a_reset_that_lands_after_its_call_finished_loses_no_later_call(sr
             # One synchronous step: the handler is woken (its reply then needs no await), and
             # the client's reset is processed before the handler runs.
             srv.probe.release.set()
-            call._on_reset()
+            call.on_reset()
             while conn.calls:
                 await anyio.sleep(0.01)
             srv.probe.release = anyio.Event()

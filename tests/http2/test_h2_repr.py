@@ -9,7 +9,7 @@ import hyperframe.frame as hf
 import pytest
 
 import kserve_trio.serving.grpc  # noqa: F401  (importing the layer applies the patch)
-from kserve_trio.serving.grpc._frames import patch_frame_repr, short_hex
+from kserve_trio.http2._h2_repr import patch_frame_repr, short_hex
 
 
 def test_a_large_data_frames_repr_is_short_and_shows_its_first_bytes():

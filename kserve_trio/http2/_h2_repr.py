@@ -1,11 +1,12 @@
-"""The one fix we keep on h2's dependencies: a DATA frame's repr that does not hexlify its payload.
+"""The one fix the ``h2`` engine keeps on h2's dependencies: a DATA frame's repr that does not
+hexlify its payload.
 
 h2 builds ``repr(frame)`` for every frame it receives, even with its logger off, and
 hyperframe's repr of a DATA frame hex-encodes the whole payload before cutting the text to 20
 characters (after copying the payload into a serialized body): a cost that grows with each
 large frame (measured in docs/benchmarks.md). ``patch_frame_repr`` gives ``DataFrame`` a repr
 of its own that formats only the bytes it shows, straight from the payload; it is idempotent,
-applied when ``serving.grpc`` is imported, and tested so an upgrade that changes the repr is
+applied when the ``h2`` engine is imported, and tested so an upgrade that changes the repr is
 caught.
 """
 
