@@ -118,7 +118,7 @@ class Frontend:
                 forwarded_methods(link, self.rpcs, limits, self.closing, self.shutting_down),
                 restrictions,
             ),
-            ServerSettings(limits=config.limits),
+            ServerSettings(limits=config.limits, http2_engine=config.endpoints.http2_engine),
             self.stats,
             connection_cap=cap,
         )

@@ -16,7 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kserve_trio.serving.background import add_event_loop_flags, event_loop_from_args
+from kserve_trio.serving.background import (
+    add_event_loop_flags,
+    add_http2_engine_flag,
+    event_loop_from_args,
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser):
@@ -43,6 +47,7 @@ def configure_parser(parser: argparse.ArgumentParser):
     parser.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--runtime-dir", help=argparse.SUPPRESS)
     add_event_loop_flags(parser, "event_loop, env KSERVE_TRIO_GATEWAY_EVENT_LOOP")
+    add_http2_engine_flag(parser, "http2_engine, env KSERVE_TRIO_GATEWAY_HTTP2_ENGINE")
     return run
 
 
@@ -63,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     event_loop = event_loop_from_args(args)
     if event_loop is not None:
         overrides["event_loop"] = event_loop
+    if getattr(args, "http2_engine", None) is not None:
+        overrides["http2_engine"] = args.http2_engine
     try:
         loaded = load_gateway_config(args.config, overrides=overrides)
     except ConfigError as exc:

@@ -356,7 +356,7 @@ async def serve_gateway_async(
                     pass_caller_headers({**gateway.service.methods(), **gateway.control_methods()}),
                     Restrictions.from_specs(config.restricted_protocols),
                 ),
-                ServerSettings(limits=config.limits),
+                ServerSettings(limits=config.limits, http2_engine=config.http2_engine),
                 gateway.edge_stats,
                 connection_cap=cap,
             )
@@ -385,6 +385,7 @@ async def serve_gateway_async(
                 routable=sorted(gateway.prober.routable_labels),
                 models=sorted(gateway.state.table.models),
                 event_loop=running_event_loop(),
+                http2_engine=config.http2_engine,
             )
             if process is not None:
                 process.announce(bound_metrics)

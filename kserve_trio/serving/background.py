@@ -26,6 +26,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from kserve_trio.core.event_loops import EVENT_LOOPS, uvloop_available
+from kserve_trio.http2 import DEFAULT_ENGINE, ENGINES
 
 T = TypeVar("T")
 
@@ -72,6 +73,15 @@ def add_event_loop_flags(parser: argparse.ArgumentParser, config_key: str) -> No
         help=f"event loop to serve on (default: uvloop when installed; {config_key})",
     )
     parser.add_argument("--no-uvloop", action="store_true", help="the same as --event-loop asyncio")
+
+
+def add_http2_engine_flag(parser: argparse.ArgumentParser, config_key: str) -> None:
+    """``--http2-engine`` on a server CLI: the HTTP/2 engine under its gRPC port."""
+    parser.add_argument(
+        "--http2-engine",
+        choices=ENGINES,
+        help=f"HTTP/2 engine of the gRPC port (default {DEFAULT_ENGINE}; {config_key})",
+    )
 
 
 def event_loop_from_args(args: argparse.Namespace) -> str | None:

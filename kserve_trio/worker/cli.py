@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kserve_trio.serving.background import add_event_loop_flags, event_loop_from_args
+from kserve_trio.serving.background import (
+    add_event_loop_flags,
+    add_http2_engine_flag,
+    event_loop_from_args,
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser):
@@ -62,6 +66,9 @@ def configure_parser(parser: argparse.ArgumentParser):
         "endpoints.frontend_processes)",
     )
     add_event_loop_flags(parser, "endpoints.event_loop, env INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP")
+    add_http2_engine_flag(
+        parser, "endpoints.http2_engine, env INFERENCE_SERVER_ENDPOINTS_HTTP2_ENGINE"
+    )
     return run
 
 
@@ -86,6 +93,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         endpoints["event_loop"] = event_loop
     if getattr(args, "frontend_processes", None) is not None:
         endpoints["frontend_processes"] = args.frontend_processes
+    if getattr(args, "http2_engine", None) is not None:
+        endpoints["http2_engine"] = args.http2_engine
     if getattr(args, "restricted_protocol", None):
         endpoints["restricted_protocols"] = list(args.restricted_protocol)
     if endpoints:

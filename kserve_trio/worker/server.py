@@ -276,7 +276,7 @@ async def serve_async(
                 )
             server = GrpcServer(
                 restrict({**service.methods(), **control.methods()}, restrictions),
-                ServerSettings(limits=config.limits),
+                ServerSettings(limits=config.limits, http2_engine=config.endpoints.http2_engine),
                 edge_stats,
                 connection_cap=cap,
             )
@@ -302,6 +302,7 @@ async def serve_async(
             failed=sorted(failures),
             startup_seconds=round(time.monotonic() - started, 3),
             event_loop=running_event_loop(),
+            http2_engine=config.endpoints.http2_engine,
             frontend_processes=config.endpoints.frontend_processes,
         )
         heartbeat.fire("up", config)

@@ -608,6 +608,7 @@ ENV_CASES = [
     ("INFERENCE_SERVER_ENDPOINTS_METRICS_PORT", "9300", lambda c: c.endpoints.metrics_port, 9300),
     ("INFERENCE_SERVER_ENDPOINTS_HTTP_PORT", "8000", lambda c: c.endpoints.http_port, 8000),
     ("INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP", "trio", lambda c: c.endpoints.event_loop, "trio"),
+    ("INFERENCE_SERVER_ENDPOINTS_HTTP2_ENGINE", "h2", lambda c: c.endpoints.http2_engine, "h2"),
     (
         "INFERENCE_SERVER_ENDPOINTS_FRONTEND_PROCESSES",
         "3",

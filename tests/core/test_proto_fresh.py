@@ -47,7 +47,9 @@ _ABOVE_CORE = (
     "kserve_trio.node",
 )
 LAYERS = {
-    "kserve_trio.core": (*_JAX, "h2.connection", *_ABOVE_CORE),
+    "kserve_trio.core": (*_JAX, "h2.connection", "ngh2", *_ABOVE_CORE),
+    # the engine seam sits beside core; its engines load only when asked for (one per process)
+    "kserve_trio.http2": (*_JAX, "kserve_trio.core", *_ABOVE_CORE),
     "kserve_trio.proto": (*_JAX, "h2.connection", "kserve_trio.core", *_ABOVE_CORE),
 }
 if _has_modules("kserve_trio.client"):

@@ -5,8 +5,6 @@ arithmetic on a clock the test moves."""
 from __future__ import annotations
 
 import pytest
-
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.serving.grpc._frame_guard import (
     CONTROL_FRAME_FLOOD,
     HEADER_BLOCK_TOO_LARGE,
@@ -15,6 +13,8 @@ from kserve_trio.serving.grpc._frame_guard import (
     ResetJudge,
     Violation,
 )
+
+from kserve_trio.core.config import EdgeLimits
 from tests.edge.h2_attacker import (
     PREFACE,
     continuation,

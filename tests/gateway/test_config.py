@@ -419,6 +419,7 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "logging.level": ("warning", "warning"),
         "logging.format": ("json", "json"),
         "event_loop": ("trio", "trio"),
+        "http2_engine": ("h2", "h2"),
         "processes": ("2", 2),
         "worker_client.headers": ("admin-key=s; ops=t", ("admin-key=s", "ops=t")),
         "restricted_protocols": (

@@ -54,6 +54,7 @@ ENDPOINTS_METRICS_PORT                 endpoints.metrics_port              int
 ENDPOINTS_HTTP_PORT                    endpoints.http_port                 int
 ENDPOINTS_MAX_CONCURRENT_REQUESTS      endpoints.max_concurrent_requests   int
 ENDPOINTS_EVENT_LOOP                   endpoints.event_loop                str
+ENDPOINTS_HTTP2_ENGINE                 endpoints.http2_engine              str
 ENDPOINTS_RESTRICTED_PROTOCOLS         endpoints.restricted_protocols      specs
 ENDPOINTS_FRONTEND_PROCESSES           endpoints.frontend_processes        int
 ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str

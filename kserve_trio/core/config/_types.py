@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from kserve_trio.core.config._limits import EdgeLimits
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.http2 import DEFAULT_ENGINE
 
 DEFAULT_GRPC_MSG_BYTES = 512 << 20
 """gRPC message cap in each direction (a decode/encode bound, not an allocation)."""
@@ -231,7 +232,8 @@ class EndpointsConfig:
     ``--grpc-restricted-protocol``; ``core.restricted``), gRPC and REST alike; none by default.
     ``frontend_processes`` > 1 serves the gRPC and REST ports from that many front-end
     processes that hand every request to this one, which keeps the device (1: this process
-    serves them itself)."""
+    serves them itself). ``http2_engine`` is the HTTP/2 engine under the gRPC port (``ngh2``,
+    libnghttp2, the default; ``h2``, pure Python, the fallback)."""
 
     host: str = "127.0.0.1"
     port: int = 8001
@@ -242,6 +244,7 @@ class EndpointsConfig:
     event_loop: str = ""
     restricted_protocols: tuple[str, ...] = ()
     frontend_processes: int = 1
+    http2_engine: str = DEFAULT_ENGINE
 
 
 @dataclass(frozen=True)

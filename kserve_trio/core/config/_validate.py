@@ -12,6 +12,7 @@ from kserve_trio.core.config._types import ModelControlMode, NumericsMode, Serve
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.event_loops import EVENT_LOOPS
 from kserve_trio.core.restricted import parse_restrictions
+from kserve_trio.http2 import ENGINES
 
 
 def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
@@ -42,6 +43,11 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
             "endpoints.event_loop",
             ep.event_loop in ("", *EVENT_LOOPS),
             "must be uvloop, asyncio or trio (empty: uvloop when installed)",
+        ),
+        (
+            "endpoints.http2_engine",
+            ep.http2_engine in ENGINES,
+            f"must be one of {', '.join(ENGINES)}",
         ),
         ("grpc.max_recv_msg_bytes", cfg.grpc.max_recv_msg_bytes > 0, "must be positive"),
         ("grpc.max_send_msg_bytes", cfg.grpc.max_send_msg_bytes > 0, "must be positive"),

@@ -52,6 +52,7 @@ TLS_CLIENT_CA_FILE                        tls.client_ca_file                    
 LOGGING_LEVEL                             logging.level                            str
 LOGGING_FORMAT                            logging.format                           str
 EVENT_LOOP                                event_loop                               str
+HTTP2_ENGINE                              http2_engine                             str
 PROCESSES                                 processes                                int
 RESTRICTED_PROTOCOLS                      restricted_protocols                     specs
 """

@@ -117,6 +117,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "tls": block(cfg.tls),
         "logging": block(cfg.logging),
         "event_loop": cfg.event_loop,
+        "http2_engine": cfg.http2_engine,
         "limits": block(cfg.limits),
         "processes": cfg.processes,
         "restricted_protocols": list(cfg.restricted_protocols),

@@ -40,6 +40,7 @@ from kserve_trio.gateway.config._types import (
     WorkerClientConfig,
     WorkerTlsConfig,
 )
+from kserve_trio.http2 import DEFAULT_ENGINE, ENGINES
 
 
 def _leaves(cls: type, *skip: str) -> dict[str, None]:
@@ -64,6 +65,7 @@ SCHEMA: dict[str, Any] = {
     "tls": _leaves(TlsConfig),
     "logging": _leaves(LoggingConfig),
     "event_loop": None,
+    "http2_engine": None,
     "limits": {f.name: None for f in LIMIT_FIELDS},
     "processes": None,
     "restricted_protocols": None,
@@ -262,6 +264,11 @@ def build_gateway_config(
             f"must be uvloop, asyncio or trio (empty: uvloop when installed), not {event_loop!r}",
             "event_loop",
         )
+    http2_engine = raw.get("http2_engine") or DEFAULT_ENGINE
+    if http2_engine not in ENGINES:
+        raise ConfigError(
+            f"must be one of {', '.join(ENGINES)}, not {http2_engine!r}", "http2_engine"
+        )
     processes = raw.get("processes")
     return GatewayConfig(
         processes=1 if processes is None else as_int(processes, "processes"),
@@ -277,6 +284,7 @@ def build_gateway_config(
         logging=logging_,
         prober=prober or ProberConfig(),
         event_loop=event_loop,
+        http2_engine=http2_engine,
         limits=limits,
         restricted_protocols=_list(raw, "restricted_protocols"),
     )

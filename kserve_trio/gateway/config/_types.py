@@ -14,6 +14,7 @@ from kserve_trio.core.config import (
     parse_enum,
 )
 from kserve_trio.gateway.addresses import parse_host_port
+from kserve_trio.http2 import DEFAULT_ENGINE
 
 ENV_PREFIX = "KSERVE_TRIO_GATEWAY_"
 FILE_ENV = "KSERVE_TRIO_GATEWAY_FILE"
@@ -255,7 +256,8 @@ class GatewayConfig:
     aligned the same way: entry ``i`` is the KServe V2 REST address of the workers behind
     ``endpoints[i]`` (a name resolves per round, and each worker takes the REST address equal to
     its own), where the gateway forwards REST requests that name a model. ``event_loop`` is
-    what the gateway runs on (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed).
+    what the gateway runs on (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed),
+    ``http2_engine`` the HTTP/2 engine under its gRPC port (``ngh2`` by default, or ``h2``).
     ``processes`` is how many gateway processes share the public ports (``processes.py``; 1:
     this process serves alone).
     ``restricted_protocols`` are the gateway's own ``group[,group...]:key=value`` restrictions
@@ -274,6 +276,7 @@ class GatewayConfig:
     logging: LoggingConfig = LoggingConfig()
     prober: ProberConfig = ProberConfig()
     event_loop: str = ""
+    http2_engine: str = DEFAULT_ENGINE
     limits: EdgeLimits = field(default_factory=EdgeLimits)
     processes: int = 1
     restricted_protocols: tuple[str, ...] = ()

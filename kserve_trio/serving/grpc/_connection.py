@@ -266,7 +266,9 @@ class ServerConnection:
         """The client is gone (the transport's read ended)."""
         self._end()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve the connection until it ends (the client leaves, a protocol error, the drain's
         end): the call tasks and the timers run here, then what is queued is flushed. Started
         (``task_status``) once calls can run: the transport feeds it from then on."""
@@ -303,7 +305,9 @@ class ServerConnection:
     def _peer_error(self, exc: PeerError) -> None:
         """*Engine rules*: the engine has queued its GOAWAY; send it and end."""
         self.stats.goaway(code_name(exc.code))
-        log.info("h2_protocol_error", error=exc.reason[:200], code=code_name(exc.code), peer=self.peer())
+        log.info(
+            "h2_protocol_error", error=exc.reason[:200], code=code_name(exc.code), peer=self.peer()
+        )
         if exc.code == ErrorCode.ENHANCE_YOUR_CALM:
             self._linger_at_close = True
         self.transport.wake_writer()

@@ -14,6 +14,7 @@ from kserve_trio.core.logging import get_logger
 
 log = get_logger("kserve_trio.serving.grpc")
 
+
 class GrpcError(ServingError):
     """A call's end with an explicit status, for handlers that choose it themselves."""
 

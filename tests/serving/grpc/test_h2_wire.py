@@ -11,7 +11,6 @@ settings are small and the bounds generous, and nothing asserts that anything wa
 from __future__ import annotations
 
 import dataclasses
-
 import gzip
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -396,7 +395,9 @@ async def test_an_idle_client_that_answers_keepalive_pings_stays_connected(http2
                 await echo_ok(peer)
 
 
-async def test_a_client_that_does_not_answer_keepalive_pings_is_closed_with_goaway(http2_engine: str):
+async def test_a_client_that_does_not_answer_keepalive_pings_is_closed_with_goaway(
+    http2_engine: str,
+):
     async with served(KEEPALIVE, http2_engine) as s:
         with anyio.fail_after(BOUND):
             async with Peer.connect(s.port, feed=False) as peer:  # reads, never answers
