@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from kserve_trio.core.config._limits import EdgeLimits
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.shm_names import ClientShmPolicy
 
 DEFAULT_GRPC_MSG_BYTES = 512 << 20
 """gRPC message cap in each direction (a decode/encode bound, not an allocation)."""
@@ -231,7 +232,10 @@ class EndpointsConfig:
     ``--grpc-restricted-protocol``; ``core.restricted``), gRPC and REST alike; none by default.
     ``frontend_processes`` > 1 serves the gRPC and REST ports from that many front-end
     processes that hand every request to this one, which keeps the device (1: this process
-    serves them itself)."""
+    serves them itself). ``client_shared_memory`` false turns the system shared-memory RPCs
+    off (UNAVAILABLE; ``IsSameIPCNamespace`` answers no, so clients send tensors inline);
+    a non-empty ``client_shared_memory_prefixes`` allows only keys with one of those starts
+    (``core.shm_names.ClientShmPolicy``; reserved keys are refused whatever it says)."""
 
     host: str = "127.0.0.1"
     port: int = 8001
@@ -242,6 +246,17 @@ class EndpointsConfig:
     event_loop: str = ""
     restricted_protocols: tuple[str, ...] = ()
     frontend_processes: int = 1
+    client_shared_memory: bool = True
+    client_shared_memory_prefixes: tuple[str, ...] = ()
+
+    @property
+    def shm_policy(self) -> ClientShmPolicy:
+        """What these endpoints let clients do with shared memory, named by these keys."""
+        return ClientShmPolicy(
+            self.client_shared_memory,
+            self.client_shared_memory_prefixes,
+            "endpoints.client_shared_memory",
+        )
 
 
 @dataclass(frozen=True)
