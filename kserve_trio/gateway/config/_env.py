@@ -54,6 +54,8 @@ LOGGING_FORMAT                            logging.format                        
 EVENT_LOOP                                event_loop                               str
 PROCESSES                                 processes                                int
 RESTRICTED_PROTOCOLS                      restricted_protocols                     specs
+CLIENT_SHARED_MEMORY                      client_shared_memory                     bool
+CLIENT_SHARED_MEMORY_PREFIXES             client_shared_memory_prefixes            csv
 """
 _ENV_TABLE: tuple[tuple[str, str, str], ...] = (
     *(

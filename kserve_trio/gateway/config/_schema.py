@@ -12,6 +12,7 @@ from kserve_trio.core.config import (
     EdgeLimits,
     FrozenMap,
     TlsConfig,
+    as_bool,
     as_float,
     as_int,
     as_str,
@@ -67,6 +68,8 @@ SCHEMA: dict[str, Any] = {
     "limits": {f.name: None for f in LIMIT_FIELDS},
     "processes": None,
     "restricted_protocols": None,
+    "client_shared_memory": None,
+    "client_shared_memory_prefixes": None,
 }
 
 LPT_SCHEDULING_KEYS = (
@@ -263,6 +266,7 @@ def build_gateway_config(
             "event_loop",
         )
     processes = raw.get("processes")
+    shm = raw.get("client_shared_memory")
     return GatewayConfig(
         processes=1 if processes is None else as_int(processes, "processes"),
         listen=listen,
@@ -279,6 +283,8 @@ def build_gateway_config(
         event_loop=event_loop,
         limits=limits,
         restricted_protocols=_list(raw, "restricted_protocols"),
+        client_shared_memory=True if shm is None else as_bool(shm, "client_shared_memory"),
+        client_shared_memory_prefixes=_list(raw, "client_shared_memory_prefixes"),
     )
 
 
