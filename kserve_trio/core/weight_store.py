@@ -534,7 +534,6 @@ __all__ = [
     "HEADER_BYTES",
     "MAGIC",
     "REGION_PREFIX",
-    "SHM_DIR",
     "PrivateWeightStore",
     "SharedWeightStore",
     "WeightStore",

@@ -17,10 +17,10 @@ import posix_ipc
 import pytest
 
 from kserve_trio.core.dtypes import DType
+from kserve_trio.core.shm_names import SHM_DIR
 from kserve_trio.core.weight_store import (
     HEADER_BYTES,
     MAGIC,
-    SHM_DIR,
     PrivateWeightStore,
     SharedWeightStore,
     fnv1a64,
