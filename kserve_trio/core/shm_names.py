@@ -13,7 +13,7 @@ shared-memory directory. The rules:
   character; it may be empty only where the RPC gives ``""`` a meaning (all regions);
 - both must be strings at all: a malformed protobuf body can decode to ``None`` or an integer.
 
-The checks are pure (strings in, a problem description or ``None`` out); ``check_key`` and
+These checks are pure (strings in, a problem description or ``None`` out); ``check_key`` and
 ``check_region_name`` raise ``InvalidArgument`` naming the field, and ``shown`` renders a hostile
 value safely (escaped, truncated) for error messages and logs.
 
@@ -25,7 +25,8 @@ from); asked for an input, it reads that memory back to the client. So:
 - every shared-memory object a server or its node creates for itself is named by
   ``reserved_name`` and starts with ``RESERVED_PREFIX`` (this module is the one place that says
   so; the weight store, its lock files and the front ends' arenas all take their names here),
-  and ``RESERVED_RULE`` refuses such a key, or another name (a hard link) of such an object;
+  and ``RESERVED_RULE`` refuses such a key, or another name (a hard link) of such an object
+  (``reserved_alias``, the one check here that looks at the file system);
 - ``ClientShmPolicy`` is what a server lets its clients do: client shared memory on or off, and
   an optional allow-list of key prefixes.
 """

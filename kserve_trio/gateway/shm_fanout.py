@@ -119,9 +119,7 @@ class ShmFanout:
         self.gates = gates
         self.registrations = registrations if registrations is not None else ShmRegistrations()
         self.metrics = metrics
-        self.policy = (
-            policy if policy is not None else ClientShmPolicy(setting="client_shared_memory")
-        )
+        self.policy = policy if policy is not None else ClientShmPolicy()  # on, any key
         self._replays: dict[str, anyio.Event] = {}
 
     async def _call(
