@@ -51,3 +51,34 @@ def test_built_commands_are_not_placeholders():
         assert out.returncode == 0
         assert "not built yet" not in out.stdout
         assert "--node" in out.stdout
+
+
+def test_the_worker_flags_of_client_shared_memory():
+    import argparse
+
+    import pytest
+
+    from kserve_trio.core.config import build_config, validate_config
+    from kserve_trio.core.errors import ConfigError
+    from kserve_trio.worker.cli import configure_parser, overrides_from_args
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+
+    def endpoints(*argv: str):
+        cfg = build_config(overrides_from_args(parser.parse_args(list(argv))))
+        validate_config(cfg, check_dirs=False)
+        return cfg.endpoints
+
+    default = endpoints()
+    assert default.client_shared_memory is True and default.client_shared_memory_prefixes == ()
+    assert endpoints("--no-client-shared-memory").client_shared_memory is False
+    assert endpoints("--client-shared-memory").client_shared_memory is True
+    allowed = endpoints(
+        "--client-shared-memory-prefix", "triton_", "--client-shared-memory-prefix", "/app-"
+    )
+    assert allowed.client_shared_memory_prefixes == ("triton_", "/app-")
+    with pytest.raises(ConfigError, match="starts with 'kst-'"):
+        endpoints("--client-shared-memory-prefix", "kst-w-")
+    with pytest.raises(ConfigError, match=r"has no effect with endpoints\.client_shared_memory"):
+        endpoints("--no-client-shared-memory", "--client-shared-memory-prefix", "a")

@@ -5,7 +5,11 @@ region *name* to a window ``[offset, offset+byte_size)`` of an existing POSIX sh
 *key*, copies inputs out of it for the codec (``read_view``), copies outputs into it (``write``)
 and detaches regions on ``unregister``/``close``. It never creates or unlinks a client's object.
 ``same_ipc_namespace`` answers the client's "can you see my object?" probe. Every name and key
-is validated (``core/shm_names.py``) before any ``posix_ipc`` or OS call.
+is validated (``core/shm_names.py``) before any ``posix_ipc`` or OS call, and the registry's
+``ClientShmPolicy`` decides what a client may do at all: with client shared memory off the RPCs
+are UNAVAILABLE and the probe answers no; a reserved key (the server's own objects), another
+name of a reserved object, or a key outside the allow-list is never registered, so the server
+never writes outputs into, or reads inputs out of, memory it owns.
 
 The registry keeps one file descriptor per region and never maps the object. All data moves
 through that descriptor: ``os.preadv`` into a private buffer for inputs, ``os.fstat`` then
@@ -39,6 +43,7 @@ import resource
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import posix_ipc
@@ -52,10 +57,14 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.shm_names import (
+    RESERVED_RULE,
+    SHM_DIR,
+    ClientShmPolicy,
     check_key,
     check_region_name,
     key_problem,
     region_name_problem,
+    reserved_alias,
     shown,
 )
 
@@ -164,8 +173,10 @@ class _Region:
         )
 
 
-def _attach(name: str, key: str, offset: int, byte_size: int) -> _Region:
-    """Open the existing object ``key`` read-write and keep its descriptor for the region."""
+def _attach(name: str, key: str, offset: int, byte_size: int, shm_dir: Path) -> _Region:
+    """Open the existing object ``key`` read-write and keep its descriptor for the region,
+    unless it is a reserved object under another name (``shm_names.reserved_alias``: the check
+    is on the opened descriptor, so no rename after it changes what was checked)."""
     try:
         shm = posix_ipc.SharedMemory(posix_name(key))
     except posix_ipc.ExistentialError:
@@ -174,10 +185,17 @@ def _attach(name: str, key: str, offset: int, byte_size: int) -> _Region:
         raise InvalidArgument(f"cannot open shared memory object '{key}': {exc}") from None
     fd = shm.fd  # ours from here on: posix_ipc does not close it when ``shm`` goes away
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         raise InvalidArgument(f"cannot stat shared memory object '{key}': {exc}") from None
+    if reserved_alias(st, shm_dir) is not None:
+        os.close(fd)
+        raise InvalidArgument(
+            f"SystemSharedMemoryRegister: shared memory key {shown(key)} is another name (a hard "
+            f"link) of a reserved object: {RESERVED_RULE}"
+        )
+    size = st.st_size
     if byte_size > size or offset > size - byte_size:
         os.close(fd)
         raise InvalidArgument(
@@ -246,11 +264,19 @@ class ShmRegistry:
     are thread-safe: the event loop and worker threads call them concurrently.
     """
 
-    def __init__(self, max_regions: int | None = None) -> None:
+    def __init__(
+        self,
+        max_regions: int | None = None,
+        policy: ClientShmPolicy | None = None,
+        *,
+        shm_dir: Path = SHM_DIR,
+    ) -> None:
         self._lock = threading.Lock()
         self._regions: dict[str, _Region] = {}
         self._closed = False
         self.max_regions = default_max_regions() if max_regions is None else max_regions
+        self.policy = policy if policy is not None else ClientShmPolicy()
+        self.shm_dir = Path(shm_dir)
 
     # -- registration ------------------------------------------------------------------------
 
@@ -259,9 +285,12 @@ class ShmRegistry:
         offset+byte_size)`` of it as ``name``.
 
         Rules (each failure is ``InvalidArgument``, so a bad region surfaces at register time):
-        1. ``name`` is a valid region name and ``key`` a valid key (``core/shm_names.py``);
+        0. with client shared memory off, ``Unavailable`` naming the setting, before anything.
+        1. ``name`` is a valid region name and ``key`` a valid key (``core/shm_names.py``)
+           that the policy allows (not reserved, within the allow-list);
            ``0 <= offset <= INT64_MAX``; ``0 < byte_size <= INT64_MAX``.
-        2. ``key`` (with or without its leading ``/``) names an existing object.
+        2. ``key`` (with or without its leading ``/``) names an existing object, which is not
+           a reserved object under another name.
         3. ``byte_size <= size`` and ``offset <= size - byte_size`` (subtraction form).
         4. A name already registered is replaced; the old descriptor is closed once no copy
            through it is in progress.
@@ -269,8 +298,10 @@ class ShmRegistry:
            ``ResourceExhausted``.
         """
         rpc = "SystemSharedMemoryRegister"
+        self.policy.check_enabled(rpc)
         check_region_name(name, rpc=rpc)
         check_key(key, rpc=rpc)
+        self.policy.check_key(key, rpc=rpc)
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidArgument(
@@ -286,7 +317,7 @@ class ShmRegistry:
             if self._closed:
                 raise Unavailable("shared memory registry is closed (server is shutting down)")
             self._check_room(name)
-        region = _attach(name, key, offset, byte_size)
+        region = _attach(name, key, offset, byte_size, self.shm_dir)
         with self._lock:
             closed = self._closed
             full = not closed and name not in self._regions and self._full()
@@ -308,6 +339,7 @@ class ShmRegistry:
         The name disappears at once; each descriptor is closed when no copy through it is in
         progress any more. The client's object is never unlinked.
         """
+        self.policy.check_enabled("SystemSharedMemoryUnregister")
         check_region_name(name, rpc="SystemSharedMemoryUnregister", allow_empty=True)
         with self._lock:
             if name:
@@ -322,6 +354,7 @@ class ShmRegistry:
 
     def status(self, name: str = "") -> dict[str, RegionStatus]:
         """Registered regions by name (``""`` = all; an unknown name gives an empty dict)."""
+        self.policy.check_enabled("SystemSharedMemoryStatus")
         check_region_name(name, rpc="SystemSharedMemoryStatus", allow_empty=True)
         with self._lock:
             if name:
@@ -340,8 +373,10 @@ class ShmRegistry:
             self._retire(region)
 
     def same_ipc_namespace(self, name: str) -> bool:
-        """See the module-level ``same_ipc_namespace``; no registry side effects."""
-        return same_ipc_namespace(name)
+        """The module-level ``same_ipc_namespace``, and no for a key the policy would not let
+        a client register (client shared memory off, a reserved key, one outside the
+        allow-list): the client then sends its tensors inline. No registry side effects."""
+        return self.policy.may_register(name) and same_ipc_namespace(name)
 
     # -- data path ---------------------------------------------------------------------------
 

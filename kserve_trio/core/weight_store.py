@@ -14,7 +14,11 @@ This module owns the region format and the coordination protocol, with no jax:
   layout and a content token (size and mtime of the weights file), so a weights-only update gets
   a new region and nobody is ever handed the previous version's bytes;
 * region ``/kst-w-<sanitised model>-<16 hex digits of the digest>``, lock file
-  ``/dev/shm/kst-w-<...>.lock`` beside it, both created with ``shared_host_weights_mode``;
+  ``/dev/shm/kst-w-<...>.lock`` beside it, both created with ``shared_host_weights_mode``; both
+  names are reserved (``shm_names.reserved_name``), so no client can register either and have a
+  worker write its outputs over the weights every worker of the node serves;
+* every process maps a finished region read-only, its creator too once it has filled it, so a
+  stray write faults in the process that makes it instead of changing what every reader serves;
 * layout: a 64-byte header ``{u32 magic, u32 ready, u64 digest}``, then each tensor at a
   64-byte-aligned offset, in weight order.
 
@@ -43,6 +47,7 @@ import numpy as np
 import posix_ipc
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.shm_names import SHM_DIR, reserved_name
 
 log = get_logger("kserve_trio.core.weight_store")
 
@@ -53,8 +58,7 @@ _MASK64 = (1 << 64) - 1
 DIGEST_FORMAT = "kstw1"
 """Format tag folded into every digest; bump it when the region layout changes."""
 
-REGION_PREFIX = "kst-w-"
-SHM_DIR = Path("/dev/shm")
+REGION_PREFIX = reserved_name("w-")
 MAGIC = 0x4B535731  # "KSW1"
 HEADER_BYTES = 64
 ALIGN = 64
@@ -297,8 +301,9 @@ class SharedWeightStore:
            lock, sleep 5 ms and go back to 1 (its ``LOCK_SH`` waits while a creator fills);
         4. with ``LOCK_EX``: check again (another creator may just have finished); else unlink
            any unfinished remnant, create the region with ``mode``, write the header with
-           ready=0, ``fill`` the tensors, ``msync``, set ready=1, ``msync``
-           (``host_weights_materialized``), then downgrade to ``LOCK_SH``;
+           ready=0, ``fill`` the tensors, ``msync``, set ready=1, ``msync``, map it again
+           read-only as in 2 and unmap the writable mapping (``host_weights_materialized``),
+           then downgrade to ``LOCK_SH``;
         5. afterwards sweep this model's other versions: each ``kst-w-<model>-<hex>`` whose
            lock can be taken ``LOCK_EX|LOCK_NB`` (nobody attached) is unlinked with its lock.
 
@@ -459,11 +464,15 @@ class SharedWeightStore:
             mm.flush()
             _HEADER.pack_into(mm, 0, MAGIC, 1, digest)
             mm.flush()
+            readonly = _try_attach(region, total, digest)
+            if readonly is None:  # pragma: no cover - we hold LOCK_EX: nobody else touched it
+                raise RuntimeError(f"host weight region {region} is not readable after filling")
         except BaseException:
             _close_mapping(mm)
             _unlink_region(region)
             raise
-        return mm
+        _close_mapping(mm)
+        return readonly
 
     def _sweep(self, key: str, keep: int) -> None:
         """Unlink this model's other versions that no process is attached to."""
@@ -525,7 +534,6 @@ __all__ = [
     "HEADER_BYTES",
     "MAGIC",
     "REGION_PREFIX",
-    "SHM_DIR",
     "PrivateWeightStore",
     "SharedWeightStore",
     "WeightStore",

@@ -152,6 +152,7 @@ class Gateway:
             gates=self.gates,
             metrics=self.metrics,
             registrations=SharedShmRegistrations(process.shm_record) if process else None,
+            policy=config.shm_policy,
         )
         self.prober = Prober(
             discovery=self.discovery,

@@ -20,7 +20,9 @@ Where each answer comes from:
   CompactMemory: every ready worker (``fanout.Fleet``). Under lpt_packing (``placement_managed``)
   RepositoryModelLoad / Unload answer FAILED_PRECONDITION naming SetModelPlacement.
 - SystemSharedMemoryRegister / Unregister: every ready worker (``shm_fanout.ShmFanout``);
-  SystemSharedMemoryStatus: the regions the gateway registered.
+  SystemSharedMemoryStatus: the regions the gateway registered. With the gateway's
+  ``client_shared_memory`` off all three are UNAVAILABLE, and IsSameIPCNamespace answers no
+  without asking a worker for a key the gateway's policy would not register.
 - LogSettings: the gateway process's own logging (read, or changed all or nothing).
 - CUDA shared memory, trace settings, and the per-worker ControlService RPCs answer
   UNIMPLEMENTED by name.
@@ -194,9 +196,11 @@ class GatewayService:
         return bytes(pb.ServerReadyResponse(ready=ready))
 
     async def server_metadata(self, data: bytes, deadline: float | None) -> bytes:
+        shm_on = self.shm.policy.enabled
+        extensions = [e for e in EXTENSIONS if e != "system_shared_memory" or shm_on]
         return bytes(
             pb.ServerMetadataResponse(
-                name=SERVER_NAME, version=kserve_trio.__version__, extensions=list(EXTENSIONS)
+                name=SERVER_NAME, version=kserve_trio.__version__, extensions=extensions
             )
         )
 
@@ -207,6 +211,7 @@ class GatewayService:
         return bytes(answer_log_settings(request))
 
     async def shm_status(self, data: bytes, deadline: float | None) -> bytes:
+        self.shm.policy.check_enabled("SystemSharedMemoryStatus")
         request = _parse(pb.SystemSharedMemoryStatusRequest, data, "status", self.limits.edge)
         registered = [data for _, data in self.shm.registrations.items()]
         return bytes(aggregate.shm_status(registered, request.name))
@@ -294,7 +299,9 @@ class GatewayService:
         return await self.fleet.load_or_unload(rpc, data, request.model_name, deadline)
 
     async def is_same_ipc_namespace(self, data: bytes, deadline: float | None) -> bytes:
-        _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace", self.limits.edge)
+        request = _parse(pb.IsSameIpcNamespaceRequest, data, "IsSameIPCNamespace", self.limits.edge)
+        if not self.shm.policy.may_register(request.name):  # the client then goes inline
+            return bytes(pb.IsSameIpcNamespaceResponse(same=False))
         return await self.fleet.same_ipc_namespace(data)
 
     async def compact_memory(self, data: bytes, deadline: float | None) -> bytes:

@@ -7,6 +7,11 @@ every routable worker must know the region. The requests are forwarded as the re
 it overtakes the registration.
 
 Rules (``ShmFanout``):
+0. The gateway's own ``ClientShmPolicy`` (``client_shared_memory``, its prefixes) comes first:
+   with client shared memory off, Register and Unregister are UNAVAILABLE naming the setting;
+   a Register of a reserved key (the workers' own objects) or of one outside the allow-list is
+   INVALID_ARGUMENT naming the rule, and reaches no worker. Replay skips (and forgets) any
+   recorded registration the policy refuses, so no worker is ever asked to register one.
 1. Register goes to every routable worker concurrently. All succeed: the region is remembered
    and the first reply returned. Any fails: the workers that succeeded are rolled back
    (Unregister, best effort) and the first failure is raised with its own status, its message
@@ -43,6 +48,7 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.shm_names import ClientShmPolicy, check_key
 from kserve_trio.gateway.forward import RegisterGates
 from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
 from kserve_trio.gateway.peek import peek_region_name
@@ -107,11 +113,13 @@ class ShmFanout:
         gates: RegisterGates,
         registrations: ShmRegistrations | None = None,
         metrics: GatewayMetrics | None = None,
+        policy: ClientShmPolicy | None = None,
     ) -> None:
         self._targets = targets
         self.gates = gates
         self.registrations = registrations if registrations is not None else ShmRegistrations()
         self.metrics = metrics
+        self.policy = policy if policy is not None else ClientShmPolicy()  # on, any key
         self._replays: dict[str, anyio.Event] = {}
 
     async def _call(
@@ -161,13 +169,18 @@ class ShmFanout:
         deadline: float | None,
     ) -> bytes:
         with ObservedRequest(self.metrics, rpc) as seen:
+            self.policy.check_enabled(rpc)
             seen.name = peek_region_name(data, rpc)
             return await fn(seen.name, data, deadline)
 
     async def _register(self, name: str, data: bytes, deadline: float | None) -> bytes:
+        """Rules 0 and 1."""
         rpc = "SystemSharedMemoryRegister"
         if not name:
             raise InvalidArgument(f"{rpc} needs a region name")
+        key = _key_of(data, rpc)
+        check_key(key, rpc=rpc)
+        self.policy.check_key(key, rpc=rpc)
         async with self.registrations.exclusive():
             return await self._register_held(name, data, deadline)
 
@@ -239,12 +252,28 @@ class ShmFanout:
         return True
 
     async def replay(self, client: WorkerClient) -> None:
-        """Rules 3 and 5 (raises the first failure)."""
+        """Rules 0, 3 and 5 (raises the first failure)."""
         async with self.registrations.exclusive():
-            items = self.registrations.items()
+            items = self._replayable(self.registrations.items())
             if self.registrations.shared and items:
                 items = await self._lacking(client, items)
             await self._replay_held(client, items)
+
+    def _replayable(self, items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        """The recorded registrations the policy allows (rule 0); the others are forgotten."""
+        out = []
+        for name, request in items:
+            try:
+                key = _key_of(request, "SystemSharedMemoryRegister")
+            except InvalidArgument:
+                key = ""
+            if self.policy.may_register(key):
+                out.append((name, request))
+                continue
+            if name:  # "" would forget every region
+                self.registrations.unregistered(name)
+            _log.warning("shm_replay_refused", region=name, key=key)
+        return out
 
     async def _lacking(
         self, client: WorkerClient, items: list[tuple[str, bytes]]
@@ -276,6 +305,14 @@ class ShmFanout:
                     continue
                 raise _failure("SystemSharedMemoryRegister", client.label, exc) from None
             _log.info("shm_region_replayed", worker=client.label, region=name)
+
+
+def _key_of(data: bytes, rpc: str) -> str:
+    """The ``key`` of a serialized ``SystemSharedMemoryRegisterRequest``."""
+    try:
+        return pb.SystemSharedMemoryRegisterRequest().parse(data).key
+    except Exception as exc:
+        raise InvalidArgument(f"malformed {rpc} request: {exc}") from None
 
 
 __all__ = ["REGISTER", "UNREGISTER", "ShmFanout", "ShmRegistrations"]

@@ -65,6 +65,20 @@ def configure_parser(parser: argparse.ArgumentParser):
         "which keeps the device (default 1: this process serves them; "
         "endpoints.frontend_processes)",
     )
+    parser.add_argument(
+        "--client-shared-memory",
+        action=argparse.BooleanOptionalAction,
+        help="serve the system shared-memory RPCs (default on); --no-client-shared-memory "
+        "answers them UNAVAILABLE and clients send tensors inline "
+        "(endpoints.client_shared_memory)",
+    )
+    parser.add_argument(
+        "--client-shared-memory-prefix",
+        metavar="PREFIX",
+        action="append",
+        help="allow only shared-memory keys starting with PREFIX; repeatable "
+        "(endpoints.client_shared_memory_prefixes; default: any key but the server's own)",
+    )
     add_event_loop_flags(parser, "endpoints.event_loop, env INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP")
     add_http2_engine_flag(
         parser, "endpoints.http2_engine, env INFERENCE_SERVER_ENDPOINTS_HTTP2_ENGINE"
@@ -97,6 +111,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         endpoints["http2_engine"] = args.http2_engine
     if getattr(args, "restricted_protocol", None):
         endpoints["restricted_protocols"] = list(args.restricted_protocol)
+    if getattr(args, "client_shared_memory", None) is not None:
+        endpoints["client_shared_memory"] = args.client_shared_memory
+    if getattr(args, "client_shared_memory_prefix", None):
+        endpoints["client_shared_memory_prefixes"] = list(args.client_shared_memory_prefix)
     if endpoints:
         raw["endpoints"] = endpoints
     return raw

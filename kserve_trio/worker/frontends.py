@@ -42,6 +42,7 @@ import anyio.abc
 
 from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
+from kserve_trio.core.shm_names import reserved_name
 from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
@@ -149,7 +150,9 @@ class FrontendProcesses:
         fds: list[int] = []
         try:
             for what in ("requests", "replies"):
-                fds.append(Arena.create_fd(f"kserve_trio-frontend{frontend.index}-{what}"))
+                # No name in /dev/shm, but the one rule for the server's own objects all the same
+                name = reserved_name(f"frontend{frontend.index}-{what}")
+                fds.append(Arena.create_fd(name))
             arenas = [Arena(fd, ARENA_BYTES) for fd in fds]
             argv = self._argv(theirs.fileno(), *fds)
             process = await anyio.to_thread.run_sync(

@@ -186,7 +186,9 @@ async def serve_async(
             config.limits,
             inflight=admission.bytes,
         ),
-        shm_registry=ShmRegistry(max_regions=budget.shm_regions),
+        shm_registry=ShmRegistry(
+            max_regions=budget.shm_regions, policy=config.endpoints.shm_policy
+        ),
         admission=admission,
         metrics=metrics,
         cache=cache,

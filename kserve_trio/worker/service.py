@@ -35,7 +35,7 @@ from kserve_trio.core.config import ModelControlMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.request_bounds import check_model_name
-from kserve_trio.core.shm import ShmRegistry, same_ipc_namespace
+from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Method, TypedUnaryFn, stream, unary, unimplemented
@@ -118,11 +118,9 @@ class InferenceService:
         )
 
     async def server_metadata(self, request):
-        extensions = [
-            e
-            for e in EXTENSIONS
-            if e != "system_shared_memory" or self.state.shm_registry is not None
-        ]
+        registry = self.state.shm_registry
+        shm_on = registry is not None and registry.policy.enabled
+        extensions = [e for e in EXTENSIONS if e != "system_shared_memory" or shm_on]
         return pb.ServerMetadataResponse(
             name=SERVER_NAME, version=kserve_trio.__version__, extensions=extensions
         )
@@ -139,7 +137,8 @@ class InferenceService:
 
     async def shm_status(self, request):
         # Register, Unregister and Status validate names and keys in ShmRegistry
-        # (core/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field.
+        # (core/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field; its
+        # policy answers UNAVAILABLE with client shared memory off and refuses reserved keys.
         regions = self._shm().status(request.name)
         return pb.SystemSharedMemoryStatusResponse(
             regions={
@@ -163,7 +162,9 @@ class InferenceService:
     async def is_same_ipc_namespace(self, request):
         # The name reaches posix_ipc only once it is a valid key (a NUL byte crashes it).
         check_key(request.name, rpc="IsSameIPCNamespace", field="name")
-        return pb.IsSameIpcNamespaceResponse(same=same_ipc_namespace(request.name))
+        registry = self.state.shm_registry
+        same = registry is not None and registry.same_ipc_namespace(request.name)
+        return pb.IsSameIpcNamespaceResponse(same=same)
 
     # ---- Triton's repository control: residency in explicit mode ------------------------
 

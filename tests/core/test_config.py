@@ -102,6 +102,8 @@ def test_every_default_is_the_documented_one():
     assert sc.compaction_interval == 0
     assert dict(sc.models) == {}
     assert cfg.endpoints == EndpointsConfig("127.0.0.1", 8001, 0, 64)
+    assert cfg.endpoints.client_shared_memory is True
+    assert cfg.endpoints.client_shared_memory_prefixes == ()
     assert cfg.grpc == GrpcConfig(512 << 20, 512 << 20) == GrpcConfig()
     assert DEFAULT_GRPC_MSG_BYTES == 536870912
     assert cfg.meta == MetaConfig(1 << 30, 16) and cfg.meta.pool_enabled
@@ -616,6 +618,18 @@ ENV_CASES = [
         3,
     ),
     (
+        "INFERENCE_SERVER_ENDPOINTS_CLIENT_SHARED_MEMORY",
+        "off",
+        lambda c: c.endpoints.client_shared_memory,
+        False,
+    ),
+    (
+        "INFERENCE_SERVER_ENDPOINTS_CLIENT_SHARED_MEMORY_PREFIXES",
+        "triton_:/shm-kserve_trio_client-",
+        lambda c: c.endpoints.client_shared_memory_prefixes,
+        ("triton_", "/shm-kserve_trio_client-"),
+    ),
+    (
         "INFERENCE_SERVER_ENDPOINTS_RESTRICTED_PROTOCOLS",
         "model-repository,logging:admin-key=s; control:ops=t",
         lambda c: c.endpoints.restricted_protocols,
@@ -1001,6 +1015,32 @@ VALIDATION_CASES = [
         "runtime.numerics",
         "'tf32' requires a CUDA backend; the CPU backend cannot run TF32",
     ),
+    (
+        {"endpoints.client_shared_memory_prefixes": ("ok-", "/")},
+        "endpoints.client_shared_memory_prefixes",
+        "entry '/' is empty (leave the list empty to allow every key)",
+    ),
+    (
+        {"endpoints.client_shared_memory_prefixes": ("a/b",)},
+        "endpoints.client_shared_memory_prefixes",
+        "entry 'a/b' may contain '/' only as its first character",
+    ),
+    (
+        {"endpoints.client_shared_memory_prefixes": ("/kst-w-",)},
+        "endpoints.client_shared_memory_prefixes",
+        "entry '/kst-w-' starts with 'kst-': keys starting with 'kst-' name the server's own "
+        "shared memory (its node's shared host weights and their lock files) and are never "
+        "registered",
+    ),
+    (
+        {
+            "endpoints.client_shared_memory": False,
+            "endpoints.client_shared_memory_prefixes": ("triton_",),
+        },
+        "endpoints.client_shared_memory_prefixes",
+        "has no effect with endpoints.client_shared_memory: false (clients register nothing); "
+        "remove it or turn client shared memory on",
+    ),
 ]
 
 
@@ -1028,6 +1068,8 @@ def test_validation_accepts_the_boundaries():
         {"model_control_mode": ModelControlMode.STATIC, "model_poll_seconds": 0.0},
         {"runtime.numerics": NumericsMode.TF32, "runtime.backend": "cuda"},
         {"scheduler.models": {"m": ModelSchedConfig(weight=0.01, max_batch_size=1)}},
+        {"endpoints.client_shared_memory": False},
+        {"endpoints.client_shared_memory_prefixes": ("/triton_", "k", "kst")},
     ]
     for changes in ok:
         validate_config(_with(**changes), check_dirs=False)
@@ -1243,6 +1285,7 @@ def test_the_config_package_states_its_public_surface_once():
             "set_path",
             "unknown_env_override",
             "validate_config",
+            "validate_shm_policy",
             "validate_tls",
         ]
     )

@@ -1,6 +1,7 @@
 """ShmRegistry: registration rules and name/key validation, reads (private copies through the
 descriptor), writes, a client that shrinks its object, unregister/close semantics (descriptor
-closed, nothing ever mapped), churn safety and the IPC-namespace probe."""
+closed, nothing ever mapped), churn safety and the IPC-namespace probe; the client policy (the
+server's own objects never registered, under their name or another, the allow-list, off)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from kserve_trio.core.shm import (
     posix_name,
     same_ipc_namespace,
 )
+from kserve_trio.core.shm_names import RESERVED_RULE, ClientShmPolicy, reserved_name
 
 PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -39,8 +41,8 @@ PAGE = mmap.ALLOCATIONGRANULARITY
 class ShmObject:
     """A POSIX object created by the test (as a client would), with its own mapping."""
 
-    def __init__(self, size: int) -> None:
-        self.key = f"/kt-test-{os.getpid()}-{secrets.token_hex(6)}"
+    def __init__(self, size: int, key: str | None = None) -> None:
+        self.key = key or f"/kt-test-{os.getpid()}-{secrets.token_hex(6)}"
         shm = posix_ipc.SharedMemory(self.key, flags=posix_ipc.O_CREX, mode=0o600, size=size)
         self.mm = mmap.mmap(shm.fd, size)
         shm.close_fd()
@@ -98,8 +100,8 @@ class ShmObject:
 def make_obj() -> Iterator:
     made: list[ShmObject] = []
 
-    def make(size: int = 3 * PAGE) -> ShmObject:
-        obj = ShmObject(size)
+    def make(size: int = 3 * PAGE, key: str | None = None) -> ShmObject:
+        obj = ShmObject(size, key)
         made.append(obj)
         return obj
 
@@ -284,6 +286,91 @@ def test_hostile_region_name_is_refused_everywhere(registry, make_obj, name):
         assert err.value.message.startswith("shared memory region name ")
         assert err.value.message.isprintable()
     assert obj.attached() == 0
+
+
+# -- the client policy -------------------------------------------------------------------------
+
+
+def reserved_key() -> str:
+    """A key under the reserved prefix, as the node's weight store names its regions."""
+    return "/" + reserved_name(f"test-{os.getpid()}-{secrets.token_hex(6)}")
+
+
+def test_an_object_of_the_servers_own_is_never_registered(registry, make_obj):
+    own = make_obj(key=reserved_key())
+    for key in (own.key, own.bare):
+        with pytest.raises(InvalidArgument) as err:
+            registry.register("evil", key, 64, 64)
+        assert err.value.message == (
+            f"SystemSharedMemoryRegister: shared memory key '{key}' is reserved: {RESERVED_RULE}"
+        )
+        assert registry.same_ipc_namespace(key) is False  # the client goes inline instead
+    assert same_ipc_namespace(own.key) is True  # it exists, and is visible: refused by name
+    assert registry.status() == {} and own.attached() == 0  # never even opened
+
+
+def test_another_name_of_a_reserved_object_is_refused_too(registry, make_obj):
+    """A hard link gives a reserved object a client-looking name: the descriptor opened under
+    it is compared with every reserved object, and closed again."""
+    own = make_obj(key=reserved_key())
+    alias = f"/kt-alias-{os.getpid()}-{secrets.token_hex(6)}"
+    os.link(f"/dev/shm/{own.bare}", f"/dev/shm{alias}")
+    try:
+        with pytest.raises(InvalidArgument) as err:
+            registry.register("evil", alias, 0, 64)
+        assert err.value.message == (
+            f"SystemSharedMemoryRegister: shared memory key '{alias}' is another name (a hard "
+            f"link) of a reserved object: {RESERVED_RULE}"
+        )
+        assert registry.status() == {} and own.attached() == 0
+        assert own.mm[:64] == expected(own, 0, 64)
+    finally:
+        os.unlink(f"/dev/shm{alias}")
+    client = make_obj()
+    registry.register("ok", client.key, 0, 64)  # a client's own object still registers
+    assert list(registry.status()) == ["ok"]
+
+
+def test_the_allow_list_refuses_other_keys_and_the_probe_says_no(make_obj):
+    ok, other = make_obj(key=f"/kt-ok-{secrets.token_hex(6)}"), make_obj()
+    reg = ShmRegistry(policy=ClientShmPolicy(prefixes=("kt-ok-",)))
+    try:
+        with pytest.raises(InvalidArgument) as err:
+            reg.register("r", other.key, 0, 8)
+        assert err.value.message == (
+            f"SystemSharedMemoryRegister: shared memory key '{other.key}' starts with none of "
+            "the allowed prefixes 'kt-ok-' (endpoints.client_shared_memory_prefixes)"
+        )
+        assert reg.same_ipc_namespace(other.key) is False and other.attached() == 0
+        assert reg.same_ipc_namespace(ok.key) is True
+        reg.register("r", ok.key, 0, 8)
+        assert reg.read("r", 0, 8) == expected(ok, 0, 8)
+    finally:
+        reg.close()
+
+
+def test_client_shared_memory_off_answers_unavailable_and_the_probe_says_no(make_obj):
+    obj = make_obj()
+    reg = ShmRegistry(policy=ClientShmPolicy(enabled=False))
+    try:
+        for rpc, call in (
+            ("SystemSharedMemoryRegister", lambda: reg.register("r", obj.key, 0, 8)),
+            ("SystemSharedMemoryUnregister", lambda: reg.unregister("r")),
+            ("SystemSharedMemoryStatus", lambda: reg.status()),
+        ):
+            with pytest.raises(Unavailable) as err:
+                call()
+            assert err.value.message == (
+                f"{rpc}: client shared memory is off on this server "
+                "(endpoints.client_shared_memory: false); send tensors inline"
+            )
+        assert reg.same_ipc_namespace(obj.key) is False
+        assert same_ipc_namespace(obj.key) is True
+        assert obj.attached() == 0
+        with pytest.raises(UnregisteredRegionError):  # an inference naming a region
+            reg.read_view("r", 0, 8)
+    finally:
+        reg.close()
 
 
 def test_reregister_replaces_and_detaches_old(registry, make_obj):

@@ -1,5 +1,6 @@
 """Region-name and key validation (core/shm_names.py): the rules, the messages, and hypothesis
-properties over arbitrary strings (bounded examples)."""
+properties over arbitrary strings (bounded examples); the reserved names of the server's own
+objects and the client shared-memory policy."""
 
 from __future__ import annotations
 
@@ -9,16 +10,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kserve_trio.core.errors import InvalidArgument, StatusCode
+from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
 from kserve_trio.core.shm_names import (
     NAME_MAX,
     REGION_NAME_MAX,
+    RESERVED_PREFIX,
+    RESERVED_RULE,
+    ClientShmPolicy,
     check_key,
     check_region_name,
+    is_reserved,
     key_problem,
+    prefix_problem,
     region_name_problem,
+    reserved_name,
     shown,
 )
+from kserve_trio.core.weight_store import lock_path, region_name
 
 BOUNDED = settings(max_examples=300, deadline=None)
 
@@ -150,3 +158,102 @@ def test_region_name_rules_hold_for_any_string(name, allow_empty):
         with pytest.raises(InvalidArgument) as err:
             check_region_name(name, rpc="R", allow_empty=allow_empty)
         assert err.value.message.isprintable()
+
+
+# --------------------------------------------------------------------------------------------
+# the server's own objects and the client policy
+
+
+def test_every_object_the_server_names_for_itself_is_reserved():
+    """The weight regions, their lock files and the front ends' arenas take their names from
+    ``reserved_name``, so the one rule covers each of them."""
+    region = region_name("mlp", 0xAB)
+    assert region == "/kst-w-mlp-00000000000000ab"
+    for name in (region, region.lstrip("/"), lock_path(region).name, reserved_name("frontend0")):
+        assert is_reserved(name), name
+        assert key_problem(name) is None  # a valid key all the same: refused by the rule
+    assert reserved_name("x") == RESERVED_PREFIX + "x" == "kst-x"
+    for client_key in (
+        "/shm-kserve_trio_client-1-ab",
+        "/triton_input",
+        "kst",
+        "/xkst-w-a",
+        "KST-w",
+    ):
+        assert not is_reserved(client_key), client_key
+
+
+@pytest.mark.parametrize("key", ["/kst-w-mlp-00000000000000ab", "kst-w-mlp-0.lock", "/kst-"])
+def test_a_reserved_key_is_refused_by_every_policy_naming_the_rule(key):
+    for policy in (ClientShmPolicy(), ClientShmPolicy(prefixes=("k", "/kst"))):
+        assert policy.key_refusal(key) == f"is reserved: {RESERVED_RULE}"
+        assert not policy.may_register(key)
+        with pytest.raises(InvalidArgument) as err:
+            policy.check_key(key, rpc="SystemSharedMemoryRegister")
+        assert err.value.status == StatusCode.INVALID_ARGUMENT
+        assert err.value.message == (
+            f"SystemSharedMemoryRegister: shared memory key {shown(key)} is reserved: "
+            "keys starting with 'kst-' name the server's own shared memory (its node's shared "
+            "host weights and their lock files) and are never registered"
+        )
+
+
+def test_the_allow_list_admits_only_its_prefixes_with_or_without_slash():
+    policy = ClientShmPolicy(prefixes=("/triton_", "app-"))
+    for key in ("/triton_in", "triton_in", "/app-1", "app-"):
+        assert policy.key_refusal(key) is None and policy.may_register(key), key
+    refusal = policy.key_refusal("/other")
+    assert refusal == (
+        "starts with none of the allowed prefixes 'triton_', 'app-' "
+        "(endpoints.client_shared_memory_prefixes)"
+    )
+    with pytest.raises(InvalidArgument, match=r"endpoints\.client_shared_memory_prefixes"):
+        policy.check_key("/other", rpc="R")
+    assert not policy.may_register("/other")
+    gateway = ClientShmPolicy(prefixes=("a",), setting="client_shared_memory")
+    assert gateway.key_refusal("/b").endswith("(client_shared_memory_prefixes)")
+    assert ClientShmPolicy().key_refusal("/anything") is None  # no list: any other key
+
+
+def test_off_is_unavailable_naming_the_setting_and_registers_nothing():
+    ClientShmPolicy().check_enabled("R")  # on by default
+    off = ClientShmPolicy(enabled=False)
+    with pytest.raises(Unavailable) as err:
+        off.check_enabled("SystemSharedMemoryStatus")
+    assert err.value.status == StatusCode.UNAVAILABLE
+    assert err.value.message == (
+        "SystemSharedMemoryStatus: client shared memory is off on this server "
+        "(endpoints.client_shared_memory: false); send tensors inline"
+    )
+    assert not off.may_register("/ok")
+    assert not ClientShmPolicy().may_register("/a/b")  # not a key at all
+
+
+@pytest.mark.parametrize(
+    ("prefix", "problem"),
+    [
+        ("triton_", None),
+        ("/triton_", None),
+        ("k", None),  # admits client keys starting with k; the reserved ones stay refused
+        ("", "is empty (leave the list empty to allow every key)"),
+        ("/", "is empty (leave the list empty to allow every key)"),
+        ("a/b", "may contain '/' only as its first character"),
+        ("a\x00", "contains the control character U+0000 at index 1"),
+        ("x" * (NAME_MAX + 1), "is longer than a key (255 bytes)"),
+        ("kst-w-", f"starts with 'kst-': {RESERVED_RULE}"),
+        (7, "is not a string (malformed request)"),
+    ],
+)
+def test_allow_list_entries(prefix, problem):
+    assert prefix_problem(prefix) == problem
+
+
+@BOUNDED
+@given(
+    st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=40),
+    st.lists(st.text(min_size=1, max_size=5), max_size=3),
+)
+def test_no_policy_lets_a_reserved_name_through(suffix, prefixes):
+    key = "/" + RESERVED_PREFIX + suffix.replace("/", "")
+    assert not ClientShmPolicy(prefixes=tuple(prefixes)).may_register(key)
+    assert not ClientShmPolicy(prefixes=tuple(prefixes)).may_register(key.lstrip("/"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -16,10 +17,10 @@ import posix_ipc
 import pytest
 
 from kserve_trio.core.dtypes import DType
+from kserve_trio.core.shm_names import SHM_DIR
 from kserve_trio.core.weight_store import (
     HEADER_BYTES,
     MAGIC,
-    SHM_DIR,
     PrivateWeightStore,
     SharedWeightStore,
     fnv1a64,
@@ -243,6 +244,61 @@ s.release({model!r})
     assert files_of(model), "this process still holds the region"
     store.release(model)
     assert files_of(model) == []
+
+
+def region_perms(region: str, pid: int | str = "self") -> set[str]:
+    """The permission columns of ``pid``'s mappings of ``region`` (e.g. ``{"r--s"}``)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split()[1] for line in f if line.rstrip().endswith("/dev/shm" + region)}
+
+
+WRITER = """
+import ctypes
+import numpy as np
+from kserve_trio.core.weight_store import SharedWeightStore
+specs = [(np.float32, (4, 3)), (np.float32, (3,)), (np.int8, (5,))]
+src = [np.arange(12, dtype=np.float32).reshape(4, 3), np.array([0.5, -1.0, 2.0], np.float32),
+       np.arange(5, dtype=np.int8)]
+def fill(arrays):
+    for d, s in zip(arrays, src):
+        np.copyto(d, s)
+s = SharedWeightStore()
+a = s.materialize({model!r}, {digest}, specs, fill)
+with open("/proc/self/maps") as f:
+    perms = sorted({{l.split()[1] for l in f if l.rstrip().endswith("/dev/shm" + {region!r})}})
+print("MAPS", *perms, flush=True)
+try:
+    a[0].flags.writeable = True
+except ValueError:
+    print("FLAG refused", flush=True)
+ctypes.memset(a[0].ctypes.data, 0x7F, 4)
+print("WROTE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("role", ["creator", "attacher"])
+def test_a_write_through_a_workers_mapping_faults_and_the_region_is_unchanged(model, role):
+    """Creator and attachers alike map the finished region read-only: numpy refuses to make a
+    view writable, and a raw store into it kills the writer (SIGSEGV) instead of changing what
+    every worker of the node serves."""
+    digest = weights_digest(model, SPECS, content=5)
+    region = region_name(model, digest)
+    store = SharedWeightStore()
+    if role == "attacher":
+        views = store.materialize(model, digest, SPECS, Filler())
+        assert region_perms(region) == {"r--s"}  # this process created it, and reads it
+        del views
+    code = WRITER.format(model=model, digest=digest, region=region)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGSEGV, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout.split("\n")[:2] == ["MAPS r--s", "FLAG refused"]
+    assert "WROTE" not in out.stdout
+    offsets, _ = region_layout(SPECS)
+    raw = (SHM_DIR / region.lstrip("/")).read_bytes()
+    for (dtype, shape), off, want in zip(SPECS, offsets, source(), strict=True):
+        got = np.frombuffer(raw, dtype, int(np.prod(shape)), off).reshape(shape)
+        np.testing.assert_array_equal(got, want)
+    store.release(model)
 
 
 def test_a_weights_only_update_gets_a_new_region_and_sweeps_the_unheld_old_one(model):

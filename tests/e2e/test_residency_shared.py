@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from kserve_trio.core.bundle import WEIGHTS_FILE
-from kserve_trio.core.weight_store import SHM_DIR
+from kserve_trio.core.shm_names import SHM_DIR
 from kserve_trio.runtime.weights import read_weights_index, write_weights
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess

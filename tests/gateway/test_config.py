@@ -426,6 +426,8 @@ def _typed_sample(path: str) -> tuple[str, object]:
             "model-repository,logging:admin-key=s; control:ops=t",
             ("model-repository,logging:admin-key=s", "control:ops=t"),
         ),
+        "client_shared_memory": ("no", False),
+        "client_shared_memory_prefixes": ("triton_, /app-", ("triton_", "/app-")),
         **{
             f"limits.{f.name}": (
                 str(2 * getattr(EdgeLimits(), f.name)),

@@ -230,6 +230,60 @@ def test_shm_register_rolls_back_a_partial_failure_and_status_lists_the_gateways
             assert a.regions == b.regions == {}
 
 
+def same_ipc(gw, key: str) -> bool:
+    ask = pb.IsSameIpcNamespaceRequest(name=key)
+    reply = call_gateway(gw, method_path("IsSameIPCNamespace"), ask, pb.IsSameIpcNamespaceResponse)
+    return reply.same
+
+
+def rest_register(gw, name: str, key: str) -> tuple[int, str]:
+    """A REST registration through the gateway: its status and error message."""
+    body = json.dumps({"key": key, "offset": 0, "byte_size": 64}).encode()
+    url = f"http://127.0.0.1:{gw.http_port}/v2/systemsharedmemory/region/{name}/register"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body), timeout=10) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["error"]
+
+
+def test_the_gateways_client_shared_memory_switch_and_reserved_keys():
+    """Off: the three shm RPCs are UNAVAILABLE (REST 503) naming the gateway's key, the probe
+    says no although the worker would say yes, ServerMetadata drops the extension. On: a
+    reserved key is refused (REST 400) and probed no without asking a worker."""
+    listen = ListenConfig("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+    with fleet(1) as (a,):
+        with running([a], listen=listen, client_shared_memory=False) as gw:
+            c = client(gw)
+            off = "client shared memory is off on this server (client_shared_memory: false)"
+            for call in (
+                lambda: c.register_system_shared_memory("r", "/r", 64),
+                lambda: c.unregister_system_shared_memory("r"),
+                lambda: c.get_system_shared_memory_status(),
+            ):
+                with pytest.raises(InferenceServerException) as info:
+                    call()
+                assert info.value.status() == "StatusCode.UNAVAILABLE"
+                assert off in info.value.message()
+            code, message = rest_register(gw, "r", "/r")
+            assert code == 503 and off in message
+            assert same_ipc(gw, "/r") is False and a.same_ipc is True
+            assert "system_shared_memory" not in c.get_server_metadata().extensions
+            assert a.register_calls == []
+        with running([a], listen=listen) as gw:
+            c = client(gw)
+            key = "/kst-w-mlp-00000000000000ab"
+            with pytest.raises(InferenceServerException) as info:
+                c.register_system_shared_memory("evil", key, 64)
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert "is reserved: keys starting with 'kst-'" in info.value.message()
+            code, message = rest_register(gw, "evil", key)
+            assert code == 400 and "is reserved: keys starting with 'kst-'" in message
+            assert same_ipc(gw, key) is False and same_ipc(gw, "/r") is True
+            assert "system_shared_memory" in c.get_server_metadata().extensions
+            assert a.register_calls == []
+
+
 def test_a_worker_that_lost_its_regions_between_rounds_gets_them_replayed_on_demand():
     with fleet(1) as (a,):
         a.echo = True

@@ -1,6 +1,8 @@
 """Shared-memory Register/Unregister through the gateway against real gRPC servers: fan-out to
 every routable worker, rollback on a partial failure with the worker's own status, unregister,
-and the replay to a worker that comes back (through the prober's admission hook)."""
+and the replay to a worker that comes back (through the prober's admission hook); the
+gateway's own policy: reserved keys and keys outside the allow-list never reach a worker, not
+even in a replay, and client shared memory off is UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
+from kserve_trio.core.shm_names import RESERVED_RULE, ClientShmPolicy
 from kserve_trio.gateway.forward import RegisterGates
 from kserve_trio.gateway.shm_fanout import ShmFanout, ShmRegistrations
 from kserve_trio.proto import inference as pb
@@ -26,14 +29,16 @@ def unregister(name: str = "") -> bytes:
     return bytes(pb.SystemSharedMemoryUnregisterRequest(name=name))
 
 
-async def setup(workers):
+async def setup(workers, policy: ClientShmPolicy | None = None):
     fanout_box: list[ShmFanout] = []
 
     async def replay(client) -> None:
         await fanout_box[0].replay(client)
 
     prober, _dns, metrics = make_prober(workers, on_ready=replay)
-    fanout = ShmFanout(targets=prober.routable_clients, gates=RegisterGates(), metrics=metrics)
+    fanout = ShmFanout(
+        targets=prober.routable_clients, gates=RegisterGates(), metrics=metrics, policy=policy
+    )
     fanout_box.append(fanout)
     await prober.round()
     return fanout, prober, metrics
@@ -174,4 +179,63 @@ async def test_a_register_holds_the_workers_gate():
             tg.start_soon(watch)
             await fanout.register(register("r0"))
         assert seen and not fanout.gates.held(label)
+        await prober.pool.aclose()
+
+
+async def test_a_reserved_key_is_refused_by_the_gateway_and_reaches_no_worker():
+    with fleet(2) as (a, b):
+        fanout, prober, _ = await setup([a, b])
+        for key in ("/kst-w-mlp-00000000000000ab", "kst-w-mlp-00000000000000ab.lock"):
+            with pytest.raises(InvalidArgument) as info:
+                await fanout.register(register("evil", key))
+            assert info.value.message == (
+                f"SystemSharedMemoryRegister: shared memory key '{key}' is reserved: "
+                f"{RESERVED_RULE}"
+            )
+        assert a.register_calls == b.register_calls == [] and len(fanout.registrations) == 0
+        await prober.pool.aclose()
+
+
+async def test_the_gateways_allow_list_and_its_off_switch():
+    with fleet(1) as (a,):
+        policy = ClientShmPolicy(prefixes=("app-",), setting="client_shared_memory")
+        fanout, prober, _ = await setup([a], policy)
+        with pytest.raises(InvalidArgument, match=r"\(client_shared_memory_prefixes\)$"):
+            await fanout.register(register("r", "/other"))
+        await fanout.register(register("r", "/app-1"))
+        assert a.register_calls == ["r"]
+        await prober.pool.aclose()
+    with fleet(1) as (a,):
+        off = ClientShmPolicy(enabled=False, setting="client_shared_memory")
+        fanout, prober, _ = await setup([a], off)
+        for call, rpc in (
+            (lambda: fanout.register(register("r")), "SystemSharedMemoryRegister"),
+            (lambda: fanout.unregister(unregister()), "SystemSharedMemoryUnregister"),
+        ):
+            with pytest.raises(Unavailable) as info:
+                await call()
+            assert info.value.message == (
+                f"{rpc}: client shared memory is off on this server (client_shared_memory: "
+                "false); send tensors inline"
+            )
+        assert a.register_calls == []
+        await prober.pool.aclose()
+
+
+async def test_a_replay_never_registers_a_reserved_key_and_forgets_it():
+    """A record the gateway would refuse today (an older gateway's, or a shared record file
+    someone wrote) is skipped and dropped: the worker that comes back never sees it."""
+    with fleet(1) as (a,):
+        fanout, prober, _ = await setup([a])
+        await fanout.register(register("r0", "/zero"))
+        fanout.registrations.registered("evil", register("evil", "/kst-w-mlp-00000000000000ab"))
+        a.ready = False
+        await prober.round()
+        a.regions.clear()
+        a.register_calls.clear()
+        a.ready = True
+        report = await prober.round()
+        assert report.admitted == tuple(labels_of([a]))
+        assert a.register_calls == ["r0"] and a.regions == {"r0": "/zero"}
+        assert [n for n, _ in fanout.registrations.items()] == ["r0"]
         await prober.pool.aclose()

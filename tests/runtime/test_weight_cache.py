@@ -10,7 +10,8 @@ from structlog.testing import capture_logs
 
 from kserve_trio.core.config import ResidencyMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from kserve_trio.core.weight_store import SHM_DIR, SharedWeightStore
+from kserve_trio.core.shm_names import SHM_DIR
+from kserve_trio.core.weight_store import SharedWeightStore
 from kserve_trio.runtime.weight_cache import (
     NEEDS_CACHE,
     SELF_MANAGED,

@@ -21,7 +21,8 @@ from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.core.config import ResidencyState, SchedulerConfig
-from kserve_trio.core.weight_store import SHM_DIR, SharedWeightStore
+from kserve_trio.core.shm_names import SHM_DIR
+from kserve_trio.core.weight_store import SharedWeightStore
 from kserve_trio.proto import reactant_control as pb
 from kserve_trio.runtime.weight_cache import NEEDS_CACHE, SELF_MANAGED, WeightCache, weight_budget
 from kserve_trio.worker.scheduler import Scheduler

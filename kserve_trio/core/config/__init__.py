@@ -71,7 +71,7 @@ from kserve_trio.core.config._types import (
     TlsConfig,
     parse_enum,
 )
-from kserve_trio.core.config._validate import validate_config, validate_tls
+from kserve_trio.core.config._validate import validate_config, validate_shm_policy, validate_tls
 
 __all__ = [
     "BATCH_POLICY_REMOVED",
@@ -122,5 +122,6 @@ __all__ = [
     "unknown_env_override",
     "validate_config",
     "validate_limits",
+    "validate_shm_policy",
     "validate_tls",
 ]

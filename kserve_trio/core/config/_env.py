@@ -57,6 +57,8 @@ ENDPOINTS_EVENT_LOOP                   endpoints.event_loop                str
 ENDPOINTS_HTTP2_ENGINE                 endpoints.http2_engine              str
 ENDPOINTS_RESTRICTED_PROTOCOLS         endpoints.restricted_protocols      specs
 ENDPOINTS_FRONTEND_PROCESSES           endpoints.frontend_processes        int
+ENDPOINTS_CLIENT_SHARED_MEMORY         endpoints.client_shared_memory      bool
+ENDPOINTS_CLIENT_SHARED_MEMORY_PREFIXES endpoints.client_shared_memory_prefixes list
 ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str
 ENDPOINTS_TLS_KEY_FILE                 endpoints.tls.key_file              str
 ENDPOINTS_TLS_CLIENT_CA_FILE           endpoints.tls.client_ca_file        str

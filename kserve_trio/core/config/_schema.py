@@ -273,6 +273,7 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
         {
             "tls": lambda v, p: read_block(TlsConfig, v or {}, p, {}),
             "restricted_protocols": as_str_list,
+            "client_shared_memory_prefixes": as_str_list,
         },
     )
     grpc = read_block(GrpcConfig, _block(raw, "grpc"), "grpc", {})

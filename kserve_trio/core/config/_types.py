@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from kserve_trio.core.config._limits import EdgeLimits
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.shm_names import ClientShmPolicy
 from kserve_trio.http2 import DEFAULT_ENGINE
 
 DEFAULT_GRPC_MSG_BYTES = 512 << 20
@@ -233,7 +234,11 @@ class EndpointsConfig:
     ``frontend_processes`` > 1 serves the gRPC and REST ports from that many front-end
     processes that hand every request to this one, which keeps the device (1: this process
     serves them itself). ``http2_engine`` is the HTTP/2 engine under the gRPC port (``ngh2``,
-    libnghttp2, the default; ``h2``, pure Python, the fallback)."""
+    libnghttp2, the default; ``h2``, pure Python, the fallback). ``client_shared_memory`` false
+    turns the system shared-memory RPCs off (UNAVAILABLE; ``IsSameIPCNamespace`` answers no, so
+    clients send tensors inline); a non-empty ``client_shared_memory_prefixes`` allows only keys
+    with one of those starts (``core.shm_names.ClientShmPolicy``; reserved keys are refused
+    whatever it says)."""
 
     host: str = "127.0.0.1"
     port: int = 8001
@@ -245,6 +250,17 @@ class EndpointsConfig:
     restricted_protocols: tuple[str, ...] = ()
     frontend_processes: int = 1
     http2_engine: str = DEFAULT_ENGINE
+    client_shared_memory: bool = True
+    client_shared_memory_prefixes: tuple[str, ...] = ()
+
+    @property
+    def shm_policy(self) -> ClientShmPolicy:
+        """What these endpoints let clients do with shared memory, named by these keys."""
+        return ClientShmPolicy(
+            self.client_shared_memory,
+            self.client_shared_memory_prefixes,
+            "endpoints.client_shared_memory",
+        )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from kserve_trio.core.config._types import ModelControlMode, NumericsMode, Serve
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.event_loops import EVENT_LOOPS
 from kserve_trio.core.restricted import parse_restrictions
+from kserve_trio.core.shm_names import ClientShmPolicy, prefix_problem, shown
 from kserve_trio.http2 import ENGINES
 
 
@@ -113,6 +114,7 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
             "endpoints.http_port",
         )
     validate_tls(ep.tls, check_files=check_dirs)
+    validate_shm_policy(ep.shm_policy)
     validate_limits(cfg.limits)
     if rt.numerics is NumericsMode.TF32 and rt.backend == "cpu":
         raise ConfigError(
@@ -144,3 +146,20 @@ def _value_at(cfg: ServerConfig, path: str) -> Any:
     for key in path.split("."):
         value = getattr(value, key)
     return value
+
+
+def validate_shm_policy(policy: ClientShmPolicy) -> None:
+    """The client shared-memory keys of a worker or a gateway: every allow-list entry is a
+    key's start that can match a registrable key (``shm_names.prefix_problem``), and a list
+    is refused with client shared memory off, where it would do nothing."""
+    path = policy.prefixes_setting
+    for prefix in policy.prefixes:
+        problem = prefix_problem(prefix)
+        if problem is not None:
+            raise ConfigError(f"entry {shown(prefix)} {problem}", path)
+    if policy.prefixes and not policy.enabled:
+        raise ConfigError(
+            f"has no effect with {policy.setting}: false (clients register nothing); "
+            "remove it or turn client shared memory on",
+            path,
+        )

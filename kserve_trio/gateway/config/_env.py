@@ -55,6 +55,8 @@ EVENT_LOOP                                event_loop                            
 HTTP2_ENGINE                              http2_engine                             str
 PROCESSES                                 processes                                int
 RESTRICTED_PROTOCOLS                      restricted_protocols                     specs
+CLIENT_SHARED_MEMORY                      client_shared_memory                     bool
+CLIENT_SHARED_MEMORY_PREFIXES             client_shared_memory_prefixes            csv
 """
 _ENV_TABLE: tuple[tuple[str, str, str], ...] = (
     *(

@@ -121,6 +121,8 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "limits": block(cfg.limits),
         "processes": cfg.processes,
         "restricted_protocols": list(cfg.restricted_protocols),
+        "client_shared_memory": cfg.client_shared_memory,
+        "client_shared_memory_prefixes": list(cfg.client_shared_memory_prefixes),
     }
 
 

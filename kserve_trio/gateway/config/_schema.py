@@ -12,6 +12,7 @@ from kserve_trio.core.config import (
     EdgeLimits,
     FrozenMap,
     TlsConfig,
+    as_bool,
     as_float,
     as_int,
     as_str,
@@ -69,6 +70,8 @@ SCHEMA: dict[str, Any] = {
     "limits": {f.name: None for f in LIMIT_FIELDS},
     "processes": None,
     "restricted_protocols": None,
+    "client_shared_memory": None,
+    "client_shared_memory_prefixes": None,
 }
 
 LPT_SCHEDULING_KEYS = (
@@ -270,6 +273,7 @@ def build_gateway_config(
             f"must be one of {', '.join(ENGINES)}, not {http2_engine!r}", "http2_engine"
         )
     processes = raw.get("processes")
+    shm = raw.get("client_shared_memory")
     return GatewayConfig(
         processes=1 if processes is None else as_int(processes, "processes"),
         listen=listen,
@@ -287,6 +291,8 @@ def build_gateway_config(
         http2_engine=http2_engine,
         limits=limits,
         restricted_protocols=_list(raw, "restricted_protocols"),
+        client_shared_memory=True if shm is None else as_bool(shm, "client_shared_memory"),
+        client_shared_memory_prefixes=_list(raw, "client_shared_memory_prefixes"),
     )
 
 

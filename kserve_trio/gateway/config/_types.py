@@ -13,6 +13,7 @@ from kserve_trio.core.config import (
     TlsConfig,
     parse_enum,
 )
+from kserve_trio.core.shm_names import ClientShmPolicy
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.http2 import DEFAULT_ENGINE
 
@@ -262,6 +263,9 @@ class GatewayConfig:
     this process serves alone).
     ``restricted_protocols`` are the gateway's own ``group[,group...]:key=value`` restrictions
     (``core.restricted``), on its gRPC and REST ports; none by default.
+    ``client_shared_memory`` and ``client_shared_memory_prefixes`` are the worker's switch and
+    allow-list of the same names, applied by the gateway before it fans a registration out
+    (``shm_policy``).
     """
 
     listen: ListenConfig = ListenConfig()
@@ -280,6 +284,15 @@ class GatewayConfig:
     limits: EdgeLimits = field(default_factory=EdgeLimits)
     processes: int = 1
     restricted_protocols: tuple[str, ...] = ()
+    client_shared_memory: bool = True
+    client_shared_memory_prefixes: tuple[str, ...] = ()
+
+    @property
+    def shm_policy(self) -> ClientShmPolicy:
+        """What the gateway lets clients do with shared memory, named by its keys."""
+        return ClientShmPolicy(
+            self.client_shared_memory, self.client_shared_memory_prefixes, "client_shared_memory"
+        )
 
     def __post_init__(self) -> None:
         for name in ("endpoints", "worker_metrics", "worker_names", "worker_http_endpoints"):

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any
 
-from kserve_trio.core.config import validate_limits, validate_tls
+from kserve_trio.core.config import validate_limits, validate_shm_policy, validate_tls
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import parse_level
 from kserve_trio.core.restricted import parse_header, parse_restrictions
@@ -40,6 +40,7 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
     _validate_addresses(cfg)
     validate_limits(cfg.limits)
     parse_restrictions(cfg.restricted_protocols)
+    validate_shm_policy(cfg.shm_policy)
     for i, header in enumerate(cfg.worker_client.headers):
         parse_header(header, f"worker_client.headers[{i}]")
     wc, grpc, pr = cfg.worker_client, cfg.grpc, cfg.prober
