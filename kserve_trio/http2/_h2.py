@@ -111,6 +111,7 @@ class H2Engine:
         "_last_stream_id",
         "_max_streams",
         "_moved",
+        "_open_before",
         "_queues",
         "_settings",
     )
@@ -132,6 +133,7 @@ class H2Engine:
         self._moved = False  # the peer's windows grew: queued DATA may go on
         self._max_streams = settings.max_concurrent_streams or _UNBOUNDED_STREAMS
         self._last_stream_id = MAX_STREAM_ID  # lowered by the final GOAWAY
+        self._open_before = 0  # the peer's open streams, counted through one read's requests
 
     def initiate(self) -> None:
         s = self._settings
@@ -179,6 +181,7 @@ class H2Engine:
         out: list[Event] = []
         append = out.append
         told: list[Any] = []  # StreamEnded events already told by the event they came with
+        self._open_before = self._streams_open_before(raw)
         for event in raw:
             kind = event.__class__
             if kind is h2.events.DataReceived:
@@ -235,14 +238,24 @@ class H2Engine:
                 )
         return out
 
+    def _streams_open_before(self, raw: list[Any]) -> int:
+        """The peer's streams that were open before this read: h2 has already opened (and
+        counted) every stream of the read by the time its events are looked at."""
+        opened = {e.stream_id for e in raw if e.__class__ is h2.events.RequestReceived}
+        if not opened:
+            return 0
+        gone = sum(1 for e in raw if e.__class__ is h2.events.StreamReset and e.stream_id in opened)
+        return self._conn.open_inbound_streams - (len(opened) - gone)
+
     def _request(self, event: h2.events.RequestReceived, append: Any) -> None:
         """A new stream: refused alone past the stream limit or after our final GOAWAY."""
         sid = event.stream_id
         assert sid is not None
-        if sid > self._last_stream_id or self._conn.open_inbound_streams > self._max_streams:
+        if sid > self._last_stream_id or self._open_before >= self._max_streams:
             self.reset_stream(sid, ErrorCode.REFUSED_STREAM)
             append(StreamReset(sid, ErrorCode.REFUSED_STREAM, remote=False))
             return
+        self._open_before += 1
         append(RequestReceived(sid, event.headers, event.stream_ended is not None))  # type: ignore[arg-type]
 
     @staticmethod

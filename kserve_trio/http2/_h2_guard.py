@@ -17,7 +17,8 @@ unchanged. Each rule broken is a ``Violation``: the GOAWAY code and debug data o
   (HPACK only shrinks it), so a peer within the advertised size never meets this rule.
 - *Glitches*: frames that move no request (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, DATA with
   no payload and no END_STREAM, undefined frame types) draw from a bucket of
-  ``glitch_rate`` (burst, refill per second); empty is ENHANCE_YOUR_CALM (``glitch_flood``).
+  ``glitch_rate`` (burst, refill per second); empty is ENHANCE_YOUR_CALM
+  (``control_frame_flood``).
 - *Settings entries*: a SETTINGS frame of more entries than ``max_settings_entries`` is
   ENHANCE_YOUR_CALM (``too_many_settings``).
 - *Resets*: RST_STREAM frames draw from their own bucket of ``reset_rate``; empty is
@@ -59,7 +60,7 @@ class Violation:
 
 FRAME_TOO_LARGE = Violation(ErrorCode.FRAME_SIZE_ERROR, b"frame_too_large")
 HEADER_BLOCK_TOO_LARGE = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"header_block_too_large")
-GLITCH_FLOOD = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"glitch_flood")
+GLITCH_FLOOD = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"control_frame_flood")
 TOO_MANY_SETTINGS = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"too_many_settings")
 RESET_FLOOD = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"reset_flood")
 

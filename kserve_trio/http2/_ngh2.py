@@ -14,6 +14,7 @@ reads the events, and keeps the bytes for the next ``data_to_send``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 
 import ngh2
@@ -54,7 +55,14 @@ class Ngh2Engine:
 
     name = "ngh2"
 
-    __slots__ = ("_conn", "_held", "_reset_by_peer", "_resets_after", "_settings")
+    __slots__ = (
+        "_conn",
+        "_held",
+        "_last_stream_id",
+        "_reset_by_peer",
+        "_resets_after",
+        "_settings",
+    )
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -73,6 +81,7 @@ class Ngh2Engine:
         self._held = b""  # bytes serialized early to read a connection error's code
         self._reset_by_peer: set[int] = set()
         self._resets_after: list[int] = []  # NO_ERROR resets that follow a response
+        self._last_stream_id = 0  # the highest stream the peer opened
 
     def initiate(self) -> None:
         s = self._settings
@@ -99,8 +108,8 @@ class Ngh2Engine:
             # GOAWAY is (module docstring).
             self._held += conn.data_to_send()
             raw = conn.events()
-        except ngh2.NGH2Error as exc:  # the session is unusable: nothing more is sent
-            raise PeerError(ErrorCode.PROTOCOL_ERROR, str(exc)) from None
+        except ngh2.NGH2Error as exc:
+            raise self._fatal(exc) from None
         out: list[Event] = []
         append = out.append
         for event in raw:
@@ -109,7 +118,10 @@ class Ngh2Engine:
                 body = event.data
                 append(DataReceived(event.stream_id, body, len(body), event.end_stream))
             elif kind is _REQUEST:
-                append(RequestReceived(event.stream_id, event.headers, event.end_stream))  # type: ignore[arg-type]
+                sid = event.stream_id
+                if sid > self._last_stream_id:
+                    self._last_stream_id = sid
+                append(RequestReceived(sid, event.headers, event.end_stream))  # type: ignore[arg-type]
             elif kind is _WINDOW:
                 append(WindowOpened(event.stream_id))
             elif kind is _CLOSED:
@@ -153,6 +165,17 @@ class Ngh2Engine:
         if self._held:
             data, self._held = self._held + data, b""
         return data
+
+    def _fatal(self, exc: ngh2.NGH2Error) -> PeerError:
+        """A receive the library refused outright (a flood, too many CONTINUATION frames, not
+        HTTP/2 at all): it leaves the session unusable and sends nothing, so the GOAWAY that
+        tells the peer why is written here (*peer errors*)."""
+        flood = isinstance(exc, ngh2.DenialOfServiceError)
+        code = ErrorCode.ENHANCE_YOUR_CALM if flood else ErrorCode.PROTOCOL_ERROR
+        reason = str(exc).removeprefix("HTTP/2 engine error: ")
+        debug = reason.encode("ascii", "replace")[:200]
+        self._held += _goaway_frame(self._last_stream_id, code, debug)
+        return PeerError(code, reason, debug)
 
     def _reset_after_responses(self) -> bytes:
         """The NO_ERROR resets whose streams have nothing left to send (``reset_stream``)."""
@@ -246,5 +269,14 @@ class Ngh2Engine:
         except ngh2.NGH2Error:
             pass
 
+
+def _goaway_frame(last_stream_id: int, code: int, debug: bytes) -> bytes:
+    """One GOAWAY frame (RFC 9113 6.8), for a session the library gave up on."""
+    payload = _GOAWAY_PAYLOAD.pack(last_stream_id & 0x7FFFFFFF, code) + debug
+    return _FRAME_HEAD.pack(len(payload) >> 8, len(payload) & 0xFF, 0x7, 0, 0) + payload
+
+
+_FRAME_HEAD = struct.Struct(">HBBBL")
+_GOAWAY_PAYLOAD = struct.Struct(">LL")
 
 __all__ = ["Ngh2Engine"]

@@ -1,8 +1,9 @@
-"""The HTTP/2 frame-level defences of an in-process ``GrpcServer``, on asyncio and trio, against
-raw attackers (``h2_attacker.Attacker``) and a well-behaved h2 client (``h2_peer.Peer``):
+"""The HTTP/2 frame-level defences of an in-process ``GrpcServer``, on asyncio and trio and on
+both HTTP/2 engines, against raw attackers (``h2_attacker.Attacker``) and a well-behaved h2
+client (``h2_peer.Peer``):
 
-- streams beyond SETTINGS_MAX_CONCURRENT_STREAMS are refused one by one (REFUSED_STREAM), even
-  in the client's first flight, and the connection serves on;
+- streams beyond SETTINGS_MAX_CONCURRENT_STREAMS are refused one by one (REFUSED_STREAM) in
+  the client's first flight, and the connection serves on;
 - rapid resets end the connection (GOAWAY ENHANCE_YOUR_CALM), a moderate share does not; a
   reset call never reaches its handler, and what arrives for it still opens the connection
   window;
@@ -25,6 +26,7 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import GoAwayFrame, HeadersFrame, WindowUpdateFrame
 
 from kserve_trio.core.config import EdgeLimits
+from kserve_trio.http2 import ENGINES
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import Call, GrpcServer, Limits, RawMessage, ServerSettings, raw_unary
 from tests.edge.h2_attacker import (
@@ -51,6 +53,11 @@ CALM = int(ErrorCodes.ENHANCE_YOUR_CALM)
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
@@ -83,13 +90,14 @@ class Served:
 
 
 @asynccontextmanager
-async def served(**limits: float) -> AsyncIterator[Served]:
+async def served(engine: str, **limits: float) -> AsyncIterator[Served]:
     handlers = Handlers()
     methods = {
         ECHO: raw_unary(handlers.echo, CALLS, "Echo"),
         HOLD: raw_unary(handlers.hold, CALLS, "Hold"),
     }
-    server = GrpcServer(methods, ServerSettings(limits=EdgeLimits(**limits)))  # type: ignore[arg-type]
+    settings = ServerSettings(limits=EdgeLimits(**limits), http2_engine=engine)  # type: ignore[arg-type]
+    server = GrpcServer(methods, settings)
     async with anyio.create_task_group() as tg:
         port = await tg.start(server.serve, "127.0.0.1", 0)
         try:
@@ -129,12 +137,13 @@ def goaway_of(attacker: Attacker) -> tuple[int, bytes]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.slow
-async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_stream():
-    """1100 requests before the client has read our SETTINGS (h2's own default of 100 would
-    end the connection at the 101st): the first 1024 run, the other 76 are REFUSED_STREAM, and
-    the same connection is served on."""
-    async with served() as s, Peer.connect(s.port) as peer:
+async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_stream(engine):
+    """1100 requests in the client's first write, before it has read our SETTINGS (h2's own
+    default of 100 would end the connection at the 101st): the first 1024 run, the other 76 are
+    REFUSED_STREAM, and the same connection is served on."""
+    async with served(engine) as s, Peer.connect(s.port, initiate=False) as peer:
         with anyio.fail_after(BOUND):
+            peer.conn.initiate_connection()
             sids = []
             for _ in range(1100):
                 sid = peer.open(HOLD)
@@ -151,12 +160,13 @@ async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_s
             assert {peer.replies[sid].status for sid in sids[:1024]} == {0}
             await echo_ok(peer)
             assert peer.goaways == []
-    assert s.stats.refused_streams == 76
+    if engine == "h2":  # libnghttp2 refuses a stream without telling its user
+        assert s.stats.refused_streams == 76
 
 
 @pytest.mark.timeout(60)
-async def test_streams_past_a_small_limit_are_refused_while_the_first_are_served():
-    async with served(max_concurrent_streams=4) as s, Attacker.connect(s.port) as a:
+async def test_streams_past_a_small_limit_are_refused_while_the_first_are_served(engine):
+    async with served(engine, max_concurrent_streams=4) as s, Attacker.connect(s.port) as a:
         with anyio.fail_after(BOUND):
             open_ = [1, 3, 5, 7]
             extra = [9, 11, 13]
@@ -170,19 +180,22 @@ async def test_streams_past_a_small_limit_are_refused_while_the_first_are_served
             await a.send(a.request(15, ECHO), data(15, grpc_message(b"y"), end_stream=True))
             assert await a.until(lambda: a.status(15) is not None)
             assert a.status(15) == 0 and a.goaways == []
-    assert s.stats.refused_streams == 3
+    if engine == "h2":  # libnghttp2 refuses a stream without telling its user
+        assert s.stats.refused_streams == 3
 
 
 # ------------------------------------------------------------------------------ resets
 
 
 @pytest.mark.timeout(60)
-async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handler():
-    async with served(premature_reset_min_streams=100) as s:
+async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handler(engine):
+    # 400 in one write: under the engine's reset-rate burst, so the premature-reset rule is
+    # what ends it (on one read libnghttp2 would meet its own rate limit first)
+    async with served(engine, premature_reset_min_streams=100) as s:
         with anyio.fail_after(BOUND):
             async with Attacker.connect(s.port) as a:
                 burst = []
-                for i in range(2000):
+                for i in range(400):
                     sid = 1 + 2 * i
                     short = grpc_message(b"x" * 64)[:-1]  # the request one byte short
                     burst += [a.request(sid, HOLD), data(sid, short), rst(sid)]
@@ -198,8 +211,8 @@ async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handl
 
 
 @pytest.mark.timeout(60)
-async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_rule():
-    async with served(premature_reset_min_streams=20) as s, Attacker.connect(s.port) as a:
+async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_rule(engine):
+    async with served(engine, premature_reset_min_streams=20) as s, Attacker.connect(s.port) as a:
         with anyio.fail_after(BOUND):
             for i in range(120):
                 sid = 1 + 2 * i
@@ -217,12 +230,15 @@ async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_r
 
 
 @pytest.mark.timeout(60)
-async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_window():
+async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_window(engine):
     """A 64 KiB connection window: 60 KiB sent on a stream the client reset, then a 30 KiB
     request, which fits only if the first was acknowledged (h2 gives a window back once half
     of it is used)."""
     window = dict(connection_window_bytes=65535, stream_window_bytes=65535)
-    async with served(**window, max_frame_bytes=1 << 14) as s, Attacker.connect(s.port) as a:
+    async with (
+        served(engine, **window, max_frame_bytes=1 << 14) as s,
+        Attacker.connect(s.port) as a,
+    ):
         with anyio.fail_after(BOUND):
             body = grpc_message(b"z" * (60 << 10))
             await a.send(a.request(1, ECHO), data(1, b"\x00\x00"), rst(1))
@@ -252,9 +268,11 @@ async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_win
 
 
 @pytest.mark.timeout(60)
-async def test_a_continuation_hold_gets_goaway_before_the_block_passes_the_cap():
+async def test_a_continuation_hold_gets_goaway_before_the_block_passes_the_cap(engine):
+    """h2: the frame guard's header-block rule; libnghttp2: its CONTINUATION count and
+    header-list bounds. Either way GOAWAY(ENHANCE_YOUR_CALM) before the block is held."""
     cap = 16 << 10
-    async with served(max_header_list_bytes=cap) as s:
+    async with served(engine, max_header_list_bytes=cap) as s:
         with anyio.fail_after(BOUND):
             async with Attacker.connect(s.port) as a:
                 head = raw_frame(0x1, 0, 1, a.header_block(ECHO))  # HEADERS, no END_HEADERS
@@ -267,14 +285,17 @@ async def test_a_continuation_hold_gets_goaway_before_the_block_passes_the_cap()
                     with anyio.move_on_after(0.05):
                         await a.receive()
                 await a.until(lambda: bool(a.goaways), BOUND)
-            assert goaway_of(a) == (CALM, b"header_block_too_large")
-            async with Attacker.connect(s.port) as b:  # one fragment announced at 1 MiB
-                await b.send(raw_frame(0x1, 0, 1, b.header_block(ECHO)))
-                await b.send(continuation(1, b"\x00" * (1 << 20))[: 9 + 1000])
-                await b.until(lambda: bool(b.goaways), BOUND)
-            assert goaway_of(b) == (CALM, b"header_block_too_large")
+            assert goaway_of(a)[0] == CALM
+            if engine == "h2":  # h2 buffers a whole block: one announced at 1 MiB is refused
+                # at its frame header (libnghttp2 decodes a block as it streams in, and holds
+                # none of it)
+                async with Attacker.connect(s.port) as b:
+                    await b.send(raw_frame(0x1, 0, 1, b.header_block(ECHO)))
+                    await b.send(continuation(1, b"\x00" * (1 << 20))[: 9 + 1000])
+                    await b.until(lambda: bool(b.goaways), BOUND)
+                assert goaway_of(a) == goaway_of(b) == (CALM, b"header_block_too_large")
             await healthy(s.port)
-    assert s.stats.goaways["ENHANCE_YOUR_CALM"] == 2
+    assert s.stats.goaways["ENHANCE_YOUR_CALM"] == (2 if engine == "h2" else 1)
 
 
 # ------------------------------------------------------------------------------ floods
@@ -289,11 +310,18 @@ FLOODS = {
 }
 
 
+FLOOD_DEBUG = {"h2": b"control_frame_flood", "ngh2": None}
+"""The GOAWAY's debug data per engine (None: libnghttp2's own words, not checked)."""
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", list(FLOODS))
-async def test_a_control_frame_flood_gets_goaway_and_a_trickle_does_not(kind: str):
+async def test_a_control_frame_flood_gets_goaway_and_a_trickle_does_not(kind: str, engine: str):
+    """On ngh2, SETTINGS and PING floods meet libnghttp2's bound on queued acknowledgements and
+    the others its glitch rate; a WINDOW_UPDATE flood is one it leaves alone (it answers
+    nothing to one, docs/limits.md), so there the connection serves on."""
     frame = FLOODS[kind]()
-    async with served(max_control_frames_per_second=200) as s:
+    async with served(engine, max_control_frames_per_second=200) as s:
         with anyio.fail_after(BOUND):
             async with Attacker.connect(s.port) as calm:  # within the rate
                 await calm.send(calm.request(1, HOLD), frame * 50)
@@ -302,16 +330,24 @@ async def test_a_control_frame_flood_gets_goaway_and_a_trickle_does_not(kind: st
                 assert calm.goaways == []
             async with Attacker.connect(s.port) as a:
                 await a.send(a.request(1, HOLD), frame * 5000)
+                if engine == "ngh2" and kind == "window_update":
+                    await a.send(ping(b"served!!"))
+                    assert await a.until(lambda: a.ping_acks() == 1)
+                    assert a.goaways == []
+                    return
                 assert await a.until(lambda: bool(a.goaways), BOUND)
                 assert await a.until_eof(BOUND)
-            assert goaway_of(a) == (CALM, b"control_frame_flood")
+            code, debug = goaway_of(a)
+            assert code == CALM
+            if FLOOD_DEBUG[engine] is not None:
+                assert debug == FLOOD_DEBUG[engine]
             await healthy(s.port)
 
 
 @pytest.mark.timeout(60)
-async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_does_not():
+async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_does_not(engine):
     rule = dict(min_ping_interval_seconds=0.2, max_ping_strikes=2)
-    async with served(**rule) as s:
+    async with served(engine, **rule) as s:
         with anyio.fail_after(BOUND):
             async with Peer.connect(s.port) as keepalive:
                 for n in range(3):  # each one at least the interval after the last
@@ -327,16 +363,15 @@ async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_
                 assert await a.until(lambda: bool(a.goaways), BOUND)
                 assert await a.until_eof(BOUND)
             assert goaway_of(a) == (CALM, b"too_many_pings")
-            assert a.ping_acks() <= 3  # refused before h2 answered the flood's read (one read)
             await healthy(s.port)
 
 
 @pytest.mark.timeout(60)
-async def test_a_reply_the_server_sends_resets_the_ping_strikes():
+async def test_a_reply_the_server_sends_resets_the_ping_strikes(engine):
     """Three quick pings are two strikes; the reply to the client's call (data we send, none
     received) starts them over, so three more are not the third strike."""
     rule = dict(min_ping_interval_seconds=10.0, max_ping_strikes=2)
-    async with served(**rule) as s, Attacker.connect(s.port) as a:
+    async with served(engine, **rule) as s, Attacker.connect(s.port) as a:
         with anyio.fail_after(BOUND):
             await a.send(a.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
             await until(lambda: s.handlers.entered == 1)
@@ -356,8 +391,8 @@ async def test_a_reply_the_server_sends_resets_the_ping_strikes():
 
 
 @pytest.mark.timeout(60)
-async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not():
-    async with served(idle_seconds=0.3) as s:
+async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not(engine):
+    async with served(engine, idle_seconds=0.3) as s:
         with anyio.fail_after(BOUND):
             async with Attacker.connect(s.port) as busy:  # a call longer than the idle time
                 await busy.send(busy.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
@@ -379,8 +414,10 @@ async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not()
 
 
 @pytest.mark.timeout(60)
-async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_prompt_one_is_not():
-    async with served(handshake_seconds=0.3, idle_seconds=0) as s:
+async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_prompt_one_is_not(
+    engine,
+):
+    async with served(engine, handshake_seconds=0.3, idle_seconds=0) as s:
         with anyio.fail_after(BOUND):
             async with Attacker.connect(s.port, preface=False) as silent:
                 assert await silent.until_eof(BOUND)
@@ -397,8 +434,8 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_pro
 
 
 @pytest.mark.timeout(60)
-async def test_the_drain_goaways_are_counted():
-    async with served() as s:
+async def test_the_drain_goaways_are_counted(engine):
+    async with served(engine) as s:
         peer_cm = Peer.connect(s.port)
         async with peer_cm as peer:
             await echo_ok(peer)
