@@ -8,7 +8,7 @@ import binascii
 import hyperframe.frame as hf
 import pytest
 
-import kserve_trio.serving.grpc  # noqa: F401  (importing the layer applies the patch)
+import kserve_trio.http2._h2  # noqa: F401  (importing the h2 engine applies the patch)
 from kserve_trio.http2._h2_repr import patch_frame_repr, short_hex
 
 
