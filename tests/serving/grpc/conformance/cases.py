@@ -452,7 +452,7 @@ CASES: tuple[Case, ...] = (
         served(settings_acks=2),
     ),
     Case(
-        "settings_are_acknowledged_and_applied",
+        "settings_of_every_defined_parameter_are_acknowledged",
         lambda w: [
             w.settings(
                 (S.HEADER_TABLE_SIZE, 4096),
