@@ -255,6 +255,10 @@ class H2Engine:
             self.reset_stream(sid, ErrorCode.REFUSED_STREAM)
             append(StreamReset(sid, ErrorCode.REFUSED_STREAM, remote=False))
             return
+        if not _path_ok(event.headers):  # RFC 9113 8.3.1: a malformed request
+            self.reset_stream(sid, ErrorCode.PROTOCOL_ERROR)
+            append(StreamReset(sid, ErrorCode.PROTOCOL_ERROR, remote=False))
+            return
         self._open_before += 1
         append(RequestReceived(sid, event.headers, event.stream_ended is not None))  # type: ignore[arg-type]
 
@@ -420,6 +424,15 @@ class H2Engine:
     def _inject(self, frame: GoAwayFrame) -> None:
         """Queue a frame h2 must not know about (a GOAWAY that keeps its streams open)."""
         self._conn._data_to_send += frame.serialize()
+
+
+def _path_ok(headers: Any) -> bool:
+    """Whether ``:path`` is an origin-form path (it starts with ``/``); h2 checks it is there
+    and not empty, not its form."""
+    for name, value in headers:
+        if name == b":path":
+            return value[:1] == b"/" or value == b"*"
+    return True
 
 
 __all__ = ["H2Engine"]

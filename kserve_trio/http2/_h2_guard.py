@@ -8,9 +8,10 @@ answers floods of cheap frames one by one. Reading the 9-byte frame headers firs
 ``h2`` engine refuse all of that before h2 buffers or answers it; the bytes then go to h2
 unchanged. Each rule broken is a ``Violation``: the GOAWAY code and debug data of the end.
 
-- *Frame size*: a HEADERS or CONTINUATION frame larger than the frame size we advertised is
-  FRAME_SIZE_ERROR before anything else is judged of it (h2 would check it only once the whole
-  frame had arrived).
+- *Preface*: the client preface must be followed by a SETTINGS frame (PROTOCOL_ERROR).
+- *Frame size*: a frame larger than the frame size we advertised is FRAME_SIZE_ERROR at its
+  header, before anything else is judged of it (h2 would check it only once the whole frame
+  had arrived).
 - *Header block*: once the fragments of one header block pass the header list size we
   advertised, or it has more CONTINUATION frames than allowed, ENHANCE_YOUR_CALM
   (``header_block_too_large``). An encoded block is never larger than the list it decodes to
@@ -59,6 +60,7 @@ class Violation:
 
 
 FRAME_TOO_LARGE = Violation(ErrorCode.FRAME_SIZE_ERROR, b"frame_too_large")
+NO_SETTINGS_FIRST = Violation(ErrorCode.PROTOCOL_ERROR, b"preface_not_followed_by_settings")
 HEADER_BLOCK_TOO_LARGE = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"header_block_too_large")
 GLITCH_FLOOD = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"control_frame_flood")
 TOO_MANY_SETTINGS = Violation(ErrorCode.ENHANCE_YOUR_CALM, b"too_many_settings")
@@ -101,6 +103,7 @@ class FrameGuard:
         "_partial",
         "_preface",
         "_resets",
+        "_settings_first",
         "_skip",
     )
 
@@ -113,6 +116,7 @@ class FrameGuard:
     ) -> None:
         self._clock = clock
         self._preface = PREFACE_BYTES if preface else 0
+        self._settings_first = preface  # the first frame after the preface is still to come
         self._skip = 0  # payload bytes of the current frame still to come
         self._partial = b""  # the start of a frame header cut by the end of a read
         self._block = 0  # fragment bytes of the current header block
@@ -171,12 +175,16 @@ class FrameGuard:
             high, low, kind, flags, _ = unpack(data, pos)
             length = (high << 8) | low
             pos += 9 + length
+            if self._settings_first:
+                if kind != _SETTINGS:
+                    return NO_SETTINGS_FIRST
+                self._settings_first = False
+            if length > self._frame_cap:
+                return FRAME_TOO_LARGE
             if kind == _DATA:
                 if not length and not flags & _END_STREAM:
                     glitches += 1
             elif kind == _HEADERS or kind == _CONTINUATION:
-                if length > self._frame_cap:
-                    return FRAME_TOO_LARGE
                 if kind == _HEADERS:
                     self._block = length
                     self._continuations = 0
@@ -208,6 +216,7 @@ __all__ = [
     "FRAME_TOO_LARGE",
     "GLITCH_FLOOD",
     "HEADER_BLOCK_TOO_LARGE",
+    "NO_SETTINGS_FIRST",
     "PREFACE_BYTES",
     "RESET_FLOOD",
     "TOO_MANY_SETTINGS",

@@ -21,12 +21,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
+from kserve_trio.http2 import DEFAULT_ENGINE
 from tests.gateway.procs import Gateway, Proc, Worker
 from tests.ports import free_port
 from tests.serving.grpc.conformance.expect import serves
 from tests.waiting import wait_until
 
-ENGINES: tuple[str | None, ...] = (None,)
+ENGINES: tuple[str | None, ...] = ("ngh2", "h2")
 KINDS = ("worker", "gateway", "frontend")
 STREAM_WINDOW = 65535
 START_SECONDS = 120.0
@@ -88,11 +89,12 @@ class ArgsWorker(Worker):
 
 @dataclass(frozen=True)
 class Target:
-    """A running server: its name (with the engine's) and gRPC port."""
+    """A running server: its name (with the engine's), gRPC port and HTTP/2 engine."""
 
     name: str
     port: int
     proc: Proc
+    engine: str = DEFAULT_ENGINE
 
 
 @contextmanager
@@ -116,7 +118,8 @@ def running(kind: str, engine: str | None, workdir: pathlib.Path) -> Iterator[Ta
             gateway.wait_ready(START_SECONDS)
             served, port = gateway, gateway.port
         wait_until(lambda: _serves(port), START_SECONDS, f"{kind} serving the echo model")
-        yield Target(kind if engine is None else f"{engine}-{kind}", port, served)
+        name = kind if engine is None else f"{engine}-{kind}"
+        yield Target(name, port, served, engine or DEFAULT_ENGINE)
 
 
 def _serves(port: int) -> bool:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.serving.grpc.conformance.cases import CASES, Case
+from tests.serving.grpc.conformance.cases import CASES, Case, expected_on
 from tests.serving.grpc.conformance.expect import SENTINEL, serves
 from tests.serving.grpc.conformance.frames import AwaitEnd, Wire
 from tests.serving.grpc.conformance.raw_client import RawClient
@@ -46,7 +46,7 @@ def play(client: RawClient, case: Case) -> Wire:
 def test_the_server_answers_the_case_as_specified_and_serves_on(target: Target, case: Case):
     with RawClient.connect(target.port) as client:
         wire = play(client, case)
-        case.expect.judge(client, wire)
+        expected_on(case, target.engine).judge(client, wire)
     serves(target.port)
     assert target.proc.alive()
 
