@@ -2,10 +2,13 @@
 gRPC layer as the worker (``serving.grpc`` + ``core.codec``), with no scheduler and no device.
 Whatever the worker costs above this is the worker's own.
 
-Usage: python tools/bench/echo_server.py --port P [--event-loop uvloop|asyncio|trio]
+Model name: any (the benchmarks use ``echo``); each output is the input of the same name
+(``INPUT0`` -> ``INPUT0``), as the floors (``floor_wire.py``) answer. ``--http2-engine`` picks
+the HTTP/2 engine under the server (``ServerSettings.http2_engine``; default the project's,
+ngh2), as the worker's flag of that name does.
 
-``ECHO_UNPATCHED_FRAME_REPR=1`` serves with hyperframe's own (O(payload)) DATA-frame repr, to
-measure what ``serving.grpc``'s fix of it saves.
+Usage: python tools/bench/echo_server.py --port P [--http2-engine ngh2|h2]
+           [--event-loop uvloop|asyncio|trio]
 """
 
 from __future__ import annotations
@@ -15,22 +18,14 @@ import signal
 
 import anyio
 
+from kserve_trio.http2 import DEFAULT_ENGINE, ENGINES
 from kserve_trio.serving.background import EVENT_LOOPS, run_loop
 
 
-async def main(port: int) -> None:
-    import os
-
-    if os.environ.get("ECHO_UNPATCHED_FRAME_REPR") == "1":
-        # For the A/B of serving.grpc's frame-repr fix: hyperframe's own DATA repr again.
-        import hyperframe.frame
-
-        import kserve_trio.serving.grpc  # noqa: F401  (applies the fix, which this undoes)
-
-        del hyperframe.frame.DataFrame._body_repr
+async def main(port: int, engine: str) -> None:
     from kserve_trio.core import codec
     from kserve_trio.proto import inference as pb
-    from kserve_trio.serving.grpc import GrpcServer, Limits, unary
+    from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings, unary
 
     limits = Limits(512 << 20, 512 << 20)
 
@@ -59,11 +54,12 @@ async def main(port: int) -> None:
             prefix + "ModelInfer": unary(model_infer, pb.ModelInferRequest, limits, "ModelInfer"),
             prefix + "ServerReady": unary(ready, pb.ServerReadyRequest, limits, "ServerReady"),
             prefix + "ModelReady": unary(model_ready, pb.ModelReadyRequest, limits, "ModelReady"),
-        }
+        },
+        ServerSettings(http2_engine=engine),
     )
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, "127.0.0.1", port)
-        print(f"echo listening on {port}", flush=True)
+        print(f"echo listening on {port} ({engine})", flush=True)
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 break
@@ -73,7 +69,13 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--http2-engine", choices=ENGINES, default=DEFAULT_ENGINE)
     parser.add_argument("--event-loop", choices=EVENT_LOOPS, default=None)
     parser.add_argument("--no-uvloop", action="store_true", help="same as --event-loop asyncio")
     args = parser.parse_args()
-    run_loop(main, args.port, event_loop="asyncio" if args.no_uvloop else args.event_loop)
+    run_loop(
+        main,
+        args.port,
+        args.http2_engine,
+        event_loop="asyncio" if args.no_uvloop else args.event_loop,
+    )

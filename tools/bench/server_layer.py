@@ -5,7 +5,7 @@ compare with, run from the same interpreter):
 
 - ``h2 floor``: ``h2_floor.py``, asyncio + h2 and nothing else;
 - ``echo`` / ``echo@base``: ``echo_server.py`` of each tree (the server layer and our codec,
-  no scheduler); ``echo unpatched repr``: this tree's echo with hyperframe's own DATA repr;
+  no scheduler);
 - ``worker`` / ``worker@base``: the CLI worker of each tree on identity bundles ([n,16] and
   [n,3,224,224]); ``worker tls`` / ``worker tls@base``: the same with TLS on its port;
 - ``gateway`` / ``gateway@base``: each tree's gateway in front of that tree's worker.
@@ -177,11 +177,10 @@ def main() -> int:
             floor = floor_server()
             echo = echo_server("echo", ROOT, {})
             echo_base = echo_server(f"echo@{base_commit}", base, {})
-            unpatched = echo_server("echo unpatched repr", ROOT, {"ECHO_UNPATCHED_FRAME_REPR": "1"})
-            servers += [floor, echo, echo_base, unpatched]
+            servers += [floor, echo, echo_base]
             for s in (floor, echo, echo_base):
                 plan.append(("echo [1,16]", s.label, s, [s], "echo", SMALL, (1, 8, 32), ""))
-            for s in (echo, echo_base, unpatched):
+            for s in (echo, echo_base):
                 plan.append(("echo [1,3,224,224]", s.label, s, [s], "echo", LARGE, (1, 8), ""))
         if parts & {"worker", "gateway"}:
             w16 = worker_server("worker", repos["r16"], ROOT, {})
