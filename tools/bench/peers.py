@@ -146,7 +146,8 @@ def build_repositories(build: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 class Server:
-    """One server process on CPU 0, ready when ``ServerReady`` says so."""
+    """One server process on CPU ``cpu`` (0; None: not pinned), ready when ``ServerReady``
+    says so."""
 
     def __init__(
         self,
@@ -157,11 +158,12 @@ class Server:
         cwd: pathlib.Path,
         metrics_port: int = 0,
         port: int = 0,
+        cpu: int | None = 0,
     ) -> None:
         self.label, self.kind, self.metrics_port = label, kind, metrics_port
         self.port = port or int(cmd[cmd.index("--port" if kind != "kserve" else "--grpc_port") + 1])
         self.proc = subprocess.Popen(
-            [*pin(0), *cmd],
+            [*(pin(cpu) if cpu is not None else []), *cmd],
             env={**os.environ, **env},
             cwd=cwd,
             stdout=subprocess.DEVNULL,

@@ -610,9 +610,13 @@ class Call:
         stall = sink.limits.send_stall_seconds or float("inf")
         deadline = anyio.current_time() + stall
         lowest = level()
-        while not done():
-            if self.state is CallState.RESET:
+        while True:
+            if self.state is CallState.RESET:  # (a reset also empties the queue waited on)
+                # the reset cancelled the handler's scope: that is what the handler sees
+                await anyio.lowlevel.checkpoint()
                 raise CallClosed(f"{self.rpc}: the stream was reset")
+            if done():
+                return
             with anyio.CancelScope(deadline=deadline):
                 await sink.progress()
             now = level()

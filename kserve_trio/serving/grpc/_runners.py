@@ -21,6 +21,7 @@ rules of a call's run:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import anyio
@@ -111,8 +112,13 @@ class CallRunners:
 
     @staticmethod
     def _starts(call: Call) -> bool:
-        """*Late deadline*, and a call reset while it waited."""
-        if call.deadline is not None and anyio.current_time() >= call.deadline:
+        """*Late deadline*, and a call reset while it waited. Both clocks are asked: the
+        connection's (what its timers run on) and a fresh monotonic reading, since an event
+        loop may read its clock once per turn (uvloop), and a deadline of nanoseconds would
+        then look unexpired for the whole turn it arrived in."""
+        if call.deadline is not None and (
+            anyio.current_time() >= call.deadline or time.monotonic_ns() >= call.deadline_ns
+        ):
             call.expire()
         return call.move(CallEvent.START)
 
