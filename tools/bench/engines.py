@@ -81,7 +81,7 @@ ROOT, PY = peers.ROOT, peers.PY
 ENGINES = ("ngh2", "h2")
 SMALL, LARGE = "1,16", "1,3,224,224"
 GROUPS = ("floors", "echo", "worker", "gateway", "frontends", "tls")
-START_SECONDS = 2.5  # a load generator's start and its reply check, roughly, per point
+START_SECONDS = 1.0  # a load generator's start and its reply check, roughly, per point
 
 
 @dataclass
@@ -99,7 +99,7 @@ class Point:
     concs: tuple[int, ...]
     expect: str = "identity"
     ca: str = ""
-    load_cpu: int | None = 1
+    load_cpu: int | None = 1  # None: not pinned
 
 
 @dataclass
@@ -152,136 +152,83 @@ def gateway(label: str, upstream: peers.Server, engine: str) -> tuple[peers.Serv
     return peers.Server(label, "gateway", cmd, env, ROOT, port=port, cpu=None), admin
 
 
-def build_group(name: str, args: argparse.Namespace) -> Group:
-    """Start ``name``'s servers (module docstring) and say what to measure on them."""
-    g = Group()
+def point(
+    group: str, server: peers.Server, model: str, shape: str, concs: tuple[int, ...], **kw
+) -> Point:
+    """A ``Point`` on ``server`` (its own label and CPU unless ``label`` / ``measured`` say)."""
+    kw.setdefault("label", server.label)
+    kw.setdefault("measured", [server])
+    kw.setdefault("output", "INPUT0" if model == "echo" else "OUTPUT0")
+    return Point(group=group, target=server, model=model, shape=shape, concs=concs, **kw)
+
+
+def build_group(name: str, args: argparse.Namespace, g: Group) -> None:
+    """Start ``name``'s servers into ``g`` (module docstring) and say what to measure on them."""
     build = pathlib.Path(args.build)
+    repos = peers.build_repositories(build) if name not in ("floors", "echo") else {}
     if name == "floors":
-        floors = [
+        g.servers += [
             script("ngh2 floor", "ngh2_floor.py"),
             script("h2 floor (lean)", "h2_floor.py", "--lean"),
             script("h2 floor (validating)", "h2_floor.py"),
             script("grpcio floor", "grpcio_floor.py"),
         ]
-        g.servers += floors
-        for s in floors:
-            g.points.append(
-                Point("floor [1,16]", s.label, s, [s], "echo", "INPUT0", SMALL, (1, 8, 32))
-            )
+        g.points += [point("floor [1,16]", s, "echo", SMALL, (1, 8, 32)) for s in g.servers]
     elif name == "echo":
         for engine in ENGINES:
-            s = script(f"echo {engine}", "echo_server.py", "--http2-engine", engine)
-            g.servers.append(s)
-            g.points.append(
-                Point("echo [1,16]", s.label, s, [s], "echo", "INPUT0", SMALL, (1, 8, 32))
-            )
+            g.servers.append(script(f"echo {engine}", "echo_server.py", "--http2-engine", engine))
+        g.points += [point("echo [1,16]", s, "echo", SMALL, (1, 8, 32)) for s in g.servers]
     elif name == "worker":
-        repos = peers.build_repositories(build)
-        by_repo: dict[str, list[peers.Server]] = {"r16": [], "r224": []}
-        for repo in by_repo:
-            for engine in ENGINES:
-                by_repo[repo].append(worker(f"worker {engine}", repos[repo], engine))
-        g.servers += by_repo["r16"] + by_repo["r224"]
-        kserve = None
-        if not args.no_kserve:
+        r16 = [worker(f"worker {e}", repos["r16"], e) for e in ENGINES]
+        r224 = [worker(f"worker {e}", repos["r224"], e) for e in ENGINES]
+        g.servers += r16 + r224
+        if not args.no_kserve:  # one KServe serves both shapes
             kserve = peers.kserve_server(pathlib.Path(args.kserve_venv))
+            kserve.label = "KServe 0.21"
             g.servers.append(kserve)
-        for group, model, repo, shape in (
-            ("identity [1,16]", "identity", "r16", SMALL),
-            ("sum [1,16]", "sum", "r16", SMALL),
-            ("identity [1,3,224,224]", "identity", "r224", LARGE),
+            r16, r224 = [*r16, kserve], [*r224, kserve]
+        for group, model, servers, shape in (
+            ("identity [1,16]", "identity", r16, SMALL),
+            ("sum [1,16]", "sum", r16, SMALL),
+            ("identity [1,3,224,224]", "identity", r224, LARGE),
         ):
-            for s in by_repo[repo] + ([kserve] if kserve else []):
-                label = "KServe 0.21" if s is kserve else s.label
-                g.points.append(
-                    Point(group, label, s, [s], model, "OUTPUT0", shape, (1, 8, 32), model)
-                )
+            g.points += [point(group, s, model, shape, (1, 8, 32), expect=model) for s in servers]
     elif name == "gateway":
-        repos = peers.build_repositories(build)
         w = worker("worker ngh2", repos["r16"], "ngh2", cpu=None)
         g.servers.append(w)
+        label = "straight to worker ngh2"
         g.points.append(
-            Point(
-                "gateway [1,16]",
-                "straight to worker ngh2",
-                w,
-                [w],
-                "identity",
-                "OUTPUT0",
-                SMALL,
-                (1, 8),
-                load_cpu=None,
-            )
+            point("gateway [1,16]", w, "identity", SMALL, (1, 8), label=label, load_cpu=None)
         )
         for engine in ENGINES:
-            gw, admin = gateway(f"gateway {engine}", w, engine)
+            gw, admin = gateway(f"gateway {engine} -> worker ngh2", w, engine)
             g.servers.append(gw)
             g.ready.append(lambda admin=admin: wait_routed(admin, "identity", 1))
             g.points.append(
-                Point(
-                    "gateway [1,16]",
-                    f"gateway {engine} -> worker ngh2",
-                    gw,
-                    [gw, w],
-                    "identity",
-                    "OUTPUT0",
-                    SMALL,
-                    (1, 8),
-                    load_cpu=None,
+                point(
+                    "gateway [1,16]", gw, "identity", SMALL, (1, 8), measured=[gw, w], load_cpu=None
                 )
             )
     elif name == "frontends":
-        repos = peers.build_repositories(build)
         for n in (1, 2):
-            s = worker(
-                f"worker ngh2, {n} front end{'s' if n > 1 else ''}",
-                repos["r16"],
-                "ngh2",
-                "--frontend-processes",
-                str(n),
-                cpu=None,
-            )
-            g.servers.append(s)
-            g.points.append(
-                Point(
-                    "front ends [1,16]",
-                    s.label,
-                    s,
-                    [s],
-                    "identity",
-                    "OUTPUT0",
-                    SMALL,
-                    (1,),
-                    load_cpu=None,
-                )
-            )
+            label = f"worker ngh2, {n} front end{'s' if n > 1 else ''}"
+            frontends = ("--frontend-processes", str(n))
+            g.servers.append(worker(label, repos["r16"], "ngh2", *frontends, cpu=None))
+        g.points += [
+            point("front ends [1,16]", s, "identity", SMALL, (1,), load_cpu=None) for s in g.servers
+        ]
     elif name == "tls":
-        repos = peers.build_repositories(build)
         pki = make_pki(build / "pki")
         env = {
             "INFERENCE_SERVER_ENDPOINTS_TLS_CERT_FILE": str(pki / "server.pem"),
             "INFERENCE_SERVER_ENDPOINTS_TLS_KEY_FILE": str(pki / "server.key"),
         }
         g.ca = str(pki / "ca.pem")
-        for engine in ENGINES:
-            s = worker(f"worker {engine} tls", repos["r224"], engine, env=env)
-            g.servers.append(s)
-            g.points.append(
-                Point(
-                    "tls identity [1,3,224,224]",
-                    s.label,
-                    s,
-                    [s],
-                    "identity",
-                    "OUTPUT0",
-                    LARGE,
-                    (1, 8),
-                    ca=g.ca,
-                )
-            )
+        g.servers += [worker(f"worker {e} tls", repos["r224"], e, env=env) for e in ENGINES]
+        group = "tls identity [1,3,224,224]"
+        g.points += [point(group, s, "identity", LARGE, (1, 8), ca=g.ca) for s in g.servers]
     else:
         raise ValueError(name)
-    return g
 
 
 # ---------------------------------------------------------------------------------- measuring
@@ -353,8 +300,9 @@ def _once(p: Point, conc: int, args: argparse.Namespace, group_pids: list[int]) 
 
 def run_group(name: str, args: argparse.Namespace, runs: dict) -> None:
     """Start the group's servers, measure every point ``--rounds`` times, stop them."""
-    g = build_group(name, args)
+    g = Group()
     try:
+        build_group(name, args, g)
         for s in g.servers:
             s.wait_ready(ca=g.ca if any(p.ca and p.target is s for p in g.points) else "")
         for wait in g.ready:
@@ -423,29 +371,20 @@ def checks(rows: list[dict], runs: dict) -> list[dict]:
             verdict = "met" if (value <= bound if le else value >= bound) else "NOT met"
         out.append({"check": text, "value": round(value, 3), "bound": bound, "verdict": verdict})
 
-    for c in (1, 8, 32):
-        for floor in ("h2 floor (lean)", "h2 floor (validating)"):
-            h2 = by.get(("floor [1,16]", floor, c))
-            if not h2:
-                continue
-            for engine in ENGINES:
+    for floor in ("h2 floor (lean)", "h2 floor (validating)"):
+        for engine in ENGINES:
+            for c in (1, 8, 32):
+                h2 = by.get(("floor [1,16]", floor, c))
                 echo = by.get(("echo [1,16]", f"echo {engine}", c))
-                if echo:
-                    check(
-                        f"echo {engine} CPU/req / {floor} CPU/req, c={c}",
-                        echo["cpu_ms"][0] / h2["cpu_ms"][0],
-                        0.5,
-                        [echo, h2],
-                    )
-            for other in ("ngh2 floor", "grpcio floor"):
-                o = by.get(("floor [1,16]", other, c))
-                if o:
-                    check(
-                        f"{other} CPU/req / {floor} CPU/req, c={c}",
-                        o["cpu_ms"][0] / h2["cpu_ms"][0],
-                        None,
-                        [o, h2],
-                    )
+                if h2 and echo:
+                    ratio = echo["cpu_ms"][0] / h2["cpu_ms"][0]
+                    check(f"echo {engine} CPU/req / {floor}'s, c={c}", ratio, 0.5, [echo, h2])
+        for other in ("ngh2 floor", "grpcio floor"):
+            for c in (1, 8, 32):
+                h2, o = by.get(("floor [1,16]", floor, c)), by.get(("floor [1,16]", other, c))
+                if h2 and o:
+                    ratio = o["cpu_ms"][0] / h2["cpu_ms"][0]
+                    check(f"{other} CPU/req / {floor}'s, c={c}", ratio, None, [o, h2])
     for group in ("identity [1,16]", "sum [1,16]", "identity [1,3,224,224]"):
         for engine in ENGINES:
             for c in (1, 8, 32):
@@ -543,7 +482,7 @@ def markdown(doc: dict) -> str:
         f"{v['grpcio']}, uvloop {v['uvloop']}, anyio {v['anyio']}"
         + (f", kserve {v['kserve']}" if "kserve" in v else "")
         + f"), load average {doc['load_before']} before the run. Medians of {doc['rounds']} "
-        f"rounds, {doc['duration']:g} s windows after {doc['warmup']:g} s of warm-up. Load: "
+        f"round{'s' if doc['rounds'] != 1 else ''}, {doc['duration']:g} s windows after {doc['warmup']:g} s of warm-up. Load: "
         "`raw_load.py` in its own process; floors, echo, worker and TLS: server on CPU 0, load "
         'on CPU 1; gateway and front ends: nothing pinned. "CPU ms/req": the server process\'s '
         "utime+stime (with its descendants) per request; for a gateway its own, then its "
@@ -586,7 +525,7 @@ def estimate(parts: list[str], args: argparse.Namespace) -> float:
         "tls": 4,
     }
     points = sum(per_round[p] for p in parts) * args.rounds
-    return points * (args.duration + args.warmup + START_SECONDS) + 20 * len(parts)
+    return points * (args.duration + args.warmup + START_SECONDS) + 15 * len(parts)
 
 
 def main() -> int:
