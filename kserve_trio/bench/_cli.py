@@ -10,6 +10,7 @@ from kserve_trio.bench._drive import run_bench
 from kserve_trio.bench._plot import PlotUnavailable, plot_latency
 from kserve_trio.bench._report import BenchConfig, parse_concurrency, table
 from kserve_trio.core.logging import configure_logging
+from kserve_trio.http2 import ENGINES
 
 # --------------------------------------------------------------------------------------------
 # Command line
@@ -50,6 +51,12 @@ def configure_parser(parser: argparse.ArgumentParser):
         default="kserve_trio",
         help="client library generating the load (default kserve_trio)",
     )
+    parser.add_argument(
+        "--http2-engine",
+        choices=ENGINES,
+        help="the kserve_trio client's HTTP/2 engine (default: KSERVE_TRIO_CLIENT_HTTP2_ENGINE "
+        "or ngh2)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here")
     parser.add_argument(
         "--plot",
@@ -81,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         deadline=args.deadline,
         client=args.client,
         progress=not args.no_progress,
+        http2_engine=args.http2_engine,
     )
     try:
         rep = run_bench(cfg)

@@ -158,7 +158,12 @@ async def _drive_level(
 async def _kserve_trio_levels(cfg: BenchConfig) -> list[Window]:
     mode = "on" if cfg.transport == "shm" else "off"
     model = KServeModel(
-        cfg.url, cfg.model, max_batch_size=cfg.batch, deadline=cfg.deadline, shared_memory=mode
+        cfg.url,
+        cfg.model,
+        max_batch_size=cfg.batch,
+        deadline=cfg.deadline,
+        shared_memory=mode,
+        http2_engine=cfg.http2_engine,
     )
     async with model:
         spec = await model.io_spec()

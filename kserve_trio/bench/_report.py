@@ -32,6 +32,8 @@ class BenchConfig:
     deadline: float = 10.0
     client: str = "kserve_trio"
     progress: bool = True
+    http2_engine: str | None = None
+    """The kserve_trio client's HTTP/2 engine (None: its default)."""
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:

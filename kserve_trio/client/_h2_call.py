@@ -1,10 +1,9 @@
-"""The pure half of the h2 transport: gRPC-over-HTTP/2 header values and one call's reply.
+"""The pure half of the client transport: one call's reply.
 
-No I/O: ``grpc_timeout`` / ``metadata_headers`` build request header values,
-``decode_grpc_message`` / ``status_from_http`` / ``status_from_reset`` read the server's side,
-and ``_Call`` accumulates what arrives on one stream (headers, DATA, trailers, a reset) and
-turns it into the reply message or the call's ``RpcError`` (``_Call.message``). The wording of
-every error is one vocabulary, whichever server answered. ``h2_transport`` drives it.
+No I/O: ``_Call`` accumulates what arrives on one stream (headers, DATA, trailers, a reset) and
+turns it into the reply message or the call's ``RpcError`` (``_Call.message``), reading the
+server's side with the gRPC wire rules of ``core.grpc_wire``. The wording of every error is one
+vocabulary, whichever server answered. ``h2_transport`` drives it.
 
 A compressed reply (flag 1) is decompressed with the algorithm of the reply's
 ``grpc-encoding`` (``core.compression``): the receive cap applies to the length announced on
@@ -14,101 +13,15 @@ reply that does not decompress, or is flagged compressed without an algorithm, i
 
 from __future__ import annotations
 
-import base64
-import math
-import struct
-import urllib.parse
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import anyio
-import h2.errors
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core import compression
 from kserve_trio.core.errors import ServingError, StatusCode
-
-_REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
-_PREFIX = struct.Struct(">BI")  # a gRPC message's compressed flag and length
-_TIMEOUT_UNITS = ((1e9, b"n"), (1e6, b"u"), (1e3, b"m"), (1.0, b"S"), (1 / 60, b"M"))
-_RESERVED_METADATA = frozenset({"content-type", "te", "host", "user-agent", "connection"})
-
-
-def grpc_timeout(seconds: float) -> bytes:
-    """The ``grpc-timeout`` header value for ``seconds``: the finest unit whose value fits the
-    8 digits gRPC allows, rounded up (the server never gets less time than the client)."""
-    if not seconds > 0:
-        raise ValueError(f"a grpc-timeout must be positive, got {seconds!r}")
-    for factor, unit in _TIMEOUT_UNITS:
-        value = math.ceil(seconds * factor)
-        if value < 100_000_000:
-            return str(value).encode("ascii") + unit
-    return str(min(math.ceil(seconds / 3600), 99_999_999)).encode("ascii") + b"H"
-
-
-def decode_grpc_message(value: bytes) -> str:
-    """A ``grpc-message`` header value: percent-decoded UTF-8 (bad bytes replaced)."""
-    return urllib.parse.unquote_to_bytes(value).decode("utf-8", "replace")
-
-
-def status_from_http(code: int) -> StatusCode:
-    """gRPC's mapping of an HTTP status to a status code, for replies without ``grpc-status``."""
-    if code == 400:
-        return StatusCode.INTERNAL
-    if code == 401:
-        return StatusCode.UNAUTHENTICATED
-    if code == 403:
-        return StatusCode.PERMISSION_DENIED
-    if code == 404:
-        return StatusCode.UNIMPLEMENTED
-    if code in (429, 502, 503, 504):
-        return StatusCode.UNAVAILABLE
-    return StatusCode.UNKNOWN
-
-
-def status_from_reset(error_code: int) -> StatusCode:
-    """The status of a call whose stream the server reset (gRPC's HTTP/2 error mapping)."""
-    if error_code == h2.errors.ErrorCodes.CANCEL:
-        return StatusCode.CANCELLED
-    if error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM:
-        return StatusCode.RESOURCE_EXHAUSTED
-    if error_code == h2.errors.ErrorCodes.INADEQUATE_SECURITY:
-        return StatusCode.PERMISSION_DENIED
-    if error_code == _REFUSED:
-        return StatusCode.UNAVAILABLE
-    return StatusCode.INTERNAL
-
-
-def _error_name(error_code: int) -> str:
-    try:
-        return h2.errors.ErrorCodes(error_code).name
-    except ValueError:
-        return str(error_code)
-
-
-def metadata_headers(metadata: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
-    """Caller metadata as header pairs: keys lowercased; ``-bin`` keys carry bytes (sent
-    base64); other values must be printable ASCII. Reserved names raise ``ValueError``."""
-    out = []
-    for key, value in metadata.items():
-        name = str(key).lower()
-        if (
-            not name
-            or name.startswith((":", "grpc-"))
-            or name in _RESERVED_METADATA
-            or not all(c.isalnum() or c in "-_." for c in name)
-            or not name.isascii()
-        ):
-            raise ValueError(f"invalid or reserved metadata key {key!r}")
-        if name.endswith("-bin"):
-            raw = value.encode() if isinstance(value, str) else bytes(value)
-            encoded = base64.b64encode(raw).rstrip(b"=")
-        else:
-            if not isinstance(value, str) or not all(" " <= c <= "~" for c in value):
-                raise ValueError(f"metadata {key!r} needs a printable ASCII string value")
-            encoded = value.encode("ascii")
-        out.append((name.encode("ascii"), encoded))
-    return out
+from kserve_trio.core.grpc_wire import PREFIX, decode_message, status_from_http, status_from_reset
+from kserve_trio.http2 import code_name
 
 
 class _Call:
@@ -137,8 +50,6 @@ class _Call:
         "rpc",
         "status",
         "stream_id",
-        "unacked",
-        "window",
     )
 
     def __init__(self, rpc: str, cap: int) -> None:
@@ -158,10 +69,7 @@ class _Call:
         self.encoding: str | None = None  # the reply's grpc-encoding header
         self.done = False
         self.event: anyio.Event | None = None
-        # the stream, kept by the connection: our send window, DATA received and not yet
-        # acknowledged, and which sides have ended it (END_STREAM or a reset)
-        self.window = 0
-        self.unacked = 0
+        # the stream, kept by the connection: which sides have ended it (END_STREAM or a reset)
         self.local_closed = False
         self.remote_closed = False
 
@@ -173,7 +81,7 @@ class _Call:
                 except ValueError:
                     self.status = StatusCode.UNKNOWN
             elif name == b"grpc-message":
-                self.message_text = decode_grpc_message(value)
+                self.message_text = decode_message(value)
             elif name == b"grpc-encoding":
                 self.encoding = value.decode("ascii", "replace")
             elif name == b":status":
@@ -192,7 +100,7 @@ class _Call:
         if self.length < 0 and self.nbytes >= 5:
             first = self.chunks[0]
             head = first if len(first) >= 5 else b"".join(self.chunks)
-            flag, self.length = _PREFIX.unpack_from(head)
+            flag, self.length = PREFIX.unpack_from(head)
             self.compressed = flag == 1
             if flag > 1:
                 self.error = RpcError(
@@ -234,7 +142,7 @@ class _Call:
         if self.reset_code is not None and status is None:
             raise RpcError(
                 status_from_reset(self.reset_code),
-                f"stream reset by {address} ({_error_name(self.reset_code)})",
+                f"stream reset by {address} ({code_name(self.reset_code)})",
                 method=rpc,
             )
         if status is None:
@@ -292,10 +200,4 @@ class _Call:
             raise RpcError(status, exc.message, method=rpc, retryable=False) from None
 
 
-__all__ = [
-    "decode_grpc_message",
-    "grpc_timeout",
-    "metadata_headers",
-    "status_from_http",
-    "status_from_reset",
-]
+__all__: list[str] = []

@@ -1,12 +1,8 @@
-"""One HTTP/2 connection of the h2 transport: its protocol state (settings, flow-control
-windows, streams), the anyio byte stream under it, and the calls in flight on it
-(``kserve_trio.client.h2_transport`` opens and replaces these; ``_h2_call`` holds the pure
-per-call half, ``_h2_frames`` the frame and header-block coding).
-
-The protocol state is kept here rather than in a general HTTP/2 state machine: a unary gRPC
-call needs one HEADERS and the DATA of one message out, HEADERS, DATA and trailers back, and
-the flow-control, SETTINGS, PING, RST_STREAM and GOAWAY handling around them; the generic
-machinery cost more client CPU per call than all of that (docs/benchmarks.md, "Client").
+"""One HTTP/2 connection of the client transport: the HTTP/2 engine holding its protocol state
+(``kserve_trio.http2``: ngh2 by default, h2 as the fallback; framing, HPACK, flow control,
+SETTINGS, PING and GOAWAY are the engine's), the anyio byte stream under it, and the calls in
+flight on it (``kserve_trio.client.h2_transport`` opens and replaces these; ``_h2_call`` holds
+the pure per-call half).
 
 Who reads the socket. There is no background reader task: the tasks waiting for replies take
 turns. Rules (``Connection.progress``):
@@ -31,11 +27,11 @@ the connection for every call on it): on asyncio's plain TCP streams the bytes g
 transport's buffer synchronously, which no cancellation can interrupt; any other stream (TLS,
 trio) is written inside a shielded scope, bounded by its own stall timeout instead.
 
-What received frames do (``Connection.dispatch``, no I/O): a reply's HEADERS, DATA and trailers
-go to its call, resets and GOAWAY to the calls they end, SETTINGS, PING and WINDOW_UPDATE to the
-connection's state; whatever breaks the protocol raises ``_h2_frames.FrameError`` with its HTTP/2
-error code. Answers (SETTINGS and PING acknowledgements, WINDOW_UPDATEs, RST_STREAMs) are queued
-on ``out`` for the connection's next flush.
+What the engine's events do (``Connection.dispatch``, no I/O): a reply's headers, DATA and
+trailers go to its call (its DATA acknowledged as it is taken), resets and GOAWAY to the calls
+they end, window updates and SETTINGS wake the calls waiting to send; a peer that breaks the
+protocol fails every call (``PeerError``). The engine queues its answers (acknowledgements,
+WINDOW_UPDATEs, RST_STREAMs) for the connection's next flush.
 """
 
 from __future__ import annotations
@@ -48,31 +44,49 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import hpack
-import hpack.exceptions
 
-from kserve_trio.client import _h2_frames as fr
-from kserve_trio.client._h2_call import _Call, _error_name
+from kserve_trio.client._h2_call import _Call
 from kserve_trio.client.errors import RpcError
+from kserve_trio.core import grpc_wire
 from kserve_trio.core.config import MAX_FRAME_BYTES, WINDOW_BYTES
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.event_loops import asyncio_transport, stream_attribute
+from kserve_trio.http2 import (
+    MAX_STREAM_ID,
+    DataReceived,
+    EngineSettings,
+    ErrorCode,
+    GoAwayReceived,
+    Header,
+    PeerError,
+    ResponseReceived,
+    SettingsReceived,
+    StreamGone,
+    StreamReset,
+    TrailersReceived,
+    WindowOpened,
+    code_name,
+    new_engine,
+)
 
 # The client advertises the same receive windows (connection and each stream) and largest DATA
 # frame as our servers do by default (WINDOW_BYTES, MAX_FRAME_BYTES): a large reply never waits
 # for a WINDOW_UPDATE round trip and arrives in few frames.
-DECODED_BLOCKS = 64
-"""How many indexed-only reply header blocks a connection keeps decoded."""
+CLIENT_SETTINGS = EngineSettings(
+    client=True,
+    stream_window=WINDOW_BYTES,
+    connection_window=WINDOW_BYTES,
+    max_frame=MAX_FRAME_BYTES,
+)
 RECEIVE_BYTES = 1 << 20
-FLUSH_BYTES = 1 << 20
-"""How much DATA a large send queues before writing it to the socket."""
+SEND_BATCH_BYTES = 1 << 20
+"""How much of a large message may wait in the engine for the server's windows before its
+sender writes and waits."""
 JOIN_BYTES = 64 << 10
-"""Queued pieces below this size are joined into one write; larger ones are written as they
-are (a view of the caller's buffer, not copied)."""
+"""A message up to this size is joined with its prefix into one buffer; a larger one is queued
+piece by piece (its tensors' own buffers, not copied)."""
 SEND_STALL_SECONDS = 30.0
 """A socket write that makes no progress for this long declares the connection dead."""
-
-_REFUSED = 0x7  # RST_STREAM's REFUSED_STREAM
 
 CONNECTION_ERRORS = (
     anyio.BrokenResourceError,
@@ -82,14 +96,14 @@ CONNECTION_ERRORS = (
 )
 
 Buffer = bytes | bytearray | memoryview
-"""What a queued frame piece or a message piece is."""
+"""What a message piece is."""
 
 
 class Connection:
     """One HTTP/2 connection and the calls on it (see the module docstring for who reads and
     what received frames do)."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, address: str) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, address: str, engine: str) -> None:
         self.stream = stream
         self.address = address
         self.calls: dict[int, _Call] = {}
@@ -104,19 +118,7 @@ class Connection:
             self.poller = select.poll()
             self.poller.register(self.sock.fileno(), select.POLLIN)
         self._direct = asyncio_transport(stream)
-        # protocol state
-        self.out: list[Buffer] = []  # frames queued for the socket
-        self.decoder = hpack.Decoder()
-        self.decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # indexed-only blocks
-        self.max_streams = 1 << 32  # the peer's SETTINGS_MAX_CONCURRENT_STREAMS
-        self.max_frame = fr.DEFAULT_FRAME  # the peer's SETTINGS_MAX_FRAME_SIZE
-        self.initial_window = fr.DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-        self.send_window = fr.DEFAULT_WINDOW  # the connection's send window
-        self.unacked = 0  # DATA received on the connection, not yet given back
-        self.continued: tuple[int, int, list[bytes]] | None = None  # a header block in parts
-        self.reader = fr.FrameReader(MAX_FRAME_BYTES)
-        self.next_stream_id = 1
-        self.first_block = True
+        self.engine = new_engine(engine, CLIENT_SETTINGS)
 
     @property
     def usable(self) -> bool:
@@ -124,24 +126,10 @@ class Connection:
 
     async def start(self) -> None:
         """Send the connection preface: our settings and the enlarged connection window."""
-        self.out += [
-            fr.PREFACE,
-            fr.settings_frame(
-                {
-                    fr.ENABLE_PUSH: 0,
-                    fr.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
-                    fr.MAX_FRAME_SIZE: MAX_FRAME_BYTES,
-                }
-            ),
-            fr.window_update(0, WINDOW_BYTES - fr.DEFAULT_WINDOW),
-        ]
+        self.engine.initiate()
         await self.flush()
         if self.dead is not None:
             raise RpcError(StatusCode.UNAVAILABLE, self.dead)
-
-    def window(self, call: _Call) -> int:
-        """How much DATA ``call`` may send now."""
-        return min(self.send_window, call.window)
 
     # -- failure -----------------------------------------------------------------------------
 
@@ -203,7 +191,7 @@ class Connection:
     async def aclose(self) -> None:
         """Fail what is still in flight, say GOAWAY (bounded), close the socket."""
         if self.dead is None:
-            self.out.append(fr.goaway(fr.NO_ERROR))
+            self.engine.goaway(ErrorCode.NO_ERROR)
             await self.flush()
             self.fail(f"connection to {self.address} was closed by the client")
         with anyio.CancelScope(shield=True):
@@ -211,29 +199,15 @@ class Connection:
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _take(self) -> list[Buffer]:
-        """The queued frames as writes: runs of small pieces joined, large pieces alone."""
-        out, self.out = self.out, []
-        if len(out) == 1:
-            return out
-        writes: list[Buffer] = []
-        run: list[Buffer] = []
-        for piece in out:
-            if len(piece) < JOIN_BYTES:
-                run.append(piece)
-                continue
-            if run:
-                writes.append(b"".join(run))
-                run = []
-            writes.append(piece)
-        if run:
-            writes.append(b"".join(run) if len(run) > 1 else run[0])
-        return writes
+    def _take(self) -> list[bytes]:
+        """What the engine has queued for the socket, as one write (or none)."""
+        data = self.engine.data_to_send()
+        return [data] if data else []
 
     async def flush(self) -> None:
         """Write what is queued (see the module docstring: one flusher at a time, never cut
         by a cancellation, bounded by ``SEND_STALL_SECONDS``)."""
-        if self.sending or self.dead is not None or not self.out:
+        if self.sending or self.dead is not None:
             return
         if self._direct is not None:
             await self._flush_direct()
@@ -243,9 +217,9 @@ class Connection:
             with anyio.CancelScope(
                 deadline=anyio.current_time() + SEND_STALL_SECONDS, shield=True
             ) as scope:
-                while self.out:
-                    for data in self._take():
-                        await self.stream.send(data)  # type: ignore[arg-type]
+                while writes := self._take():
+                    for data in writes:
+                        await self.stream.send(data)
             if scope.cancelled_caught:
                 self.fail(
                     f"connection to {self.address} stalled: a write made no progress for "
@@ -290,7 +264,7 @@ class Connection:
             self.fail(f"connection to {self.address} lost: {describe(exc)}")
         finally:
             self.sending = False
-            if self.out and self.dead is None:  # queued while we waited: never left behind
+            if self.dead is None:  # queued while we waited: never left behind
                 for data in self._take():
                     transport.write(data)
 
@@ -310,166 +284,79 @@ class Connection:
         finally:
             self.reading = False
         try:
-            self.dispatch(self.reader.feed(data))
-        except fr.FrameError as exc:
-            self.protocol_error(exc.code, str(exc))
-        except hpack.exceptions.HPACKError as exc:
-            self.protocol_error(fr.COMPRESSION_ERROR, f"bad header block: {exc}")
+            events = self.engine.receive(data)
+        except PeerError as exc:
+            await self.flush()  # the GOAWAY saying why
+            self.protocol_error(exc.code, exc.reason)
+            return
+        self.dispatch(events)
         await self.flush()
 
     def protocol_error(self, code: int, message: str) -> None:
         """The peer broke the protocol: every call fails UNAVAILABLE, no more frames go out."""
         self.fail(f"HTTP/2 protocol error on the connection to {self.address}: {message}")
 
-    def dispatch(self, frames: Sequence[tuple[int, int, int, memoryview]]) -> None:
-        """Apply each frame to the connection or its call; wake the calls whose state changed."""
+    def dispatch(self, events: Sequence[Any]) -> None:
+        """Apply each event to the connection or its call; wake the calls whose state changed."""
         calls = self.calls
         wake_parked = False
-        for ftype, flags, sid, payload in frames:
-            if self.continued is not None and ftype != fr.CONTINUATION:
-                raise fr.FrameError(fr.PROTOCOL_ERROR, "a header block was interrupted")
-            if ftype == fr.DATA:
-                if sid == 0:
-                    raise fr.FrameError(fr.PROTOCOL_ERROR, "DATA on stream 0")
-                self._data(calls.get(sid), flags, payload)
-            elif ftype == fr.HEADERS:
-                if sid == 0:
-                    raise fr.FrameError(fr.PROTOCOL_ERROR, "HEADERS on stream 0")
-                block = fr.unpad(payload, flags)
-                if flags & fr.PRIORITY_FLAG:
-                    block = block[5:]
-                if flags & fr.END_HEADERS:
-                    self._headers(sid, flags, block)
-                else:
-                    self.continued = (sid, flags, [bytes(block)])
-            elif ftype == fr.CONTINUATION:
-                if self.continued is None or self.continued[0] != sid:
-                    raise fr.FrameError(fr.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-                self.continued[2].append(bytes(payload))
-                if flags & fr.END_HEADERS:
-                    first_flags, parts = self.continued[1], self.continued[2]
-                    self.continued = None
-                    self._headers(sid, first_flags, b"".join(parts))
-            elif ftype == fr.RST_STREAM:
-                if len(payload) != 4:
-                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "an RST_STREAM frame not 4 bytes")
-                call = calls.get(sid)
+        for event in events:
+            kind = event.__class__
+            if kind is DataReceived:
+                self._data(calls.get(event.stream_id), event)
+            elif kind is ResponseReceived:
+                self._headers(calls.get(event.stream_id), event.headers, event.end_stream)
+            elif kind is TrailersReceived:
+                self._headers(calls.get(event.stream_id), event.headers, True)
+            elif kind is WindowOpened or kind is SettingsReceived:
+                wake_parked = True
+            elif kind is StreamReset:
+                call = calls.get(event.stream_id)
                 if call is not None:
                     call.remote_closed = call.local_closed = True
                     if not call.done:
-                        code = fr.u32(payload)
-                        call.reset_code = code
-                        call.refused = code == _REFUSED
+                        call.reset_code = event.code
+                        call.refused = event.code == ErrorCode.REFUSED_STREAM
                         call.done = True
                         _wake(call)
-            elif ftype == fr.SETTINGS:
-                if sid != 0:
-                    raise fr.FrameError(fr.PROTOCOL_ERROR, "SETTINGS on a stream")
-                if not flags & fr.ACK:
-                    self._settings(payload)
-                    wake_parked = True
-            elif ftype == fr.WINDOW_UPDATE:
-                if len(payload) != 4:
-                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame not 4 bytes")
-                increment = fr.u32(payload) & fr.MAX_WINDOW
-                if sid == 0:
-                    if increment == 0:
-                        raise fr.FrameError(fr.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-                    self.send_window += increment
-                    if self.send_window > fr.MAX_WINDOW:
-                        raise fr.FrameError(fr.FLOW_CONTROL_ERROR, "the send window overflowed")
-                else:
-                    call = calls.get(sid)
-                    if call is not None:
-                        call.window += increment
+            elif kind is GoAwayReceived:
+                self.goaway(event.last_stream_id, event.code)
                 wake_parked = True
-            elif ftype == fr.PING:
-                if len(payload) != 8:
-                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a PING frame not 8 bytes")
-                if not flags & fr.ACK:
-                    self.out.append(fr.frame(fr.PING, fr.ACK, 0, bytes(payload)))
-            elif ftype == fr.GOAWAY:
-                if len(payload) < 8:
-                    raise fr.FrameError(fr.FRAME_SIZE_ERROR, "a GOAWAY frame under 8 bytes")
-                self.goaway(fr.u32(payload) & fr.MAX_STREAM_ID, fr.u32(payload, 4))
-                wake_parked = True
-            elif ftype == fr.PUSH_PROMISE:
-                raise fr.FrameError(fr.PROTOCOL_ERROR, "PUSH_PROMISE, which we disabled")
-            # PRIORITY and unknown frame types are ignored
         if wake_parked:
             for call in self.parked:
                 _wake(call)
 
-    def _data(self, call: _Call | None, flags: int, payload: memoryview) -> None:
-        size = len(payload)  # padding included: all of it counts against the windows
-        self.unacked += size
-        if self.unacked >= WINDOW_BYTES // 2:
-            self.out.append(fr.window_update(0, self.unacked))
-            self.unacked = 0
+    def _data(self, call: _Call | None, event: DataReceived) -> None:
+        if event.flow_length:  # taken at once: a reply's bytes are bounded by the call's cap
+            self.engine.acknowledge(event.stream_id, event.flow_length)
         if call is None or call.done:
             return  # a stream already answered or reset: the bytes only count for the window
-        body = fr.unpad(payload, flags)
-        if not call.data(body):
+        if not call.data(event.data):
             call.done = True
             self.reset(call)
             _wake(call)
             return
-        if flags & fr.END_STREAM:
+        if event.end_stream:
             call.remote_closed = call.done = True
             _wake(call)
-            return
-        call.unacked += size
-        if call.unacked >= WINDOW_BYTES // 2:
-            self.out.append(fr.window_update(call.stream_id, call.unacked))
-            call.unacked = 0
 
-    def _headers(self, sid: int, flags: int, block: bytes | memoryview) -> None:
-        # every block is decoded, a closed stream's too, to keep the HPACK table in step; a
-        # server answers each call with the same few indexed-only blocks, decoded once
-        key = bytes(block)
-        headers = self.decoded.get(key)
-        if headers is None:
-            headers = self.decoder.decode(key, raw=True)  # type: ignore[assignment]
-            if fr.indexed_only(key):
-                if len(self.decoded) >= DECODED_BLOCKS:
-                    self.decoded.clear()
-                self.decoded[key] = headers  # type: ignore[assignment]
-            else:  # the table may have changed: what the cached blocks meant, too
-                self.decoded.clear()
-        call = self.calls.get(sid)
+    def _headers(self, call: _Call | None, headers: Sequence[Header], ended: bool) -> None:
         if call is None:
             return
         if not call.done:
-            call.headers(headers)  # type: ignore[arg-type]
-        if flags & fr.END_STREAM:
+            call.headers(headers)
+        if ended:
             call.remote_closed = True
             if not call.done:
                 call.done = True
                 _wake(call)
-
-    def _settings(self, payload: memoryview) -> None:
-        for key, value in fr.settings_values(payload):
-            if key == fr.INITIAL_WINDOW_SIZE:
-                if value > fr.MAX_WINDOW:
-                    raise fr.FrameError(fr.FLOW_CONTROL_ERROR, f"an initial window of {value}")
-                delta = value - self.initial_window
-                self.initial_window = value
-                for call in self.calls.values():
-                    call.window += delta
-            elif key == fr.MAX_FRAME_SIZE:
-                if not fr.DEFAULT_FRAME <= value <= (1 << 24) - 1:
-                    raise fr.FrameError(fr.PROTOCOL_ERROR, f"a max frame size of {value}")
-                self.max_frame = value
-            elif key == fr.MAX_CONCURRENT_STREAMS:
-                self.max_streams = value
-        self.out.append(fr.SETTINGS_ACK)
 
     def goaway(self, last_stream_id: int | None, error_code: int | None) -> None:
         """GOAWAY: no new streams here; streams above ``last_stream_id`` were not processed
         (retry-safe); the others may still complete."""
         self.draining = True
         last = last_stream_id if last_stream_id is not None else 0
-        reason = _error_name(error_code) if error_code is not None else "no error code"
+        reason = code_name(error_code) if error_code is not None else "no error code"
         for sid, call in self.calls.items():
             if sid > last and not call.done:
                 call.fail(
@@ -486,7 +373,7 @@ class Connection:
         """Queue RST_STREAM CANCEL for ``call``'s stream (if it is still open)."""
         if call.stream_id and not (call.local_closed and call.remote_closed):
             call.local_closed = call.remote_closed = True
-            self.out.append(fr.rst_stream(call.stream_id, fr.CANCEL))
+            self.engine.reset_stream(call.stream_id, ErrorCode.CANCEL)
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -528,19 +415,20 @@ class Connection:
     async def request(
         self,
         call: _Call,
-        block: bytes,
+        headers: list[Header],
         pieces: Sequence[Buffer],
         nbytes: int,
         flag: int = 0,
     ) -> None:
-        """Run ``call`` on this connection to completion (``call.done``): ``block`` is its
-        header block (``_h2_frames.header_block``), ``pieces`` its message (``nbytes`` in all,
-        sent as one gRPC message with compressed ``flag``); ``call.message`` gives the outcome.
-        Cancellation resets the stream."""
-        if len(self.calls) >= self.max_streams:
+        """Run ``call`` on this connection to completion (``call.done``): ``headers`` are its
+        request headers, ``pieces`` its message (``nbytes`` in all, sent as one gRPC message
+        with compressed ``flag``); ``call.message`` gives the outcome. Cancellation resets the
+        stream."""
+        engine = self.engine
+        if len(self.calls) >= engine.peer_max_streams:
             await self.progress(
                 call,
-                lambda: not self.usable or len(self.calls) < self.max_streams,
+                lambda: not self.usable or len(self.calls) < engine.peer_max_streams,
                 parked=True,
                 may_read=False,
             )
@@ -552,39 +440,19 @@ class Connection:
                 refused=True,
             )
             return
-        sid = self.next_stream_id
-        if sid > fr.MAX_STREAM_ID:
+        try:
+            sid = engine.send_request(headers)
+        except StreamGone as exc:  # stream ids exhausted, or the connection is closing
             self.draining = True
-            call.fail(
-                RpcError(StatusCode.UNAVAILABLE, "stream ids exhausted", method=call.rpc),
-                refused=True,
-            )
+            call.fail(RpcError(StatusCode.UNAVAILABLE, str(exc), method=call.rpc), refused=True)
             return
-        self.next_stream_id = sid + 2
+        if sid > MAX_STREAM_ID - 2:
+            self.draining = True  # the last stream id: the next call opens a new connection
         call.stream_id = sid
-        call.window = self.initial_window
         self.calls[sid] = call
         sent = False
         try:
-            if self.first_block:
-                self.first_block = False
-                block = fr.TABLE_SIZE_ZERO + block
-            out = self.out
-            out.append(fr.headers_frames(sid, block, self.max_frame))
-            size = nbytes + 5
-            if size <= self.send_window and size <= call.window and size <= self.max_frame:
-                out.append(
-                    fr.frame_header(fr.DATA, fr.END_STREAM, sid, size)
-                    + bytes((flag,))
-                    + nbytes.to_bytes(4, "big")
-                )
-                out.extend(pieces)
-                self.send_window -= size
-                call.window -= size
-                call.local_closed = sent = True
-                await self.flush()
-            else:
-                sent = await self._send_large(call, pieces, nbytes, flag)
+            sent = await self._send_message(call, pieces, nbytes, flag)
             if not call.done:
                 await self.progress(call, lambda: call.done, parked=False)
         finally:
@@ -597,47 +465,32 @@ class Connection:
             if self.draining and not self.calls and self.dead is None:
                 await self.aclose()  # GOAWAY'd and now idle: the transport has moved on
 
-    async def _send_large(
-        self, call: _Call, pieces: Sequence[Buffer], nbytes: int, flag: int = 0
+    async def _send_message(
+        self, call: _Call, pieces: Sequence[Buffer], nbytes: int, flag: int
     ) -> bool:
-        """The message in DATA frames within the peer's windows and frame size; False when
+        """The message queued in the engine (its buffers as they are), written, and waited on
+        while more than ``SEND_BATCH_BYTES`` of it wait for the server's windows; False when
         the call ended (or the connection died) before all of it was sent."""
+        engine = self.engine
         sid = call.stream_id
-        segments: list[Buffer] = [bytes((flag,)) + nbytes.to_bytes(4, "big")]
-        segments += [p if type(p) is bytes else memoryview(p).cast("B") for p in pieces]
-        index, offset = 0, 0  # the next byte to send: segments[index][offset]
-        remaining = nbytes + 5
-        while not call.done and self.dead is None:
-            window = self.window(call)
-            if window <= 0:
-                await self.flush()
-                await self.progress(call, lambda: call.done or self.window(call) > 0, parked=True)
-                continue
-            queued = 0
-            while window > 0 and queued < FLUSH_BYTES:
-                n = min(window, self.max_frame, remaining)
-                last = n == remaining
-                self.out.append(fr.frame_header(fr.DATA, fr.END_STREAM if last else 0, sid, n))
-                need = n
-                while need:
-                    seg = segments[index]
-                    take = min(need, len(seg) - offset)
-                    self.out.append(seg[offset : offset + take])
-                    need -= take
-                    offset += take
-                    if offset == len(seg):
-                        index, offset = index + 1, 0
-                self.send_window -= n
-                call.window -= n
-                window -= n
-                queued += n
-                remaining -= n
-                if last:
-                    call.local_closed = True
-                    await self.flush()
-                    return True
+        prefix = grpc_wire.message_prefix(bool(flag), nbytes)
+        try:
+            if nbytes <= JOIN_BYTES:
+                engine.send_data(sid, b"".join([prefix, *pieces]), end_stream=True)
+            else:
+                engine.send_data(sid, prefix)
+                for n, piece in enumerate(pieces):
+                    engine.send_data(sid, piece, end_stream=n == len(pieces) - 1)
+        except StreamGone:
+            return False
+        call.local_closed = True
+        await self.flush()
+        while engine.pending(sid) > SEND_BATCH_BYTES and not call.done and self.dead is None:
+            await self.progress(
+                call, lambda: call.done or engine.pending(sid) <= SEND_BATCH_BYTES, parked=True
+            )
             await self.flush()
-        return False
+        return self.dead is None
 
 
 def _wake(call: _Call) -> None:
@@ -655,11 +508,12 @@ def describe(exc: BaseException) -> str:
 
 
 __all__ = [
+    "CLIENT_SETTINGS",
     "CONNECTION_ERRORS",
-    "DECODED_BLOCKS",
-    "FLUSH_BYTES",
+    "JOIN_BYTES",
     "MAX_FRAME_BYTES",
     "RECEIVE_BYTES",
+    "SEND_BATCH_BYTES",
     "SEND_STALL_SECONDS",
     "WINDOW_BYTES",
     "Connection",

@@ -14,12 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kserve_trio.core.upstream_env import with_upstream_aliases
+from kserve_trio.http2 import DEFAULT_ENGINE, check_engine
 
 DEFAULT_MAX_MESSAGE_BYTES = 512 << 20
 """Default cap on one gRPC message each way (matches the worker and gateway)."""
 
 ENV_MAX_SEND = "KSERVE_TRIO_CLIENT_GRPC_MAX_SEND_MSG_BYTES"
 ENV_MAX_RECV = "KSERVE_TRIO_CLIENT_GRPC_MAX_RECV_MSG_BYTES"
+ENV_HTTP2_ENGINE = "KSERVE_TRIO_CLIENT_HTTP2_ENGINE"
+"""The HTTP/2 engine of clients that do not name one (``ngh2`` when unset)."""
 
 SERVICE = "/inference.GRPCInferenceService/"
 
@@ -105,12 +108,19 @@ def check_compression(value: str | None) -> str | None:
     raise ValueError(f"compression must be None, 'gzip' or 'deflate', got {value!r}")
 
 
+def resolve_http2_engine(value: str | None) -> str:
+    """The HTTP/2 engine a client runs: ``value``, else ``KSERVE_TRIO_CLIENT_HTTP2_ENGINE``,
+    else the default (``kserve_trio.http2.DEFAULT_ENGINE``); ``ValueError`` for a name that is
+    none of ``ENGINES``."""
+    return check_engine(value or os.environ.get(ENV_HTTP2_ENGINE) or DEFAULT_ENGINE)
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One server address and the per-connection options a transport needs; ``ssl_context``
     is how a secure endpoint is reached (``None``: the system's CAs, no client certificate);
     ``compression`` the ``grpc-encoding`` every request message is compressed with (``None``:
-    none)."""
+    none); ``http2_engine`` the HTTP/2 engine its connections run (``resolve_http2_engine``)."""
 
     host: str
     port: int
@@ -119,9 +129,11 @@ class Endpoint:
     max_receive_message_length: int = DEFAULT_MAX_MESSAGE_BYTES
     ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
     compression: str | None = None
+    http2_engine: str = field(default_factory=lambda: resolve_http2_engine(None))
 
     def __post_init__(self) -> None:
         check_compression(self.compression)
+        check_engine(self.http2_engine)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -137,6 +149,7 @@ class Endpoint:
 __all__ = [
     "COMPRESSIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "ENV_HTTP2_ENGINE",
     "ENV_MAX_RECV",
     "ENV_MAX_SEND",
     "SERVICE",
@@ -144,5 +157,6 @@ __all__ = [
     "check_compression",
     "method_path",
     "parse_url",
+    "resolve_http2_engine",
     "resolve_message_cap",
 ]

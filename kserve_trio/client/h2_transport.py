@@ -1,13 +1,14 @@
-"""The h2 transport: unary gRPC calls over one HTTP/2 connection on anyio streams (asyncio or trio).
+"""The HTTP/2 transport: unary gRPC calls over one HTTP/2 connection on anyio streams (asyncio
+or trio).
 
-``H2Transport`` implements the client's ``Transport`` protocol with the client's own HTTP/2
-framing (``_h2_frames``; reply headers through ``hpack``) on top of ``anyio.connect_tcp`` (plus
-anyio's TLS stream with ALPN ``h2`` for ``grpcs://``), so it runs wherever anyio runs. One
-connection per transport, opened on the first call and reopened after a loss; the connection
-itself (who reads the socket, one flusher at a time, flow control) is ``_h2_connection``'s.
-Each method's fixed request headers are encoded once; a ModelInfer request is sent as its
-wire pieces (``core.infer_wire``), its tensors' buffers not joined into a copy, and its reply
-is parsed from a view of the received bytes.
+``H2Transport`` implements the client's ``Transport`` protocol on an HTTP/2 engine
+(``kserve_trio.http2``: ``ngh2`` by default, ``h2`` the fallback; ``Endpoint.http2_engine``)
+over ``anyio.connect_tcp`` (plus anyio's TLS stream with ALPN ``h2`` for ``grpcs://``), so it
+runs wherever anyio runs. One connection per transport, opened on the first call and reopened
+after a loss; the connection itself (who reads the socket, one flusher at a time) is
+``_h2_connection``'s, the gRPC wire rules ``core.grpc_wire``'s. A ModelInfer request is sent as
+its wire pieces (``core.infer_wire``), its tensors' buffers not joined into a copy, and its
+reply is parsed from a view of the received bytes.
 
 Wire behaviour (gRPC over HTTP/2): HEADERS with ``:method POST``, ``:scheme``, ``:path``,
 ``:authority``, ``content-type: application/grpc``, ``te: trailers``, ``grpc-timeout`` from the
@@ -36,14 +37,7 @@ import anyio
 import anyio.abc
 import anyio.streams.tls
 
-from kserve_trio.client._h2_call import (
-    _Call,
-    decode_grpc_message,
-    grpc_timeout,
-    metadata_headers,
-    status_from_http,
-    status_from_reset,
-)
+from kserve_trio.client._h2_call import _Call
 from kserve_trio.client._h2_connection import (
     CONNECTION_ERRORS,
     MAX_FRAME_BYTES,
@@ -52,18 +46,19 @@ from kserve_trio.client._h2_connection import (
     Connection,
     describe,
 )
-from kserve_trio.client._h2_frames import header_block, header_field
 from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
 from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.grpc_wire import format_timeout, metadata_headers
 from kserve_trio.core.infer_wire import (
     InferRequestMessage,
     InferResponseMessage,
     WirePieces,
     infer_request_pieces,
 )
+from kserve_trio.http2 import Header, check_engine
 
 R = TypeVar("R")
 
@@ -141,7 +136,8 @@ class H2Transport:
         self._compression = endpoint.compression
         if self._compression:
             self._base.append((b"grpc-accept-encoding", compression.ACCEPT_ENCODING.encode()))
-        self._blocks: dict[str, bytes] = {}  # each method's fixed header block, encoded once
+        self._engine = check_engine(endpoint.http2_engine)
+        self._fixed: dict[str, list[Header]] = {}  # each method's fixed headers
 
     def __repr__(self) -> str:
         return f"H2Transport({self._address})"
@@ -203,7 +199,7 @@ class H2Transport:
                         f"{address} negotiated {alpn!r} instead of HTTP/2 (ALPN h2)",
                         method=rpc,
                     )
-            conn = Connection(stream, address)
+            conn = Connection(stream, address, self._engine)
             await conn.start()
         except BaseException:  # cancellation included: the socket is not left to the GC
             await anyio.aclose_forcefully(stream)
@@ -212,27 +208,30 @@ class H2Transport:
 
     # -- calls -------------------------------------------------------------------------------
 
-    def _request_block(
+    def _request_headers(
         self,
         method: str,
         timeout: float | None,
         metadata: Mapping[str, Any] | None,
         encoding: str | None,
-    ) -> bytes:
-        """The call's HPACK header block: the method's fixed headers (encoded once, see
-        ``_h2_frames``), then ``grpc-timeout``, ``grpc-encoding`` and the caller's metadata."""
-        block = self._blocks.get(method)
-        if block is None:
-            headers = list(self._base)
-            headers[2] = (b":path", method.encode("ascii"))
-            block = self._blocks[method] = header_block(headers)
+    ) -> list[Header]:
+        """The call's request headers: the method's fixed ones (built once), then
+        ``grpc-timeout``, ``grpc-encoding`` and the caller's metadata."""
+        fixed = self._fixed.get(method)
+        if fixed is None:
+            fixed = list(self._base)
+            fixed[2] = (b":path", method.encode("ascii"))
+            self._fixed[method] = fixed
+        if timeout is None and not encoding and not metadata:
+            return fixed
+        headers = list(fixed)
         if timeout is not None:
-            block += header_field(b"grpc-timeout", grpc_timeout(timeout))
+            headers.append((b"grpc-timeout", format_timeout(timeout).encode("ascii")))
         if encoding:
-            block += header_field(b"grpc-encoding", encoding.encode())
+            headers.append((b"grpc-encoding", encoding.encode()))
         if metadata:
-            block += header_block(metadata_headers(metadata))
-        return block
+            headers += metadata_headers(metadata)
+        return headers
 
     def _deadline_error(self, rpc: str, timeout: float) -> RpcError:
         """The client's own DEADLINE_EXCEEDED; built only when a call ran out of time (an
@@ -276,8 +275,8 @@ class H2Transport:
             compressed_with = self._compression
         flag = 1 if compressed_with else 0
         if timeout is None:
-            block = self._request_block(method, None, metadata, compressed_with)
-            data = await self._call(rpc, block, pieces, nbytes, flag)
+            headers = self._request_headers(method, None, metadata, compressed_with)
+            data = await self._call(rpc, headers, pieces, nbytes, flag)
         else:
             if not timeout > 0:
                 raise RpcError(
@@ -285,12 +284,12 @@ class H2Transport:
                     f"deadline exceeded before {rpc} was sent to {self._address}",
                     method=rpc,
                 )
-            block = self._request_block(method, timeout, metadata, compressed_with)
+            headers = self._request_headers(method, timeout, metadata, compressed_with)
             data = _NOT_SET
             deadline = anyio.current_time() + timeout
             with anyio.CancelScope(deadline=deadline):
                 try:
-                    data = await self._call(rpc, block, pieces, nbytes, flag)
+                    data = await self._call(rpc, headers, pieces, nbytes, flag)
                 except RpcError as exc:
                     # The server holds the same deadline (grpc-timeout) and may answer first:
                     # a tie is our own deadline, told in our own words. (The slack covers the
@@ -311,13 +310,13 @@ class H2Transport:
             ) from None
 
     async def _call(
-        self, rpc: str, block: bytes, pieces: Sequence[Buffer], nbytes: int, flag: int = 0
+        self, rpc: str, headers: list[Header], pieces: Sequence[Buffer], nbytes: int, flag: int = 0
     ) -> bytes | memoryview:
         cap = self.endpoint.max_receive_message_length
         for attempt in range(2):
             conn = await self._connection(rpc)
             call = _Call(rpc, cap)
-            await conn.request(call, block, pieces, nbytes, flag)
+            await conn.request(call, headers, pieces, nbytes, flag)
             if call.refused and attempt == 0:
                 continue  # the server did not process it: once more, on a fresh connection
             return call.message(self._address)
@@ -341,13 +340,4 @@ class H2Transport:
             conn.abort()
 
 
-__all__ = [
-    "MAX_FRAME_BYTES",
-    "WINDOW_BYTES",
-    "H2Transport",
-    "decode_grpc_message",
-    "grpc_timeout",
-    "metadata_headers",
-    "status_from_http",
-    "status_from_reset",
-]
+__all__ = ["MAX_FRAME_BYTES", "WINDOW_BYTES", "H2Transport"]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from kserve_trio.client.endpoint import check_compression
+from kserve_trio.client.endpoint import check_compression, resolve_http2_engine
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import InferInput
 from kserve_trio.client.loop_thread import current_loop_key, loop_closed
@@ -76,6 +76,8 @@ class KServeModel:
       is sent compressed with it, and the server may compress its replies (they are
       decompressed within ``max_receive_message_length``). Worth it for large, compressible
       tensors over a slow link; it costs CPU on both sides.
+    - ``http2_engine``: ``"ngh2"`` (libnghttp2, the default) or ``"h2"`` (pure Python), the
+      HTTP/2 engine of the connections; default ``KSERVE_TRIO_CLIENT_HTTP2_ENGINE`` or ngh2.
     - ``transport_factory``: builds the ``Transport`` for the running event loop (default:
       the h2 transport on trio, ``transport.asyncio_transport_name()`` on asyncio).
     - TLS (any of these implies ``secure=True``): ``root_certificates`` (the CA bundle the
@@ -103,6 +105,7 @@ class KServeModel:
         certificate_chain: PemSource | None = None,
         private_key: PemSource | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        http2_engine: str | None = None,
     ) -> None:
         if isinstance(port_or_model, int) and not isinstance(port_or_model, bool):
             if not isinstance(target, str) or not target.strip():
@@ -153,6 +156,7 @@ class KServeModel:
             resolve_message_cap(max_receive_message_length, ENV_MAX_RECV),
             ssl_context,
             check_compression(compression),
+            resolve_http2_engine(http2_engine),
         )
         self.model_name = name
         self.max_batch_size = max_batch_size

@@ -36,6 +36,7 @@ from kserve_trio.gateway.caller_headers import passed_on
 from kserve_trio.gateway.config import GatewayConfig
 from kserve_trio.gateway.discovery import WorkerDiff, WorkerSpec
 from kserve_trio.gateway.tls import worker_ssl_context
+from kserve_trio.http2 import DEFAULT_ENGINE
 from kserve_trio.proto import inference as pb
 
 R = TypeVar("R")
@@ -186,6 +187,7 @@ class PoolSettings:
     max_receive_message_length: int = 512 << 20
     ssl_context: ssl.SSLContext | None = None
     headers: Mapping[str, str] | None = None  # on the gateway's own calls (worker_client.headers)
+    http2_engine: str = DEFAULT_ENGINE  # the gateway's own (``http2_engine``), both sides
 
     @classmethod
     def from_config(cls, cfg: GatewayConfig) -> PoolSettings:
@@ -197,6 +199,7 @@ class PoolSettings:
             max_send_message_length=cfg.grpc.max_send_msg_bytes,
             max_receive_message_length=cfg.grpc.max_recv_msg_bytes,
             ssl_context=worker_ssl_context(cfg.worker_client.tls),
+            http2_engine=cfg.http2_engine,
             headers=dict(
                 parse_header(h, "worker_client.headers") for h in cfg.worker_client.headers
             )
@@ -220,6 +223,7 @@ class WorkerClient:
             max_send_message_length=settings.max_send_message_length,
             max_receive_message_length=settings.max_receive_message_length,
             ssl_context=settings.ssl_context,
+            http2_engine=settings.http2_engine,
         )
         self.transport = H2Transport(self._endpoint, server_hostname=spec.host)
         self.own_headers = settings.headers

@@ -180,6 +180,11 @@ class Engine(Protocol):
         """The final GOAWAY, naming the last stream we processed (*two-phase GOAWAY*)."""
         ...
 
+    @property
+    def peer_max_streams(self) -> int:
+        """The peer's SETTINGS_MAX_CONCURRENT_STREAMS (a very large number when it set none)."""
+        ...
+
 
 __all__ = [
     "DEFAULT_FRAME",

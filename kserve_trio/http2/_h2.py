@@ -164,6 +164,7 @@ class H2Engine:
 
     def receive(self, data: bytes) -> list[Event]:
         conn = self._conn
+        before = conn.state_machine.state
         broken = self._guard.scan(data)
         if broken is not None:  # refused before h2 buffers or answers any of it
             self._final_goaway(broken.code, broken.debug)
@@ -229,6 +230,10 @@ class H2Engine:
             elif kind is h2.events.PingAckReceived:
                 append(PingAcknowledged(event.ping_data))  # type: ignore[arg-type]
             elif kind is h2.events.ConnectionTerminated:
+                if not event.error_code and before is not h2.connection.ConnectionState.CLOSED:
+                    # h2 closes its whole state machine on a GOAWAY; a graceful one only
+                    # means no new streams, so the streams in flight go on (RFC 9113 6.8)
+                    conn.state_machine.state = before
                 append(
                     GoAwayReceived(
                         event.last_stream_id or 0,
@@ -402,6 +407,10 @@ class H2Engine:
             self._conn.ping(data)
         except h2.exceptions.ProtocolError:
             pass
+
+    @property
+    def peer_max_streams(self) -> int:
+        return self._conn.remote_settings.max_concurrent_streams
 
     def goaway_notice(self) -> None:
         self._inject(GoAwayFrame(0, last_stream_id=MAX_STREAM_ID, error_code=0))

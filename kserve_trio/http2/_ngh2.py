@@ -254,6 +254,10 @@ class Ngh2Engine:
         except ngh2.NGH2Error:  # the connection is ending: no answer is needed
             pass
 
+    @property
+    def peer_max_streams(self) -> int:
+        return self._conn.remote_settings.get(ngh2.Setting.MAX_CONCURRENT_STREAMS, _UNBOUNDED)
+
     def goaway_notice(self) -> None:
         try:
             self._conn.send_shutdown_notice()
@@ -276,6 +280,7 @@ def _goaway_frame(last_stream_id: int, code: int, debug: bytes) -> bytes:
     return _FRAME_HEAD.pack(len(payload) >> 8, len(payload) & 0xFF, 0x7, 0, 0) + payload
 
 
+_UNBOUNDED = 2**31 - 1
 _FRAME_HEAD = struct.Struct(">HBBBL")
 _GOAWAY_PAYLOAD = struct.Struct(">LL")
 

@@ -1,7 +1,7 @@
-"""The h2 transport: its pure pieces, then real calls on asyncio and trio against a grpclib
-server (default 4 MiB windows, so large messages wait for WINDOW_UPDATE both ways) and a scripted
-raw HTTP/2 server (replies grpclib never sends: HTTP errors, compressed messages, GOAWAY,
-REFUSED_STREAM, a one-stream limit)."""
+"""The client transport: its pure per-call half, then real calls on asyncio and trio, on both
+HTTP/2 engines, against a test gRPC server (small windows, so large messages wait for
+WINDOW_UPDATE both ways) and a scripted raw HTTP/2 server (replies a gRPC server never sends:
+HTTP errors, compressed messages, GOAWAY, REFUSED_STREAM, a one-stream limit)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,8 @@ import h2.settings
 import pytest
 
 from kserve_trio.client.errors import RpcError
-from kserve_trio.client.h2_transport import (
-    H2Transport,
-    _Call,
-    decode_grpc_message,
-    grpc_timeout,
-    metadata_headers,
-    status_from_http,
-    status_from_reset,
-)
+from kserve_trio.client.h2_transport import H2Transport, _Call
+from kserve_trio.http2 import ENGINES
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
@@ -43,85 +36,19 @@ from tests.client.echo_server import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True, params=ENGINES)
+def http2_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every transport test on each HTTP/2 engine (an endpoint takes the engine the
+    environment names)."""
+    monkeypatch.setenv("KSERVE_TRIO_CLIENT_HTTP2_ENGINE", request.param)
+    return request.param
 ECHO = "/test.Echo/Echo"
 
 
 # --------------------------------------------------------------------------------------------
 # Pure pieces
-
-
-@pytest.mark.parametrize(
-    ("seconds", "header"),
-    [
-        (1e-10, b"1n"),
-        (0.05, b"50000000n"),
-        (0.5, b"500000u"),
-        (3.0, b"3000000u"),
-        (1000.0, b"1000000m"),
-        (100_000.0, b"100000S"),
-        (1e9, b"16666667M"),
-        (1e11, b"27777778H"),
-        (1e13, b"99999999H"),
-    ],
-)
-def test_grpc_timeout_uses_the_finest_unit_that_fits_eight_digits(seconds, header):
-    assert grpc_timeout(seconds) == header
-
-
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
-def test_grpc_timeout_refuses_a_non_positive_value(bad):
-    with pytest.raises(ValueError, match="a grpc-timeout must be positive"):
-        grpc_timeout(bad)
-
-
-def test_grpc_message_is_percent_decoded_utf8():
-    assert decode_grpc_message(b"100%25 sure") == "100% sure"
-    assert decode_grpc_message(b"caf%C3%A9%0Aline") == "café\nline"
-    assert decode_grpc_message(b"bad %FF byte") == "bad \ufffd byte"
-
-
-@pytest.mark.parametrize(
-    ("http", "status"),
-    [
-        (400, StatusCode.INTERNAL),
-        (401, StatusCode.UNAUTHENTICATED),
-        (403, StatusCode.PERMISSION_DENIED),
-        (404, StatusCode.UNIMPLEMENTED),
-        (429, StatusCode.UNAVAILABLE),
-        (502, StatusCode.UNAVAILABLE),
-        (503, StatusCode.UNAVAILABLE),
-        (504, StatusCode.UNAVAILABLE),
-        (500, StatusCode.UNKNOWN),
-    ],
-)
-def test_http_status_mapping(http, status):
-    assert status_from_http(http) is status
-
-
-def test_reset_code_mapping():
-    codes = h2.errors.ErrorCodes
-    assert status_from_reset(codes.CANCEL) is StatusCode.CANCELLED
-    assert status_from_reset(codes.REFUSED_STREAM) is StatusCode.UNAVAILABLE
-    assert status_from_reset(codes.ENHANCE_YOUR_CALM) is StatusCode.RESOURCE_EXHAUSTED
-    assert status_from_reset(codes.INADEQUATE_SECURITY) is StatusCode.PERMISSION_DENIED
-    assert status_from_reset(codes.INTERNAL_ERROR) is StatusCode.INTERNAL
-
-
-def test_metadata_headers_lowercase_keys_and_base64_binary_values():
-    headers = metadata_headers({"X-Tag": "abc", "trace-bin": b"\x00\xff\x10"})
-    assert headers == [(b"x-tag", b"abc"), (b"trace-bin", base64.b64encode(b"\x00\xff\x10"))]
-
-
-@pytest.mark.parametrize("key", [":path", "grpc-timeout", "content-type", "te", "a b", "ключ", ""])
-def test_metadata_headers_refuse_reserved_or_invalid_keys(key):
-    with pytest.raises(ValueError, match="invalid or reserved metadata key"):
-        metadata_headers({key: "v"})
-
-
-@pytest.mark.parametrize("value", ["café", "line\nbreak", b"bytes"])
-def test_metadata_headers_refuse_non_ascii_text_values(value):
-    with pytest.raises(ValueError, match="needs a printable ASCII string value"):
-        metadata_headers({"x-k": value})
 
 
 def _finished(*events, cap=1 << 20) -> _Call:

@@ -384,7 +384,7 @@ class ServerConnection:
             message = 'required "te: trailers" header is missing'
             self._refuse(sid, ended, StatusCode.UNKNOWN, message, "400")
             return
-        problem = header_problem(head.headers)
+        problem = header_problem(head.headers) if head.checked else None
         if problem is not None:
             status, message, extra = problem
             log.info("call_refused", status=status.name, message=message)
@@ -402,7 +402,7 @@ class ServerConnection:
         if ended:
             call.inbound_done = True
         if head.timeouts:
-            remaining = min(grpc_wire.parse_timeout(value) for value in head.timeouts)
+            remaining = min(map(grpc_wire.parse_timeout, head.timeouts))
             if remaining <= 0:
                 call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
                 self._after_answer(call)

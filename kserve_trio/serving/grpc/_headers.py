@@ -22,7 +22,9 @@ Headers = Sequence[tuple[str, str]]
 
 @dataclass(slots=True)
 class RequestHead:
-    """A request's headers as text and the values the connection decides on."""
+    """A request's headers as text and the values the connection decides on. ``checked``:
+    whether any header ``header_problem`` judges is present (most requests have none but
+    ``grpc-timeout``, which is judged here as it is read)."""
 
     headers: list[tuple[str, str]]
     method: str = ""
@@ -31,29 +33,41 @@ class RequestHead:
     te: str = ""
     timeouts: list[str] | None = None
     encoding: str = compression.IDENTITY
+    checked: bool = False
 
 
 def read_request(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
     """``raw`` (an engine's request headers) read once (module docstring)."""
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
-    head = RequestHead(headers)
-    for key, value in headers:
+    headers = []
+    append = headers.append
+    method = path = content_type = te = ""
+    timeouts: list[str] | None = None
+    encoding = compression.IDENTITY
+    checked = False
+    for k, v in raw:
+        key = k.decode("latin-1")
+        value = v.decode("latin-1")
+        append((key, value))
         if key[0] == ":":
             if key == ":method":
-                head.method = value
+                method = value
             elif key == ":path":
-                head.path = value
+                path = value
         elif key == "content-type":
-            head.content_type = value
+            content_type = value
         elif key == "te":
-            head.te = value
+            te = value
         elif key == "grpc-timeout":
-            if head.timeouts is None:
-                head.timeouts = []
-            head.timeouts.append(value)
+            if timeouts is None:
+                timeouts = []
+            timeouts.append(value)
+            checked = checked or not grpc_wire.valid_timeout(value)
         elif key == "grpc-encoding":
-            head.encoding = value
-    return head
+            encoding = value
+            checked = True
+        elif key[-4:] == "-bin":
+            checked = True
+    return RequestHead(headers, method, path, content_type, te, timeouts, encoding, checked)
 
 
 def header_problem(headers: Headers) -> tuple[StatusCode, str, Headers] | None:

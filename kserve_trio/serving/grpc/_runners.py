@@ -4,12 +4,13 @@ A task spawn costs several times a hand-over to a task that waits (docs/benchmar
 task that has served a call waits for the next call of its connection instead of ending. The
 rules of a call's run:
 
-- *A scope per call*: each call's handler runs in a cancel scope of its own, opened when the
-  call starts and closed when it ends. Its deadline, a reset and the connection's end cancel
-  that scope and nothing else, so a cancellation that lands as one call ends (a deadline that
-  passes while its reply is being queued) can never reach the next call the task serves. (A
-  scope kept across calls did exactly that on asyncio: the next call's first checkpoint raised
-  the stale cancellation, and the call ended OK with no reply.)
+- *No stale cancellation*: a task serves its calls in one cancel scope until a call is
+  cancelled (opening a scope per call costs more than the rest of the hand-over), and never
+  serves a call in a scope that has been cancelled: when a cancellation lands as one call ends
+  (a deadline that passes while its reply is being queued) and has not been delivered yet,
+  the next call gets a fresh scope. (Checking only for a delivered cancellation was not
+  enough on asyncio, where delivery can wait a loop turn: the next call's first checkpoint
+  raised the stale cancellation, and the call ended OK with no reply.)
 - *Late deadline*: a call whose deadline passed while it waited for its task is not started.
 - *Errors*: an exception from the handler ends the call with ``status_of``'s status, unless
   the call has already ended (answered, expired or reset).
@@ -76,39 +77,49 @@ class CallRunners:
     async def _task(self, box: _Mailbox) -> None:
         idle = self._idle
         while True:
-            call, method = box.call, box.method
-            if call is None or method is None:
-                if len(idle) >= MAX_IDLE_RUNNERS:
-                    return
-                idle.append(box)
-                wake = box.wake = anyio.Event()
-                try:
-                    await wake.wait()
-                except BaseException:
-                    # The connection is ending. A call handed over meanwhile is in the
-                    # mailbox; the connection resets every call it still has.
-                    if box in idle:
-                        idle.remove(box)
-                    raise
-                continue
-            box.call = box.method = None
-            await self._serve(call, method)
-
-    async def _serve(self, call: Call, method: Method) -> None:
-        """One call, start to end (module docstring)."""
-        cancelled = False
-        if self._starts(call):
+            serving: tuple[Call, Method] | None = None
             with anyio.CancelScope() as scope:
-                call.scope = scope
-                try:
-                    await method.run(call)
-                except Exception as exc:
-                    if call.state is CallState.RUNNING:
-                        status, message = status_of(exc, rpc=call.rpc)
-                        call.finish(status, message)
+                while True:
+                    call, method = box.call, box.method
+                    if call is None or method is None:
+                        if len(idle) >= MAX_IDLE_RUNNERS:
+                            return
+                        idle.append(box)
+                        wake = box.wake = anyio.Event()
+                        try:
+                            await wake.wait()
+                        except BaseException:
+                            # A cancellation meant for the last call (it landed as that call
+                            # ended) is caught by the scope; the connection's end is not. A
+                            # call handed over meanwhile stays in the mailbox.
+                            if box in idle:
+                                idle.remove(box)
+                            raise
+                        continue
+                    if scope.cancel_called:
+                        break  # *no stale cancellation*: a fresh scope for this call
+                    box.call = box.method = None
+                    serving = (call, method)
+                    await self._serve(call, method, scope)
+                    serving = None
+            if serving is not None:  # its handler was cancelled (its deadline, a reset)
+                call, method = serving
+                call.scope = None
+                self._finish(call, method, cancelled=True)
+
+    async def _serve(self, call: Call, method: Method, scope: anyio.CancelScope) -> None:
+        """One call, start to end (module docstring); a cancellation of its handler leaves
+        through ``scope`` (the task's) and is finished there."""
+        if self._starts(call):
+            call.scope = scope
+            try:
+                await method.run(call)
+            except Exception as exc:
+                if call.state is CallState.RUNNING:
+                    status, message = status_of(exc, rpc=call.rpc)
+                    call.finish(status, message)
             call.scope = None
-            cancelled = scope.cancelled_caught
-        self._finish(call, method, cancelled)
+        self._finish(call, method, cancelled=False)
 
     @staticmethod
     def _starts(call: Call) -> bool:
