@@ -49,7 +49,12 @@ _MAX_TIMEOUT_VALUE = 99_999_999
 
 def valid_timeout(value: str) -> bool:
     """Whether ``value`` is a well-formed ``grpc-timeout`` (1-8 digits and a unit)."""
-    return 2 <= len(value) <= 9 and value[-1] in _UNIT_SECONDS and value[:-1].isdigit() and value.isascii()
+    return (
+        2 <= len(value) <= 9
+        and value[-1] in _UNIT_SECONDS
+        and value[:-1].isdigit()
+        and value.isascii()
+    )
 
 
 def parse_timeout(value: str) -> float:

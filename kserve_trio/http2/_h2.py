@@ -26,6 +26,7 @@ from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -80,6 +81,21 @@ class _AdvertisedSettings(h2.settings.Settings):
         self[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = value
 
 
+class _Connection(h2.connection.H2Connection):
+    """h2's connection, except for a graceful GOAWAY from the peer: h2 closes its whole state
+    machine on any GOAWAY (and drops what it had queued to send), where a graceful one only
+    means no new streams, the streams in flight going on (RFC 9113 6.8)."""
+
+    def _receive_goaway_frame(self, frame: Any) -> tuple[list[Any], list[Any]]:
+        if frame.error_code:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code = h2.errors.ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
 class _Queue:
     """One stream's DATA waiting for window, and what follows it."""
 
@@ -118,7 +134,7 @@ class H2Engine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self._settings = settings
-        self._conn = h2.connection.H2Connection(
+        self._conn = _Connection(
             h2.config.H2Configuration(
                 client_side=settings.client,
                 header_encoding=None,
@@ -164,7 +180,6 @@ class H2Engine:
 
     def receive(self, data: bytes) -> list[Event]:
         conn = self._conn
-        before = conn.state_machine.state
         broken = self._guard.scan(data)
         if broken is not None:  # refused before h2 buffers or answers any of it
             self._final_goaway(broken.code, broken.debug)
@@ -230,10 +245,6 @@ class H2Engine:
             elif kind is h2.events.PingAckReceived:
                 append(PingAcknowledged(event.ping_data))  # type: ignore[arg-type]
             elif kind is h2.events.ConnectionTerminated:
-                if not event.error_code and before is not h2.connection.ConnectionState.CLOSED:
-                    # h2 closes its whole state machine on a GOAWAY; a graceful one only
-                    # means no new streams, so the streams in flight go on (RFC 9113 6.8)
-                    conn.state_machine.state = before
                 append(
                     GoAwayReceived(
                         event.last_stream_id or 0,

@@ -5,7 +5,6 @@ HTTP errors, compressed messages, GOAWAY, REFUSED_STREAM, a one-stream limit).""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -21,10 +20,10 @@ import pytest
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport, _Call
-from kserve_trio.http2 import ENGINES
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.http2 import ENGINES
 from tests.client.echo_server import (
     GRPC_OK_HEADERS,
     EchoServer,
@@ -44,6 +43,8 @@ def http2_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     environment names)."""
     monkeypatch.setenv("KSERVE_TRIO_CLIENT_HTTP2_ENGINE", request.param)
     return request.param
+
+
 ECHO = "/test.Echo/Echo"
 
 

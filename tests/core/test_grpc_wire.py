@@ -101,8 +101,6 @@ def test_metadata_headers_refuse_non_ascii_text_values(value):
         metadata_headers({"x-k": value})
 
 
-
-
 @pytest.mark.parametrize("value", ["1n", "99999999H", "5S", "250m", "7u", "3M"])
 def test_a_written_timeout_parses_back_to_at_least_what_was_asked(value):
     assert valid_timeout(value)
