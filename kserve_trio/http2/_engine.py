@@ -168,6 +168,11 @@ class Engine(Protocol):
         """DATA bytes of ``stream_id`` queued and not yet framed (*queued sends*)."""
         ...
 
+    def send_window(self, stream_id: int) -> int:
+        """How much DATA of ``stream_id`` the peer's windows (the stream's and the
+        connection's) admit now: queued DATA beyond it waits for WINDOW_UPDATE."""
+        ...
+
     def ping(self, data: bytes) -> None:
         """A PING with 8 bytes of ``data``."""
         ...

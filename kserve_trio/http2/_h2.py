@@ -413,6 +413,12 @@ class H2Engine:
         queue = self._queues.get(stream_id)
         return 0 if queue is None else queue.size
 
+    def send_window(self, stream_id: int) -> int:
+        try:
+            return self._conn.local_flow_control_window(stream_id)
+        except (h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
+            return 0
+
     def ping(self, data: bytes) -> None:
         try:
             self._conn.ping(data)

@@ -248,6 +248,13 @@ class Ngh2Engine:
         except (ngh2.NGH2Error, ValueError):
             return 0
 
+    def send_window(self, stream_id: int) -> int:
+        conn = self._conn
+        try:
+            return min(conn.stream_remote_window_size(stream_id), conn.remote_window_size)
+        except (ngh2.NGH2Error, ValueError):
+            return 0
+
     def ping(self, data: bytes) -> None:
         try:
             self._conn.ping(data)

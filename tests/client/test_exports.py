@@ -67,6 +67,7 @@ def test_kserve_model_signature_is_pinned():
         "certificate_chain",
         "private_key",
         "ssl_context",
+        "http2_engine",
     ]
     defaults = {n: p.default for n, p in params.items()}
     assert defaults["secure"] is False
@@ -74,6 +75,7 @@ def test_kserve_model_signature_is_pinned():
     assert defaults["deadline"] == 10.0
     assert defaults["shared_memory"] == "auto"
     assert defaults["compression"] is None
+    assert defaults["http2_engine"] is None  # the environment's, else ngh2
     tls = ("root_certificates", "certificate_chain", "private_key", "ssl_context")
     assert all(defaults[n] is None for n in tls)
     kw_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]

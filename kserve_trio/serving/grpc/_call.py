@@ -50,8 +50,9 @@ Sending (``send`` for one message, ``send_last`` for a unary reply and the call'
   control; the connection writes what a loop turn queued in one socket write.
 - *Bounded sending*: before a reply is queued the sender waits while its connection has
   ``limits.max_send_queue_bytes`` queued for the socket; after, it waits while more than
-  ``SEND_BATCH_BYTES`` of its stream are still queued (a small reply never waits: it goes out
-  with the connection's next write). A wait that sees no progress for
+  ``SEND_BATCH_BYTES`` of its stream are still queued, and a unary reply's end waits while
+  any of it is held back by the client's windows (a reply the windows admit never waits: it
+  goes out with the connection's next write). A wait that sees no progress for
   ``limits.send_stall_seconds`` resets the stream (RST_STREAM CANCEL), which releases
   everything the call held.
 - *Status*: ``finish`` ends the call with a status: trailers-only when nothing was sent yet,
@@ -159,6 +160,11 @@ class CallSink(Protocol):
 
     def pending(self, stream_id: int) -> int:
         """DATA of ``stream_id`` queued in the engine and not yet framed."""
+        ...
+
+    def blocked(self, stream_id: int) -> bool:
+        """Whether DATA of ``stream_id`` waits for the client's flow-control windows (rather
+        than for the connection's next write)."""
         ...
 
     def send_queue_full(self) -> bool:
@@ -598,7 +604,9 @@ class Call:
         if last:
             self.move(CallEvent.ANSWER)
             sink.queue_trailers(sid, grpc_wire.OK_TRAILERS)
-        if sink.pending(sid) > SEND_BATCH_BYTES:
+            if sink.blocked(sid):  # the reply's end waits for the client's windows
+                await self._progress(lambda: not sink.pending(sid), lambda: sink.pending(sid))
+        elif sink.pending(sid) > SEND_BATCH_BYTES:
             await self._progress(
                 lambda: sink.pending(sid) <= SEND_BATCH_BYTES, lambda: sink.pending(sid)
             )

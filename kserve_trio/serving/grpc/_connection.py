@@ -505,6 +505,11 @@ class ServerConnection:
     def pending(self, stream_id: int) -> int:
         return self.engine.pending(stream_id)
 
+    def blocked(self, stream_id: int) -> bool:
+        engine = self.engine
+        pending = engine.pending(stream_id)
+        return bool(pending) and engine.send_window(stream_id) < pending
+
     def queued_bytes(self) -> int:
         """Bytes queued for the socket and not yet written (*memory*)."""
         return self.engine.pending(0) + self.transport.buffered()
