@@ -144,7 +144,9 @@ class Engine(Protocol):
         """Response headers of ``stream_id`` (server side)."""
         ...
 
-    def send_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool = False) -> None:
+    def send_data(
+        self, stream_id: int, data: bytes | bytearray | memoryview, end_stream: bool = False
+    ) -> None:
         """Queue DATA (*queued sends*)."""
         ...
 

@@ -109,7 +109,7 @@ class _Queue:
         self.reset_after = False
 
 
-def _view(data: bytes | memoryview) -> memoryview:
+def _view(data: bytes | bytearray | memoryview) -> memoryview:
     view = memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -185,7 +185,7 @@ class H2Engine:
             self._final_goaway(broken.code, broken.debug)
             raise PeerError(broken.code, broken.debug.decode(), broken.debug, broken.debug.decode())
         try:
-            raw = conn.receive_data(data)
+            raw: list[Any] = conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
             code = self._rfc_code(exc)
             if code != exc.error_code:
@@ -205,45 +205,45 @@ class H2Engine:
                     told.append(event.stream_ended)
                 append(
                     DataReceived(
-                        event.stream_id,  # type: ignore[arg-type]
-                        event.data,  # type: ignore[arg-type]
-                        event.flow_controlled_length,  # type: ignore[arg-type]
+                        event.stream_id,
+                        event.data,
+                        event.flow_controlled_length,
                         event.stream_ended is not None,
                     )
                 )
             elif kind is h2.events.RequestReceived:
                 if event.stream_ended is not None:
                     told.append(event.stream_ended)
-                self._request(event, append)  # type: ignore[arg-type]
+                self._request(event, append)
             elif kind is h2.events.StreamEnded:
                 if not any(event is seen for seen in told):
-                    append(DataReceived(event.stream_id, b"", 0, True))  # type: ignore[arg-type]
+                    append(DataReceived(event.stream_id, b"", 0, True))
             elif kind is h2.events.WindowUpdated:
                 self._moved = True
-                append(WindowOpened(event.stream_id or 0))  # type: ignore[arg-type]
+                append(WindowOpened(event.stream_id or 0))
             elif kind is h2.events.TrailersReceived:
                 told.append(event.stream_ended)
-                append(TrailersReceived(event.stream_id, event.headers))  # type: ignore[arg-type]
+                append(TrailersReceived(event.stream_id, event.headers))
             elif kind is h2.events.ResponseReceived:
                 if event.stream_ended is not None:
                     told.append(event.stream_ended)
                 append(
                     ResponseReceived(
-                        event.stream_id,  # type: ignore[arg-type]
-                        event.headers,  # type: ignore[arg-type]
+                        event.stream_id,
+                        event.headers,
                         event.stream_ended is not None,
                     )
                 )
             elif kind is h2.events.StreamReset:
-                self._queues.pop(event.stream_id, None)  # type: ignore[arg-type]
-                append(StreamReset(event.stream_id, int(event.error_code or 0), event.remote_reset))  # type: ignore[arg-type]
+                self._queues.pop(event.stream_id, None)
+                append(StreamReset(event.stream_id, int(event.error_code or 0), event.remote_reset))
             elif kind is h2.events.RemoteSettingsChanged:
                 self._moved = True
                 append(SettingsReceived())
             elif kind is h2.events.PingReceived:
-                append(PingReceived(event.ping_data))  # type: ignore[arg-type]
+                append(PingReceived(event.ping_data))
             elif kind is h2.events.PingAckReceived:
-                append(PingAcknowledged(event.ping_data))  # type: ignore[arg-type]
+                append(PingAcknowledged(event.ping_data))
             elif kind is h2.events.ConnectionTerminated:
                 append(
                     GoAwayReceived(
@@ -276,7 +276,7 @@ class H2Engine:
             append(StreamReset(sid, ErrorCode.PROTOCOL_ERROR, remote=False))
             return
         self._open_before += 1
-        append(RequestReceived(sid, event.headers, event.stream_ended is not None))  # type: ignore[arg-type]
+        append(RequestReceived(sid, event.headers, event.stream_ended is not None))
 
     @staticmethod
     def _rfc_code(exc: h2.exceptions.ProtocolError) -> int:

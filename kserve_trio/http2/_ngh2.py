@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 import ngh2
 
@@ -107,7 +108,7 @@ class Ngh2Engine:
             # Serialized now: a connection error shows as ``ConnectionClosed`` only once its
             # GOAWAY is (module docstring).
             self._held += conn.data_to_send()
-            raw = conn.events()
+            raw: list[Any] = conn.events()
         except ngh2.NGH2Error as exc:
             raise self._fatal(exc) from None
         out: list[Event] = []
@@ -121,7 +122,7 @@ class Ngh2Engine:
                 sid = event.stream_id
                 if sid > self._last_stream_id:
                     self._last_stream_id = sid
-                append(RequestReceived(sid, event.headers, event.end_stream))  # type: ignore[arg-type]
+                append(RequestReceived(sid, event.headers, event.end_stream))
             elif kind is _WINDOW:
                 append(WindowOpened(event.stream_id))
             elif kind is _CLOSED:
@@ -131,9 +132,9 @@ class Ngh2Engine:
                 elif event.error_code:  # a stream error the library answered itself
                     append(StreamReset(sid, event.error_code, remote=False))
             elif kind is _TRAILERS:
-                append(TrailersReceived(event.stream_id, event.headers))  # type: ignore[arg-type]
+                append(TrailersReceived(event.stream_id, event.headers))
             elif kind is _RESPONSE:
-                append(ResponseReceived(event.stream_id, event.headers, event.end_stream))  # type: ignore[arg-type]
+                append(ResponseReceived(event.stream_id, event.headers, event.end_stream))
             elif kind is _RESET:
                 self._reset_by_peer.add(event.stream_id)
                 append(StreamReset(event.stream_id, event.error_code))

@@ -1,7 +1,8 @@
 """Our client's CPU per request against tritonclient's, the clean-run way.
 
 ``python -m kserve_trio bench`` (``mlp`` batch 1, inline, closed loop) with ``--client
-kserve_trio`` and ``--client tritonclient``, one fresh process per (client, concurrency) pinned to
+kserve_trio`` on each HTTP/2 engine (``--http2-engine ngh2`` and ``h2``) and ``--client
+tritonclient``, at c=1, 8 and 32, one fresh process per (client, concurrency) pinned to
 CPU 1, against one worker on CPU 0 serving ``build/bench-peers/r16`` (``tools/bench/peers.py``
 builds it), 3 rounds. Over each process's run the CPU every other process used is recorded
 (machine busy time minus the worker and the client); a point above ``NOISY_CORES`` is measured
@@ -60,8 +61,10 @@ while True:
 rows = {}
 try:
     for r in range(3):
-        for client in ("kserve_trio", "tritonclient"):
-            for conc in (1, 8):
+        for client in ("kserve_trio-ngh2", "kserve_trio-h2", "tritonclient"):
+            library, _, engine = client.partition("-")
+            flags = ["--http2-engine", engine] if engine else []
+            for conc in (1, 8, 32):
                 for _ in range(3):  # the first try and two re-measurements
                     out = f"{tempfile.gettempdir()}/client_vs_tritonclient_{client}_{conc}_{r}.json"
                     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -88,7 +91,8 @@ try:
                             "--warmup",
                             "1",
                             "--client",
-                            client,
+                            library,
+                            *flags,
                             "--no-progress",
                             "--json",
                             out,

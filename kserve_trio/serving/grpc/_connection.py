@@ -47,7 +47,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import anyio
@@ -423,7 +423,7 @@ class ServerConnection:
         status: StatusCode,
         message: str,
         http_status: str = "200",
-        extra: tuple[tuple[str, str], ...] | list[tuple[str, str]] = (),
+        extra: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Answer a stream without a call task (*refused at once*)."""
         if http_status != "200":
