@@ -247,9 +247,12 @@ async def test_clients_cancelling_a_share_of_calls_through_the_gateway_do_not_tr
 @pytest.mark.parametrize("name", NAMES)
 async def test_a_continuation_hold_gets_goaway_and_memory_stays_bounded(targets, name):
     """6 connections, each a HEADERS without END_HEADERS and then CONTINUATION frames of 1 MiB
-    (h2 alone would hold 63 MiB per connection): each gets GOAWAY(ENHANCE_YOUR_CALM) (libnghttp2's
-    CONTINUATION count on the default engine, the frame guard's header_block_too_large on h2),
-    and the peak resident set grows by less than 48 MiB."""
+    (h2 alone would hold 63 MiB per connection): each gets a GOAWAY that ends it, and the peak
+    resident set grows by less than 48 MiB. On h2 the frame guard's header_block_too_large
+    (ENHANCE_YOUR_CALM) comes at the first fragment. libnghttp2 (the default engine) discards
+    the block as it arrives and holds none of it: ENHANCE_YOUR_CALM at its ninth CONTINUATION,
+    or, when a loaded machine takes longer than the idle deadline (2 s here) to send that much,
+    the idle rule's GOAWAY(NO_ERROR) first (no call is open on such a connection)."""
     t = targets[name]
     _, peak_before = t.memory()
     fds = t.fds()
@@ -270,7 +273,7 @@ async def test_a_continuation_hold_gets_goaway_and_memory_stays_bounded(targets,
     async with anyio.create_task_group() as tg:
         for _ in range(6):
             tg.start_soon(hold)
-    assert [code for code, _ in codes] == [CALM] * 6
+    assert len(codes) == 6 and {code for code, _ in codes} <= {CALM, 0}, codes
     _, peak_after = t.memory()
     assert peak_after - peak_before < 48 * MiB, (peak_before // MiB, peak_after // MiB)
     await in_thread(t.served)
