@@ -21,6 +21,7 @@ import ssl
 from collections.abc import Mapping
 
 import anyio
+import sniffio
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.edge_stats import EdgeStats
@@ -165,6 +166,12 @@ class AsyncioTransport(asyncio.Protocol):
         return str(address or "")
 
 
+def loop_transport_available() -> bool:
+    """Whether the running event loop is asyncio's (uvloop included): then accepted sockets get
+    its own transports (``serve_socket``); elsewhere the anyio stream transport serves."""
+    return sniffio.current_async_library() == "asyncio"
+
+
 async def serve_socket(
     sock: socket.socket,
     ssl_context: ssl.SSLContext | None,
@@ -207,4 +214,4 @@ async def serve_socket(
             transport.close()
 
 
-__all__ = ["AsyncioTransport", "serve_socket"]
+__all__ = ["AsyncioTransport", "loop_transport_available", "serve_socket"]

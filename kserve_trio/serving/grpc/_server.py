@@ -27,13 +27,12 @@ from collections.abc import Mapping
 
 import anyio
 import anyio.abc
-import sniffio
 from anyio.streams.tls import TLSStream
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
-from kserve_trio.serving.grpc._asyncio_transport import serve_socket
+from kserve_trio.serving.grpc._asyncio_transport import loop_transport_available, serve_socket
 from kserve_trio.serving.grpc._connection import ServerConnection
 from kserve_trio.serving.grpc._methods import Method
 from kserve_trio.serving.grpc._settings import ServerSettings, warn_removed_switches
@@ -93,8 +92,7 @@ class GrpcServer:
         self._listener = listener
         sockets = listening_sockets(listener)
         self.port = int(sockets[0].getsockname()[1])
-        native = sniffio.current_async_library() == "asyncio"
-        serve_one = self._serve_socket if native else self._serve_stream
+        serve_one = self._serve_socket if loop_transport_available() else self._serve_stream
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
