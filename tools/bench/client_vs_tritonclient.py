@@ -8,9 +8,15 @@ builds it), 3 rounds. Over each process's run the CPU every other process used i
 (machine busy time minus the worker and the client); a point above ``NOISY_CORES`` is measured
 again, up to twice. Prints one line per point, then a Markdown table of medians.
 
-Usage: python tools/bench/client_vs_tritonclient.py
+``--repository build/bench-peers/r224 --model identity`` measures a [1,3,224,224] tensor
+instead; ``--shm`` adds our client's shared-memory transport (the streaming driver's path:
+tensors through system shared memory, items per second) beside the inline one.
+
+Usage: python tools/bench/client_vs_tritonclient.py [--repository DIR --model M] [--shm]
+           [--levels 1,8,32]
 """
 
+import argparse
 import json
 import pathlib
 import resource
@@ -28,6 +34,16 @@ from noise import NOISY_CORES, cpu_seconds, machine_busy_seconds
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 18961
 PY = sys.executable
+_args = argparse.ArgumentParser(description="our client against tritonclient")
+_args.add_argument("--repository", default="build/bench-peers/r16")
+_args.add_argument("--model", default="mlp")
+_args.add_argument("--shm", action="store_true", help="also our client over shared memory")
+_args.add_argument("--levels", default="1,8,32")
+ARGS = _args.parse_args()
+LEVELS = [int(level) for level in ARGS.levels.split(",")]
+CLIENTS = ["kserve_trio-ngh2", "kserve_trio-h2", "tritonclient"]
+if ARGS.shm:
+    CLIENTS += ["kserve_trio-ngh2-shm", "kserve_trio-h2-shm"]
 w = subprocess.Popen(
     [
         "taskset",
@@ -38,7 +54,7 @@ w = subprocess.Popen(
         "kserve_trio",
         "worker",
         "--model-repo",
-        "build/bench-peers/r16",
+        ARGS.repository,
         "--port",
         str(PORT),
         "--model-control-mode",
@@ -61,10 +77,12 @@ while True:
 rows = {}
 try:
     for r in range(3):
-        for client in ("kserve_trio-ngh2", "kserve_trio-h2", "tritonclient"):
-            library, _, engine = client.partition("-")
+        for client in CLIENTS:
+            library, _, rest = client.partition("-")
+            engine, _, transport = rest.partition("-")
             flags = ["--http2-engine", engine] if engine else []
-            for conc in (1, 8, 32):
+            flags += ["--transport", transport or "inline"]
+            for conc in LEVELS:
                 for _ in range(3):  # the first try and two re-measurements
                     out = f"{tempfile.gettempdir()}/client_vs_tritonclient_{client}_{conc}_{r}.json"
                     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -81,7 +99,7 @@ try:
                             "--url",
                             f"127.0.0.1:{PORT}",
                             "--model",
-                            "mlp",
+                            ARGS.model,
                             "--batch",
                             "1",
                             "--concurrency",
