@@ -10,6 +10,7 @@ request bytes in flight and a 32 MiB message cap.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 
@@ -39,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 L = "INFERENCE_SERVER_LIMITS_"
 STALL_SECONDS = 1.0
-RECEIVE_SECONDS = 2.0
+RECEIVE_SECONDS = 4.0  # long enough to send a holder its 48 MiB before it expires
 CONNECTION_BUFFER = 1 * MiB
 INFLIGHT = 48 * MiB
 MESSAGE_CAP = 32 * MiB
@@ -66,6 +67,46 @@ def worker(demo_repo):
         yield w
     finally:
         w.stop()
+
+
+# ------------------------------------------------------------------ announcements
+
+
+@pytest.mark.timeout(120)
+async def test_silent_announcers_hold_nothing_and_every_other_client_is_served(worker):
+    """Streams announcing messages at the cap (a 5-byte prefix, then nothing) on several
+    connections: none of it is charged, so tritonclient's unary calls and a stream are served
+    with no error meanwhile; the announcers meet their receive deadline."""
+    settle(worker)
+    async with contextlib.AsyncExitStack() as stack:
+        silent = [await stack.enter_async_context(Peer.connect(worker.port)) for _ in range(4)]
+        sids = []
+        for peer in silent:
+            await opened(peer)
+            for _ in range(4):
+                sid = peer.open(INFER)
+                peer.conn.send_data(sid, grpc_frame(b"")[:1] + MESSAGE_CAP.to_bytes(4, "big"))
+                sids.append((peer, sid))
+            await peer.flush()
+
+        def served() -> list[str]:
+            client = worker.client()
+            outcomes = []
+            for _ in range(5):
+                try:
+                    client.infer("mlp", [mlp_input()], client_timeout=30)
+                    outcomes.append("OK")
+                except grpcclient.InferenceServerException as exc:
+                    outcomes.append(f"{exc.status()} {exc.message()}")
+            return outcomes
+
+        assert await anyio.to_thread.run_sync(served) == ["OK"] * 5
+        assert inflight_bytes(worker) < MiB
+        with anyio.fail_after(RECEIVE_SECONDS + 30):
+            for peer, sid in sids:
+                await peer.until(lambda peer=peer, sid=sid: peer.replies[sid].done)
+        assert {peer.replies[sid].status for peer, sid in sids} == {4}  # the receive deadline
+    settle(worker)
 
 
 # ------------------------------------------------------------------ window-0 clients
@@ -141,12 +182,13 @@ async def test_over_the_bytes_in_flight_a_unary_call_is_refused_and_a_stream_wai
     async with Peer.connect(worker.port) as holder:
         await opened(holder)
         sids = []
-        for size in (30 * MiB, INFLIGHT - 30 * MiB):  # together: the whole cap
+        for size in (30 * MiB, INFLIGHT - 30 * MiB):  # together: the whole cap, once sent
             sid = holder.open(INFER)
-            holder.conn.send_data(sid, grpc_frame(b"")[:1] + size.to_bytes(4, "big") + b"\0")
+            await holder.flush()
+            # all of the message but its last 5 bytes: what has arrived is what is charged
+            await holder.send_body(sid, grpc_frame(b"\0" * size)[:size], end=False)
             sids.append(sid)
-        await holder.flush()
-        wait_until(lambda: inflight_bytes(worker) >= INFLIGHT, 10, "the holders charged")
+        wait_until(lambda: inflight_bytes(worker) >= INFLIGHT - 10, 20, "the holders charged")
 
         def unary() -> str:
             try:

@@ -160,9 +160,9 @@ async def test_past_the_bytes_in_flight_a_unary_call_is_refused_and_a_stream_wai
             await opened(holder)
             await opened(other)
             held = holder.open("/t.T/Echo")
-            holder.conn.send_data(held, grpc_frame(b"\0" * (3 * MiB))[:100])  # announces 3 MiB
-            await holder.flush()
-            while budget.used < 3 * MiB:
+            body = grpc_frame(b"\0" * (3 * MiB + 1000))[: 3 * MiB]  # 3 MiB of it, not all
+            await holder.send_body(held, body, end=False)
+            while budget.used < 3 * MiB - 10:
                 await anyio.sleep(0.01)
             refused = await other.call("/t.T/Echo", grpc_frame(b"\0" * (2 * MiB)))
             assert refused.status == 8 and "in-flight bytes cap" in refused.message
@@ -174,6 +174,33 @@ async def test_past_the_bytes_in_flight_a_unary_call_is_refused_and_a_stream_wai
             assert (reply.status, reply.messages) == (0, [b"y" * (2 * MiB)])
         while budget.used:
             await anyio.sleep(0.01)
+
+    await serve(test, budget_bytes=4 * MiB)
+
+
+@pytest.mark.timeout(60)
+async def test_silent_announcers_hold_none_of_the_bytes_in_flight():
+    """Streams whose prefixes announce large messages and send nothing more (a few bytes on the
+    wire each) are charged nothing: every other client keeps being served, until the
+    announcers' receive deadline ends them."""
+
+    async def test(s: Served) -> None:
+        budget = s.handlers.budget
+        async with Peer.connect(s.port) as silent, Peer.connect(s.port) as other:
+            await opened(silent)
+            for _ in range(8):
+                sid = silent.open("/t.T/Echo")
+                silent.conn.send_data(sid, grpc_frame(b"\0" * (3 * MiB))[:10])  # 3 MiB each
+            await silent.flush()
+            for n in range(3):
+                reply = await other.call("/t.T/Echo", grpc_frame(b"z" * (2 * MiB)))
+                assert (reply.status, len(reply.messages[0])) == (0, 2 * MiB), (n, reply)
+            assert budget.used <= 8 * 10
+            stream_sid = other.open("/t.T/EchoStream")
+            await other.flush()
+            await other.send_body(stream_sid, grpc_frame(b"s" * MiB))
+            reply = await other.wait(stream_sid)
+            assert (reply.status, reply.messages) == (0, [b"s" * MiB])
 
     await serve(test, budget_bytes=4 * MiB)
 

@@ -30,10 +30,12 @@ Receiving (``receive``), per message:
   beyond that only as the handler reads them, so a client cannot make a slow handler buffer
   without bound. What a call holds beyond the message it is reading counts in its connection's
   inbound buffer, which stops reading the socket at ``limits.max_connection_buffer_bytes``.
-- *Bytes in flight*: once its length is known a message is charged to the process's bytes in
-  flight (``Limits.inflight``) until its request is done (``done_with``, or the call's end):
-  past the cap a unary call is refused RESOURCE_EXHAUSTED and a stream's message waits
-  (``receive(wait=True)``). A message whose first bytes have come must be whole within
+- *Bytes in flight*: a message's bytes are charged to the process's bytes in flight
+  (``Limits.inflight``) as they arrive, never as its prefix announces them (an announcement
+  alone, 23 bytes on the wire, holds nothing), until its request is done (``done_with``, or the
+  call's end): past the cap a unary call is refused RESOURCE_EXHAUSTED and a stream's message
+  waits (``receive(wait=True)``). What has arrived and could not be charged yet counts in the
+  connection's inbound buffer, so a waiting stream holds its client back. A message whose first bytes have come must be whole within
   ``limits.message_receive_seconds`` (DEADLINE_EXCEEDED, then the stream is reset).
 - *Stepwise inflation*: a compressed message is inflated on arrival a bounded step at a time
   (``compression.Inflater``), its output charged as it grows (refused past the bytes in flight,
@@ -253,7 +255,7 @@ class Call:
         self._buffered = 0
         self._unacked = 0
         self._need = 0
-        self._reserved = 0  # the length of the charged message being read
+        self._reserved = 0  # the bytes of the message being read charged so far
         self._excess = 0  # what this call counts in its connection's inbound buffer
         self._charged = 0  # bytes charged to the process's bytes in flight
         self._message_by: float | None = None  # the receive deadline of the message arriving
@@ -386,9 +388,13 @@ class Call:
         self._drop_inbound()
         return owed
 
-    async def _read(self, n: int) -> bytes | None:
-        """Exactly ``n`` buffered bytes, or None when the stream ended (or was reset) first."""
+    async def _read(self, n: int, *, charged: bool = False, wait: bool = False) -> bytes | None:
+        """Exactly ``n`` buffered bytes, or None when the stream ended (or was reset) first.
+        ``charged``: they are a message's, charged to the bytes in flight as they arrive
+        (``wait``: waiting for room rather than refused)."""
         while self._buffered < n:
+            if charged:
+                await self._charge_arrived(n, wait)
             if self.inbound_done or self.state is CallState.RESET:
                 return None
             self._need = n
@@ -396,10 +402,12 @@ class Call:
                 self._sink.acknowledge(self.stream_id, self._unacked)
                 self._unacked = 0
             event = self._data_event = anyio.Event()
-            if self._buffered or self._reserved:  # a message has begun to arrive
+            if charged or self._buffered:  # a message has begun to arrive (its prefix came)
                 await self._wait_for_message(event)
             else:
                 await event.wait()
+        if charged:
+            await self._charge_arrived(n, wait)
         self._need = 0
         chunks = self._chunks
         first = chunks[0]
@@ -430,6 +438,23 @@ class Call:
             self._sink.acknowledge(self.stream_id, self._unacked)
             self._unacked = 0
         return data
+
+    async def _charge_arrived(self, n: int, wait: bool) -> None:
+        """*Bytes in flight*: charge what has arrived of the ``n``-byte message being read and
+        is not charged yet; the charged part leaves the connection's inbound count."""
+        arrived = min(self._buffered, n)
+        delta = arrived - self._reserved
+        if delta <= 0:
+            return
+        budget = self.limits.inflight
+        if budget is not None:
+            if wait:
+                await budget.charge_waiting(delta, own=self._reserved)
+            else:
+                budget.charge(delta, own=self._reserved)
+            self._charged += delta
+        self._reserved = arrived
+        self._recount()
 
     async def _wait_for_message(self, event: anyio.Event) -> None:
         """Wait for more of a message that has begun to arrive, within its receive deadline."""
@@ -476,16 +501,7 @@ class Call:
             raise ResourceExhausted(f"received message larger than max ({length} vs. {cap})")
         data = b""
         if length:
-            budget = self.limits.inflight
-            if budget is not None:  # inline: no coroutine per message on this path
-                if wait:
-                    await budget.charge_waiting(length)
-                else:
-                    budget.charge(length)
-                self._charged += length
-            self._reserved = length
-            self._recount()
-            got = await self._read(length)
+            got = await self._read(length, charged=True, wait=wait)
             if got is None:
                 raise InvalidArgument(
                     f"truncated request: the stream ended inside the {length}-byte message "
