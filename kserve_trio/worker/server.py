@@ -222,8 +222,8 @@ async def serve_async(
                 serve_without_hooks=config.serve_without_hooks,
             )
         )
-        for name, reason in failures.items():  # RepositoryIndex lists them with the reason
-            repository.record_failure(name, reason)
+        for name, failure in failures.items():  # RepositoryIndex lists them with the reason
+            repository.record_failure(name, failure)
         for _, bundle in sorted(bundles.items(), key=lambda kv: _admission_order(config, kv[0])):
             # The same install a watcher reload goes through; with the cache on, the startup
             # probe below seeds the learned costs instead of a warmup.
