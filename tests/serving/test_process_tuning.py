@@ -106,9 +106,11 @@ def anyio_backend(clock: trio.testing.MockClock):
 async def test_the_shell_trims_off_the_event_loop_once_traffic_stops():
     served = 0
     trims: list[int] = []
+    trimmed = anyio.Event()
 
     def trim() -> None:
         trims.append(threading.get_ident())
+        anyio.from_thread.run_sync(trimmed.set)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: run_idle_trim(lambda: served, trim=trim, resident=lambda: 0))
@@ -117,8 +119,10 @@ async def test_the_shell_trims_off_the_event_loop_once_traffic_stops():
             served += 1
             await anyio.sleep(0.5)
         assert trims == []
-        await anyio.sleep(IDLE_SECONDS + 2)
-        assert len(trims) == 1 and trims[0] != threading.get_ident()  # in a worker thread
+        stopped = anyio.current_time()
+        await trimmed.wait()  # no other timer: the clock stands still while the thread runs
+        assert stopped + IDLE_SECONDS - 1 <= anyio.current_time() <= stopped + IDLE_SECONDS + 1
+        assert trims == [trims[0]] and trims[0] != threading.get_ident()  # a worker thread
         await anyio.sleep(60)
         assert len(trims) == 1
         tg.cancel_scope.cancel()
