@@ -22,6 +22,7 @@ from kserve_trio.serving.ipc import (
     DONE,
     DRAIN,
     FREE,
+    KIND_UNARY,
     LOG,
     REQUEST,
     Arena,
@@ -54,6 +55,10 @@ class DeviceLink:
         """Requests sent to the device process (for tests and the log)."""
         self.inline = 0
         """Of those, payloads that did not fit the arena and travelled in the frame."""
+        self.served = 0
+        """Of those, inference calls, stream messages and REST requests: the idle trim's
+        activity (``process_tuning.IdleTrim``; the other gRPC calls, a gateway's probes among
+        them, do not count)."""
 
     async def request(self, kind: int, rpc: Any, data, deadline_ns: int) -> Answer:
         """Serve one request in the device process and return its answer."""
@@ -71,6 +76,8 @@ class DeviceLink:
         pending = _Pending(slot)
         self._pending[rid] = pending
         self.forwarded += 1
+        if kind != KIND_UNARY:
+            self.served += 1
         self.channel.send((REQUEST, rid, kind, rpc, deadline_ns, payload))
         try:
             await pending.done.wait()

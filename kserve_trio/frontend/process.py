@@ -11,7 +11,8 @@ resolved once and the port stays reserved across a restart), says ``READY`` and 
 Its own, per process: the edge limits (connections, streams, bytes in flight, deadlines; they
 protect this process's memory), TLS, restricted protocols, the edge counters (sent to the
 device process as an exposition when they changed, at most once a ``EDGE_PUSH_SECONDS``, so
-the worker's ``/metrics`` shows them per front end).
+the worker's ``/metrics`` shows them per front end), and the idle trim that gives its freed
+heap back once it forwards nothing (``serving.process_tuning``).
 
 It ends when the device process says ``DRAIN`` (the worker's shutdown: GOAWAY, the calls in
 flight finish within the grace period), on SIGTERM or SIGINT (the same drain), and at once when
@@ -43,6 +44,7 @@ from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 from kserve_trio.serving.grpc import GrpcServer
 from kserve_trio.serving.ipc import EDGE, HELLO, READY, Arena, Channel
+from kserve_trio.serving.process_tuning import run_idle_trim
 
 log = get_logger("kserve_trio.frontend")
 
@@ -137,6 +139,7 @@ class Frontend:
             channel.send((READY, port, http_port))
             log.info("frontend_up", index=self.index, port=port, http_port=http_port or None)
             tg.start_soon(self._push_edge, channel)
+            tg.start_soon(run_idle_trim, lambda: link.served)
             tg.start_soon(self._drain_on_signal)
             tg.start_soon(self._drain_when_closing, server, rest_scope, tg.cancel_scope)
             await link.run_reader(on_drain=self.closing.set, on_log=_apply_log_settings)

@@ -93,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     config = loaded.config
     try:
         if args.process_index is not None:  # one of several: the parent started us
-            serve_gateway(config, blocking=True, process=_role(args, config.processes))
+            role = _role(args, config.processes)
+            with role.holding():  # the last process of the gateway out removes its directory
+                serve_gateway(config, blocking=True, process=role)
         elif config.processes > 1:
             return _run_parent(config, log)
         else:

@@ -5,6 +5,7 @@
     serve_gateway_async(config)
     └─ task group (root)                 cancel = orderly shutdown
        ├─ route refresher                background table scans (a worker said NOT_FOUND)
+       ├─ idle trim                      freed heap back once idle (serving.process_tuning)
        ├─ prober                         first round before anything serves, then every interval
        ├─ compactor (lpt_packing)        CompactMemory fan-outs after repacks
        ├─ admin HTTP                     /metrics /healthz /readyz /routing on listen.metrics
@@ -99,6 +100,7 @@ from kserve_trio.serving.background import (
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
 from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+from kserve_trio.serving.process_tuning import run_idle_trim
 from kserve_trio.serving.restricted import restrict
 
 DRAIN_SECONDS = 5.0
@@ -314,6 +316,7 @@ async def serve_gateway_async(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(gateway.prober.refresher.run)
+            tg.start_soon(run_idle_trim, lambda: gateway.admission.admitted)
             await tg.start(gateway.prober.run)
             await _wait_for_a_worker(gateway, config.prober.startup_wait_seconds)
             if not gateway.has_routable_worker():

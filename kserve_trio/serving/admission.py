@@ -100,6 +100,10 @@ class Admission:
         self._on_shed = on_shed
         self.inflight = 0
         """Inference requests in flight (what the cap counts)."""
+        self.admitted = 0
+        """Inference requests admitted since the start (the idle trim's activity,
+        ``process_tuning.IdleTrim``: the other RPCs, a gateway's probes among them, do not
+        count)."""
         self.calls = 0
         """Other admitted RPCs in flight."""
         self.shed = 0
@@ -125,6 +129,7 @@ class Admission:
             self._on_shed()
             raise ResourceExhausted(self._over_cap(cap))
         self.inflight += 1
+        self.admitted += 1
 
     async def wait_inference(self) -> None:
         """Rule 5 (and 4): a stream's message waits for a slot at the cap."""
@@ -134,6 +139,7 @@ class Admission:
             cap = self._cap()
             if not cap or self.inflight < cap:
                 self.inflight += 1
+                self.admitted += 1
                 return
             slot = self._slot
             if slot is None:

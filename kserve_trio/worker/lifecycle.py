@@ -10,12 +10,13 @@ event; the repository logs it.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import anyio
 
 from kserve_trio.runtime.backend import Backend
 from kserve_trio.worker import heartbeat
-from kserve_trio.worker.registry import ModelBundle, load_bundle
+from kserve_trio.worker.registry import LoadFailure, ModelBundle, load_bundle
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.watcher import Change
 
@@ -46,9 +47,10 @@ class Lifecycle:
     async def load(self, name: str, bundle_dir: str | os.PathLike[str]) -> ModelBundle:
         """Compile ``bundle_dir`` (in a thread) and install it under ``name``.
 
-        A bundle that fails to compile or install is recorded in the repository with the error
-        (RepositoryIndex shows why it is not served; a later successful load clears it), and the
-        error propagates so the watcher retries the change."""
+        A bundle that fails to compile or install is recorded in the repository with its
+        directory and the error (RepositoryIndex shows why it is not served; a later successful
+        load, or deleting the directory, clears it), and the error propagates so the watcher
+        retries the change."""
         try:
             bundle = await anyio.to_thread.run_sync(
                 lambda: load_bundle(
@@ -60,7 +62,7 @@ class Lifecycle:
             )
             await self.repository.install(bundle)
         except Exception as exc:
-            self.repository.record_failure(name, str(exc))
+            self.repository.record_failure(name, LoadFailure(pathlib.Path(bundle_dir), str(exc)))
             raise
         heartbeat.fire("load", name)
         return bundle

@@ -54,6 +54,23 @@ class ModelBundle:
         return self.manifest.is_meta
 
 
+@dataclass(frozen=True)
+class LoadFailure:
+    """A bundle that did not load: where it is (the index lists it only while it is there) and
+    why (the index's reason)."""
+
+    bundle_dir: pathlib.Path
+    reason: str
+
+
+def is_bundle_dir(path: pathlib.Path) -> bool:
+    """Whether ``path`` is a bundle: a directory holding ``manifest.yaml``."""
+    try:
+        return path.is_dir() and (path / MANIFEST_FILE).is_file()
+    except OSError:
+        return False
+
+
 def unknown_model(name: str) -> NotFound:
     """The one error for a model name nothing is loaded under."""
     return NotFound(f"unknown model: {name}")
@@ -86,7 +103,7 @@ def scan_repository(
         if not root.is_dir():
             continue
         for child in sorted(root.iterdir()):
-            if not (child.is_dir() and (child / MANIFEST_FILE).is_file()):
+            if not is_bundle_dir(child):
                 continue
             if wanted and child.name not in wanted:
                 continue
@@ -180,30 +197,30 @@ def load_repository(
     *,
     include: Iterable[str] = (),
     serve_without_hooks: bool = False,
-) -> tuple[dict[str, ModelBundle], dict[str, str]]:
-    """Load every bundle; returns (loaded bundles by name, failures name -> reason)."""
+) -> tuple[dict[str, ModelBundle], dict[str, LoadFailure]]:
+    """Load every bundle; returns (loaded bundles by name, failures by name)."""
     bundles: dict[str, ModelBundle] = {}
-    failures: dict[str, str] = {}
+    failures: dict[str, LoadFailure] = {}
     for name, path in scan_repository(model_dirs, include).items():
         try:
             bundles[name] = load_bundle(
                 path, backend, name=name, serve_without_hooks=serve_without_hooks
             )
         except Exception as exc:  # a bad bundle never takes the others down
-            failures[name] = str(exc)
+            failures[name] = LoadFailure(path, str(exc))
             log.error("model_load_failed", model=name, path=str(path), reason=str(exc))
     _check_meta_calls(bundles, failures)
     return bundles, failures
 
 
-def _check_meta_calls(bundles: dict[str, ModelBundle], failures: dict[str, str]) -> None:
+def _check_meta_calls(bundles: dict[str, ModelBundle], failures: dict[str, LoadFailure]) -> None:
     for name in [n for n, b in bundles.items() if b.is_meta]:
         bundle = bundles[name]
         for callee in bundle.manifest.meta_calls:
             target = bundles.get(callee)
             if target is not None and target.is_meta:
                 reason = f"bundle '{name}': meta model calls another meta model '{callee}'"
-                failures[name] = reason
+                failures[name] = LoadFailure(bundle.bundle_dir, reason)
                 log.error("model_load_failed", model=name, reason=reason)
                 del bundles[name]
                 break
@@ -217,9 +234,11 @@ def hidden_submodels(bundles: dict[str, ModelBundle]) -> set[str]:
 
 
 __all__ = [
+    "LoadFailure",
     "ModelBundle",
     "check_version",
     "hidden_submodels",
+    "is_bundle_dir",
     "load_bundle",
     "load_repository",
     "run_model_py",

@@ -10,9 +10,9 @@ drift apart:
 - ``remove`` and ``rename`` change the scheduler and the bundles together;
 - requests find their model with ``lookup`` (one dict lookup and the version rule), and the
   readiness RPCs ask ``model_ready`` / ``model_compiled`` / ``ready``;
-- a bundle that failed to load is remembered with its reason (``record_failure``) until a later
-  load under its name succeeds, so ``index`` (RepositoryIndex) can say why it is not served
-  instead of leaving the reason in the log alone.
+- a bundle that failed to load is remembered with its directory and reason (``record_failure``)
+  until a later load under its name succeeds or its directory is deleted, so ``index``
+  (RepositoryIndex) can say why it is not served instead of leaving the reason in the log alone.
 
 Compilation itself (``registry.load_bundle``) happens before any of this, off the event loop;
 this class only runs on the event loop thread, so it needs no lock.
@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING
 from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.request_bounds import require_model_name
-from kserve_trio.worker.registry import ModelBundle, check_version, hidden_submodels, unknown_model
+from kserve_trio.worker.registry import (
+    LoadFailure,
+    ModelBundle,
+    check_version,
+    hidden_submodels,
+    is_bundle_dir,
+    unknown_model,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -62,9 +69,9 @@ class ModelRepository:
         self._bundles: dict[str, ModelBundle] = {}
         self.bundles: Mapping[str, ModelBundle] = MappingProxyType(self._bundles)
         """A read-only live view of the loaded bundles by serving name."""
-        self._failures: dict[str, str] = {}
-        self.failures: Mapping[str, str] = MappingProxyType(self._failures)
-        """A read-only live view of the bundles whose last load failed: name -> reason."""
+        self._failures: dict[str, LoadFailure] = {}
+        self.failures: Mapping[str, LoadFailure] = MappingProxyType(self._failures)
+        """A read-only live view of the bundles whose last load failed, by name."""
 
     # ---------------------------------------------------------------- queries
 
@@ -106,16 +113,31 @@ class ModelRepository:
         hidden = self.hidden()
         return sorted(n for n in self._bundles if n not in hidden)
 
-    def index(self) -> list[tuple[str, bool, str]]:
+    def index(self, *, ready_only: bool = False) -> list[tuple[str, bool, str]]:
         """RepositoryIndex's entries, sorted by name: ``(name, ready, reason)``.
 
-        Every routable model (reason ``""``), and every bundle whose load failed and that
-        serves no version (not ready, the load error as reason): Triton lists a model it could
-        not load as UNAVAILABLE with the reason, and a user moving a bundle over learns there why
-        it is refused. A failed reload of a served model lists the served version (still ready).
+        1. Every routable model that is ready (reason ``""``), wherever its directory: it
+           serves (dynamic mode unloads it once its directory is gone; explicit mode serves it
+           until it is unloaded).
+        2. Unless ``ready_only``, while its bundle directory is still a bundle: every routable
+           model that is not ready (explicit mode: not resident), and every bundle whose load
+           failed and that serves no version (the load error as reason: Triton lists a model it
+           could not load as UNAVAILABLE with the reason, and a user moving a bundle over
+           learns there why it is refused). A failed reload of a served model lists the served
+           version (still ready).
+        3. A deleted bundle directory leaves the index: a failure whose directory is gone is
+           forgotten, so nothing piles up for bundles that no longer exist.
         """
-        entries = [(n, self.model_ready(n), "") for n in self.routable_names()]
-        entries += [(n, False, r) for n, r in self._failures.items() if n not in self._bundles]
+        entries = []
+        for name in self.routable_names():
+            ready = self.model_ready(name)
+            if ready or (not ready_only and is_bundle_dir(self._bundles[name].bundle_dir)):
+                entries.append((name, ready, ""))
+        for name, failure in list(self._failures.items()):
+            if not is_bundle_dir(failure.bundle_dir):
+                del self._failures[name]
+            elif not ready_only and name not in self._bundles:
+                entries.append((name, False, failure.reason))
         return sorted(entries)
 
     def metas_calling(self, name: str) -> list[str]:
@@ -163,10 +185,11 @@ class ModelRepository:
 
     # ---------------------------------------------------------------- membership
 
-    def record_failure(self, name: str, reason: str) -> None:
-        """Remember that the bundle under ``name`` failed to load, and why (shown by ``index``
-        until ``install`` or ``remove`` of that name)."""
-        self._failures[name] = reason
+    def record_failure(self, name: str, failure: LoadFailure) -> None:
+        """Remember that the bundle under ``name`` failed to load, where it is and why (shown
+        by ``index`` until ``install`` or ``remove`` of that name, or until its directory is
+        deleted)."""
+        self._failures[name] = failure
 
     async def install(self, bundle: ModelBundle, *, warm: bool = True) -> ModelBundle | None:
         """Serve ``bundle`` under its name: the one path start-up loading and reloads share.

@@ -1,8 +1,9 @@
 """``serve`` / ``stop``: one worker process as one nursery tree.
 
 ``serve_async`` is the tree itself: it resolves the configuration, loads and compiles the model
-repository, starts the dispatch loop and the gRPC server (``serving.grpc``) inside one task
-group, and tears
+repository, starts the dispatch loop, the idle trim (``serving.process_tuning``: the freed heap
+back once no request is admitted) and the gRPC server (``serving.grpc``) inside one task group,
+and tears
 them down in order on cancellation. ``serve(..., blocking=False)`` runs that tree on a background
 thread with its own event loop and returns a ``RunningServer``; ``stop(server)`` cancels it and
 returns once everything is released.
@@ -128,6 +129,7 @@ async def serve_async(
     from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
     from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
+    from kserve_trio.serving.process_tuning import run_idle_trim
     from kserve_trio.serving.restricted import restrict
     from kserve_trio.serving.tls import server_ssl_context
     from kserve_trio.worker.control_service import ControlService
@@ -211,6 +213,7 @@ async def serve_async(
                 )
             )
         await tg.start(scheduler.run)
+        tg.start_soon(run_idle_trim, lambda: admission.admitted)  # memory back once idle
         bundles, failures = await anyio.to_thread.run_sync(
             lambda: load_repository(
                 config.model_dirs,
@@ -219,8 +222,8 @@ async def serve_async(
                 serve_without_hooks=config.serve_without_hooks,
             )
         )
-        for name, reason in failures.items():  # RepositoryIndex lists them with the reason
-            repository.record_failure(name, reason)
+        for name, failure in failures.items():  # RepositoryIndex lists them with the reason
+            repository.record_failure(name, failure)
         for _, bundle in sorted(bundles.items(), key=lambda kv: _admission_order(config, kv[0])):
             # The same install a watcher reload goes through; with the cache on, the startup
             # probe below seeds the learned costs instead of a warmup.

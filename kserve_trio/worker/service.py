@@ -130,10 +130,8 @@ class InferenceService:
         return codec.encode_model_metadata(request.name, bundle.manifest, PLATFORM)
 
     async def repository_index(self, request):
-        entries = self.repository.index()  # failed bundles too, with the reason
-        if request.ready:
-            entries = [e for e in entries if e[1]]
-        return codec.encode_repository_index(entries)
+        # Failed bundles too, with the reason; a deleted bundle's directory leaves it.
+        return codec.encode_repository_index(self.repository.index(ready_only=request.ready))
 
     async def shm_status(self, request):
         # Register, Unregister and Status validate names and keys in ShmRegistry

@@ -9,8 +9,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from kserve_trio.proto import inference as pb
+from tests.waiting import wait_until
 
 MiB = 1 << 20
+
+RETURNED_BYTES = 64 * MiB
+"""How near its resident size before an attack a process comes back once the attack is over
+(its idle trim gives the freed heap back; without it the peak stays for good)."""
+RETURN_SECONDS = 30.0
+"""The bound on that: the idle trim's quiet time and tick, with room for a loaded machine."""
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -44,6 +51,19 @@ def peak_growth_mib(pid: int, before: int) -> float:
     """How far the peak resident size rose above ``before`` bytes (``reset_peak``'s figure),
     in MiB."""
     return (peak_rss(pid) - before) / MiB
+
+
+def rss_comes_back(pid: int, start: int, what: str, within: int = RETURNED_BYTES) -> int:
+    """Wait until the process's resident size is within ``within`` bytes of ``start`` bytes;
+    the resident bytes then."""
+    try:
+        wait_until(lambda: rss(pid) - start < within, RETURN_SECONDS, what)
+    except AssertionError:
+        raise AssertionError(
+            f"{what}: RSS {rss(pid) // MiB} MiB not back within {within // MiB} MiB "
+            f"of {start // MiB} MiB in {RETURN_SECONDS} s"
+        ) from None
+    return rss(pid)
 
 
 def fds(pid: int) -> int:

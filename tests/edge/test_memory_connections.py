@@ -29,7 +29,7 @@ from tests.edge.memory_attacks import (
     settle,
     window_zero_round,
 )
-from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, rss
+from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, rss, rss_comes_back
 from tests.gateway.procs import Worker
 from tests.ports import free_port
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
@@ -129,6 +129,12 @@ async def test_window_zero_clients_are_reset_and_leave_nothing_behind(worker):
     # Rounds two and three reuse what round one took; nothing is kept per round.
     assert after[2] - after[0] < 24 * MiB, [a // MiB for a in after]
     assert max(after) - before < 64 * MiB  # 200 parked replies of 2 KiB and their calls
+    back = rss_comes_back(pid, before, "the worker after window-0 rounds")
+    print(
+        f"worker window-0: RSS {before / MiB:.1f} MiB, after rounds",
+        [a / MiB for a in after],
+        f"once idle {back / MiB:.1f} MiB",
+    )
 
 
 # ------------------------------------------------------------------ a client that never reads

@@ -5,8 +5,9 @@ status and descriptors, its ``gateway_edge_inflight_bytes`` gauge).
 
 Each test checks that the gateway is alive, that it keeps forwarding a stock tritonclient
 request to the worker while it is attacked and after, that its resident set stays within a
-stated bound and does not grow from round to round, that its descriptors return to where they
-were, and that the attacker gets the documented error.
+stated bound and does not grow from round to round (and, for the bombs and the window-0 clients,
+comes back near where it started once the gateway is idle: its idle trim), that its descriptors
+return to where they were, and that the attacker gets the documented error.
 
 One worker and one gateway serve the module. The gateway has small bounds so each defence
 shows in seconds: ``send_stall_seconds`` 1, ``message_receive_seconds`` 3, a 1 MiB connection
@@ -34,7 +35,15 @@ from tests.edge.memory_attacks import (
     settle,
     window_zero_round,
 )
-from tests.edge.memory_probe import MiB, fds, mlp_input, peak_rss, reset_peak, rss
+from tests.edge.memory_probe import (
+    MiB,
+    fds,
+    mlp_input,
+    peak_rss,
+    reset_peak,
+    rss,
+    rss_comes_back,
+)
 from tests.gateway.procs import Gateway, Worker
 from tests.serving.bomb import zero_bomb
 from tests.serving.grpc.h2_peer import grpc_frame
@@ -99,14 +108,15 @@ def test_a_gzip_bomb_to_the_gateway_costs_about_its_cap_and_others_are_forwarded
     tritonclient client forwarding mlp calls back to back beside them: each bomb is refused
     RESOURCE_EXHAUSTED by the gateway itself once its output passes the gateway's 16 MiB
     message cap (never inflated whole, never forwarded); the gateway's peak RSS rises
-    by at most about twice the cap, it settles from round to round, and calls are forwarded
-    while bombs inflate."""
+    by at most about twice the cap, it settles from round to round, calls are forwarded while
+    bombs inflate, and once the gateway is idle its RSS is back within the cap of the start."""
     worker, gateway = servers
     bomb = grpc_frame(zero_bomb(1 << 30, "gzip"), flag=1)
     assert len(bomb) < 2 * MiB
     client = gateway.client()  # connected before the baseline: its connection stays open
     assert client.infer("mlp", [mlp_input()]).as_numpy("output").shape == (1, 8)
     pid, base_fds = quiet(gateway)
+    start = rss(pid)
     grown: list[int] = []
     during: list[int] = []
     after: list[int] = []
@@ -122,11 +132,15 @@ def test_a_gzip_bomb_to_the_gateway_costs_about_its_cap_and_others_are_forwarded
         still_standing(worker, gateway, pid, base_fds)
         after.append(rss(pid))
     client.close()
+    # Once idle, less than one message's worth stays (the rounds leave about twice that held
+    # until the idle trim gives it back).
+    back = rss_comes_back(pid, start, "the gateway after gzip bombs", within=MESSAGE_CAP)
     print(
         "gateway gzip bomb: peak RSS growth per round",
         [g / MiB for g in grown],
-        "RSS after",
+        f"RSS {start / MiB:.1f} MiB before, after rounds",
         [a / MiB for a in after],
+        f"once idle {back / MiB:.1f} MiB",
         "forwarded during bombs",
         during,
     )
@@ -148,7 +162,8 @@ async def test_window_zero_clients_of_the_gateway_are_reset_and_leave_nothing_be
     """Three rounds of two window-0 connections with 100 forwarded ModelInfer calls each: the
     worker answers, the gateway parks the replies it cannot send and resets every call
     RST_STREAM(CANCEL) after ``send_stall_seconds``; a tritonclient request through the gateway
-    is served while they are parked; nothing is kept from round to round."""
+    is served while they are parked; nothing is kept from round to round, and the RSS comes back
+    within 64 MiB of the start once the gateway is idle."""
     worker, gateway = servers
     pid, base_fds = quiet(gateway)
     before = rss(pid)
@@ -159,7 +174,12 @@ async def test_window_zero_clients_of_the_gateway_are_reset_and_leave_nothing_be
         still_standing(worker, gateway, pid, base_fds)
         after.append(rss(pid))
     await serve_well(gateway)
-    print(f"gateway window-0: RSS {before / MiB:.1f} MiB, after rounds", [a / MiB for a in after])
+    back = rss_comes_back(pid, before, "the gateway after window-0 rounds")
+    print(
+        f"gateway window-0: RSS {before / MiB:.1f} MiB, after rounds",
+        [a / MiB for a in after],
+        f"once idle {back / MiB:.1f} MiB",
+    )
     assert after[2] - after[0] < 24 * MiB, [a // MiB for a in after]
     assert max(after) - before < 64 * MiB  # 200 parked replies of 2 KiB and their calls
 

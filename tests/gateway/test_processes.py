@@ -5,18 +5,21 @@ The tritonclient set of ``test_e2e`` and ``test_rest_e2e`` runs again here, its 
 started with ``--processes 2`` (their ``Gateway`` is swapped for this module's), and then what
 only several processes have: connections spread over both, one merged ``/metrics``, a process
 killed under load, shared memory registered through one process and unregistered through the
-other, and a SIGTERM that leaves nothing behind."""
+other, a SIGTERM that leaves nothing behind, and a SIGKILL whose runtime directory goes too."""
 
 # ruff: noqa: F811  (the tests take the imported fixtures ``e2e`` and ``fleet`` by name)
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -299,6 +302,73 @@ def test_sigterm_drains_every_process_and_leaves_nothing_behind(e2e, tmp_path):
         assert len(drained) == 3  # each child, then the parent
     finally:
         gw.stop()
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie nobody reaps (the orphan of a killed parent, where pid 1 does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _make_dir(path: pathlib.Path) -> pathlib.Path:
+    path.mkdir()
+    (path / "gateway.json").write_text("{}")
+    return path
+
+
+@pytest.mark.timeout(150)
+def test_a_parent_killed_outright_leaves_no_runtime_directory_behind(e2e, tmp_path):
+    """SIGKILL to the parent: its children exit and the last one removes the runtime
+    directory. A gateway killed whole (nothing left to remove it) has its directory removed by
+    the next parent that starts. Nothing else in the temporary directory is touched: another
+    gateway's directory (live pid, or held by a process still draining), other names."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    live = _make_dir(temp / f"kserve_trio-gateway-{os.getpid()}-live")
+    draining = _make_dir(temp / f"kserve_trio-gateway-{dead.pid}-draining")
+    others = [_make_dir(temp / "kserve_trio-gateway-oldname"), _make_dir(temp / "unrelated")]
+    held = os.open(draining, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_SH)
+    env = {G + "WORKERS": f"127.0.0.1:{e2e.port}", "TMPDIR": str(temp)}
+    try:
+        gw = TwoProcesses(tmp_path, env)
+        try:
+            gw.wait_ready()
+            (starting,) = gw.events("gateway_processes_starting")
+            runtime_dir = pathlib.Path(starting["runtime_dir"])
+            assert runtime_dir.parent == temp and runtime_dir.is_dir()
+            pids = wait_until(lambda: len(gw.children()) == 2 and gw.children(), 30, "children")
+            gw.proc.send_signal(signal.SIGKILL)
+            assert gw.proc.wait(10) == -signal.SIGKILL
+            for pid in pids.values():
+                wait_until(lambda p=pid: _exited(p), 30, f"gateway process {pid} exited")
+            wait_until(lambda: not runtime_dir.exists(), 10, "the runtime directory removed")
+        finally:
+            gw.stop()
+        stale = _make_dir(temp / f"kserve_trio-gateway-{dead.pid}-stale")  # killed whole
+        gw = TwoProcesses(tmp_path, env)
+        try:
+            gw.wait_ready()
+            assert not stale.exists()
+            (starting,) = gw.events("gateway_processes_starting")
+            runtime_dir = pathlib.Path(starting["runtime_dir"])
+            assert runtime_dir.is_dir()
+            assert gw.stop() == 0
+            assert not runtime_dir.exists()
+        finally:
+            gw.stop()
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in temp.iterdir()) == sorted(
+        p.name for p in (live, draining, *others)
+    )
+    for kept in (live, draining, *others):
+        assert (kept / "gateway.json").read_text() == "{}", kept
 
 
 @pytest.mark.timeout(90)

@@ -1,13 +1,19 @@
 """The parts of a gateway in several processes, each alone: the port reservation, the shared
-shared-memory record, the children's environment and configuration, the restart back-off, the
-parent's /routing and the ``processes`` setting."""
+shared-memory record, the children's environment and configuration, who removes the runtime
+directory, the restart back-off, the parent's /routing and the ``processes`` setting."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
+import os
 import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import anyio
 import pytest
@@ -20,7 +26,13 @@ from kserve_trio.gateway.config import (
     load_gateway_config,
 )
 from kserve_trio.gateway.processes._admin import routing_intersection
-from kserve_trio.gateway.processes._layout import ProcessRole, read_announcement
+from kserve_trio.gateway.processes._layout import (
+    ProcessRole,
+    create_runtime_dir,
+    read_announcement,
+    remove_runtime_dir,
+    remove_stale_runtime_dirs,
+)
 from kserve_trio.gateway.processes._parent import child_env, child_raw_config
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.serving.metrics_merge import add_label
@@ -185,6 +197,77 @@ def test_an_announcement_counts_only_for_the_pid_that_wrote_it(tmp_path):
     assert read_announcement(tmp_path, 0, os.getpid()) == 4242
     assert read_announcement(tmp_path, 0, os.getpid() + 1) is None  # an earlier incarnation's
     assert read_announcement(tmp_path, 1, os.getpid()) is None
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid
+
+
+def held(path: Path) -> int:
+    """A descriptor holding ``path`` as a process of a gateway does (shared flock)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def make_dir(path: Path) -> Path:
+    path.mkdir()
+    (path / "gateway.json").write_text("{}")
+    return path
+
+
+def test_a_starting_parent_removes_only_runtime_directories_nobody_holds(tmp_path):
+    """A directory named for a dead pid that no process holds goes (its gateway was killed
+    whole); one whose pid lives, one a process still holds, and every other name stay."""
+    dead = dead_pid()
+    stale = make_dir(tmp_path / f"kserve_trio-gateway-{dead}-ab12_x")
+    live = make_dir(tmp_path / f"kserve_trio-gateway-{os.getpid()}-cd34")
+    draining = make_dir(tmp_path / f"kserve_trio-gateway-{dead}-ef56")
+    others = [
+        make_dir(tmp_path / "kserve_trio-gateway-gh78"),  # an older name: no pid in it
+        make_dir(tmp_path / f"other-{dead}-ij90"),
+    ]
+    (tmp_path / f"kserve_trio-gateway-{dead}-file").write_text("not a directory")
+    outside = make_dir(tmp_path / "outside")
+    (tmp_path / f"kserve_trio-gateway-{dead}-link").symlink_to(outside)
+    fd = held(draining)
+    try:
+        assert remove_stale_runtime_dirs(tmp_path) == [stale]
+    finally:
+        os.close(fd)
+    assert not stale.exists()
+    for kept in (live, draining, *others, outside):
+        assert (kept / "gateway.json").read_text() == "{}", kept
+    assert (tmp_path / f"kserve_trio-gateway-{dead}-file").read_text() == "not a directory"
+    assert (tmp_path / f"kserve_trio-gateway-{dead}-link").is_symlink()
+    assert remove_stale_runtime_dirs(tmp_path) == [draining]  # no longer held
+
+
+def test_the_last_process_of_a_gateway_out_removes_its_runtime_directory(tmp_path, monkeypatch):
+    """Children leaving while the parent holds the directory leave it; with the parent killed,
+    the last child out removes it, whichever leaves first."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    runtime_dir, parent = create_runtime_dir()
+    assert runtime_dir.parent == tmp_path
+    assert runtime_dir.name.startswith(f"kserve_trio-gateway-{os.getpid()}-")
+    one, two = ProcessRole(0, 2, runtime_dir), ProcessRole(1, 2, runtime_dir)
+    with one.holding():
+        pass  # restarted while the parent lives
+    assert runtime_dir.is_dir()
+    first, second = one.holding(), two.holding()
+    first.__enter__()
+    second.__enter__()
+    os.close(parent)  # the parent is killed outright: the kernel drops its lock
+    first.__exit__(None, None, None)
+    assert runtime_dir.is_dir()  # a sibling still drains
+    second.__exit__(None, None, None)
+    assert not runtime_dir.exists()
+    again, fd = create_runtime_dir()
+    remove_runtime_dir(again, fd)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_restart_backoff_doubles_from_a_quarter_second_to_ten():

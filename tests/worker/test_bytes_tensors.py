@@ -150,5 +150,5 @@ def test_bytes_on_an_executable_tensor_is_refused_at_load_time(repo, tmp_path):
     (bad / "manifest.yaml").write_text(manifest.replace("dtype: i32", "dtype: bytes", 1))
     bundles, failures = load_repository([tmp_path / "models"], backend=None)
     assert bundles == {}
-    assert "executable_inputs tensor 'ids' has dtype bytes" in failures["bad_bytes"]
-    assert str(bad) in failures["bad_bytes"]
+    assert "executable_inputs tensor 'ids' has dtype bytes" in failures["bad_bytes"].reason
+    assert str(bad) in failures["bad_bytes"].reason

@@ -113,7 +113,7 @@ def test_the_worker_refuses_it_with_the_reason_and_serves_it_when_opted_in(jl_ml
 
     models = jl_mlp.parent
     bundles, failures = load_repository([models], backend=None)
-    assert bundles == {} and "model.jl holds this bundle's hooks" in failures["mlp"]
+    assert bundles == {} and "model.jl holds this bundle's hooks" in failures["mlp"].reason
     with capture_logs() as logs, in_process_worker(models, serve_without_hooks=True) as running:
         c = grpcclient.InferenceServerClient(running.address)
         assert c.is_model_ready("mlp")

@@ -1,8 +1,20 @@
-"""The runtime directory of a gateway in several processes: what lives there, and the one
-thing a child tells its parent (that it serves, on which admin port).
+"""The runtime directory of a gateway in several processes: what lives there, who removes it,
+and the one thing a child tells its parent (that it serves, on which admin port).
 
-The parent makes the directory (``tempfile.mkdtemp``) and removes it at exit; nothing else
-creates files there but the children, and only these:
+The parent makes the directory (``create_runtime_dir``: ``kserve_trio-gateway-<its pid>-*`` in
+the temporary directory) and removes it at exit. So that no directory outlives its gateway,
+however the gateway ended, every process of the gateway holds a shared ``flock`` on the
+directory while it lives (the kernel drops it however the process ends, SIGKILL included):
+
+1. a child that exits removes the directory when no other process of its gateway holds it
+   (``leave_runtime_dir``): the parent was killed outright and its children, which the kernel
+   stopped with it (the trampoline's parent-death signal), were the last;
+2. a parent that starts removes every ``kserve_trio-gateway-<pid>-*`` directory whose pid is not
+   a live process and that no process holds (``remove_stale_runtime_dirs``): the case where
+   every process of a gateway was killed outright. A live owner's directory, or one a process
+   still holds, is never touched, nor is any other name.
+
+Nothing else creates files there but the children, and only these:
 
 - ``gateway.json``: the resolved configuration every child serves (written by the parent);
 - ``process-<i>.json``: child ``i``'s announcement, ``{"pid": ..., "admin_port": ...}``,
@@ -16,14 +28,109 @@ sees half of one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
+import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kserve_trio.core.logging import get_logger
+
 CONFIG_FILE = "gateway.json"
 SHM_RECORD_FILE = "shm-registrations.json"
+RUNTIME_DIR_PREFIX = "kserve_trio-gateway-"
+_OWNED_NAME = re.compile(re.escape(RUNTIME_DIR_PREFIX) + r"([0-9]+)-[^-]+$")
+"""A runtime directory's name: the prefix, its parent's pid, ``mkdtemp``'s random part."""
+
+_log = get_logger("kserve_trio.gateway.processes")
+
+
+def _hold(runtime_dir: Path, how: int) -> int:
+    """A descriptor of ``runtime_dir`` holding ``flock`` ``how`` (``BlockingIOError`` when
+    ``how`` does not wait and another process holds it)."""
+    fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, how)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_runtime_dirs(temp_dir: Path | None = None) -> list[Path]:
+    """Rule 2 of the module docstring, in ``temp_dir`` (default: ``tempfile.gettempdir()``);
+    the directories removed."""
+    root = Path(temp_dir if temp_dir is not None else tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _OWNED_NAME.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue  # not ours, or its parent lives (it may not hold its lock yet)
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            fd = _hold(Path(entry.path), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held (its children still drain), another user's, or gone
+            continue
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+        finally:
+            os.close(fd)
+    return removed
+
+
+def create_runtime_dir() -> tuple[Path, int]:
+    """The parent's runtime directory, made after removing the stale ones (rule 2), and the
+    descriptor holding it (give both to ``remove_runtime_dir`` at exit)."""
+    for stale in remove_stale_runtime_dirs():
+        _log.info("gateway_stale_runtime_dir_removed", runtime_dir=str(stale))
+    runtime_dir = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_DIR_PREFIX}{os.getpid()}-"))
+    try:
+        return runtime_dir, _hold(runtime_dir, fcntl.LOCK_SH)
+    except BaseException:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+        raise
+
+
+def remove_runtime_dir(runtime_dir: Path, fd: int) -> None:
+    """The parent's exit: its children are stopped, the directory goes."""
+    shutil.rmtree(runtime_dir, ignore_errors=True)
+    os.close(fd)
+
+
+def leave_runtime_dir(runtime_dir: Path, fd: int) -> bool:
+    """A child's exit: rule 1 (the lock is dropped first, so of several children leaving at
+    once the last to try finds no holder); whether it removed the directory."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # the parent, or a sibling, still holds it
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -74,12 +181,28 @@ class ProcessRole:
         body = json.dumps({"pid": os.getpid(), "admin_port": admin_port}).encode()
         write_atomically(announcement_path(self.runtime_dir, self.index), body)
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the runtime directory while this child lives; on the way out, remove it when
+        no process of the gateway holds it any longer (rule 1)."""
+        fd = _hold(self.runtime_dir, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            if leave_runtime_dir(self.runtime_dir, fd):
+                _log.info("gateway_runtime_dir_removed", runtime_dir=str(self.runtime_dir))
+
 
 __all__ = [
     "CONFIG_FILE",
+    "RUNTIME_DIR_PREFIX",
     "SHM_RECORD_FILE",
     "ProcessRole",
     "announcement_path",
+    "create_runtime_dir",
+    "leave_runtime_dir",
     "read_announcement",
+    "remove_runtime_dir",
+    "remove_stale_runtime_dirs",
     "write_atomically",
 ]

@@ -2,7 +2,7 @@
 
 ::
 
-    serve_processes(config)                 mkdtemp runtime dir; reserve the public ports
+    serve_processes(config)                 runtime dir (stale ones removed); reserve the ports
     └─ task group (root)                    cancel = orderly shutdown
        ├─ admin HTTP                        listen.metrics: the merged endpoints (``_admin``)
        ├─ child 0 .. N-1                    start, watch, restart (``_children``)
@@ -11,7 +11,9 @@
 Shutdown (leaving the context: SIGTERM, SIGINT): ``/readyz`` turns 503, every child gets
 SIGTERM at once and drains itself (``server.DRAIN_SECONDS``); one still running after
 ``CHILD_GRACE_SECONDS`` is killed. Then the reserved sockets close and the runtime directory is
-removed, so nothing is left behind: no process, socket or file.
+removed, so nothing is left behind: no process, socket or file. A parent killed outright leaves
+that to its children, which the kernel stops with it (``_layout``: the last one out removes the
+directory, and the next parent removes one left by a gateway killed whole).
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ import functools
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,12 @@ from kserve_trio.gateway.config import (
 )
 from kserve_trio.gateway.processes._admin import LOOPBACK, ProcessesAdmin
 from kserve_trio.gateway.processes._children import ChildFailedToStart, GatewayChild
-from kserve_trio.gateway.processes._layout import CONFIG_FILE, write_atomically
+from kserve_trio.gateway.processes._layout import (
+    CONFIG_FILE,
+    create_runtime_dir,
+    remove_runtime_dir,
+    write_atomically,
+)
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.ports import ReservedPort, reserve_port
 
@@ -125,7 +130,7 @@ async def serve_processes(
     """Run ``config.processes`` gateway processes for the duration of the ``async with``
     block. It is entered at once (the children start meanwhile); a child that fails its first
     start ends the block with ``ChildFailedToStart``."""
-    runtime_dir = Path(tempfile.mkdtemp(prefix="kserve_trio-gateway-"))
+    runtime_dir, runtime_fd = create_runtime_dir()
     reserved: list[ReservedPort] = []
     try:
         grpc_host, grpc_port = config.listen.grpc_address
@@ -199,7 +204,7 @@ async def serve_processes(
     finally:
         for port in reserved:
             port.close()
-        shutil.rmtree(runtime_dir, ignore_errors=True)
+        remove_runtime_dir(runtime_dir, runtime_fd)
     _log.info("gateway_down", address=format_host_port(grpc_host, grpc_port))
 
 
