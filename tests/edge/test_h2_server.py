@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 from h2.errors import ErrorCodes
-from hyperframe.frame import GoAwayFrame, HeadersFrame, SettingsFrame, WindowUpdateFrame
+from hyperframe.frame import GoAwayFrame, HeadersFrame, WindowUpdateFrame
 
 from kserve_trio.core.config import EdgeLimits
 from kserve_trio.http2 import ENGINES
@@ -436,11 +436,6 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_pro
     assert s.stats.refused_connections["handshake_timeout"] == 2
 
 
-def settings_acked(attacker: Attacker) -> bool:
-    """Whether the server has read the attacker's SETTINGS (it acknowledged them)."""
-    return any(isinstance(f, SettingsFrame) and "ACK" in f.flags for f in attacker.frames)
-
-
 async def hold_call(attacker: Attacker, handlers: Handlers, calls: int) -> None:
     """A Hold call on stream 1 of ``attacker``, in flight once it is the ``calls``-th."""
     await attacker.send(attacker.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
@@ -456,7 +451,7 @@ async def test_at_the_cap_the_longest_idle_connection_is_evicted_and_a_busy_one_
                 Attacker.connect(s.port) as idle,
                 Attacker.connect(s.port) as busy,
             ):
-                assert await idle.until(lambda: settings_acked(idle))  # it spoke HTTP/2
+                assert await idle.until(idle.settings_acked)  # it spoke HTTP/2
                 await hold_call(busy, s.handlers, 1)
                 async with Attacker.connect(s.port) as first:  # the longest idle goes: bare
                     assert await bare.until_eof(BOUND)
