@@ -7,10 +7,17 @@ A listener must outlive anything its clients do. So:
    that cannot be bound stops the start; once the port is bound, no error of ``accept`` ends
    the server.
 2. Each port caps its open connections (``ConnectionCap``, its share of the process's
-   descriptors, ``serving.fd_budget``); one more is accepted and closed at once, counted
-   ``refused_connections{reason="max_connections"}``: the client sees its connection closed
-   rather than a SYN left in the backlog, and the descriptors the cap protects stay free for
-   the connections being served.
+   descriptors, ``serving.fd_budget``). At the cap, the longest-idle connection is closed to
+   admit the new one (``reason="evicted_idle"``), as nginx and Envoy do: otherwise clients
+   that open connections and never use them lock every other client out until the idle
+   deadline. Idle is what the server says (``Slot.idle``/``Slot.busy``): a connection with a
+   request or call in progress is never evicted. Its server closes it its own way (a gRPC
+   connection with a GOAWAY first). At most ``EVICTING_MAX`` evicted connections of a port
+   are still closing at a time (their descriptors are in the budget). With none idle, or that
+   many still closing, the new connection is accepted and closed at once, counted
+   ``reason="max_connections"``: the client sees its connection closed rather than a SYN left
+   in the backlog, and the descriptors the cap protects stay free for the connections being
+   served.
 3. An accept that fails for want of descriptors or kernel memory (EMFILE, ENFILE, ENOBUFS,
    ENOMEM) backs off (5 ms, 50 ms, 200 ms) and tries again; the connections being served go
    on. At EMFILE/ENFILE the loop first closes its spare descriptor (``SpareDescriptor``),
@@ -22,8 +29,8 @@ A listener must outlive anything its clients do. So:
    (backing off the same way when they repeat, so a listener in a bad state does not spin).
 
 The loop accepts on the listening socket itself (non-blocking ``accept`` first, then a wait
-for readability), on asyncio and trio alike, and hands each accepted socket to ``serve``, a
-task in the caller's task group.
+for readability), on asyncio and trio alike, and hands each accepted socket and its ``Slot``
+to ``serve``, a task in the caller's task group.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ _DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 BACKOFF_SECONDS = (0.005, 0.05, 0.2)
 SHED_BATCH = 64
 """Pending connections closed per EMFILE round, at most (the rest wait for the next one)."""
+EVICTING_MAX = 8
+"""Evicted connections of one port still closing, at most (rule 2): each holds its descriptor
+until it is closed, so the budget keeps room for this many per listener beyond its cap."""
 
 
 class ListenError(OSError):
@@ -78,7 +88,8 @@ def listening_sockets(
 
 
 class ConnectionCap:
-    """The open connections of one port against its cap (module docstring, rule 2)."""
+    """The open connections of one port against its cap, and the idle ones among them, longest
+    idle first (module docstring, rule 2)."""
 
     def __init__(self, cap: int, stats: EdgeStats, name: str) -> None:
         self.cap = cap
@@ -86,17 +97,77 @@ class ConnectionCap:
         self.stats = stats
         self.name = name
         self.open = 0
+        """Admitted and not yet closed, the evicted ones still closing included."""
+        self.evicting = 0
+        """Evicted and not yet closed."""
+        self.idle: dict[Slot, None] = {}
+        """The evictable connections in the order they became idle (a dict keeps it)."""
 
-    def admit(self) -> bool:
-        """Whether one more connection may be served (counted open when it may)."""
-        if self.cap and self.open >= self.cap:
-            self.stats.refuse_connection("max_connections")
-            return False
+    def admit(self) -> Slot | None:
+        """A place for one more connection, the longest-idle one evicted for it at the cap;
+        None: refused."""
+        if self.cap and self.open - self.evicting >= self.cap:
+            if not self.idle or self.evicting >= EVICTING_MAX:
+                self.stats.refuse_connection("max_connections")
+                return None
+            self._evict(next(iter(self.idle)))
         self.open += 1
-        return True
+        return Slot(self)
+
+    def _evict(self, slot: Slot) -> None:
+        del self.idle[slot]
+        slot.evicted = True
+        self.evicting += 1
+        self.stats.refuse_connection("evicted_idle")
+        slot.evict()
+
+    def release(self, slot: Slot) -> None:
+        """``slot``'s connection is closed."""
+        self.open -= 1
+        self.idle.pop(slot, None)
+        if slot.evicted:
+            self.evicting -= 1
+
+
+class Slot:
+    """One admitted connection's place under its port's cap: idle (evictable) or busy, as its
+    server says, and how it is closed when evicted (module docstring, rule 2)."""
+
+    __slots__ = ("_cap", "_evict", "evicted")
+
+    def __init__(self, cap: ConnectionCap) -> None:
+        self._cap = cap
+        self._evict: Callable[[], None] | None = None
+        self.evicted = False
+
+    def bind(self, evict: Callable[[], None]) -> None:
+        """``evict`` closes the connection from now on. The first binding makes it evictable,
+        idle since now; a later one only replaces how it is closed (the server's own way, once
+        the connection exists)."""
+        first = self._evict is None
+        self._evict = evict
+        if first:
+            self.idle()
+
+    def idle(self) -> None:
+        """No request or call in progress: evictable, the most recently idle of the port."""
+        if self._evict is not None and not self.evicted:
+            idle = self._cap.idle
+            idle.pop(self, None)
+            idle[self] = None
+
+    def busy(self) -> None:
+        """A request or call in progress (or the connection closing): not evictable."""
+        self._cap.idle.pop(self, None)
+
+    def evict(self) -> None:
+        assert self._evict is not None
+        self._evict()
 
     def release(self) -> None:
-        self.open -= 1
+        """The connection is closed (what its server still says of it is ignored)."""
+        self._cap.release(self)
+        self._evict = None
 
 
 class SpareDescriptor:
@@ -139,8 +210,9 @@ def _shed(raw: socket.socket, spare: SpareDescriptor, stats: EdgeStats) -> int:
     return shed
 
 
-Serve = Callable[[socket.socket], Awaitable[None]]
-"""Serves one accepted socket to its end (and closes it)."""
+Serve = Callable[[socket.socket, Slot], Awaitable[None]]
+"""Serves one accepted socket to its end (and closes it, cancelled included), telling its
+``Slot`` when the connection is idle and when busy."""
 
 
 async def accept_loop(
@@ -184,11 +256,14 @@ async def accept_loop(
                 await anyio.sleep(pause)
                 continue
             failures = 0
-            if not cap.admit():
+            slot = cap.admit()
+            if slot is None:
                 sock.close()
             else:
                 _configure(sock)
-                tg.start_soon(_served, serve, sock, cap)
+                scope = anyio.CancelScope()  # evictable from its accept, idle since then
+                slot.bind(scope.cancel)
+                tg.start_soon(_served, serve, sock, slot, scope)
             await anyio.lowlevel.checkpoint()
     finally:
         spare.close()
@@ -201,18 +276,22 @@ def _configure(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def _served(serve: Serve, sock: socket.socket, cap: ConnectionCap) -> None:
+async def _served(serve: Serve, sock: socket.socket, slot: Slot, scope: anyio.CancelScope) -> None:
+    """``scope``: how the connection is evicted until its server binds a way of its own."""
     try:
-        await serve(sock)
+        with scope:
+            await serve(sock, slot)
     finally:
-        cap.release()
+        slot.release()
 
 
 __all__ = [
     "BACKOFF_SECONDS",
+    "EVICTING_MAX",
     "RESOURCE_ERRNOS",
     "ConnectionCap",
     "ListenError",
+    "Slot",
     "SpareDescriptor",
     "accept_loop",
     "bind",

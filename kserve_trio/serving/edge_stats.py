@@ -20,8 +20,8 @@ class EdgeStats:
 
     def __init__(self) -> None:
         self.refused_connections: Counter[str] = Counter()
-        """Connections closed by a defence, by reason (``max_connections``, ``fd_budget``,
-        ``handshake_timeout``, ``idle``, ...)."""
+        """Connections closed by a defence, by reason (``max_connections``, ``evicted_idle``,
+        ``fd_budget``, ``handshake_timeout``, ``idle``, ...)."""
         self.goaways: Counter[str] = Counter()
         """GOAWAY frames sent, by error code name (``NO_ERROR``, ``ENHANCE_YOUR_CALM``, ...)."""
         self.refused_streams = 0

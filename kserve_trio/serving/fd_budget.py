@@ -9,16 +9,17 @@ listener caps its connections at its share, whatever the clients do.
 
 The rule (``FdBudget.plan``), for a soft ``RLIMIT_NOFILE`` of ``L``:
 
-- a reserve of ``max(64, L // 16)`` descriptors plus one spare per listener (the spare lets
-  a listener accept and close a connection even at EMFILE) for the runtime itself: the event
-  loop, logs, pipes, imports, the metrics scrape's own client;
+- a reserve of ``max(64, L // 16)`` descriptors for the runtime itself (the event loop, logs,
+  pipes, imports, the metrics scrape's own client), plus per listener one spare (it lets a
+  listener accept and close a connection even at EMFILE) and ``EVICTING_MAX`` for the idle
+  connections being closed to admit new ones at the cap (``serving.accept``);
 - the worker: ``L // 4`` (at least 16) shared-memory regions (``core.shm.ShmRegistry``) and
   ``L // 16`` for model files;
 - the gateway: ``L // 4`` for its connections to the workers;
 - what is left, split evenly among the process's listeners: each caps its open connections
   at ``min(limits.max_connections, share)`` (``connection_cap``).
 
-At 1024 a worker with three listeners gets 212 connections per listener; at 256, 36.
+At 1024 a worker with three listeners gets 204 connections per listener; at 256, 28.
 
 ``raise_open_file_limit`` runs first, at process start (the worker and gateway CLIs): the soft
 limit goes up to the hard one, as nginx's ``worker_rlimit_nofile`` does when set, since the
@@ -32,6 +33,7 @@ import resource
 from dataclasses import dataclass
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.accept import EVICTING_MAX
 
 log = get_logger("kserve_trio.serving")
 
@@ -71,7 +73,7 @@ class FdBudget:
     limit: int
     """The soft ``RLIMIT_NOFILE`` the split was made from."""
     reserve: int
-    """For the runtime itself, the listeners' spares included."""
+    """For the runtime itself, the listeners' spares and evictions included."""
     shm_regions: int
     """Shared-memory regions the worker may hold (one descriptor each); 0 for the gateway."""
     model_files: int
@@ -88,7 +90,7 @@ class FdBudget:
         """The split of ``limit`` descriptors for a process with ``listeners`` public
         listeners (module docstring)."""
         listeners = max(1, listeners)
-        reserve = max(MIN_RESERVE, limit // 16) + listeners
+        reserve = max(MIN_RESERVE, limit // 16) + listeners * (1 + EVICTING_MAX)
         shm_regions = max(16, limit // 4) if worker else 0
         model_files = limit // 16 if worker else 0
         upstream = limit // 4 if gateway else 0

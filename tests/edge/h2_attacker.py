@@ -195,6 +195,10 @@ class Attacker:
             if isinstance(f, RstStreamFrame) and f.error_code == int(code)
         ]
 
+    def settings_acked(self) -> bool:
+        """Whether the server has read our SETTINGS (it acknowledged them)."""
+        return any(isinstance(f, SettingsFrame) and "ACK" in f.flags for f in self.frames)
+
     def ping_acks(self) -> int:
         return sum(1 for f in self.frames if isinstance(f, PingFrame) and "ACK" in f.flags)
 

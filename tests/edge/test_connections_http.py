@@ -36,7 +36,7 @@ SLACK = 4.0
 """Added to every upper bound: the machine is shared and the reaper checks in steps."""
 LOW = 0.9
 """Lower bounds are this fraction of the limit (the clocks of client and server differ)."""
-SLOW_CLIENTS = 30
+SLOW_CLIENTS = 24
 assert SLOW_CLIENTS < worker_cap() and SLOW_CLIENTS < gateway_cap()  # all admitted, then cut
 LIMITS = {
     "LIMITS_HANDSHAKE_SECONDS": str(HEAD_SECONDS),

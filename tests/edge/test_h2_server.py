@@ -10,7 +10,10 @@ client (``h2_peer.Peer``):
 - a header block held open past the header-list cap, floods of control frames and of pings end
   the connection before h2 buffers or answers them; a keepalive within the ping rule does not;
 - an idle connection gets GOAWAY(NO_ERROR) before it is closed, a silent one is closed at the
-  handshake deadline; every GOAWAY is counted in ``EdgeStats``.
+  handshake deadline; every GOAWAY is counted in ``EdgeStats``;
+- at the port's connection cap a new connection evicts the longest-idle one (GOAWAY(NO_ERROR)
+  first when it spoke HTTP/2, none when it did not), never one with a call in flight: with
+  every connection busy the new one is closed at once.
 
 Each test is bounded; timers are small and the bounds generous."""
 
@@ -431,6 +434,42 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_pro
                 await echo_ok(prompt)
                 assert prompt.goaways == []
     assert s.stats.refused_connections["handshake_timeout"] == 2
+
+
+async def hold_call(attacker: Attacker, handlers: Handlers, calls: int) -> None:
+    """A Hold call on stream 1 of ``attacker``, in flight once it is the ``calls``-th."""
+    await attacker.send(attacker.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
+    await until(lambda: handlers.entered == calls)
+
+
+@pytest.mark.timeout(60)
+async def test_at_the_cap_the_longest_idle_connection_is_evicted_and_a_busy_one_never(engine):
+    async with served(engine, max_connections=3) as s:
+        with anyio.fail_after(BOUND):
+            async with (
+                Attacker.connect(s.port, preface=False) as bare,
+                Attacker.connect(s.port) as idle,
+                Attacker.connect(s.port) as busy,
+            ):
+                assert await idle.until(idle.settings_acked)  # it spoke HTTP/2
+                await hold_call(busy, s.handlers, 1)
+                async with Attacker.connect(s.port) as first:  # the longest idle goes: bare
+                    assert await bare.until_eof(BOUND)
+                    assert bare.goaways == []  # it never spoke HTTP/2
+                    await hold_call(first, s.handlers, 2)
+                    async with Attacker.connect(s.port) as second:  # then idle, with a GOAWAY
+                        assert await idle.until_eof(BOUND)
+                        assert [(f.error_code, f.last_stream_id) for f in idle.goaways] == [(0, 0)]
+                        await hold_call(second, s.handlers, 3)
+                        async with Attacker.connect(s.port, preface=False) as refused:
+                            assert await refused.until_eof(BOUND)  # every one busy: refused
+                            assert refused.frames == []
+                        s.handlers.release.set()
+                        for one in (busy, first, second):
+                            assert await one.until(lambda one=one: one.status(1) == 0)
+                            assert one.goaways == [] and not one.eof
+        assert s.stats.refused_connections == {"evicted_idle": 2, "max_connections": 1}
+        assert s.stats.goaways == {"NO_ERROR": 1}
 
 
 @pytest.mark.timeout(60)

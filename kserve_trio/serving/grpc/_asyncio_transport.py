@@ -24,6 +24,7 @@ import anyio
 import sniffio
 
 from kserve_trio.core.logging import get_logger
+from kserve_trio.serving.accept import Slot
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._connection import OnClosed, ServerConnection
 from kserve_trio.serving.grpc._methods import Method
@@ -180,9 +181,11 @@ async def serve_socket(
     stats: EdgeStats,
     on_closed: OnClosed,
     started: OnClosed,
+    slot: Slot | None = None,
 ) -> None:
     """Serve an accepted socket on the running asyncio loop until its connection ends.
-    ``started(conn)`` is told of the connection once it exists (the server's bookkeeping)."""
+    ``started(conn)`` is told of the connection once it exists (the server's bookkeeping);
+    ``slot``: its place under the port's cap (``serving.accept``)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     loop = asyncio.get_running_loop()
     proto = AsyncioTransport()
@@ -195,13 +198,15 @@ async def serve_socket(
                 await loop.connect_accepted_socket(
                     lambda: proto, sock, ssl=ssl_context, ssl_handshake_timeout=handshake
                 )
-    except Exception as exc:
+    except BaseException as exc:  # cancelled too (evicted, shut down): closed all the same
         sock.close()
+        if not isinstance(exc, Exception):
+            raise
         if isinstance(exc, TimeoutError):
             stats.refuse_connection("handshake_timeout")
         log.info("tls_handshake_failed" if ssl_context else "accept_failed", error=repr(exc)[:200])
         return
-    conn = ServerConnection(methods, settings, proto, on_closed, stats)
+    conn = ServerConnection(methods, settings, proto, on_closed, stats, slot)
     started(conn)
     try:
         conn.start()

@@ -31,6 +31,10 @@ Defences (``limits``, counted in the server's ``EdgeStats``):
 - *Handshake*: without the client's preface and first SETTINGS ``limits.handshake_seconds``
   after the start, the connection is closed (no GOAWAY: the client has not spoken HTTP/2).
 - *Idle*: no call for ``limits.idle_seconds`` is GOAWAY(NO_ERROR), then the close.
+- *Eviction* (``evict``, the port's cap full, ``serving.accept``): a connection with no call
+  is the port's to close for a new one: GOAWAY(NO_ERROR) when the client has spoken HTTP/2,
+  then the close, with no linger, so that its descriptor comes back at once. The connection
+  tells its ``Slot`` when it has a call (busy) and when it has none (idle).
 - *Memory*: reading pauses while the calls hold ``limits.max_connection_buffer_bytes`` beyond
   the messages they are reading, and senders wait while ``limits.max_send_queue_bytes`` are
   queued for the socket (the engine's queues and the transport's buffer).
@@ -72,6 +76,7 @@ from kserve_trio.http2 import (
     code_name,
     new_engine,
 )
+from kserve_trio.serving.accept import Slot
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._call import Call, CallState
 from kserve_trio.serving.grpc._headers import header_problem, read_request
@@ -140,13 +145,16 @@ class ServerConnection:
         transport: Transport,
         on_closed: OnClosed,
         stats: EdgeStats | None = None,
+        slot: Slot | None = None,
     ) -> None:
+        """``slot``: the connection's place under its port's cap (None: a port with none)."""
         self.methods = methods
         self.settings = settings
         self.limits = settings.limits
         self.transport = transport
         self._on_closed = on_closed
         self.stats = stats or EdgeStats()
+        self._slot = slot
         self.engine = new_engine(settings.http2_engine, engine_settings(settings.limits))
         self._judge = ResetJudge(settings.limits)
         self.calls: dict[int, Call] = {}
@@ -204,6 +212,8 @@ class ServerConnection:
             self._aged_at = now + self.settings.max_connection_age_seconds * jitter
         if self.settings.keepalive_seconds > 0:
             self._keepalive_at = now + self.settings.keepalive_seconds
+        if self._slot is not None:
+            self._slot.bind(self.evict)
         self.transport.wake_writer()
 
     def feed(self, data: bytes) -> bool:
@@ -295,6 +305,8 @@ class ServerConnection:
         if not self._ended.is_set():
             self._ended.set()
             self.transport.stop()
+            if self._slot is not None:  # closing: never evicted
+                self._slot.busy()
 
     def peer(self) -> str:
         """The client's ``host:port`` (empty when the transport does not say)."""
@@ -410,6 +422,8 @@ class ServerConnection:
             call.deadline = anyio.current_time() + remaining
             call.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
             self._add_deadline(call)
+        if not self.calls and self._slot is not None:
+            self._slot.busy()
         self.calls[sid] = call
         self._methods_of[sid] = method
         self._opened_at[sid] = time.monotonic()
@@ -456,6 +470,8 @@ class ServerConnection:
         if not self.calls:
             if self._idle_check_at != math.inf:
                 self._idle_since = anyio.current_time()
+            if self._slot is not None and not self._ended.is_set():
+                self._slot.idle()
             idle = self._idle_event
             if idle is not None:
                 self._idle_event = None
@@ -649,6 +665,17 @@ class ServerConnection:
         self.transport.wake_writer()
         self._end()
         return math.inf
+
+    def evict(self) -> None:
+        """*Eviction* (module docstring): the port needs this idle connection's place."""
+        if self._ended.is_set():
+            return
+        log.debug("connection_evicted", peer=self.peer())
+        if self._handshaken:
+            self.stats.goaway(ErrorCode.NO_ERROR.name)
+            self.engine.goaway(ErrorCode.NO_ERROR)
+            self.transport.wake_writer()
+        self._end()
 
     def _on_ping_ack(self, data: bytes) -> None:
         if data == _KEEPALIVE_PING:

@@ -13,10 +13,11 @@ is the orderly end:
 
 Accepting is ``serving.accept``'s loop: a port that cannot be bound is a ``ListenError`` (the
 only error that stops the start), the open connections are capped at ``connection_cap`` (the
-listener's share of the process's descriptors, ``serving.fd_budget``; one more is accepted and
-closed at once), and an accept that fails because the process is out of descriptors or memory
-backs off without touching the connections being served. TLS connections finish their
-handshake (ALPN ``h2``) within ``limits.handshake_seconds`` or are closed.
+listener's share of the process's descriptors, ``serving.fd_budget``; at the cap the
+longest-idle connection is evicted for the new one, with a GOAWAY when it speaks HTTP/2), and
+an accept that fails because the process is out of descriptors or memory backs off without
+touching the connections being served. TLS connections finish their handshake (ALPN ``h2``)
+within ``limits.handshake_seconds`` or are closed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import anyio.abc
 from anyio.streams.tls import TLSStream
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
+from kserve_trio.serving.accept import ConnectionCap, Slot, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._asyncio_transport import loop_transport_available, serve_socket
 from kserve_trio.serving.grpc._connection import ServerConnection
@@ -115,16 +116,23 @@ class GrpcServer:
         finally:
             self._accept_loops_done.set()
 
-    async def _serve_socket(self, sock: socket.socket) -> None:
+    async def _serve_socket(self, sock: socket.socket, slot: Slot) -> None:
         """An accepted socket on asyncio: the loop's own transport (TLS on it when set)."""
         try:
             await serve_socket(
-                sock, self._ssl, self.methods, self.settings, self.stats, self._closed, self._opened
+                sock,
+                self._ssl,
+                self.methods,
+                self.settings,
+                self.stats,
+                self._closed,
+                self._opened,
+                slot,
             )
         except Exception as exc:  # a bug in one connection must not end the server
             log.error("connection_failed", error=repr(exc)[:500], exc_info=exc)
 
-    async def _serve_stream(self, sock: socket.socket) -> None:
+    async def _serve_stream(self, sock: socket.socket, slot: Slot) -> None:
         """An accepted socket on trio: anyio's stream over it (TLS through ``TLSStream``)."""
         try:
             stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(sock)
@@ -137,16 +145,18 @@ class GrpcServer:
                     stream = await TLSStream.wrap(
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
-            except Exception as exc:
+            except BaseException as exc:  # cancelled too (evicted, shut down): closed all the same
                 if isinstance(exc, TimeoutError):
                     self.stats.refuse_connection("handshake_timeout")
-                log.info("tls_handshake_failed", error=repr(exc)[:200])
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
+                if not isinstance(exc, Exception):
+                    raise
+                log.info("tls_handshake_failed", error=repr(exc)[:200])
                 return
         try:
             await serve_stream(
-                stream, self.methods, self.settings, self.stats, self._closed, self._opened
+                stream, self.methods, self.settings, self.stats, self._closed, self._opened, slot
             )
         except Exception as exc:  # a bug in one connection must not end the server
             log.error("connection_failed", error=repr(exc)[:500], exc_info=exc)

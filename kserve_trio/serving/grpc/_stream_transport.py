@@ -16,6 +16,7 @@ import anyio
 import anyio.abc
 
 from kserve_trio.core.event_loops import stream_attribute
+from kserve_trio.serving.accept import Slot
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._connection import OnClosed, ServerConnection
 from kserve_trio.serving.grpc._methods import Method
@@ -134,10 +135,12 @@ async def serve_stream(
     stats: EdgeStats,
     on_closed: OnClosed,
     started: OnClosed,
+    slot: Slot | None = None,
 ) -> None:
-    """Serve ``stream`` until its connection ends, then close it."""
+    """Serve ``stream`` until its connection ends, then close it; ``slot``: its place under the
+    port's cap (``serving.accept``)."""
     transport = StreamTransport(stream)
-    conn = ServerConnection(methods, settings, transport, on_closed, stats)
+    conn = ServerConnection(methods, settings, transport, on_closed, stats, slot)
     started(conn)
     try:
         async with anyio.create_task_group() as tg:

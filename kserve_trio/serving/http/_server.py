@@ -32,7 +32,9 @@ bodies):
    server keeps serving.
 
 Accepting is ``serving.accept``'s loop (a bind error is ``ListenError``; open connections are
-capped, one more is accepted and closed; out of descriptors it backs off and goes on serving).
+capped, and at the cap the longest-idle one is closed for the new one: a keep-alive connection
+with no request in progress, or one whose request head is not complete; out of descriptors it
+backs off and goes on serving).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from anyio.streams.tls import TLSStream
 from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.logging import get_logger
-from kserve_trio.serving.accept import ConnectionCap, accept_loop, bind, listening_sockets
+from kserve_trio.serving.accept import ConnectionCap, Slot, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http._body import BodyBuffer, BodyCharges, read_ahead_bound, too_large
 from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
@@ -291,16 +293,41 @@ async def _answer(app: App, request: HttpRequest) -> HttpResponse:
 class _Clock:
     """One connection's deadlines as the reaper sees them: since when it has waited for a
     byte, since when its current request head has been arriving (``None``: no head in
-    progress), and why the reaper closed it."""
+    progress), and why the reaper closed it; and the requests in progress (a complete head
+    not yet answered), which keep its ``slot`` under the port's cap from eviction."""
 
-    __slots__ = ("head_bytes_seen", "head_since", "reason", "scope", "waiting_since")
+    __slots__ = (
+        "head_bytes_seen",
+        "head_since",
+        "reason",
+        "requests",
+        "scope",
+        "slot",
+        "waiting_since",
+    )
 
-    def __init__(self, scope: anyio.CancelScope, head_since: float | None) -> None:
+    def __init__(
+        self, scope: anyio.CancelScope, head_since: float | None, slot: Slot | None = None
+    ) -> None:
         self.scope = scope
         self.head_since = head_since
         self.head_bytes_seen = False
         self.waiting_since = 0.0
         self.reason = ""
+        self.requests = 0
+        self.slot = slot
+
+    def head_complete(self) -> None:
+        self.head_since = None
+        self.head_bytes_seen = False
+        self.requests += 1
+        if self.slot is not None:
+            self.slot.busy()
+
+    def answered(self) -> None:
+        self.requests -= 1
+        if not self.requests and self.slot is not None:
+            self.slot.idle()
 
 
 class IdleReaper:
@@ -364,8 +391,7 @@ class _HeadWatch:
         self._parsed.on_message_begin()
 
     def on_headers_complete(self) -> None:
-        self._clock.head_since = None
-        self._clock.head_bytes_seen = False
+        self._clock.head_complete()
         self._parsed.on_headers_complete()
 
 
@@ -376,13 +402,15 @@ async def serve_connection(
     reaper: IdleReaper | None = None,
     accepted_at: float | None = None,
     charges: BodyCharges | None = None,
+    slot: Slot | None = None,
 ) -> None:
     """Serve one connection until it closes (see the module docstring for the rules); with a
     ``reaper``, under its deadlines, the first head's counted from ``accepted_at`` (default:
-    now); with ``charges``, its bodies count in the process's bytes in flight (rule 2a)."""
+    now); with ``charges``, its bodies count in the process's bytes in flight (rule 2a);
+    ``slot`` is told when a request is in progress and when none is (the port's cap)."""
     parsed = _Parsed(max_body_bytes, charges)
     scope = anyio.CancelScope()
-    clock = _Clock(scope, anyio.current_time() if accepted_at is None else accepted_at)
+    clock = _Clock(scope, anyio.current_time() if accepted_at is None else accepted_at, slot)
     parser = httptools.HttpRequestParser(_HeadWatch(parsed, clock))
     parsed.parser = parser
     waiting = reaper.waiting if reaper is not None else {}
@@ -464,6 +492,7 @@ async def _serve(
                     charged, request.charged = request.charged, 0
                     assert request.charges is not None
                     request.charges.release(charged)
+            clock.answered()
             if close:
                 return
             if clock.head_since is not None:  # a pipelined head: its time starts now
@@ -524,7 +553,7 @@ async def serve_app(
     handshake = limits.handshake_seconds
     charges = BodyCharges(inflight, stats) if inflight is not None else None
 
-    async def serve_socket(sock: socket.socket) -> None:
+    async def serve_socket(sock: socket.socket, slot: Slot) -> None:
         accepted_at = anyio.current_time()
         try:
             stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(sock)
@@ -547,7 +576,7 @@ async def serve_app(
                 log.info(f"{name}_tls_handshake_failed", error=repr(exc)[:200])
                 return
         try:
-            await serve_connection(stream, app, max_body_bytes, reaper, accepted_at, charges)
+            await serve_connection(stream, app, max_body_bytes, reaper, accepted_at, charges, slot)
         except Exception as exc:  # one broken connection never stops the endpoint
             log.warning(f"{name}_connection_failed", error=repr(exc))
 
