@@ -31,7 +31,7 @@ class EdgeStats:
         """Streams the client reset within ``limits.premature_reset_seconds`` of opening them."""
         self.refused_requests: Counter[str] = Counter()
         """REST requests refused by a body defence, by reason (``body_too_large``,
-        ``json_too_deep``, ``inflight_bytes``)."""
+        ``chunk_extensions``, ``json_too_deep``, ``inflight_bytes``)."""
         self.inflight_bytes: Callable[[], int] = lambda: 0
         """The bytes of requests being received and queued now (the admission's gauge; set by
         whoever owns the byte admission)."""

@@ -4,7 +4,8 @@ trio, each on ngh2 and on h2.
 Per event loop and engine, two CLI workers (the first with its REST port open) and a CLI gateway
 in front of both (its public port on TLS), driven by stock tritonclient: unary inference, a
 stream, system shared memory, an expired deadline, a cancelled call, gzip compression, TLS and
-REST. Every server must keep serving after each of them.
+REST (with its HTTP/1.1 rules and chunk-extension bound). Every server must keep serving after
+each of them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tritonclient.utils.shared_memory as shm
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.http2 import ENGINES
 from kserve_trio.proto import inference as pb
+from tests.edge.rest_peer import chunk_extensions_are_bounded, http11_rules_hold
 from tests.gateway.conftest import pki  # noqa: F401  (the session's throwaway PKI)
 from tests.gateway.procs import Gateway, Worker
 from tests.ports import free_port
@@ -225,6 +227,11 @@ def test_rest_inference(stack: _Stack):
         reply = json.loads(response.read())
     out = np.array(reply["outputs"][0]["data"], np.float32).reshape(reply["outputs"][0]["shape"])
     np.testing.assert_allclose(out, _reference(stack, x), rtol=1e-5)
+
+
+def test_rest_reads_http11_strictly_and_bounds_chunk_extensions(stack: _Stack):
+    chunk_extensions_are_bounded(stack.http_port, [stack.workers[0].proc.pid])
+    http11_rules_hold(stack.http_port)
 
 
 def test_logs_are_json_lines_and_a_removed_switch_is_named(stack: _Stack):

@@ -36,6 +36,11 @@ from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PK
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess
 from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, features_repository
+from tests.edge.rest_peer import (
+    a_100_kb_extension_is_refused,
+    chunk_extensions_are_bounded,
+    http11_rules_hold,
+)
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -327,6 +332,27 @@ def test_rest_log_settings_and_metrics_through_the_front_ends(worker, repo):
         timeout=30,
         what="both front ends' edge counters in /metrics",
     )
+
+
+def test_rest_reads_http11_strictly_and_bounds_chunk_extensions_in_each_front_end(worker):
+    pids = [*frontend_pids(worker).values(), worker.proc.pid]
+    assert len(pids) == 3
+    chunk_extensions_are_bounded(worker.http_port, pids)  # CPU counted over all three
+    http11_rules_hold(worker.http_port)
+
+    def refused(frontend: str) -> float:
+        return metric(
+            worker,
+            "worker_edge_refused_requests_total",
+            reason="chunk_extensions",
+            frontend_process=frontend,
+        )
+
+    for _ in range(64):  # each connection lands on either front end: until both refused one
+        if refused("0") and refused("1"):
+            break
+        a_100_kb_extension_is_refused(worker.http_port)
+    assert refused("0") and refused("1")
 
 
 def _metrics_text(worker) -> str:

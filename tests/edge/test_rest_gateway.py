@@ -3,10 +3,11 @@ HTTP``, a 4 MiB body cap) in front of one CLI worker that publishes no REST port
 reads, decompresses and parses every body itself (the translated path of ``rest_forward``) and
 the worker only ever sees gRPC.
 
-Each test asserts the documented answer (400 for depth and element-count faults, 413 for the
-body cap as sent, chunked or decompressed), the gateway's peak resident memory during the attack
-within a stated bound, and that the gateway is alive and serves a well-behaved REST inference
-afterwards.
+Each test asserts the documented answer (400 for depth and element-count faults and for chunk
+extensions past their bound, 413 for the body cap as sent, chunked or decompressed), the
+gateway's peak resident memory during the attack within a stated bound, or its CPU time, and
+that the gateway is alive and serves a well-behaved REST inference afterwards; and that it
+reads HTTP/1.1 as RFC 9112 asks and ignores an h2c upgrade, as the worker does.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import pytest
 from tests.edge.memory_probe import peak_growth_mib, reset_peak
 from tests.edge.rest_peer import (
     MIB,
+    chunk_extensions_are_bounded,
     deep_infer_body,
     endless_chunked,
     gzip_bomb,
+    http11_rules_hold,
     metric,
     nested,
     number_list_body,
@@ -135,4 +138,18 @@ def test_an_element_count_that_disagrees_with_the_shape_is_400_at_the_gateway(fl
         },
     )
     assert peak_growth_mib(pid, before) < 1.5 * len(body) / MIB + SLACK_MIB
+    still_serving(fleet)
+
+
+@pytest.mark.timeout(60)
+def test_an_endless_chunk_extension_is_400_at_once_and_costs_no_core(fleet):
+    counted = metric(fleet.gateway.admin("/metrics")[1], REFUSED, "chunk_extensions")
+    chunk_extensions_are_bounded(fleet.port, [fleet.gateway.proc.pid])
+    assert metric(fleet.gateway.admin("/metrics")[1], REFUSED, "chunk_extensions") == counted + 2
+    still_serving(fleet)
+
+
+@pytest.mark.timeout(90)
+def test_http11_host_targets_pipelining_and_h2c_upgrades(fleet):
+    http11_rules_hold(fleet.port)
     still_serving(fleet)

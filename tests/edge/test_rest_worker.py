@@ -1,10 +1,12 @@
 """The worker's REST port against hostile bodies: a CLI worker (``--http-port``) with a 48 MiB
 body cap (``INFERENCE_SERVER_GRPC_MAX_RECV_MSG_BYTES``), attacked over raw loopback sockets.
 
-Each test asserts the documented answer (400 for depth and shape faults, 413 for the body cap,
-as sent, chunked or decompressed), the worker's peak resident memory during the attack (reset
-before it) within a stated multiple of the body or of the cap, and that the worker is alive,
-back to its descriptors, and serves a well-behaved REST inference afterwards.
+Each test asserts the documented answer (400 for depth and shape faults and for chunk
+extensions past their bound, 413 for the body cap, as sent, chunked or decompressed), the
+worker's peak resident memory during the attack (reset before it) within a stated multiple of
+the body or of the cap, or its CPU time, and that the worker is alive, back to its descriptors,
+and serves a well-behaved REST inference afterwards; and that it reads HTTP/1.1 as RFC 9112
+asks (Host, absolute-form targets, pipelining around a fault) and ignores an h2c upgrade.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from tests.edge.memory_probe import peak_growth_mib, reset_peak
 from tests.edge.rest_peer import (
     MIB,
     RestWorker,
+    chunk_extensions_are_bounded,
     deep_infer_body,
     endless_chunked,
     gzip,
     gzip_bomb,
+    http11_rules_hold,
     metric,
     nested,
     number_list_body,
@@ -215,3 +219,19 @@ def test_shape_and_element_mismatches_are_400_with_a_clear_message(worker):
     status, body = request(port, "POST", "/v2/models/mlp/infer", mixed)
     assert status == 400 and "'data' mixes lists and values" in body["error"], body
     assert served(port)
+
+
+@pytest.mark.timeout(60)
+def test_an_endless_chunk_extension_is_400_at_once_and_costs_no_core(worker):
+    fds = fd_count(worker.proc.pid)
+    counted = metric(worker_metrics(worker), REFUSED, "chunk_extensions")
+    chunk_extensions_are_bounded(worker.http_port, [worker.proc.pid])
+    assert metric(worker_metrics(worker), REFUSED, "chunk_extensions") == counted + 2
+    still_serving(worker, fds)
+
+
+@pytest.mark.timeout(90)
+def test_http11_host_targets_pipelining_and_h2c_upgrades(worker):
+    fds = fd_count(worker.proc.pid)
+    http11_rules_hold(worker.http_port)
+    still_serving(worker, fds)

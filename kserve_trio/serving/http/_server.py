@@ -6,7 +6,7 @@ caller's own task tree: each connection is a child task of the listener, cancell
 shutdown path, TLS is anyio's, and nothing installs signal handlers or runs tasks of its own.
 
 What the connection loop owns (the parser owns the syntax: request line, headers, chunked
-bodies):
+bodies; ``_Parsed`` adds what the parser leaves open):
 
 1. keep-alive: requests on one connection are answered in order, one at a time (a pipelined
    request waits for the one before it); the connection closes when the request asks
@@ -15,21 +15,39 @@ bodies):
    ``limits.handshake_seconds`` of its first byte (of the accept, for a connection's first
    request, the TLS handshake included: slowloris), answered 408 when some of it came, and a
    connection that waited ``limits.idle_seconds`` for a byte;
-2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431); the body at most
-   ``max_body_bytes``, checked on ``Content-Length`` before the body is read and on the bytes
-   of a chunked body as they arrive (``_body``: else 413 ``received message larger than max (N
-   vs. M)``, the gRPC message, and the connection closes, lingering a moment so the client
-   reads the answer);
+2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431), counted on its fields as
+   they are reported and on the bytes fed while it is still arriving (the parser holds a header
+   line, and skips padding and empty lines, without a word: one that never ends is cut
+   there); the body at most ``max_body_bytes``, checked on ``Content-Length`` before the body
+   is read and on the bytes of a chunked body as they arrive (``_body``: else 413 ``received
+   message larger than max (N vs. M)``, the gRPC message, and the connection closes, lingering
+   a moment so the client reads the answer);
 2a. bytes in flight (``serve_app(inflight=...)``): a body is charged to the process's
    ``InflightBytes``, the budget gRPC messages count in, at its ``Content-Length`` once the head
    is parsed (a chunked body piece by piece, an inflated one as it grows: ``HttpRequest.charge``)
    and given back once its request is answered or the connection ends. A body that does not
-   fit is answered 429 with the gRPC refusal's message (after the requests parsed before it)
-   and the connection closes as in rule 2; one request alone is always admitted;
+   fit is answered 429 with the gRPC refusal's message and the connection closes as in rule 2;
+   one request alone is always admitted;
+2b. chunk framing: the parser skips a chunk's extensions (``5;name=value``) and the zeros
+   before its size without reporting them, so an endless extension would be read forever. What
+   a chunked body's framing has beyond its least (the hex size and two CRLFs per chunk) is
+   counted per piece fed: the bytes fed less what the callbacks report and the least framing
+   around it. Past ``MAX_CHUNK_EXTENSION_BYTES`` in one request it is 400, and it counts
+   toward the body cap (413). The count is exact for the pieces inside a body and an upper
+   bound for the piece it begins or ends in (what shares that piece counts with it);
 3. ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the caps;
 4. ``HEAD`` is answered with the headers of ``GET`` and no body;
 5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
-   server keeps serving.
+   server keeps serving;
+6. RFC 9112 and 9110: an HTTP/1.1 request without a Host header, and any with two, is 400; an
+   absolute-form target (``GET http://host:port/path``) is served by its path; ``Upgrade`` is
+   ignored, as RFC 9110 lets a server do (``curl --http2`` asks for h2c on http:// URLs): the
+   request is parsed again without the upgrade (its head written anew, its body read as a
+   body) and answered in HTTP/1.1; CONNECT is 501;
+7. a fault (a malformed request, a cap, a refusal) ends the parsing where it is found
+   (``_Refusal``): the requests completed before it are answered first, then the refusal, and
+   the connection closes; if one of those asked to close, the connection ends with its answer
+   and nothing is refused (bytes after ``Connection: close`` are not a request).
 
 Accepting is ``serving.accept``'s loop (a bind error is ``ListenError``; open connections are
 capped, and at the cap the longest-idle one is closed for the new one: a keep-alive connection
@@ -40,11 +58,12 @@ backs off and goes on serving).
 from __future__ import annotations
 
 import contextlib
+import enum
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import anyio.abc
@@ -65,6 +84,8 @@ if TYPE_CHECKING:
 log = get_logger("kserve_trio.serving.http")
 
 MAX_HEAD_BYTES = 64 << 10
+MAX_CHUNK_EXTENSION_BYTES = 16 << 10
+"""Rule 2b: a chunked body's framing beyond its least (chunk extensions, zeros before a size)."""
 READ_BYTES = 256 << 10
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
@@ -167,93 +188,333 @@ def segments(head: bytes, pieces: Sequence[Buffer], length: int) -> list[Buffer]
     return out
 
 
-class _Parsed:
-    """httptools' callbacks: collects requests as they complete (the parser calls back
-    synchronously from ``feed_data``)."""
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """What ends a connection's parsing: the answer sent once the requests completed before it
+    are answered (rule 7), and the ``refused_requests`` reason it is counted under ("" for
+    none, or one counted where it was decided)."""
 
-    def __init__(self, max_body: int, charges: BodyCharges | None = None) -> None:
+    status: int
+    message: str
+    reason: str = ""
+
+
+class _Stop(Exception):
+    """Raised in a parser callback once ``_Parsed.refusal`` is set: it stops httptools where it
+    is (no byte after the fault is parsed)."""
+
+
+class _Phase(enum.Enum):
+    """Where the parser is in the connection's byte stream."""
+
+    BETWEEN = "between requests"
+    HEAD = "in a request head"
+    BODY = "in a body framed by its Content-Length (or none)"
+    CHUNKED = "in a chunked body"
+
+
+_BETWEEN, _HEAD, _BODY, _CHUNKED = _Phase  # read on every callback: module names are cheaper
+_HEAD_OR_BETWEEN = (_HEAD, _BETWEEN)
+
+
+_HEAD_END = b"\r\n\r\n"
+_HEAD_TOO_LARGE = f"request head larger than {MAX_HEAD_BYTES} bytes"
+_REQUEST_LINE_FRAMING = 14
+"""The least framing of a request line and head beside the method and the target: two spaces,
+``HTTP/1.1``, its CRLF and the empty line's."""
+_HEADER_FRAMING = 3
+"""The least framing of a header line beside its name and value: ``:`` and CRLF (the usual
+space after the colon counts as padding: one byte a header)."""
+_CHUNK_FRAMING = 4
+"""A chunk's framing beside its hex size: the size line's CRLF and the one after its data (the
+last chunk: its CRLF and the empty line's)."""
+_UPGRADE_TOKENS = frozenset({"upgrade", "http2-settings"})
+"""The hop-by-hop headers of an upgrade request that ignoring the upgrade (rule 6) drops."""
+
+
+def _origin_form(url: str) -> str:
+    """An absolute-form target (``http://host:port/path?q``) as the origin form it names
+    (``/path?q``); any other target as it is."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return url
+    cut = len(rest)
+    for mark in ("/", "?"):
+        at = rest.find(mark)
+        if 0 <= at < cut:
+            cut = at
+    target = rest[cut:]
+    return target if target[:1] == "/" else "/" + target
+
+
+def _head_end(tail: bytes, data: bytes) -> int:
+    """Where, in ``data``, a head being received ends (-1: not in it); ``tail`` is the end of
+    the read before (its empty line may have begun there)."""
+    for k in (1, 2, 3):
+        if tail.endswith(_HEAD_END[: 4 - k]) and data.startswith(_HEAD_END[4 - k :]):
+            return k
+    at = data.find(_HEAD_END)
+    return at + 4 if at >= 0 else -1
+
+
+class _Parsed:
+    """httptools' callbacks and what the parser leaves to us (rules 2, 2a, 2b, 6 and 7): the
+    requests it completes, in order, in ``ready``; once a fault or a refusal is found,
+    ``refusal``, and nothing after it is parsed. The parser calls back synchronously from
+    ``feed_data``; ``feed`` is this connection's one way in."""
+
+    def __init__(
+        self, max_body: int, charges: BodyCharges | None = None, clock: _Clock | None = None
+    ) -> None:
         self.max_body = max_body
         self.charges = charges
+        self.clock = clock
         self.charged = 0
         """Bytes of the request being parsed charged so far (rule 2a)."""
         self.announced = False
         """Whether its ``Content-Length`` was charged (its pieces then are not)."""
-        self.refused: ResourceExhausted | None = None
-        """The refusal of a body that did not fit in the bytes in flight."""
+        self.refusal: _Refusal | None = None
         self.ready: list[tuple[HttpRequest, bool]] = []
+        self.method = b""
         self.url = b""
         self.headers: dict[str, str] = {}
+        self.hosts = 0
         self.body = BodyBuffer(max_body)
         self.head_bytes = 0
-        self.too_large: int = 0  # the announced or received size past the cap (0 = within)
         self.expect_continue = False
-        self.parser: httptools.HttpRequestParser | None = None
+        self.phase = _BETWEEN
+        self.messages = 0
+        """Request heads begun on this connection (a piece that begins none continues one)."""
+        self.credited = 0
+        """Bytes the callbacks account for: what they reported plus the least framing around
+        it (rule 2b)."""
+        self.head_raw = 0
+        """Bytes of the head being received fed after the piece it began in (rule 2)."""
+        self.chunk_start = 0
+        """Bytes of the body before the chunk being parsed."""
+        self.body_seen = 0
+        """Bytes of the chunked body being parsed in its completed chunks."""
+        self.chunk_excess = 0
+        """Rule 2b: framing of the chunked body being parsed beyond its least framing."""
+        self.chunked_from: int | None = None
+        """Where in ``ready`` the requests begin that the piece being fed counts chunk framing
+        for (None: no chunked body in it yet)."""
+        self.tail = b""
+        """The last bytes of the previous read (a head's end may straddle two reads)."""
+        self.parser = httptools.HttpRequestParser(self)
+
+    # ---------------------------------------------------------------- feeding (rules 2, 2b, 6)
+
+    def feed(self, data: bytes) -> None:
+        """Parse one read of the connection. A read that begins inside a head is fed in two
+        pieces, split after the head's end, so that the fields of a head that came in earlier
+        reads, reported now, never offset the count of the body after it (rule 2b)."""
+        if self.phase is _HEAD and 0 < (end := _head_end(self.tail, data)) < len(data):
+            view = memoryview(data)
+            self._feed(view[:end])
+            if self.refusal is None:
+                self._feed(view[end:])
+        else:
+            self._feed(data)
+        if self.phase is _HEAD:
+            self.tail = data[-3:]
+
+    def _feed(self, piece: bytes | memoryview) -> None:
+        """Feed one piece to the parser and measure it (rules 2 and 2b); after an upgrade
+        request (rule 6), its head without the upgrade and then the rest of the piece go to a
+        parser that never saw the upgrade."""
+        while self.refusal is None:
+            phase, messages, credited = self.phase, self.messages, self.credited
+            self.chunked_from = len(self.ready) if phase is _CHUNKED else None
+            size = len(piece)
+            upgraded = False
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserUpgrade as exc:
+                size, upgraded = int(exc.args[0]), True
+            except httptools.HttpParserError as exc:
+                if self.refusal is None:
+                    self.refusal = _Refusal(400, f"malformed HTTP request: {exc}")
+                return
+            if self.messages == messages and self.phase is phase and phase in _HEAD_OR_BETWEEN:
+                self.head_raw += size  # all of it one head still arriving (or empty lines)
+                if self.head_raw > MAX_HEAD_BYTES:
+                    self.refusal = _Refusal(431, _HEAD_TOO_LARGE)
+                    return
+            else:
+                self.head_raw = 0
+            if self.chunked_from is not None:
+                self._chunk_framing(size - (self.credited - credited), phase is _CHUNKED)
+            if not upgraded or self.refusal is not None:
+                return
+            head = self._without_upgrade()
+            if head is None:
+                return
+            self._feed(head)  # no upgrade left in it to stop at
+            piece = piece[size:]
+            if not piece:
+                return
+
+    def _chunk_framing(self, excess: int, continued: bool) -> None:
+        """Rule 2b for a piece with ``excess`` bytes beyond what its callbacks account for,
+        in which a chunked body was ``continued`` from an earlier piece, or began."""
+        self.chunk_excess = max(0, excess + (self.chunk_excess if continued else 0))
+        start = self.chunked_from
+        assert start is not None
+        if self.chunk_excess > MAX_CHUNK_EXTENSION_BYTES:
+            self._drop_from(start)
+            self.refusal = _Refusal(
+                400,
+                f"malformed HTTP request: more than {MAX_CHUNK_EXTENSION_BYTES} bytes of chunk "
+                "extensions in one request body",
+                "chunk_extensions",
+            )
+        elif self.body_seen + self.chunk_excess > self.max_body:
+            self._drop_from(start)
+            exc = too_large(self.body_seen + self.chunk_excess, self.max_body)
+            self.refusal = _Refusal(413, exc.message, "body_too_large")
+
+    def _drop_from(self, start: int) -> None:
+        """Take back the requests completed from ``ready[start]`` on (they are refused) and
+        give back what they hold."""
+        for request, _ in self.ready[start:]:
+            if request.charged and request.charges is not None:
+                request.charges.release(request.charged)
+                request.charged = 0
+        del self.ready[start:]
+
+    def _without_upgrade(self) -> bytes | None:
+        """Rule 6: the head of the upgrade request just completed, written again without its
+        upgrade (its ``Upgrade`` and ``HTTP2-Settings`` headers and ``Connection`` tokens), to
+        be parsed by a fresh parser with what follows it, its body included; None after a
+        CONNECT (refused)."""
+        request, _ = self.ready.pop()
+        if request.charged and request.charges is not None:
+            request.charges.release(request.charged)  # charged again as the head is parsed
+        if request.method == "CONNECT":
+            self.refusal = _Refusal(501, "the CONNECT method is not served")
+            return None
+        target = f"{request.path}?{request.query}" if request.query else request.path
+        lines = [f"{request.method} {target} HTTP/{self.parser.get_http_version()}"]
+        for name, value in request.headers.items():
+            if name in _UPGRADE_TOKENS:
+                continue
+            if name == "connection":
+                kept = [t for t in value.split(",") if t.strip().lower() not in _UPGRADE_TOKENS]
+                value = ",".join(kept).strip()
+                if not value:
+                    continue
+            lines.append(f"{name}: {value}")
+        self.parser = httptools.HttpRequestParser(self)
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    # ---------------------------------------------------------------------- refusing (rule 7)
+
+    def _refuse(self, status: int, message: str, reason: str = "") -> NoReturn:
+        self.refusal = _Refusal(status, message, reason)
+        raise _Stop
+
+    def _refuse_too_large(self, size: int) -> NoReturn:
+        self.body.take()
+        self._refuse(413, too_large(size, self.max_body).message, "body_too_large")
+
+    # ------------------------------------------------------------------ the parser's callbacks
 
     def on_message_begin(self) -> None:
-        self.url, self.headers, self.head_bytes = b"", {}, 0
+        if self.clock is not None:
+            self.clock.head_began()
+        self.url, self.headers, self.head_bytes, self.hosts = b"", {}, 0, 0
         self.announced = False
         self.body.take()
+        self.phase = _HEAD
+        self.messages += 1
 
     def on_url(self, url: bytes) -> None:
         self.url += url
         self.head_bytes += len(url)
+        self.credited += len(url)
+        if self.head_bytes > MAX_HEAD_BYTES:
+            self._refuse(431, _HEAD_TOO_LARGE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value)
+        n = len(name) + len(value)
+        self.head_bytes += n
+        self.credited += n + _HEADER_FRAMING
+        if self.head_bytes > MAX_HEAD_BYTES:
+            self._refuse(431, _HEAD_TOO_LARGE)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
+        if key == "host" and self.phase is _HEAD:  # not a trailer
+            self.hosts += 1
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
-        if self.refused is not None:
-            return
-        length = self.headers.get("content-length", "")
+        if self.clock is not None:
+            self.clock.head_complete()
+        parser = self.parser
+        self.method = method = parser.get_method()
+        self.credited += len(method) + _REQUEST_LINE_FRAMING
+        if self.hosts != 1 and (self.hosts or parser.get_http_version() == "1.1"):
+            what = "more than one Host header" if self.hosts else "no Host header"
+            self._refuse(400, f"malformed HTTP request: {what} (RFC 9112 asks for exactly one)")
+        headers = self.headers
+        self.body_seen = 0
+        if "transfer-encoding" in headers:  # the parser allows no other coding at the end
+            self.phase = _CHUNKED
+            if self.chunked_from is None:
+                self.chunked_from = len(self.ready)
+        else:
+            self.phase = _BODY
+        length = headers.get("content-length", "")
         if length.isdigit():
             size = int(length)
             if size > self.max_body:
-                self.too_large = size
-                return
+                self._refuse_too_large(size)
             if size and self.charges is not None:
                 inflight = self.charges.inflight
                 if not inflight.cap or inflight.used + size <= inflight.cap:
                     inflight.used += size  # within the budget: the hot path, inline
                     self.charged += size
-                elif not self._charge(size):
-                    return
+                else:
+                    self._charge(size)
                 self.announced = True
-        if self.headers.get("expect", "").lower() == "100-continue":
+        if headers.get("expect", "").lower() == "100-continue":
             self.expect_continue = True
 
-    def _charge(self, n: int) -> bool:
-        """Rule 2a: ``n`` more bytes of this body charged; False (refused) when they do not fit."""
+    def _charge(self, n: int) -> None:
+        """Rule 2a: ``n`` more bytes of this body charged, or the request refused."""
         assert self.charges is not None
         try:
             self.charges.charge(n, self.charged)
         except ResourceExhausted as exc:
-            self.refused = exc
             self.body.take()  # what was kept of it goes now
-            return False
+            self._refuse(*error_of(exc))  # counted by the charges
         self.charged += n
-        return True
+
+    def on_chunk_header(self) -> None:
+        self.chunk_start = self.body.received
 
     def on_body(self, data: bytes) -> None:
-        if self.too_large or self.refused is not None:  # refused: nothing of it is kept
-            return
+        n = len(data)
+        self.credited += n
         if not self.body.add(data):  # counted as it arrives: refused the moment it passes
-            self.too_large = self.body.received
-        elif not self.announced and self.charges is not None:
-            self._charge(len(data))
+            self._refuse_too_large(self.body.received)
+        if not self.announced and self.charges is not None:
+            self._charge(n)
+
+    def on_chunk_complete(self) -> None:
+        size = self.body.received - self.chunk_start
+        self.body_seen += size
+        self.credited += max(1, (size.bit_length() + 3) // 4) + _CHUNK_FRAMING
 
     def on_message_complete(self) -> None:
-        assert self.parser is not None
-        if self.refused is not None:  # neither it nor what follows it is answered
-            return
-        method = self.parser.get_method().decode("latin-1")
         url = self.url.decode("latin-1")
-        path, _, query = url.partition("?")
+        path, _, query = (url if url[:1] == "/" else _origin_form(url)).partition("?")
         body = self.body.take()
+        method = self.method.decode("latin-1")
         request = HttpRequest(method, path, query, self.headers, body, self.charged, self.charges)
         self.charged = 0
+        self.phase = _BETWEEN
         self.ready.append((request, self.parser.should_keep_alive()))
 
     def release_held(self) -> None:
@@ -329,6 +590,13 @@ class _Clock:
         if not self.requests and self.slot is not None:
             self.slot.idle()
 
+    def head_began(self) -> None:
+        """A request head's first byte was parsed: its deadline runs from now (from the
+        accept, for the first)."""
+        self.head_bytes_seen = True
+        if self.head_since is None:
+            self.head_since = anyio.current_time()
+
 
 class IdleReaper:
     """Closes connections past a deadline of the module docstring (rule 1): a request head
@@ -372,29 +640,6 @@ class IdleReaper:
             clock.scope.cancel()
 
 
-class _HeadWatch:
-    """The parser's protocol object: every callback is the request parser's (``_Parsed``);
-    the start and the end of each request head also move the connection's head clock."""
-
-    def __init__(self, parsed: _Parsed, clock: _Clock) -> None:
-        self._parsed = parsed
-        self._clock = clock
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._parsed, name)
-
-    def on_message_begin(self) -> None:
-        clock = self._clock
-        clock.head_bytes_seen = True
-        if clock.head_since is None:
-            clock.head_since = anyio.current_time()
-        self._parsed.on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self._clock.head_complete()
-        self._parsed.on_headers_complete()
-
-
 async def serve_connection(
     stream: anyio.abc.ByteStream,
     app: App,
@@ -408,17 +653,15 @@ async def serve_connection(
     ``reaper``, under its deadlines, the first head's counted from ``accepted_at`` (default:
     now); with ``charges``, its bodies count in the process's bytes in flight (rule 2a);
     ``slot`` is told when a request is in progress and when none is (the port's cap)."""
-    parsed = _Parsed(max_body_bytes, charges)
     scope = anyio.CancelScope()
     clock = _Clock(scope, anyio.current_time() if accepted_at is None else accepted_at, slot)
-    parser = httptools.HttpRequestParser(_HeadWatch(parsed, clock))
-    parsed.parser = parser
+    parsed = _Parsed(max_body_bytes, charges, clock)
     waiting = reaper.waiting if reaper is not None else {}
     async with stream:
         with scope:  # what the reaper cancels
             stats = reaper.stats if reaper is not None else None
             try:
-                await _serve(stream, app, max_body_bytes, parsed, parser, clock, waiting, stats)
+                await _serve(stream, app, parsed, clock, waiting, stats)
             finally:
                 parsed.release_held()
         if clock.reason and reaper is not None:
@@ -440,9 +683,7 @@ async def _timed_out(stream: anyio.abc.ByteStream) -> None:
 async def _serve(
     stream: anyio.abc.ByteStream,
     app: App,
-    max_body_bytes: int,
     parsed: _Parsed,
-    parser: httptools.HttpRequestParser,
     clock: _Clock,
     waiting: dict[_Clock, None],
     stats: EdgeStats | None = None,
@@ -458,27 +699,12 @@ async def _serve(
         finally:
             waiting.pop(clock, None)
         bound_read_ahead()
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            await _close_with(stream, HttpResponse(501, error_body("upgrades are not served")))
-            return
-        except httptools.HttpParserError as exc:
-            message = f"malformed HTTP request: {exc}"
-            await _close_with(stream, HttpResponse(400, error_body(message)))
-            return
-        if parsed.head_bytes > MAX_HEAD_BYTES:
-            message = f"request head larger than {MAX_HEAD_BYTES} bytes"
-            await _close_with(stream, HttpResponse(431, error_body(message)))
-            return
-        if parsed.too_large:
-            if stats is not None:
-                stats.refuse_request("body_too_large")
-            await _close_with(stream, error_response(too_large(parsed.too_large, max_body_bytes)))
-            return
+        parsed.feed(data)
+        refusal = parsed.refusal
         if parsed.expect_continue:
             parsed.expect_continue = False
-            await stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if refusal is None:
+                await stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         while parsed.ready:
             request, keep_alive = parsed.ready.pop(0)
             close = not keep_alive
@@ -493,12 +719,14 @@ async def _serve(
                     assert request.charges is not None
                     request.charges.release(charged)
             clock.answered()
-            if close:
+            if close:  # rule 7: what came after it is not answered, nor refused
                 return
             if clock.head_since is not None:  # a pipelined head: its time starts now
                 clock.head_since = anyio.current_time()
-        if parsed.refused is not None:  # rule 2a, once what came before it is answered
-            await _close_with(stream, error_response(parsed.refused))
+        if refusal is not None:  # rule 7, once what came before it is answered
+            if refusal.reason and stats is not None:
+                stats.refuse_request(refusal.reason)
+            await _close_with(stream, HttpResponse(refusal.status, error_body(refusal.message)))
             return
 
 
