@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import pickle
-import signal
 import socket
 import ssl
 import struct
@@ -41,6 +40,7 @@ from kserve_trio.core.restricted import Restrictions
 from kserve_trio.frontend.forwarding import ForwardedRest, forwarded_methods
 from kserve_trio.frontend.link import DeviceLink
 from kserve_trio.serving.admission import InflightBytes
+from kserve_trio.serving.background import shutdown_signals
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 from kserve_trio.serving.grpc import GrpcServer
 from kserve_trio.serving.ipc import EDGE, HELLO, READY, Arena, Channel
@@ -193,10 +193,10 @@ class Frontend:
             )
 
     async def _drain_on_signal(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        """The first SIGINT/SIGTERM drains; later ones are ignored (``shutdown_signals``)."""
+        with shutdown_signals() as signals:
             async for _ in signals:
                 self.closing.set()
-                return
 
     async def _push_edge(self, channel: Channel) -> None:
         from prometheus_client import CollectorRegistry, generate_latest

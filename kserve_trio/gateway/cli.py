@@ -132,16 +132,14 @@ def _run_parent(config, log) -> int:
     fails its first start ends it with the child's exit status."""
     import signal
 
-    import anyio
-
     from kserve_trio.gateway.processes import serve_processes
     from kserve_trio.gateway.processes._children import ChildFailedToStart
-    from kserve_trio.serving.background import run_loop
+    from kserve_trio.serving.background import run_loop, shutdown_signals
 
     async def until_signal() -> None:
         # The receiver opens before any child starts: a signal during the start-up stops
         # the children too (it is not the default action, which would orphan them).
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with shutdown_signals() as signals:
             async with serve_processes(config):
                 async for signum in signals:
                     log.info("shutdown_signal", signal=signal.Signals(signum).name)

@@ -16,7 +16,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -93,13 +93,68 @@ def event_loop_from_args(args: argparse.Namespace) -> str | None:
     return None
 
 
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def shutdown_signals() -> Iterator[AsyncIterator[int]]:
+    """SIGINT and SIGTERM as they come, for a process that stops on them; once the block is
+    left they are ignored until the process exits.
+
+    The default action would kill the process in the middle of the clean-up that follows
+    (shared memory, sockets, runtime files), and such signals do come again: a parent killed
+    outright sends its death signal once for each of its threads. (asyncio's receiver puts
+    the default action back when it closes, so ignoring is set again right after.)"""
+    with anyio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
+        yield signals
+    for signum in SHUTDOWN_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 async def serve_until_signal(server: AbstractAsyncContextManager[object], log: Any) -> None:
-    """Hold ``server`` open until the first SIGINT or SIGTERM, then leave it (which drains)."""
-    async with server:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """Hold ``server`` open until the first SIGINT or SIGTERM, then leave it (which drains).
+
+    The signals are caught from before the server starts until it has drained. One that comes
+    during the start-up cancels the start (the server's own clean-up runs; nothing it started
+    is orphaned) and the process exits 0. Any later one is logged and ignored: the default
+    action would kill the process in the middle of its drain and skip the clean-up that
+    removes its shared memory, sockets and runtime files (``shutdown_signals``)."""
+    starting = anyio.CancelScope()
+    stop = anyio.Event()
+    serving = False
+
+    async def run_server() -> None:
+        nonlocal serving
+        with starting:
+            async with server:
+                serving = True
+                await stop.wait()
+
+    failed: list[Exception] = []  # re-raised bare, not in the task group's ExceptionGroup
+    with shutdown_signals() as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def serve_then_stop_listening() -> None:
+                try:
+                    await run_server()
+                except Exception as exc:  # a start-up error the CLI reports (ListenError, ...)
+                    failed.append(exc)
+                finally:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(serve_then_stop_listening)
             async for signum in signals:
-                log.info("shutdown_signal", signal=signal.Signals(signum).name)
-                break
+                name = signal.Signals(signum).name
+                if stop.is_set() or starting.cancel_called:
+                    log.info("shutdown_signal_ignored", signal=name, reason="already stopping")
+                elif serving:
+                    log.info("shutdown_signal", signal=name)
+                    stop.set()
+                else:
+                    log.info("shutdown_signal", signal=name, during_startup=True)
+                    starting.cancel()
+    if failed:
+        raise failed[0]
 
 
 @dataclass
@@ -211,6 +266,7 @@ __all__ = [
     "run_loop",
     "running_event_loop",
     "serve_until_signal",
+    "shutdown_signals",
     "start_in_thread",
     "uvloop_available",
 ]

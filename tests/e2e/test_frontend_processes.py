@@ -493,7 +493,10 @@ def test_sigterm_leaves_no_process_shared_memory_or_socket_behind(repo, event_lo
         result, error = answers.get(timeout=60)
         c.stop_stream()
         assert error is None and result.as_numpy("output").shape[0] == 2
-        assert log_events(w, "server_up")[0]["event_loop"] == event_loop
+        # A front end answers as soon as it is up, maybe before its sibling is: the device
+        # process says server_up once both are.
+        up = wait_until(lambda: log_events(w, "server_up"), 60, "server_up in the log")
+        assert up[0]["event_loop"] == event_loop
         pids = frontend_pids(w)
     finally:
         assert w.terminate() == 0

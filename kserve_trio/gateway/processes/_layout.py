@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,15 +119,47 @@ def remove_runtime_dir(runtime_dir: Path, fd: int) -> None:
     os.close(fd)
 
 
-def leave_runtime_dir(runtime_dir: Path, fd: int) -> bool:
+PARENT_EXIT_WAIT_SECONDS = 5.0
+"""How long a leaving child waits for a dying parent's last thread (see ``leave_runtime_dir``)."""
+_PF_EXITING = 0x4
+"""The kernel's per-task flag, in ``/proc/<pid>/stat``, of a thread that has begun to exit."""
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process ``pid`` has begun to exit (its main thread is exiting or gone while
+    other threads still run) or is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    state, flags = fields[0], int(fields[6])
+    return state in ("Z", "X") or bool(flags & _PF_EXITING)
+
+
+def leave_runtime_dir(runtime_dir: Path, fd: int, parent: int) -> bool:
     """A child's exit: rule 1 (the lock is dropped first, so of several children leaving at
-    once the last to try finds no holder); whether it removed the directory."""
+    once the last to try finds no holder); whether it removed the directory.
+
+    A parent killed outright signals its children when the thread that started them dies,
+    which can be before its last thread has closed its descriptors (and dropped its lock).
+    So a child that finds the lock held while ``parent`` is exiting waits until the kernel
+    has handed it to another parent (every thread of the old one gone), then tries once more.
+    """
     try:
         fcntl.flock(fd, fcntl.LOCK_UN)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False  # the parent, or a sibling, still holds it
+            if not _exiting(parent):
+                return False  # the parent lives: it removes the directory at its exit
+            deadline = time.monotonic() + PARENT_EXIT_WAIT_SECONDS
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(0.01)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a sibling still holds it: the last one out removes it
         shutil.rmtree(runtime_dir, ignore_errors=True)
         return True
     finally:
@@ -185,11 +218,12 @@ class ProcessRole:
     def holding(self) -> Iterator[None]:
         """Hold the runtime directory while this child lives; on the way out, remove it when
         no process of the gateway holds it any longer (rule 1)."""
+        parent = os.getppid()
         fd = _hold(self.runtime_dir, fcntl.LOCK_SH)
         try:
             yield
         finally:
-            if leave_runtime_dir(self.runtime_dir, fd):
+            if leave_runtime_dir(self.runtime_dir, fd, parent):
                 _log.info("gateway_runtime_dir_removed", runtime_dir=str(self.runtime_dir))
 
 
