@@ -105,6 +105,9 @@ def test_signals_during_the_drain_are_ignored_and_the_drain_completes(loop):
     p.proc.send_signal(signal.SIGINT)  # the default action would end the process here
     assert p.finish() == 0
     assert "log shutdown_signal [('signal', 'SIGTERM')]" in p.lines
-    assert "log shutdown_signal_ignored [('reason', 'already stopping'), ('signal', 'SIGINT')]" in p.lines
+    assert (
+        "log shutdown_signal_ignored [('reason', 'already stopping'), ('signal', 'SIGINT')]"
+        in p.lines
+    )
     order = [p.lines.index(line) for line in ("drained", "cleaned up", "exiting")]
     assert order == sorted(order)
