@@ -17,7 +17,9 @@ A listener must outlive anything its clients do. So:
    many still closing, the new connection is accepted and closed at once, counted
    ``reason="max_connections"``: the client sees its connection closed rather than a SYN left
    in the backlog, and the descriptors the cap protects stay free for the connections being
-   served.
+   served. Before the cap, the port's ``PeerLedger`` (when it has one) may refuse the peer
+   address for its connection rate, and says how strictly a peer on probation after abuse
+   is judged (``serving.peer_ledger``).
 3. An accept that fails for want of descriptors or kernel memory (EMFILE, ENFILE, ENOBUFS,
    ENOMEM) backs off (5 ms, 50 ms, 200 ms) and tries again; the connections being served go
    on. At EMFILE/ENFILE the loop first closes its spare descriptor (``SpareDescriptor``),
@@ -47,6 +49,7 @@ import anyio.lowlevel
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.edge_stats import EdgeStats
+from kserve_trio.serving.peer_ledger import PeerLedger, peer_host
 
 log = get_logger("kserve_trio.serving")
 
@@ -91,7 +94,9 @@ class ConnectionCap:
     """The open connections of one port against its cap, and the idle ones among them, longest
     idle first (module docstring, rule 2)."""
 
-    def __init__(self, cap: int, stats: EdgeStats, name: str) -> None:
+    def __init__(
+        self, cap: int, stats: EdgeStats, name: str, ledger: PeerLedger | None = None
+    ) -> None:
         self.cap = cap
         """Open connections allowed; 0: no cap."""
         self.stats = stats
@@ -102,17 +107,26 @@ class ConnectionCap:
         """Evicted and not yet closed."""
         self.idle: dict[Slot, None] = {}
         """The evictable connections in the order they became idle (a dict keeps it)."""
+        self.ledger = ledger if ledger is not None and ledger.enabled else None
+        """What each peer address may open (``serving.peer_ledger``); None: no bound."""
 
-    def admit(self) -> Slot | None:
-        """A place for one more connection, the longest-idle one evicted for it at the cap;
-        None: refused."""
+    def admit(self, peer: str = "") -> Slot | None:
+        """A place for one more connection from ``peer`` (its host), the longest-idle one
+        evicted for it at the cap; None: refused (by the peer's ledger first)."""
+        strictness = 1
+        if self.ledger is not None and peer:
+            admitted = self.ledger.admit(peer)
+            if admitted is None:
+                self.stats.refuse_connection("peer_rate")
+                return None
+            strictness = admitted
         if self.cap and self.open - self.evicting >= self.cap:
             if not self.idle or self.evicting >= EVICTING_MAX:
                 self.stats.refuse_connection("max_connections")
                 return None
             self._evict(next(iter(self.idle)))
         self.open += 1
-        return Slot(self)
+        return Slot(self, peer, strictness)
 
     def _evict(self, slot: Slot) -> None:
         del self.idle[slot]
@@ -133,12 +147,16 @@ class Slot:
     """One admitted connection's place under its port's cap: idle (evictable) or busy, as its
     server says, and how it is closed when evicted (module docstring, rule 2)."""
 
-    __slots__ = ("_cap", "_evict", "evicted")
+    __slots__ = ("_cap", "_evict", "evicted", "peer", "strictness")
 
-    def __init__(self, cap: ConnectionCap) -> None:
+    def __init__(self, cap: ConnectionCap, peer: str = "", strictness: int = 1) -> None:
         self._cap = cap
         self._evict: Callable[[], None] | None = None
         self.evicted = False
+        self.peer = peer
+        """The client's host ('' when unknown)."""
+        self.strictness = strictness
+        """How strictly its peer's connections are judged (1: off probation; ``PeerLedger``)."""
 
     def bind(self, evict: Callable[[], None]) -> None:
         """``evict`` closes the connection from now on. The first binding makes it evictable,
@@ -163,6 +181,15 @@ class Slot:
     def evict(self) -> None:
         assert self._evict is not None
         self._evict()
+
+    def abused(self) -> None:
+        """The server ended this connection for abuse: its peer goes on probation."""
+        ledger = self._cap.ledger
+        if ledger is not None and self.peer:
+            strictness = ledger.abused(self.peer)
+            log.info(
+                "peer_probation", listener=self._cap.name, peer=self.peer, strictness=strictness
+            )
 
     def release(self) -> None:
         """The connection is closed (what its server still says of it is ignored)."""
@@ -226,7 +253,7 @@ async def accept_loop(
     try:
         while True:
             try:
-                sock, _ = raw.accept()
+                sock, address = raw.accept()
             except BlockingIOError:
                 try:
                     await anyio.wait_readable(raw)
@@ -256,7 +283,7 @@ async def accept_loop(
                 await anyio.sleep(pause)
                 continue
             failures = 0
-            slot = cap.admit()
+            slot = cap.admit(peer_host(address))
             if slot is None:
                 sock.close()
             else:

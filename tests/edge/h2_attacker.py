@@ -101,11 +101,17 @@ class Attacker:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, port: int, host: str = "127.0.0.1", *, preface: bool = True
+        cls,
+        port: int,
+        host: str = "127.0.0.1",
+        *,
+        preface: bool = True,
+        local_host: str | None = None,
     ) -> AsyncIterator[Attacker]:
         """A connection that has sent the preface and an empty SETTINGS (``preface=False``:
-        nothing sent)."""
-        async with await anyio.connect_tcp(host, port) as stream:
+        nothing sent), from ``local_host`` when given (another loopback address is another
+        peer to the server)."""
+        async with await anyio.connect_tcp(host, port, local_host=local_host) as stream:
             attacker = cls(stream)
             if preface:
                 await attacker.send(PREFACE + settings())

@@ -204,7 +204,8 @@ async def test_rapid_reset_gets_goaway_and_the_resident_set_does_not_grow(target
         after.append(t.memory()[0])
     assert after[-1] - after[1] < 16 * MiB, [a // MiB for a in after]
     await in_thread(lambda: t.fds_back_to(fds))
-    assert t.counter("premature_resets") >= 4 * 26
+    # round 1 is judged over 50 calls; the later ones, the peer on probation, over fewer
+    assert t.counter("premature_resets") >= 26 + 3 * 5
     assert t.counter("goaways", "ENHANCE_YOUR_CALM") >= 4
 
 

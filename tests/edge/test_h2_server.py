@@ -233,6 +233,50 @@ async def test_a_moderate_share_of_early_cancellations_does_not_trip_the_reset_r
 
 
 @pytest.mark.timeout(60)
+async def test_a_reset_flood_that_reconnects_meets_a_stricter_judge_each_time(engine):
+    """A peer (127.0.0.2) floods rapid resets and reconnects after each GOAWAY: probation
+    halves the window its next connection is judged over, down to the floor, so each ends
+    after fewer streams than the one before; a well-behaved client from 127.0.0.1 is served
+    between the rounds."""
+    async with served(engine, premature_reset_min_streams=128) as s:
+        ended_after = []
+        for _ in range(6):
+            before = s.stats.premature_resets
+            with anyio.fail_after(BOUND):
+                async with Attacker.connect(s.port, local_host="127.0.0.2") as a:
+                    burst = []
+                    for i in range(200):
+                        sid = 1 + 2 * i
+                        short = grpc_message(b"x" * 64)[:-1]
+                        burst += [a.request(sid, HOLD), data(sid, short), rst(sid)]
+                    await a.send(*burst)
+                    assert await a.until(lambda: bool(a.goaways))
+                    assert await a.until_eof(BOUND)
+            assert goaway_of(a) == (CALM, b"too_many_premature_resets")
+            ended_after.append(s.stats.premature_resets - before)
+            await healthy(s.port)
+    windows = [128, 64, 32, 16, 8, 8]
+    assert all(n >= w for n, w in zip(ended_after, windows, strict=True)), ended_after
+    assert ended_after[-1] < ended_after[0] // 4, ended_after
+    assert s.handlers.entered == 6  # the health checks only
+
+
+@pytest.mark.timeout(60)
+async def test_a_peer_opening_connections_beyond_its_rate_has_them_closed_at_once(engine):
+    """Two connections a second for 127.0.0.2: of twenty opened in a row most are closed
+    at once (counted ``peer_rate``); 127.0.0.1 opens its own two."""
+    async with served(engine, max_connections_per_peer_per_second=2) as s:
+        with anyio.fail_after(BOUND):
+            for _ in range(20):
+                async with Attacker.connect(s.port, local_host="127.0.0.2", preface=False):
+                    pass
+        # 2 at once, then 2 a second: at least 10 of 20 refused unless the accepts took 4 s
+        await until(lambda: s.stats.refused_connections["peer_rate"] >= 10)
+        await healthy(s.port)  # another address: its own two a second
+        await healthy(s.port)
+
+
+@pytest.mark.timeout(60)
 async def test_data_for_a_reset_stream_is_still_given_back_to_the_connection_window(engine):
     """A 64 KiB connection window: 60 KiB sent on a stream the client reset, then a 30 KiB
     request, which fits only if the first was acknowledged (h2 gives a window back once half

@@ -67,6 +67,14 @@ class EdgeLimits:
     """RST_STREAM frames a connection may send per second before GOAWAY(ENHANCE_YOUR_CALM): a
     token bucket of one second's worth, refilled at this rate (libnghttp2's stream reset rate
     limit on ngh2). Rapid-reset floods meet the premature-reset rule long before this."""
+    max_connections_per_peer_per_second: int = 1000
+    """New connections one peer address may open per second on a port (a token bucket of one
+    second's worth); beyond it they are closed at once. 0: no bound."""
+    peer_probation_seconds: float = 60.0
+    """A peer one of whose connections was ended for abuse (GOAWAY ENHANCE_YOUR_CALM) is on
+    probation this long after its latest abuse: its new connections are judged over a smaller
+    premature-reset window and it may open fewer per second, both divided by a strictness that
+    doubles per abuse (up to 64). 0: off."""
     max_connection_buffer_bytes: int = 16 << 20
     """Inbound bytes a connection may have buffered (received, not yet taken by its calls)
     before we stop reading its socket."""

@@ -156,7 +156,7 @@ class ServerConnection:
         self.stats = stats or EdgeStats()
         self._slot = slot
         self.engine = new_engine(settings.http2_engine, engine_settings(settings.limits))
-        self._judge = ResetJudge(settings.limits)
+        self._judge = ResetJudge(settings.limits, slot.strictness if slot is not None else 1)
         self.calls: dict[int, Call] = {}
         self._methods_of: dict[int, Method] = {}
         self._opened_at: dict[int, float] = {}
@@ -322,6 +322,7 @@ class ServerConnection:
         )
         if exc.code == ErrorCode.ENHANCE_YOUR_CALM:
             self._linger_at_close = True
+            self._peer_abused()
         self.transport.wake_writer()
         self._end()
 
@@ -331,8 +332,14 @@ class ServerConnection:
         self.stats.goaway(code.name)
         self.engine.goaway(code, debug)
         self._linger_at_close = True
+        self._peer_abused()
         self.transport.wake_writer()
         self._end()
+
+    def _peer_abused(self) -> None:
+        """Ended for abuse: the peer's address goes on probation (``serving.peer_ledger``)."""
+        if self._slot is not None:
+            self._slot.abused()
 
     def _stream_reset(self, event: StreamReset) -> bool:
         """A stream gone; True when it ended the connection (*premature resets*)."""

@@ -9,6 +9,7 @@ by the client right after opening.
 from __future__ import annotations
 
 from kserve_trio.core.config import EdgeLimits
+from kserve_trio.serving.peer_ledger import judged_streams
 
 MAX_RESET_WINDOW = 1 << 16
 """The most recent calls ``ResetJudge`` remembers per connection, whatever the limit says."""
@@ -23,8 +24,11 @@ class ResetJudge:
 
     __slots__ = ("_filled", "_pos", "_premature", "_ring", "max_age")
 
-    def __init__(self, limits: EdgeLimits) -> None:
-        self._ring = bytearray(min(limits.premature_reset_min_streams, MAX_RESET_WINDOW))
+    def __init__(self, limits: EdgeLimits, strictness: int = 1) -> None:
+        """``strictness``: the peer's probation (``serving.peer_ledger``), which shrinks the
+        window of judged calls."""
+        window = judged_streams(limits.premature_reset_min_streams, strictness)
+        self._ring = bytearray(min(window, MAX_RESET_WINDOW))
         self._pos = 0
         self._filled = 0
         self._premature = 0

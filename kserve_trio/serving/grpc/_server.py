@@ -38,6 +38,7 @@ from kserve_trio.serving.grpc._connection import ServerConnection
 from kserve_trio.serving.grpc._methods import Method
 from kserve_trio.serving.grpc._settings import ServerSettings, warn_removed_switches
 from kserve_trio.serving.grpc._stream_transport import serve_stream
+from kserve_trio.serving.peer_ledger import PeerLedger
 
 log = get_logger("kserve_trio.serving.grpc")
 
@@ -73,6 +74,10 @@ class GrpcServer:
             self.settings.limits.max_connections if connection_cap is None else connection_cap,
             self.stats,
             "grpc",
+            PeerLedger(
+                self.settings.limits.max_connections_per_peer_per_second,
+                self.settings.limits.peer_probation_seconds,
+            ),
         )
         """The open connections against the cap (module docstring)."""
 

@@ -77,6 +77,7 @@ from kserve_trio.serving.accept import ConnectionCap, Slot, accept_loop, bind, l
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http._body import BodyBuffer, BodyCharges, read_ahead_bound, too_large
 from kserve_trio.serving.http._status import JSON_TYPE, REASONS, error_body, error_of
+from kserve_trio.serving.peer_ledger import PeerLedger
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import InflightBytes
@@ -775,7 +776,10 @@ async def serve_app(
     limits = limits or EdgeLimits()
     stats = stats or EdgeStats()
     cap = ConnectionCap(
-        limits.max_connections if connection_cap is None else connection_cap, stats, name
+        limits.max_connections if connection_cap is None else connection_cap,
+        stats,
+        name,
+        PeerLedger(limits.max_connections_per_peer_per_second, limits.peer_probation_seconds),
     )
     reaper = IdleReaper(limits, stats)
     handshake = limits.handshake_seconds
