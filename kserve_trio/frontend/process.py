@@ -103,7 +103,9 @@ class Frontend:
         ep = config.endpoints
         channel = Channel(await anyio.abc.SocketStream.from_socket(self.sock))
         link = DeviceLink(channel, self.requests, self.replies)
-        inflight = InflightBytes(config.limits.max_inflight_bytes)
+        inflight = InflightBytes(
+            config.limits.max_inflight_bytes, config.limits.max_inflight_bytes_per_connection
+        )
         self.stats.inflight_bytes = lambda: inflight.used
         limits = Limits(
             config.grpc.max_recv_msg_bytes,

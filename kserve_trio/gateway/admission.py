@@ -25,6 +25,7 @@ class Admission(_Admission):
         *,
         on_shed: Callable[[], None] = lambda: None,
         max_inflight_bytes: int = 0,
+        max_inflight_bytes_per_connection: int = 0,
     ) -> None:
         self.per_worker = per_worker
         self._workers = workers
@@ -34,6 +35,7 @@ class Admission(_Admission):
             over_cap=self._over_cap_message,
             on_shed=on_shed,
             max_inflight_bytes=max_inflight_bytes,
+            max_inflight_bytes_per_connection=max_inflight_bytes_per_connection,
         )
 
     def _per_worker_cap(self) -> int:

@@ -138,6 +138,7 @@ class Gateway:
             lambda: len(self.pool.clients),
             on_shed=lambda: self.metrics.shed.inc(),
             max_inflight_bytes=config.limits.max_inflight_bytes,
+            max_inflight_bytes_per_connection=config.limits.max_inflight_bytes_per_connection,
         )
         self.edge_stats = EdgeStats()
         self.edge_stats.inflight_bytes = lambda: self.admission.bytes.used

@@ -21,10 +21,26 @@ the wording of the refusals; the rules are these:
    requests count against the same cap as unary ones and a stream is never failed for it.
 6. ``bytes`` (``InflightBytes``) is the byte side of admission: the bytes of the request
    messages being received and queued in the whole process (``limits.max_inflight_bytes``).
-   A message is charged once its length is known and given back when its request is done;
-   past the cap a unary request is refused RESOURCE_EXHAUSTED and a stream's message waits.
-   A request is always admitted when nothing but its own bytes is in flight, so one message
-   up to the message cap always gets through.
+   A message is charged as its bytes arrive (never as its length prefix or ``Content-Length``
+   announces them: an announcement alone holds nothing) and given back when its request is
+   done; past the cap a unary request is refused RESOURCE_EXHAUSTED and a stream's message
+   waits. A request is always admitted when nothing but its own bytes is in flight, so one
+   message up to the message cap always gets through.
+7. ``ConnectionShare`` is one connection's part of those bytes
+   (``limits.max_inflight_bytes_per_connection``): the bytes of its messages still arriving
+   (charged, not yet whole). So that a few connections cannot hold the whole budget by sending
+   most of large messages and stopping, a connection at its share stops being read (it waits:
+   backpressure, never an error) until:
+
+   a. its own arriving bytes drop back under the share (one of its messages is whole, or its
+      call ended), or
+   b. it takes the *lane*: one connection of the process at a time may go past its share, so a
+      message larger than the share still arrives (the others wait for the lane to free, which
+      it does when that connection is back within its share), and messages larger than the
+      share on several connections never wait for each other for good.
+
+   A message that is whole no longer counts in the share (the server's work holds it, not the
+   client), only in rule 6. 0 turns the share off.
 """
 
 from __future__ import annotations
@@ -38,10 +54,15 @@ from kserve_trio.core.errors import ResourceExhausted, Unavailable
 
 
 class InflightBytes:
-    """Rule 6: the process's request bytes in flight against ``cap`` (0 = uncapped)."""
+    """Rule 6: the process's request bytes in flight against ``cap`` (0 = uncapped); rule 7's
+    ``per_connection`` share (0 = none) and its lane."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, per_connection: int = 0) -> None:
         self.cap = cap
+        self.per_connection = per_connection
+        self.lane: ConnectionShare | None = None
+        """Rule 7b: the one connection that may be past its share now."""
+        self._turn: anyio.Event | None = None
         self.used = 0
         """Bytes charged now (the ``inflight_bytes`` gauge)."""
         self.refused = 0
@@ -80,6 +101,69 @@ class InflightBytes:
                 self._room = None
                 room.set()
 
+    def connection(self) -> ConnectionShare:
+        """A new connection's share (rule 7)."""
+        return ConnectionShare(self)
+
+    async def turn_moved(self) -> None:
+        """Return at the next change of the connections' arriving bytes (rule 7)."""
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = anyio.Event()
+        await turn.wait()
+
+    def wake_turn(self) -> None:
+        turn = self._turn
+        if turn is not None:
+            self._turn = None
+            turn.set()
+
+
+class ConnectionShare:
+    """Rule 7: what one connection's messages still arriving hold of the bytes in flight."""
+
+    __slots__ = ("arriving", "budget")
+
+    def __init__(self, budget: InflightBytes) -> None:
+        self.budget = budget
+        self.arriving = 0
+        """Bytes of this connection's messages charged and not yet whole."""
+
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` more arriving bytes may be taken now: within the share, or past it
+        with the lane (rule 7b; taken here when free)."""
+        budget = self.budget
+        share = budget.per_connection
+        if not share or self.arriving + n <= share:
+            return True
+        lane = budget.lane
+        if lane is None:
+            budget.lane = self
+            return True
+        return lane is self
+
+    async def wait(self, n: int) -> None:
+        """Return once ``n`` more arriving bytes fit (rule 7): the caller reads no more
+        meanwhile."""
+        while not self.fits(n):
+            await self.budget.turn_moved()
+
+    def add(self, n: int) -> None:
+        """``n`` more bytes arrived and were charged (past the share: the lane, when free)."""
+        self.arriving += n
+        budget = self.budget
+        if budget.lane is None and budget.per_connection and self.arriving > budget.per_connection:
+            budget.lane = self
+
+    def give(self, n: int) -> None:
+        """``n`` arriving bytes are no longer arriving (their message is whole, or gone): the
+        lane is given up once back within the share (rule 7a), and the waiters look again."""
+        self.arriving -= n
+        budget = self.budget
+        if budget.lane is self and self.arriving <= budget.per_connection:
+            budget.lane = None
+        budget.wake_turn()
+
 
 class Admission:
     """See the module docstring."""
@@ -92,6 +176,7 @@ class Admission:
         over_cap: Callable[[int], str],
         on_shed: Callable[[], None] = lambda: None,
         max_inflight_bytes: int = 0,
+        max_inflight_bytes_per_connection: int = 0,
     ) -> None:
         self._cap = cap
         self.shutting_down = shutting_down
@@ -111,8 +196,8 @@ class Admission:
         self.drain_started = anyio.Event()
         self._idle: anyio.Event | None = None
         self._slot: anyio.Event | None = None
-        self.bytes = InflightBytes(max_inflight_bytes)
-        """Rule 6 (``limits.max_inflight_bytes``)."""
+        self.bytes = InflightBytes(max_inflight_bytes, max_inflight_bytes_per_connection)
+        """Rules 6 and 7 (``limits.max_inflight_bytes``, ``..._per_connection``)."""
 
     @property
     def cap(self) -> int:
@@ -208,4 +293,4 @@ class Admission:
             self._idle.set()
 
 
-__all__ = ["Admission", "InflightBytes"]
+__all__ = ["Admission", "ConnectionShare", "InflightBytes"]

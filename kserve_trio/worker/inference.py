@@ -96,18 +96,24 @@ class ResponseEncoder(Protocol[_Reply]):
 
 
 def worker_admission(
-    max_concurrent_requests: int, *, on_shed: Callable[[], None], max_inflight_bytes: int = 0
+    max_concurrent_requests: int,
+    *,
+    on_shed: Callable[[], None],
+    max_inflight_bytes: int = 0,
+    max_inflight_bytes_per_connection: int = 0,
 ) -> Admission:
     """The worker's admission: a fixed cap (``endpoints.max_concurrent_requests``, 0 = none),
     refused RESOURCE_EXHAUSTED past it (a stream's messages wait instead) and UNAVAILABLE once
     shutting down; its ``bytes`` cap the request bytes in flight (``limits.max_inflight_bytes``,
-    0 = none)."""
+    0 = none) and what one connection's arriving messages may hold of them
+    (``limits.max_inflight_bytes_per_connection``)."""
     return Admission(
         lambda: max_concurrent_requests,
         shutting_down=SHUTTING_DOWN,
         over_cap=lambda cap: f"server is at its concurrency cap ({cap} requests in flight)",
         on_shed=on_shed,
         max_inflight_bytes=max_inflight_bytes,
+        max_inflight_bytes_per_connection=max_inflight_bytes_per_connection,
     )
 
 

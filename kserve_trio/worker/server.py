@@ -174,6 +174,7 @@ async def serve_async(
         config.endpoints.max_concurrent_requests,
         on_shed=metrics.shed.inc,
         max_inflight_bytes=config.limits.max_inflight_bytes,
+        max_inflight_bytes_per_connection=config.limits.max_inflight_bytes_per_connection,
     )
     edge_stats.inflight_bytes = lambda: admission.bytes.used
     state = WorkerState(

@@ -83,9 +83,9 @@ class Served:
     handlers: Handlers
 
 
-async def serve(test, budget_bytes: int = 0) -> None:
-    handlers = Handlers(InflightBytes(budget_bytes))
-    server = GrpcServer(handlers.methods(), ServerSettings(limits=EDGE))
+async def serve(test, budget_bytes: int = 0, share_bytes: int = 0, edge: EdgeLimits = EDGE) -> None:
+    handlers = Handlers(InflightBytes(budget_bytes, share_bytes))
+    server = GrpcServer(handlers.methods(), ServerSettings(limits=edge))
     async with anyio.create_task_group() as tg:
         port = await tg.start(server.serve, "127.0.0.1", 0)
         try:
@@ -95,6 +95,12 @@ async def serve(test, budget_bytes: int = 0) -> None:
             handlers.never.set()
             with anyio.fail_after(BOUND):
                 await server.shutdown(0.5)
+
+
+async def polled(condition) -> None:
+    """Until the server's state meets ``condition`` (bounded by ``serve``'s BOUND)."""
+    while not condition():
+        await anyio.sleep(0.01)
 
 
 async def opened(peer: Peer) -> None:
@@ -203,6 +209,63 @@ async def test_silent_announcers_hold_none_of_the_bytes_in_flight():
             assert (reply.status, reply.messages) == (0, [b"s" * MiB])
 
     await serve(test, budget_bytes=4 * MiB)
+
+
+@pytest.mark.timeout(60)
+async def test_a_connection_past_its_share_waits_for_the_lane_and_both_messages_get_through():
+    """Two connections each send 3 of a 4 MiB message with a 2 MiB share per connection: the
+    first takes the lane and is charged its 3 MiB, the second is charged at most its share and
+    read no further (what came uncharged sits in its inbound buffer), a third client is served
+    meanwhile; once the first message is whole the second takes the lane and is whole too."""
+    share = 2 * MiB
+    whole = 4 * MiB
+
+    async def test(s: Served) -> None:
+        budget = s.handlers.budget
+        body = grpc_frame(b"f" * whole)
+        async with (
+            Peer.connect(s.port) as first,
+            Peer.connect(s.port) as second,
+            Peer.connect(s.port) as other,
+        ):
+            for peer in (first, second, other):
+                await opened(peer)
+            one = first.open("/t.T/Echo")
+            await first.send_body(one, body[: 3 * MiB], end=False)
+            await polled(lambda: budget.used >= 3 * MiB - 5)
+            (lane,) = [c.share(budget) for c in s.server.connections if c.share(budget).arriving]
+            assert budget.lane is lane
+            two = second.open("/t.T/Echo")
+            await second.send_body(two, body[: 3 * MiB], end=False)
+            buffer = EDGE.max_connection_buffer_bytes
+
+            def held_back() -> list:
+                """The second connection once charged up to its share and then read until its
+                inbound buffer is full (and no more)."""
+                return [
+                    c
+                    for c in s.server.connections
+                    if c.share(budget) is not lane
+                    and c.share(budget).arriving
+                    and c.inbound_bytes >= buffer
+                ]
+
+            await polled(held_back)
+            (waiting,) = held_back()
+            assert waiting.share(budget).arriving <= share
+            reply = await other.call("/t.T/Echo", grpc_frame(b"o" * MiB))
+            assert (reply.status, reply.messages) == (0, [b"o" * MiB])
+            assert budget.lane is lane
+            await first.send_body(one, body[3 * MiB :])
+            assert (await first.wait(one)).messages == [b"f" * whole]
+            await second.send_body(two, body[3 * MiB :])
+            assert (await second.wait(two)).messages == [b"f" * whole]
+        while budget.used:
+            await anyio.sleep(0.01)
+        assert budget.lane is None
+
+    edge = dataclasses.replace(EDGE, message_receive_seconds=BOUND)
+    await serve(test, budget_bytes=16 * MiB, share_bytes=share, edge=edge)
 
 
 @pytest.mark.timeout(60)

@@ -3,12 +3,14 @@ budget gRPC messages count in.
 
 In process, on asyncio and trio: a real ``serve_app`` on a loopback port with its own
 ``InflightBytes``, raw loopback sockets as clients, each test waiting on the gauge
-(``InflightBytes.used``) with a deadline. A body is charged at its ``Content-Length`` as soon
-as its head is parsed, a chunked one piece by piece, a gzip one as it inflates; a body that
-does not fit gets 429 with the gRPC refusal's message while the first is still being sent, and
-fits once the first is answered; the gauge is back to 0 after every request and after a client
-that leaves mid-body; requests pipelined before a refused body are answered first; a request
-without a body, or a small one, is served as before.
+(``InflightBytes.used``) with a deadline. A body is charged as its bytes arrive, never at its
+``Content-Length`` (silent announcers hold a byte each while others are served; a length past
+the body cap is 413 at once), a gzip one also as it inflates; a body that does not fit gets 429
+with the gRPC refusal's message while the first is still being sent, and fits once the first is
+answered; the gauge is back to 0 after every request and after a client that leaves mid-body;
+requests pipelined before a refused body are answered first; a request without a body, or a
+small one, is served as before; a connection at its share is read no further, with no error,
+until the lane frees.
 
 End to end: a CLI worker (``INFERENCE_SERVER_ENDPOINTS_HTTP_PORT``, a 1 MiB
 ``INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES``) and a CLI gateway (``KSERVE_TRIO_GATEWAY_LISTEN_
@@ -19,8 +21,10 @@ count it (``<prefix>_edge_refused_requests{reason="inflight_bytes"}``), and thei
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import re
 import socket
 import time
 import zlib
@@ -151,29 +155,43 @@ async def whole(served: Served, body: bytes, extra: str = "") -> tuple[int, dict
         return await reply(stream)
 
 
+HELD = 700 * KIB
+"""What a holder sends of its LARGE body (and is charged) before it stops."""
+REFUSED = re.compile(
+    r"server is at its in-flight bytes cap \(\d+ of \d+ bytes of requests in flight; "
+    r"this message needs \d+\)"
+)
+"""The gRPC refusal's message, its figures those of the piece that did not fit."""
+
+
+async def holder(served: Served, sent: int = HELD) -> anyio.abc.SocketStream:
+    """A connection that announces a LARGE body and sends ``sent`` bytes of it, once charged."""
+    stream = await served.connect()
+    await stream.send(head(LARGE) + bytes(sent))
+    await served.until(lambda: served.inflight.used == sent, "the holder charged what it sent")
+    return stream
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
-async def test_a_second_large_body_is_429_while_the_first_is_sent_and_fits_once_it_is_answered(
-    served: Served,
-):
-    first = await served.connect()
-    await first.send(head(LARGE) + bytes(FIRST_PIECE))
-    # charged at its Content-Length, before the rest of it has come
-    await served.until(lambda: served.inflight.used == LARGE, "the first body charged")
+async def test_a_body_is_charged_as_it_arrives_and_one_past_the_budget_is_429(served: Served):
+    first = await holder(served, FIRST_PIECE)  # announced LARGE, charged what came
+    await first.send(bytes(HELD - FIRST_PIECE))
+    await served.until(lambda: served.inflight.used == HELD, "the rest charged as it came")
 
     second = await served.connect()
-    await second.send(head(LARGE) + bytes(FIRST_PIECE))
+    await second.send(head(LARGE) + bytes(LARGE))  # passes the budget on the way
     status, body = await reply(second)
-    assert status == 429, body
-    assert body == {"error": refusal(LARGE, LARGE)}
+    assert REFUSED.fullmatch(refusal(HELD, LARGE))  # the pattern is the budget's message
+    assert status == 429 and REFUSED.fullmatch(body["error"]), body
     assert served.stats.refused_requests["inflight_bytes"] == 1
     await second.aclose()
-    assert served.inflight.used == LARGE  # the refused body charged nothing
+    await served.until(lambda: served.inflight.used == HELD, "the refused body given back")
 
     small_status, small = await whole(served, b"x" * 100)  # a small body fits beside it
     assert (small_status, small) == (200, {"body": 100})
 
-    await first.send(bytes(LARGE - FIRST_PIECE))
+    await first.send(bytes(LARGE - HELD))
     assert await reply(first) == (200, {"body": LARGE})
     await first.aclose()
     await served.drained()
@@ -185,10 +203,38 @@ async def test_a_second_large_body_is_429_while_the_first_is_sent_and_fits_once_
 
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
+async def test_silent_announcers_hold_what_arrived_and_others_are_served(served: Served):
+    """Connections announcing a body at the cap and sending one byte of it hold a byte each:
+    whole bodies of most of the budget keep being served beside them; a ``Content-Length``
+    past the body cap is 413 at once, to that caller only, and its connection closed."""
+    silent = []
+    for _ in range(8):
+        stream = await served.connect()
+        await stream.send(head(BODY_CAP) + b"x")
+        silent.append(stream)
+    await served.until(lambda: served.inflight.used == 8, "a byte charged per announcer")
+    for _ in range(3):
+        assert await whole(served, bytes(LARGE)) == (200, {"body": LARGE})
+    async with await served.connect() as beyond:
+        await beyond.send(head(BODY_CAP + 1))
+        status, body = await reply(beyond)
+        assert (status, body) == (
+            413,
+            {"error": f"received message larger than max ({BODY_CAP + 1} vs. {BODY_CAP})"},
+        )
+        with anyio.fail_after(WAIT_SECONDS), pytest.raises(anyio.EndOfStream):
+            await beyond.receive()  # closed: its body will not be read
+    assert served.inflight.used == 8
+    for stream in silent:
+        await stream.aclose()
+    await served.drained()
+    assert served.stats.refused_requests["inflight_bytes"] == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
 async def test_a_client_that_leaves_mid_body_gives_its_bytes_back(served: Served):
-    announced = await served.connect()
-    await announced.send(head(LARGE) + bytes(FIRST_PIECE))
-    await served.until(lambda: served.inflight.used == LARGE, "the announced body charged")
+    announced = await holder(served, FIRST_PIECE)
     await announced.aclose()
     await served.drained()
 
@@ -212,15 +258,13 @@ async def test_a_gzip_body_is_charged_as_it_inflates(served: Served):
     assert alone == (200, {"body": inflated})
     await served.drained()
 
-    holder = await served.connect()
-    await holder.send(head(LARGE) + bytes(FIRST_PIECE))
-    await served.until(lambda: served.inflight.used == LARGE, "the holder charged")
+    held = await holder(served)
     status, body = await whole(served, packed, gzip)  # its wire bytes fit, its output not
     assert status == 429, body
-    assert body["error"].startswith(f"server is at its in-flight bytes cap ({LARGE + len(packed)}")
+    assert body["error"].startswith(f"server is at its in-flight bytes cap ({HELD + len(packed)}")
     assert served.stats.refused_requests["inflight_bytes"] == 1
-    await served.until(lambda: served.inflight.used == LARGE, "the refused request released")
-    await holder.aclose()
+    await served.until(lambda: served.inflight.used == HELD, "the refused request released")
+    await held.aclose()
     await served.drained()
 
 
@@ -231,13 +275,12 @@ async def test_one_request_alone_is_admitted_and_one_without_a_body_is_never_ref
 ):
     over = 2 * BUDGET  # over the budget on its own, under the body cap
     alone = await served.connect()
-    await alone.send(head(over) + bytes(FIRST_PIECE))
-    await served.until(lambda: served.inflight.used == over, "the lone body charged")
+    await alone.send(head(over) + bytes(BUDGET + FIRST_PIECE))
+    await served.until(lambda: served.inflight.used > BUDGET, "the lone body past the budget")
     async with await served.connect() as bodyless:
         await bodyless.send(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
         assert await reply(bodyless) == (200, {"body": 0})
-    assert served.inflight.used == over
-    await alone.send(bytes(over - FIRST_PIECE))
+    await alone.send(bytes(over - BUDGET - FIRST_PIECE))
     assert await reply(alone) == (200, {"body": over})
     await alone.aclose()
     await served.drained()
@@ -247,20 +290,65 @@ async def test_one_request_alone_is_admitted_and_one_without_a_body_is_never_ref
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_requests_pipelined_before_a_refused_body_are_answered_first(served: Served):
-    holder = await served.connect()
-    await holder.send(head(LARGE) + bytes(FIRST_PIECE))
-    await served.until(lambda: served.inflight.used == LARGE, "the holder charged")
+    held = await holder(served)
     async with await served.connect() as pipelined:
         small = head(10) + b"x" * 10
-        await pipelined.send(small + head(LARGE) + bytes(FIRST_PIECE))
+        await pipelined.send(small + head(LARGE) + bytes(LARGE))
         answered, refused = await replies(pipelined, 2)
         assert answered == (200, {"body": 10})
-        # the small body still holds its 10 bytes when both came in one read
-        held = {refusal(LARGE + 10, LARGE), refusal(LARGE, LARGE)}
-        assert refused[0] == 429 and refused[1]["error"] in held, refused
-    await served.until(lambda: served.inflight.used == LARGE, "only the holder left")
-    await holder.aclose()
+        assert refused[0] == 429 and REFUSED.fullmatch(refused[1]["error"]), refused
+    await served.until(lambda: served.inflight.used == HELD, "only the holder left")
+    await held.aclose()
     await served.drained()
+
+
+SHARE = 256 * KIB
+READ = 256 * KIB
+"""The most one read of the server's gives the parser (what may cross the share)."""
+
+
+@pytest.fixture
+async def shared() -> AsyncIterator[Served]:
+    """A server whose connections each have a SHARE of a BUDGET twice as large as usual."""
+    inflight, stats = InflightBytes(4 * BUDGET, SHARE), EdgeStats()
+    serve = functools.partial(
+        serve_app,
+        "127.0.0.1",
+        0,
+        body_length,
+        max_body_bytes=BODY_CAP,
+        stats=stats,
+        inflight=inflight,
+    )
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve)
+        yield Served(port, inflight, stats)
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_connection_at_its_share_is_read_no_further_until_the_lane_frees(shared: Served):
+    """Two bodies larger than the share: the first connection takes the lane and is charged
+    what it sends; the second is read to its share (plus the read that crossed it) and then
+    no further, with no error, while a small request is served; once the first body is whole
+    the second takes the lane and is served too."""
+    budget = shared.inflight
+    first = await shared.connect()
+    await first.send(head(LARGE) + bytes(HELD))
+    await shared.until(lambda: budget.used == HELD and budget.lane is not None, "the lane")
+    second = await shared.connect()
+    await second.send(head(LARGE) + bytes(LARGE))  # all sent: the sockets buffer it
+    await shared.until(lambda: budget.used >= HELD + SHARE, "the second read to its share")
+    assert await whole(shared, b"y" * 1000) == (200, {"body": 1000})
+    assert budget.used <= HELD + SHARE + READ  # and read no further
+    await first.send(bytes(LARGE - HELD))
+    assert await reply(first) == (200, {"body": LARGE})
+    assert await reply(second) == (200, {"body": LARGE})
+    for stream in (first, second):
+        await stream.aclose()
+    await shared.drained()
+    assert budget.lane is None and shared.stats.refused_requests["inflight_bytes"] == 0
 
 
 # ------------------------------------------------------------- a CLI worker and a gateway
@@ -278,7 +366,7 @@ def gauge(text: str, name: str) -> float:
 
 def refuses_and_gives_back(http_port: int, exposition: Callable[[], str], prefix: str) -> None:
     """Against a CLI process with a ``CLI_BUDGET`` of bytes in flight: one client holds a
-    ``CLI_LARGE`` inference body half sent, a second one is 429 with the gRPC refusal's message
+    ``CLI_LARGE`` inference body mostly sent (``HELD``), a second one is 429 with the gRPC refusal's message
     and counted, a small inference is served meanwhile, and once the first client leaves
     mid-body the ``<prefix>_edge_inflight_bytes`` gauge is 0 again (also after one more
     inference)."""
@@ -300,13 +388,14 @@ def refuses_and_gives_back(http_port: int, exposition: Callable[[], str], prefix
     refused = f"{prefix}_edge_refused_requests_total"
     counted = metric(exposition(), refused, "inflight_bytes")
     with socket.create_connection(("127.0.0.1", http_port), timeout=30) as first:
-        first.sendall(infer_head + b" " * FIRST_PIECE)
-        settles(CLI_LARGE)
+        first.sendall(infer_head + b" " * HELD)
+        settles(HELD)  # what arrived, not what the head announced
         with socket.create_connection(("127.0.0.1", http_port), timeout=30) as second:
-            second.sendall(infer_head + b" " * FIRST_PIECE)
+            with contextlib.suppress(OSError):  # refused before all of it is read
+                second.sendall(infer_head + b" " * CLI_LARGE)
             status, data = read_reply(second, time.monotonic() + 30)
         assert status == 429, data
-        assert json.loads(data) == {"error": refusal(CLI_LARGE, CLI_LARGE, CLI_BUDGET)}
+        assert REFUSED.fullmatch(json.loads(data)["error"]), data
         assert metric(exposition(), refused, "inflight_bytes") == counted + 1
         small_inference()  # beside the held bytes
     settles(0)  # the first client left mid-body

@@ -91,6 +91,10 @@ class EdgeLimits:
     """Bytes of requests being received and queued in the whole process; beyond it streams wait
     and unary calls get RESOURCE_EXHAUSTED (one request alone is always admitted up to the
     message cap)."""
+    max_inflight_bytes_per_connection: int = 32 << 20
+    """Of those, what one connection's messages still arriving may hold; at it the connection
+    is read no further until one of them is whole, except one connection at a time (so a
+    message larger than this still arrives)."""
     max_name_bytes: int = 1024
     """Model, input, output and parameter-key names longer than this are refused
     (INVALID_ARGUMENT / 400) before any other work."""

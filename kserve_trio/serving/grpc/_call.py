@@ -35,8 +35,15 @@ Receiving (``receive``), per message:
   alone, 23 bytes on the wire, holds nothing), until its request is done (``done_with``, or the
   call's end): past the cap a unary call is refused RESOURCE_EXHAUSTED and a stream's message
   waits (``receive(wait=True)``). What has arrived and could not be charged yet counts in the
-  connection's inbound buffer, so a waiting stream holds its client back. A message whose first bytes have come must be whole within
-  ``limits.message_receive_seconds`` (DEADLINE_EXCEEDED, then the stream is reset).
+  connection's inbound buffer, so a waiting stream holds its client back. A message whose
+  first bytes have come must be whole within ``limits.message_receive_seconds``
+  (DEADLINE_EXCEEDED, then the stream is reset).
+- *Connection share*: before its arrived bytes are charged, a message still arriving asks its
+  connection's share of the bytes in flight (``admission.ConnectionShare``,
+  ``limits.max_inflight_bytes_per_connection``); at the share it waits, unary or stream,
+  within its receive deadline, its bytes uncharged (so the connection's inbound buffer stops
+  the socket), until the connection's other messages are whole or it takes the lane. Once
+  whole, its bytes leave the share (they stay charged until its request is done).
 - *Stepwise inflation*: a compressed message is inflated on arrival a bounded step at a time
   (``compression.Inflater``), its output charged as it grows (refused past the bytes in flight,
   never waiting for them) and the task yielding between steps, so a bomb neither takes more
@@ -66,7 +73,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -88,6 +95,9 @@ from kserve_trio.serving.grpc._messages import (
     reply_encoding,
     reply_pieces,
 )
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.admission import ConnectionShare, InflightBytes
 
 JOIN_BYTES = 256 << 10
 """Up to this size a reply's pieces are joined into one ``bytes`` with its prefix (one DATA
@@ -183,6 +193,10 @@ class CallSink(Protocol):
 
     def acknowledge(self, stream_id: int, n: int) -> None: ...
 
+    def share(self, budget: InflightBytes) -> ConnectionShare:
+        """The connection's share of ``budget`` (*connection share*)."""
+        ...
+
     def inbound_changed(self, delta: int) -> None: ...
 
     def peer(self) -> str: ...
@@ -211,6 +225,7 @@ class Call:
         "_need",
         "_reserved",
         "_send_lock",
+        "_share",
         "_sink",
         "_unacked",
         "deadline",
@@ -258,6 +273,7 @@ class Call:
         self._reserved = 0  # the bytes of the message being read charged so far
         self._excess = 0  # what this call counts in its connection's inbound buffer
         self._charged = 0  # bytes charged to the process's bytes in flight
+        self._share: ConnectionShare | None = None  # where ``_reserved`` counts, once charged
         self._message_by: float | None = None  # the receive deadline of the message arriving
         self._data_event: anyio.Event | None = None
         self._send_lock: anyio.Lock | None = None
@@ -368,8 +384,7 @@ class Call:
         """Forget what was buffered and give back every byte charged (the call is over)."""
         self._chunks = []
         self._buffered = 0
-        self._reserved = 0
-        self._recount()
+        self._message_whole()
         self._uncharge(self._charged)
 
     def done_with(self, message: RawMessage) -> None:
@@ -448,32 +463,73 @@ class Call:
             return
         budget = self.limits.inflight
         if budget is not None:
-            if wait:
-                await budget.charge_waiting(delta, own=self._reserved)
-            else:
-                budget.charge(delta, own=self._reserved)
+            share = self._share
+            if share is None:
+                share = self._share = self._sink.share(budget)
+            if not share.fits(delta):
+                await self._wait_share(share, delta)  # (what comes meanwhile: charged next)
+            share.add(delta)
+            try:
+                if wait:
+                    await budget.charge_waiting(delta, own=self._reserved)
+                else:
+                    budget.charge(delta, own=self._reserved)
+            except BaseException:
+                share.give(delta)
+                raise
             self._charged += delta
+            arrived = self._reserved + delta
         self._reserved = arrived
         self._recount()
 
-    async def _wait_for_message(self, event: anyio.Event) -> None:
-        """Wait for more of a message that has begun to arrive, within its receive deadline."""
+    async def _wait_share(self, share: ConnectionShare, n: int) -> None:
+        """*Connection share*: wait until ``n`` more bytes of this message fit the connection's
+        share, within the message's receive deadline."""
+        by = self._message_deadline()
+        if by is None:
+            await share.wait(n)
+            return
+        with anyio.CancelScope(deadline=by) as scope:
+            await share.wait(n)
+        if scope.cancelled_caught:
+            raise self._late()
+
+    def _message_whole(self) -> None:
+        """The message being read is whole (or gone): its bytes leave the connection's share
+        and its inbound count."""
+        if self._share is not None and self._reserved:
+            self._share.give(self._reserved)
+        self._reserved = 0
+        self._recount()
+
+    def _message_deadline(self) -> float | None:
+        """When the message that has begun to arrive must be whole (None: no limit)."""
         by = self._message_by
         if by is None:
             seconds = self._sink.limits.message_receive_seconds
             if not seconds:
-                await event.wait()
-                return
+                return None
             by = self._message_by = anyio.current_time() + seconds
+        return by
+
+    def _late(self) -> DeadlineExceeded:
+        seconds = self._sink.limits.message_receive_seconds
+        return DeadlineExceeded(
+            "",
+            f"the request message was not received within {seconds:g} s "
+            "(limits.message_receive_seconds)",
+        )
+
+    async def _wait_for_message(self, event: anyio.Event) -> None:
+        """Wait for more of a message that has begun to arrive, within its receive deadline."""
+        by = self._message_deadline()
+        if by is None:
+            await event.wait()
+            return
         with anyio.CancelScope(deadline=by) as scope:
             await event.wait()
         if scope.cancelled_caught:
-            seconds = self._sink.limits.message_receive_seconds
-            raise DeadlineExceeded(
-                "",
-                f"the request message was not received within {seconds:g} s "
-                "(limits.message_receive_seconds)",
-            )
+            raise self._late()
 
     async def receive(self, *, wait: bool = False) -> RawMessage | None:
         """The next request message, or None when the client has ended its side (module
@@ -508,8 +564,7 @@ class Call:
                     "its prefix announced"
                 )
             data = got
-            self._reserved = 0
-            self._recount()
+            self._message_whole()
         self._message_by = None  # (an error above ends the call, and with it all of this)
         if flag:
             return await self._inflate(data)

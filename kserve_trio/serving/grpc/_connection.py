@@ -36,7 +36,9 @@ Defences (``limits``, counted in the server's ``EdgeStats``):
   then the close, with no linger, so that its descriptor comes back at once. The connection
   tells its ``Slot`` when it has a call (busy) and when it has none (idle).
 - *Memory*: reading pauses while the calls hold ``limits.max_connection_buffer_bytes`` beyond
-  the messages they are reading, and senders wait while ``limits.max_send_queue_bytes`` are
+  the messages they are reading (and a message waiting for the connection's share of the
+  bytes in flight, ``limits.max_inflight_bytes_per_connection``, is not charged, so it counts
+  there), and senders wait while ``limits.max_send_queue_bytes`` are
   queued for the socket (the engine's queues and the transport's buffer).
 
 Drain (``start_drain``, at shutdown or at the maximum connection age): GOAWAY with the largest
@@ -77,6 +79,7 @@ from kserve_trio.http2 import (
     new_engine,
 )
 from kserve_trio.serving.accept import Slot
+from kserve_trio.serving.admission import ConnectionShare, InflightBytes
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._call import Call, CallState
 from kserve_trio.serving.grpc._headers import header_problem, read_request
@@ -169,6 +172,8 @@ class ServerConnection:
         self.inbound_bytes = 0
         """What the calls hold beyond the messages they are reading (*memory*)."""
         self._read_paused = False
+        self._shares: dict[InflightBytes, ConnectionShare] = {}
+        """This connection's share of each budget its calls charge (one, in a server)."""
         self._idle_event: anyio.Event | None = None
         # timers
         self._deadlines: list[tuple[float, int, Call]] = []
@@ -557,6 +562,13 @@ class ServerConnection:
     def acknowledge(self, stream_id: int, n: int) -> None:
         self.engine.acknowledge(stream_id, n)
         self.transport.wake_writer()
+
+    def share(self, budget: InflightBytes) -> ConnectionShare:
+        """*Memory*: this connection's share of ``budget`` (``admission.ConnectionShare``)."""
+        share = self._shares.get(budget)
+        if share is None:
+            share = self._shares[budget] = budget.connection()
+        return share
 
     def inbound_changed(self, delta: int) -> None:
         """*Memory*: a call holds ``delta`` more (or fewer) bytes beyond the message it reads."""

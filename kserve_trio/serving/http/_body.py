@@ -11,8 +11,9 @@ Too Large with the gRPC message, ``received message larger than max (N vs. M)``,
 connection closes.
 
 A body's bytes are also charged to the process's bytes in flight (``BodyCharges``, the
-admission's ``InflightBytes`` that the gRPC messages count in): its ``Content-Length`` when the
-head announces one, else each piece as it arrives, and what it inflates to as it grows; they
+admission's ``InflightBytes`` that the gRPC messages count in): each piece as it arrives (never
+the ``Content-Length`` a head announces: an announcement costs the client nothing), and what it
+inflates to as it grows; they
 are given back once its request has been answered or its connection ends. A body that does not
 fit is refused as a gRPC message is, RESOURCE_EXHAUSTED (HTTP 429) with the same message, and
 one request alone is always admitted.

@@ -23,11 +23,14 @@ bodies; ``_Parsed`` adds what the parser leaves open):
    message larger than max (N vs. M)``, the gRPC message, and the connection closes, lingering
    a moment so the client reads the answer);
 2a. bytes in flight (``serve_app(inflight=...)``): a body is charged to the process's
-   ``InflightBytes``, the budget gRPC messages count in, at its ``Content-Length`` once the head
-   is parsed (a chunked body piece by piece, an inflated one as it grows: ``HttpRequest.charge``)
-   and given back once its request is answered or the connection ends. A body that does not
-   fit is answered 429 with the gRPC refusal's message and the connection closes as in rule 2;
-   one request alone is always admitted;
+   ``InflightBytes``, the budget gRPC messages count in, as its bytes arrive, never at the
+   ``Content-Length`` its head announces (a client announcing a large body and sending a byte
+   holds a byte), an inflated one also as it grows (``HttpRequest.charge``), and given back
+   once its request is answered or the connection ends. A piece that does not fit is answered
+   429 with the gRPC refusal's message and the connection closes as in rule 2; one request
+   alone is always admitted. While its body arrives it counts in the connection's share
+   (``admission.ConnectionShare``, ``limits.max_inflight_bytes_per_connection``): at the share
+   the connection is not read (backpressure) until it may take the lane;
 2b. chunk framing: the parser skips a chunk's extensions (``5;name=value``) and the zeros
    before its size without reporting them, so an endless extension would be read forever. What
    a chunked body's framing has beyond its least (the hex size and two CRLFs per chunk) is
@@ -272,8 +275,8 @@ class _Parsed:
         self.clock = clock
         self.charged = 0
         """Bytes of the request being parsed charged so far (rule 2a)."""
-        self.announced = False
-        """Whether its ``Content-Length`` was charged (its pieces then are not)."""
+        self.share = charges.inflight.connection() if charges is not None else None
+        """This connection's share of the bytes in flight: its body still arriving (rule 2a)."""
         self.refusal: _Refusal | None = None
         self.ready: list[tuple[HttpRequest, bool]] = []
         self.method = b""
@@ -425,7 +428,6 @@ class _Parsed:
         if self.clock is not None:
             self.clock.head_began()
         self.url, self.headers, self.head_bytes, self.hosts = b"", {}, 0, 0
-        self.announced = False
         self.body.take()
         self.phase = _HEAD
         self.messages += 1
@@ -469,16 +471,8 @@ class _Parsed:
         length = headers.get("content-length", "")
         if length.isdigit():
             size = int(length)
-            if size > self.max_body:
+            if size > self.max_body:  # refused before a byte of it is read (or charged)
                 self._refuse_too_large(size)
-            if size and self.charges is not None:
-                inflight = self.charges.inflight
-                if not inflight.cap or inflight.used + size <= inflight.cap:
-                    inflight.used += size  # within the budget: the hot path, inline
-                    self.charged += size
-                else:
-                    self._charge(size)
-                self.announced = True
         if headers.get("expect", "").lower() == "100-continue":
             self.expect_continue = True
 
@@ -500,8 +494,16 @@ class _Parsed:
         self.credited += n
         if not self.body.add(data):  # counted as it arrives: refused the moment it passes
             self._refuse_too_large(self.body.received)
-        if not self.announced and self.charges is not None:
-            self._charge(n)
+        charges = self.charges
+        if charges is not None:  # as it arrives, never as its Content-Length announces it
+            inflight = charges.inflight
+            if not inflight.cap or inflight.used + n <= inflight.cap:
+                inflight.used += n  # within the budget: the hot path, inline
+                self.charged += n
+            else:
+                self._charge(n)
+            assert self.share is not None
+            self.share.add(n)
 
     def on_chunk_complete(self) -> None:
         size = self.body.received - self.chunk_start
@@ -514,6 +516,8 @@ class _Parsed:
         body = self.body.take()
         method = self.method.decode("latin-1")
         request = HttpRequest(method, path, query, self.headers, body, self.charged, self.charges)
+        if self.share is not None and self.charged:
+            self.share.give(self.charged)  # whole: no longer arriving
         self.charged = 0
         self.phase = _BETWEEN
         self.ready.append((request, self.parser.should_keep_alive()))
@@ -524,6 +528,8 @@ class _Parsed:
         if charges is None:
             return
         held = self.charged + sum(request.charged for request, _ in self.ready)
+        if self.share is not None and self.charged:
+            self.share.give(self.charged)
         self.charged = 0
         for request, _ in self.ready:
             request.charged = 0
@@ -690,7 +696,10 @@ async def _serve(
     stats: EdgeStats | None = None,
 ) -> None:
     bound_read_ahead = read_ahead_bound(stream)
+    share = parsed.share
     while True:
+        if share is not None and not share.fits(1):  # rule 2a: at its share, read no more
+            await share.wait(1)
         clock.waiting_since = anyio.current_time()
         waiting[clock] = None
         try:
