@@ -41,8 +41,8 @@ from typing import Any
 
 import kserve_trio
 from kserve_trio.core.config import EdgeLimits
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from kserve_trio.core.request_bounds import check_model_name, shown
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument
+from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import grpc_headers
@@ -254,7 +254,7 @@ class GatewayService:
             data, deadline, "ModelMetadata", pb.ModelMetadataRequest
         )
         if reply is None:
-            raise NotFound(f"model {shown(request.name)} not found on any worker")
+            raise self.forwarder.state.missing(request.name)
         return reply
 
     async def model_config(self, data: bytes, deadline: float | None) -> bytes:
@@ -262,7 +262,7 @@ class GatewayService:
             data, deadline, "ModelConfig", pb.ModelConfigRequest
         )
         if reply is None:
-            raise NotFound(f"model {shown(request.name)} not found on any worker")
+            raise self.forwarder.state.missing(request.name)
         return reply
 
     # -- fan-outs ----------------------------------------------------------------------------

@@ -503,31 +503,6 @@ def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
         c.stop_stream()
 
 
-def test_a_wedged_gateway_stops_with_gateway_wedged(monkeypatch):
-    from kserve_trio.gateway import prober as prober_module
-
-    calls = []
-    original = prober_module.Prober.round
-
-    async def round_then_wedge(self):
-        calls.append(1)
-        if len(calls) > 1:
-            raise prober_module.GatewayWedged("every probe timed out (test)")
-        return await original(self)
-
-    monkeypatch.setattr(prober_module.Prober, "round", round_then_wedge)
-    with FakeWorker() as a:
-        cfg = GatewayConfig(
-            listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
-            endpoints=(f"{a.host}:{a.port}",),
-            prober=ProberConfig(health_interval_seconds=0.2),
-        )
-        gw = serve_gateway(cfg, blocking=False)
-        gw._thread.join(10)  # the tree ends by itself
-        with pytest.raises(prober_module.GatewayWedged, match="every probe timed out"):
-            stop(gw)
-
-
 def test_startup_waits_for_a_ready_worker_within_the_bound():
     with FakeWorker() as a:
         a.ready = False
