@@ -138,6 +138,7 @@ class Gateway:
         self.admission = Admission(
             config.grpc.max_concurrent_requests_per_worker,
             lambda: len(self.pool.clients),
+            queued_per_worker=config.grpc.max_queued_requests_per_worker,
             on_shed=lambda: self.metrics.shed.inc(),
             max_inflight_bytes=config.limits.max_inflight_bytes,
         )
@@ -146,6 +147,7 @@ class Gateway:
         self.metrics = GatewayMetrics(
             edge=self.edge_stats,
             inflight=lambda: self.admission.inflight,
+            queued=lambda: self.admission.waiting,
             max_concurrent=lambda: self.admission.cap,
             policy=self.policy,
             workers=lambda: self.pool.clients.keys(),

@@ -28,7 +28,8 @@ Where each answer comes from:
   UNIMPLEMENTED by name.
 
 Admission (``admission.Admission``): ModelInfer and stream messages count against the inbound
-cap; every other RPC except ServerLive and ServerReady is refused UNAVAILABLE once the gateway
+cap (a ModelInfer at the cap waits in the bounded queue within its deadline, a stream message
+waits for a slot); every other RPC except ServerLive and ServerReady is refused UNAVAILABLE once the gateway
 drains. A compressed request is read uncompressed (``Call.plain``) where the gateway must
 read it; ModelInfer and stream messages are forwarded compressed, under their
 ``grpc-encoding``.
@@ -221,7 +222,7 @@ class GatewayService:
     async def model_infer(self, call: Call, message: RawMessage) -> bytes:
         """ModelInfer over gRPC: the message as it arrived (compressed or not) and the caller's
         metadata go to a replica (REST forwards its own way, ``rest_forward``)."""
-        with self.admission.inference():
+        async with self.admission.queued(call.deadline):
             if message.compressed:
                 return await self.forwarder.infer(
                     message.data,

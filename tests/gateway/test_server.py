@@ -337,11 +337,13 @@ def test_a_client_leaving_a_stream_cancels_its_requests_on_the_workers():
             wait_until(lambda: gw.gateway.admission.busy == 0)
 
 
-def test_the_inbound_cap_sheds_resource_exhausted():
+def test_the_inbound_cap_without_a_queue_sheds_resource_exhausted():
     with fleet(1) as (a,):
         a.echo = True
         a.infer_delay = 1.0
-        grpc = GatewayGrpcConfig(max_concurrent_requests_per_worker=1)
+        grpc = GatewayGrpcConfig(  # no queue: shed at once
+            max_concurrent_requests_per_worker=1, max_queued_requests_per_worker=0
+        )
         with running([a], grpc=grpc) as gw:
             results: queue.Queue = queue.Queue()
             x = np.ones((1, 4), np.float32)

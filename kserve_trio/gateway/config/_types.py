@@ -206,13 +206,17 @@ class WorkerClientConfig:
 
 @dataclass(frozen=True)
 class GatewayGrpcConfig:
-    """``grpc:``: message caps in each direction, and the inbound admission cap per worker
-    (the gateway admits ``max_concurrent_requests_per_worker`` times the number of workers
-    concurrent requests and sheds the rest with RESOURCE_EXHAUSTED; 0 = uncapped)."""
+    """``grpc:``: message caps in each direction, and the inbound admission cap and queue per
+    worker (the gateway admits ``max_concurrent_requests_per_worker`` times the number of
+    workers concurrent requests, 0 = uncapped; past it up to ``max_queued_requests_per_worker``
+    times the workers wait for a slot within their deadline, and the rest are shed with
+    RESOURCE_EXHAUSTED; 0 = no queue). A burst a worker would serve is queued, not shed:
+    stock clients do not retry RESOURCE_EXHAUSTED."""
 
     max_recv_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
     max_send_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
     max_concurrent_requests_per_worker: int = 64
+    max_queued_requests_per_worker: int = 256
 
 
 @dataclass(frozen=True)
