@@ -462,8 +462,8 @@ class Connection:
             self.calls.pop(sid, None)
             for waiting in self.parked:
                 _wake(waiting)
-            if self.draining and not self.calls and self.dead is None:
-                await self.aclose()  # GOAWAY'd and now idle: the transport has moved on
+            if not self.calls and (self.dead is not None or self.draining):
+                await self.aclose()  # dead, or GOAWAY'd and now idle: the transport moved on
 
     async def _send_message(
         self, call: _Call, pieces: Sequence[Buffer], nbytes: int, flag: int

@@ -165,7 +165,10 @@ class H2Transport:
             conn = self._conn
             if conn is not None and conn.usable:
                 return conn
-            if conn is not None and not conn.calls:
+            # A dead connection is closed even with calls on it (they have failed already): a
+            # peer that stalls or goes silent would otherwise leave one socket per reconnect.
+            # A draining one with calls is left to its last call, which closes it.
+            if conn is not None and (conn.dead is not None or not conn.calls):
                 with anyio.move_on_after(CLOSE_SECONDS):
                     await conn.aclose()
             self._conn = conn = await self._connect(rpc)

@@ -16,7 +16,8 @@ the route refresher), ``routing`` (the routing table and policies), ``routing_me
 workers), ``fanout`` and ``aggregate`` (the RPCs answered by every worker, and their pure
 merges), ``stream`` (ModelStreamInfer), ``admission`` (the inbound cap and drain), ``service``
 (the gRPC surface), ``admin`` (the admin HTTP endpoints), ``metrics`` and ``metrics_merge``
-(``/metrics``), ``tls`` (the public and worker-side TLS contexts), ``server`` (the task tree,
+(``/metrics``), ``tls`` (the public and worker-side TLS contexts), ``watchdog`` (the wedge rule:
+the event loop stalling), ``server`` (the task tree,
 ``serve_gateway``) and ``cli`` (``python -m kserve_trio gateway``). lpt_packing lives in the
 ``placement`` package, behind its one face (its docstring names the parts).
 

@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
     from kserve_trio.serving.fd_budget import raise_open_file_limit
 
     raise_open_file_limit()  # before the descriptor budget is split from it
-    from kserve_trio.gateway.prober import GatewayWedged
     from kserve_trio.gateway.server import serve_gateway
     from kserve_trio.serving.accept import ListenError
 
@@ -108,9 +107,6 @@ def run(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         print(f"error: cannot serve: {exc}", file=sys.stderr)
         return 2
-    except GatewayWedged as exc:
-        log.error("gateway_wedged", error=str(exc))
-        return 1
     return 0
 
 

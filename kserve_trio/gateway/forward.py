@@ -14,6 +14,8 @@ Rules (``Forwarder.infer``):
    uncompressed form (``plain``) and forwarded as it arrived, under its ``grpc-encoding``.
 2. The policy turns the shape into request units and selects replicas from the current table
    snapshot. None known: refresh the table now (single-flight) and select again; still none:
+   ``RoutingState.missing``: UNAVAILABLE ``model 'm' has no ready replica now`` when some
+   worker last listed the model (its replicas are all unready, frozen or unreachable), else
    NOT_FOUND ``model 'm' not found on any worker``.
 3. Try the replicas in order, skipping any that is no longer routable. Before each attempt wait
    for that worker's register gate (a shared-memory registration in flight to it must land
@@ -51,8 +53,8 @@ import anyio
 from kserve_trio.client.errors import RpcError, is_stale_registration
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.config import EdgeLimits
-from kserve_trio.core.errors import NotFound, ServingError, Unavailable
-from kserve_trio.core.request_bounds import RequestBounds, check_name, shown
+from kserve_trio.core.errors import ServingError
+from kserve_trio.core.request_bounds import RequestBounds, check_name
 from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
 from kserve_trio.gateway.peek import PeekedRequest, peek_routing
 from kserve_trio.gateway.pool import WorkerClient, WorkerPool, forward_deadline
@@ -62,6 +64,7 @@ from kserve_trio.gateway.routing import (
     RoutingPolicy,
     RoutingState,
     failover_action,
+    no_ready_replica,
 )
 
 MODEL_INFER = method_path("ModelInfer")
@@ -195,7 +198,7 @@ class Forwarder:
                 selection = self.policy.select(model, units, self.state.table)
             with selection.reservation:
                 if not selection.order:
-                    raise NotFound(f"model {shown(model)} not found on any worker")
+                    raise self.state.missing(model)
                 return await self._attempts(rpc, model, selection.order, deadline, attempt)
 
     async def call_replica(
@@ -207,7 +210,8 @@ class Forwarder:
         deadline: float | None = None,
     ) -> bytes | None:
         """``method`` on a ready replica of ``model`` (rules 3-5, replicas in turn); ``None``
-        when no worker has ``model`` ready, even after a refresh."""
+        when no worker has ``model`` ready, even after a refresh (``state.missing`` says which
+        error that is)."""
 
         def attempt(client: WorkerClient, attempt_deadline: float) -> Awaitable[bytes]:
             return client.call_raw(method, data, deadline=attempt_deadline)
@@ -279,7 +283,7 @@ class Forwarder:
                         self.metrics.observe_worker_call(rpc, label, anyio.current_time() - sent)
         if last is not None:
             raise last
-        raise Unavailable(f"no ready worker can take model '{model}' now")
+        raise no_ready_replica(model)
 
 
 __all__ = ["MODEL_INFER", "Attempt", "Forwarder", "RegisterGates", "StaleReplay"]

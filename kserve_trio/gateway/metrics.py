@@ -6,7 +6,7 @@ Series updated as requests finish: ``gateway_requests_total{rpc,model,status}``,
 (same buckets), ``gateway_requests_shed_total``. Series the prober sets each round:
 ``gateway_routing_table_size``, ``gateway_worker_ready{worker}``,
 ``gateway_worker_metrics_up{worker}``. Read at scrape time: ``gateway_inflight_requests``,
-``gateway_max_concurrent_requests`` and, for a policy that keeps load counters,
+``gateway_queued_requests``, ``gateway_max_concurrent_requests`` and, for a policy that keeps load counters,
 ``gateway_worker_inflight_work{worker,basis}`` (every known worker, in label order).
 
 Under lpt_packing the scheduler's series join the same registry (``add_collector``;
@@ -56,8 +56,8 @@ OTHER_MODELS = "<other>"
 class GatewayMetrics:
     """The gateway's metric objects, its registry and its scrape-time series.
 
-    ``inflight`` and ``max_concurrent`` report admission (requests in flight, the cap; 0 =
-    uncapped); ``policy`` and ``workers`` give the per-worker outstanding work.
+    ``inflight``, ``queued`` and ``max_concurrent`` report admission (requests in flight,
+    requests waiting in its queue, the cap; 0 = uncapped); ``policy`` and ``workers`` give the per-worker outstanding work.
     """
 
     def __init__(
@@ -65,6 +65,7 @@ class GatewayMetrics:
         *,
         inflight: Callable[[], int] = lambda: 0,
         max_concurrent: Callable[[], int] = lambda: 0,
+        queued: Callable[[], int] = lambda: 0,
         policy: RoutingPolicy | None = None,
         workers: Callable[[], Iterable[str]] = tuple,
         edge: EdgeStats | None = None,
@@ -113,7 +114,7 @@ class GatewayMetrics:
             "gateway_worker_metrics_up", "1 if the worker's metrics endpoint answered the scrape",
             ["worker"], registry=self.registry,
         )  # fmt: skip
-        self.registry.register(_ScrapeCollector(inflight, max_concurrent, policy, workers))
+        self.registry.register(_ScrapeCollector(inflight, max_concurrent, policy, workers, queued))
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._model_labels: set[str] = set()
         self._latency_children: dict[tuple[str, str], Any] = {}
@@ -190,7 +191,9 @@ class _ScrapeCollector:
         max_concurrent: Callable[[], int],
         policy: RoutingPolicy | None,
         workers: Callable[[], Iterable[str]],
+        queued: Callable[[], int],
     ) -> None:
+        self._queued = queued
         self._inflight = inflight
         self._max = max_concurrent
         self._policy = policy
@@ -201,6 +204,9 @@ class _ScrapeCollector:
 
     def collect(self):
         yield _gauge("gateway_inflight_requests", "Requests in flight", self._inflight())
+        yield _gauge(
+            "gateway_queued_requests", "Requests waiting for an admission slot", self._queued()
+        )
         yield _gauge(
             "gateway_max_concurrent_requests", "Inbound admission cap (0 = none)", self._max()
         )

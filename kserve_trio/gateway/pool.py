@@ -2,7 +2,7 @@
 and the health state machine that decides when a worker is ready and when its connection is
 reset.
 
-The state machine is pure (``probe_step``, ``WedgeTracker``, ``forward_deadline``); the I/O is at
+The state machine is pure (``probe_step``, ``forward_deadline``); the I/O is at
 the edges, in ``WorkerClient`` (one worker's connection) and ``WorkerPool`` (the clients of the
 current worker set, reconciled with each discovery round).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -128,34 +128,6 @@ def probe_step(health: WorkerHealth, outcome: ProbeOutcome, error: str = "") -> 
         became_ready=ready and not health.ready,
         became_unready=health.ready and not ready,
     )
-
-
-class WedgeTracker:
-    """Detects a wedged gateway: its own client stack, not the workers, has stopped working.
-
-    Rules (``observe``):
-    1. Until some worker has answered a probe, nothing counts: a fleet that is still starting
-       (or was never reachable) is not a wedge.
-    2. A round in which every probe timed out adds one to the streak; any other round (or a
-       round with no workers) ends it.
-    3. When the streak reaches ``limit`` (> 0), ``observe`` returns True: the gateway exits
-       non-zero so its supervisor restarts it. ``limit`` 0 never exits.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.streak = 0
-        self.armed = False
-
-    def observe(self, outcomes: Iterable[ProbeOutcome]) -> bool:
-        outcomes = list(outcomes)
-        if any(o in (ProbeOutcome.READY, ProbeOutcome.NOT_READY) for o in outcomes):
-            self.armed = True
-        if outcomes and all(o is ProbeOutcome.TIMED_OUT for o in outcomes):
-            self.streak += 1 if self.armed else 0
-        else:
-            self.streak = 0
-        return self.limit > 0 and self.streak >= self.limit
 
 
 def forward_deadline(deadline: float | None, now: float, default: float, model: str) -> float:
@@ -430,7 +402,6 @@ __all__ = [
     "PoolSettings",
     "ProbeOutcome",
     "RawReply",
-    "WedgeTracker",
     "WorkerClient",
     "WorkerHealth",
     "WorkerPool",

@@ -5,8 +5,9 @@ Each prober round (one at start-up, before the gateway serves, then every
 
 1. re-resolves the ``endpoints`` entries and reconciles the pool (``Discovery``, ``WorkerPool``);
 2. probes every worker's ServerReady concurrently (a timed-out probe resets that worker's
-   connection) and feeds the wedge rule (``WedgeTracker``: the gateway's own client stack has
-   stopped working -> ``GatewayWedged``);
+   connection, so a silent worker holds one connection at a time). Workers that all time out
+   are never a reason to stop: the gateway serves on and takes them back when they answer
+   (the one wedge is the gateway's own event loop stalling, ``watchdog``);
 3. admits each worker that became ready: ``on_ready`` runs first (the gateway replays its
    shared-memory registrations there), and only a worker whose ``on_ready`` succeeded is
    *routable*; a worker that stops being ready stops being routable at once;
@@ -38,7 +39,6 @@ from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.pool import (
     PROBE_TIMEOUT_SECONDS,
     ProbeOutcome,
-    WedgeTracker,
     WorkerClient,
     WorkerPool,
 )
@@ -65,11 +65,6 @@ REPOSITORY_INDEX = method_path("RepositoryIndex")
 MODEL_CONTROL_STATUS = "/reactant_control.ControlService/ModelControlStatus"
 
 _log = get_logger(__name__)
-
-
-class GatewayWedged(RuntimeError):
-    """Every probe timed out for ``wedge_exit_rounds`` rounds after the fleet had answered: the
-    gateway's own client stack is stuck, and only a restart helps (the gateway exits non-zero)."""
 
 
 async def _bounded(fn: Callable[[], Awaitable[object]], timeout: float) -> object | None:
@@ -142,7 +137,7 @@ class RouteRefresher:
                 for client in clients:
                     tg.start_soon(index, client)
             table = build_routing_table(ready)
-            diff = self.state.swap(table)
+            diff = self.state.swap(table, ready)
             self.scans += 1
             if self._metrics is not None:
                 self._metrics.routing_table_size.set(table.size)
@@ -204,7 +199,6 @@ class Prober:
         state: RoutingState,
         policy: RoutingPolicy,
         interval: float,
-        wedge_rounds: int,
         metrics: GatewayMetrics | None = None,
         on_ready: Callable[[WorkerClient], Awaitable[None]] | None = None,
         watchdog: float = WATCHDOG_SECONDS,
@@ -219,7 +213,6 @@ class Prober:
         self.metadata: RoutingMetadata = EMPTY_METADATA
         self._on_ready = on_ready
         self._watchdog = watchdog
-        self._wedge = WedgeTracker(wedge_rounds)
         self._routable: set[str] = set()
         self._wake = anyio.Event()
         self.refresher = RouteRefresher(
@@ -245,14 +238,17 @@ class Prober:
         self._wake.set()
 
     async def round(self) -> RoundReport:
-        """One round (steps 1-5 of the module docstring); raises ``GatewayWedged``."""
+        """One round (steps 1-5 of the module docstring)."""
         found = await self.discovery.refresh()
         await self.pool.apply(found.diff)
+        state = self.refresher.state
         for spec in found.diff.removed:
             self._routable.discard(spec.label)
+            state.forget(spec.label)
             if self.metrics is not None:
                 self.metrics.forget_worker(spec.label)
         for old, new in found.diff.changed:  # the same worker under a new label stays admitted
+            state.rename(old.label, new.label)
             if old.label in self._routable:
                 self._routable.discard(old.label)
                 self._routable.add(new.label)
@@ -271,11 +267,6 @@ class Prober:
             elif label not in self._routable and await self._admit(label):
                 admitted.append(label)
         self.rounds += 1
-        if self._wedge.observe(outcomes.values()):
-            raise GatewayWedged(
-                f"every ServerReady probe timed out for {self._wedge.streak} consecutive rounds "
-                "after the workers had answered: the gateway's client connections are stuck"
-            )
         await self.refresher.scan()
         polled: tuple[str, ...] = ()
         if self.policy.needs_metadata and self._routable:
@@ -326,7 +317,7 @@ class Prober:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """The first round, then ``started``, then a round every ``interval`` (or when woken)
-        until cancelled; ``GatewayWedged`` ends it."""
+        until cancelled."""
         await self._round_logged()
         task_status.started()
         while True:
@@ -338,8 +329,6 @@ class Prober:
     async def _round_logged(self) -> None:
         try:
             await self.round()
-        except GatewayWedged:
-            raise
         except Exception as exc:  # a bug in one round must not stop the prober
             _log.exception("prober_round_failed", error=str(exc))
 
@@ -347,7 +336,6 @@ class Prober:
 __all__ = [
     "MIN_REFRESH_INTERVAL_SECONDS",
     "WATCHDOG_SECONDS",
-    "GatewayWedged",
     "Prober",
     "RoundReport",
     "RouteRefresher",

@@ -92,8 +92,10 @@ class GatewayRest:
         check_path_names(call.model, call.version, call.region, self.limits.edge.max_name_bytes)
         if call.rpc in MODEL_RPCS:
             admission = self.service.admission
-            gate = admission.inference() if call.rpc == "ModelInfer" else admission.call()
-            with gate:
+            if call.rpc == "ModelInfer":  # waits in the queue like gRPC's (no deadline of its own)
+                async with admission.queued(None):
+                    return await self.models.answer(call, request)
+            with admission.call():
                 return await self.models.answer(call, request)
         rpc = self._rpcs.get(call.rpc)
         if rpc is None:

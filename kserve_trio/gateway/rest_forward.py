@@ -43,7 +43,7 @@ import anyio
 
 from kserve_trio.client.errors import STALE_REGION_PREFIX, RpcError
 from kserve_trio.core import rest_codec
-from kserve_trio.core.errors import Internal, InvalidArgument, NotFound, StatusCode
+from kserve_trio.core.errors import Internal, InvalidArgument, StatusCode
 from kserve_trio.core.infer_wire import parse_infer_response
 from kserve_trio.gateway.forward import MODEL_INFER, Forwarder
 from kserve_trio.gateway.peek import PeekedRequest
@@ -309,7 +309,7 @@ class ModelRequests:
             return reply
         if call.rpc == "ModelReady":
             return reply_response(call, pb.ModelReadyResponse(ready=False))
-        raise NotFound(f"model '{call.model}' not found on any worker")
+        raise self.forwarder.state.missing(call.model)
 
 
 def _length_or_none(request: HttpRequest) -> int | None:

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.errors import NotFound, ServingError, StatusCode, Unavailable
+from kserve_trio.core.request_bounds import shown
 from kserve_trio.gateway.config import SchedulingConfig, SchedulingMode, WorkBasis
 from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, RoutingMetadata
 from kserve_trio.proto import inference as pb
@@ -109,15 +110,63 @@ def diff_tables(old: RoutingTable, new: RoutingTable) -> TableDiff:
     )
 
 
+def no_ready_replica(model: str) -> Unavailable:
+    """The one UNAVAILABLE for a model the fleet has but cannot serve now."""
+    return Unavailable(
+        f"model {shown(model)} has no ready replica now (its workers are not ready or not "
+        "answering)"
+    )
+
+
 class RoutingState:
-    """The current routing table, swapped atomically (one assignment on the event loop)."""
+    """The current routing table, swapped atomically (one assignment on the event loop), and
+    what each worker last listed, so that a model whose replicas are all unready now is told
+    apart from a model no worker has.
+
+    Rules (``missing``):
+    1. ``swap`` records, for each worker whose index built the new table, the models it listed
+       (its last answer replaces the one before). A worker that did not answer this scan (not
+       ready, frozen, unreachable) keeps its last listing.
+    2. ``forget`` drops a worker that discovery removed; ``rename`` carries a listing to a
+       worker's new label.
+    3. A model not in the table that some known worker last listed is *known* to the fleet:
+       no replica is ready now, which is UNAVAILABLE (a client retries, or goes elsewhere).
+       Any other model is NOT_FOUND. A worker that answers without the model (it was
+       unloaded) makes it unknown again.
+    """
 
     def __init__(self, table: RoutingTable = EMPTY_TABLE) -> None:
         self.table = table
+        self._listed: dict[str, frozenset[str]] = {}
 
-    def swap(self, new: RoutingTable) -> TableDiff:
+    def swap(
+        self, new: RoutingTable, listed: Mapping[str, Iterable[str]] | None = None
+    ) -> TableDiff:
+        """Rule 1 (``listed``: worker -> the models it listed in this scan)."""
         old, self.table = self.table, new
+        for worker, names in (listed or {}).items():
+            self._listed[worker] = frozenset(names)
         return diff_tables(old, new)
+
+    def forget(self, worker: str) -> None:
+        """Rule 2: a worker discovery removed."""
+        self._listed.pop(worker, None)
+
+    def rename(self, old: str, new: str) -> None:
+        """Rule 2: the same worker under a new label."""
+        names = self._listed.pop(old, None)
+        if names is not None:
+            self._listed[new] = names
+
+    def known(self, model: str) -> bool:
+        """Rule 3: whether some known worker last listed ``model``."""
+        return any(model in names for names in self._listed.values())
+
+    def missing(self, model: str) -> ServingError:
+        """Rule 3: the error for a request that found no replica of ``model``."""
+        if self.known(model):
+            return no_ready_replica(model)
+        return NotFound(f"model {shown(model)} not found on any worker")
 
 
 # ---------------------------------------------------------------------------------------------

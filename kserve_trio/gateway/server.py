@@ -31,8 +31,9 @@ the start-up with its error.
 Shutdown (``stop``, SIGTERM, SIGINT) drains: admission stops (new requests are refused
 UNAVAILABLE, ``/readyz`` turns 503, ServerReady false), requests in flight finish within
 ``DRAIN_SECONDS`` (the gRPC server's two-phase GOAWAY), then the tree is cancelled and the worker
-connections close. A wedged gateway (``prober.GatewayWedged``) ends the tree with that error,
-and the CLI exits 1 so its supervisor restarts it.
+connections close. The loop watchdog (``watchdog.LoopWatchdog``, a task of the tree and its
+thread) ends the process with status 1 if the event loop stalls, so its supervisor restarts it;
+workers that stop answering never do.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,7 @@ from kserve_trio.gateway.placement import (
     shared_lpt,
 )
 from kserve_trio.gateway.pool import PoolSettings, WorkerPool
-from kserve_trio.gateway.prober import GatewayWedged, Prober
+from kserve_trio.gateway.prober import Prober
 from kserve_trio.gateway.processes._layout import ProcessRole
 from kserve_trio.gateway.rest import serve_rest
 from kserve_trio.gateway.routing import RoutingState, make_policy
@@ -88,6 +89,7 @@ from kserve_trio.gateway.service import GatewayService
 from kserve_trio.gateway.shm_fanout import ShmFanout
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.gateway.tls import public_ssl_context
+from kserve_trio.gateway.watchdog import LoopWatchdog, exit_wedged, wedge_limit
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.background import (
     BackgroundLoop,
@@ -136,6 +138,7 @@ class Gateway:
         self.admission = Admission(
             config.grpc.max_concurrent_requests_per_worker,
             lambda: len(self.pool.clients),
+            queued_per_worker=config.grpc.max_queued_requests_per_worker,
             on_shed=lambda: self.metrics.shed.inc(),
             max_inflight_bytes=config.limits.max_inflight_bytes,
             max_inflight_bytes_per_connection=config.limits.max_inflight_bytes_per_connection,
@@ -145,6 +148,7 @@ class Gateway:
         self.metrics = GatewayMetrics(
             edge=self.edge_stats,
             inflight=lambda: self.admission.inflight,
+            queued=lambda: self.admission.waiting,
             max_concurrent=lambda: self.admission.cap,
             policy=self.policy,
             workers=lambda: self.pool.clients.keys(),
@@ -163,7 +167,6 @@ class Gateway:
             state=self.state,
             policy=self.policy,
             interval=config.prober.health_interval_seconds,
-            wedge_rounds=config.prober.wedge_exit_rounds,
             metrics=self.metrics,
             on_ready=self.shm.replay,
         )
@@ -299,10 +302,16 @@ async def serve_gateway_async(
     *,
     resolver: Resolver | None = None,
     process: ProcessRole | None = None,
+    on_wedge: Callable[[float], None] = exit_wedged,
 ) -> AsyncIterator[RunningGateway]:
     """Run a gateway for the duration of the ``async with`` block (the whole task tree).
     ``process``: this gateway is one of several processes; it shares the public ports
-    (SO_REUSEPORT) and announces its admin port once it serves."""
+    (SO_REUSEPORT) and announces its admin port once it serves. ``on_wedge``: what the loop
+    watchdog does when the loop stalls (the process exits 1)."""
+    watchdog = LoopWatchdog(
+        wedge_limit(config.prober.wedge_exit_rounds, config.prober.health_interval_seconds),
+        on_wedge=on_wedge,
+    )
     ssl_context = public_ssl_context(config.tls)  # a bad certificate fails before any port
     gateway = Gateway(config, resolver=resolver, process=process)
     shared_ports = process is not None
@@ -316,6 +325,7 @@ async def serve_gateway_async(
     server: GrpcServer | None = None
     try:
         async with anyio.create_task_group() as tg:
+            await tg.start(watchdog.run)
             tg.start_soon(gateway.prober.refresher.run)
             tg.start_soon(run_idle_trim, lambda: gateway.admission.admitted)
             await tg.start(gateway.prober.run)
@@ -410,11 +420,7 @@ async def serve_gateway_async(
 
 
 def _single(group: BaseExceptionGroup) -> BaseException:
-    """The one error a failed tree raises: a ``GatewayWedged`` if there is one, else the group's
-    only leaf, else the group itself."""
-    wedged = group.subgroup(GatewayWedged)
-    if wedged is not None:
-        return _leaves(wedged)[0]
+    """The one error a failed tree raises: the group's only leaf, else the group itself."""
     leaves = _leaves(group)
     return leaves[0] if len(leaves) == 1 else group
 

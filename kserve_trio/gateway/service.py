@@ -28,7 +28,8 @@ Where each answer comes from:
   UNIMPLEMENTED by name.
 
 Admission (``admission.Admission``): ModelInfer and stream messages count against the inbound
-cap; every other RPC except ServerLive and ServerReady is refused UNAVAILABLE once the gateway
+cap (a ModelInfer at the cap waits in the bounded queue within its deadline, a stream message
+waits for a slot); every other RPC except ServerLive and ServerReady is refused UNAVAILABLE once the gateway
 drains. A compressed request is read uncompressed (``Call.plain``) where the gateway must
 read it; ModelInfer and stream messages are forwarded compressed, under their
 ``grpc-encoding``.
@@ -41,8 +42,8 @@ from typing import Any
 
 import kserve_trio
 from kserve_trio.core.config import EdgeLimits
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from kserve_trio.core.request_bounds import check_model_name, shown
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument
+from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import grpc_headers
@@ -221,7 +222,7 @@ class GatewayService:
     async def model_infer(self, call: Call, message: RawMessage) -> bytes:
         """ModelInfer over gRPC: the message as it arrived (compressed or not) and the caller's
         metadata go to a replica (REST forwards its own way, ``rest_forward``)."""
-        with self.admission.inference():
+        async with self.admission.queued(call.deadline):
             if message.compressed:
                 return await self.forwarder.infer(
                     message.data,
@@ -254,7 +255,7 @@ class GatewayService:
             data, deadline, "ModelMetadata", pb.ModelMetadataRequest
         )
         if reply is None:
-            raise NotFound(f"model {shown(request.name)} not found on any worker")
+            raise self.forwarder.state.missing(request.name)
         return reply
 
     async def model_config(self, data: bytes, deadline: float | None) -> bytes:
@@ -262,7 +263,7 @@ class GatewayService:
             data, deadline, "ModelConfig", pb.ModelConfigRequest
         )
         if reply is None:
-            raise NotFound(f"model {shown(request.name)} not found on any worker")
+            raise self.forwarder.state.missing(request.name)
         return reply
 
     # -- fan-outs ----------------------------------------------------------------------------

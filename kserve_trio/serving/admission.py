@@ -41,16 +41,38 @@ the wording of the refusals; the rules are these:
 
    A message that is whole no longer counts in the share (the server's work holds it, not the
    client), only in rule 6. 0 turns the share off.
+8. ``queue_inference(deadline)`` admits a unary request that may wait (the gateway's): at the
+   cap it waits for a slot while fewer than ``queue()`` requests wait already (0 = none),
+   else it is shed as in rule 2 with ``over_queue(cap, queue)``. A request whose deadline
+   passes while it waits is DEADLINE_EXCEEDED; one cancelled while it waits leaves the queue.
+9. Waiters (rules 5 and 8) are served in arrival order: a freed slot goes to the oldest one,
+   handed over directly (no herd of wake-ups, nobody overtakes), and a new request never takes
+   a slot while someone waits. ``start_drain`` wakes them all with UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 
-from kserve_trio.core.errors import ResourceExhausted, Unavailable
+from kserve_trio.core.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+
+WAITED_TOO_LONG = "deadline exceeded waiting for an admission slot"
+
+
+class _Waiter:
+    """One request waiting for a slot (rule 9): ``granted`` once a slot is handed to it."""
+
+    __slots__ = ("bounded", "event", "granted")
+
+    def __init__(self, bounded: bool) -> None:
+        self.event = anyio.Event()
+        self.granted = False
+        self.bounded = bounded
 
 
 class InflightBytes:
@@ -177,8 +199,15 @@ class Admission:
         on_shed: Callable[[], None] = lambda: None,
         max_inflight_bytes: int = 0,
         max_inflight_bytes_per_connection: int = 0,
+        queue: Callable[[], int] = lambda: 0,
+        over_queue: Callable[[int, int], str] | None = None,
     ) -> None:
         self._cap = cap
+        self._queue = queue
+        self._over_queue = over_queue or (lambda cap, queue: over_cap(cap))
+        self._waiters: deque[_Waiter] = deque()
+        self.waiting = 0
+        """Requests waiting under rule 8 now (what the queue bound counts)."""
         self.shutting_down = shutting_down
         """The UNAVAILABLE message once draining (rule 4)."""
         self._over_cap = over_cap
@@ -195,7 +224,6 @@ class Admission:
         self.draining = False
         self.drain_started = anyio.Event()
         self._idle: anyio.Event | None = None
-        self._slot: anyio.Event | None = None
         self.bytes = InflightBytes(max_inflight_bytes, max_inflight_bytes_per_connection)
         """Rules 6 and 7 (``limits.max_inflight_bytes``, ``..._per_connection``)."""
 
@@ -204,43 +232,91 @@ class Admission:
         """Rule 1 (0 = uncapped)."""
         return self._cap()
 
+    def _free_slot(self) -> bool:
+        """Whether a request may take a slot now (after the waiters got theirs, rule 9)."""
+        self._grant()
+        cap = self._cap()
+        return not cap or (self.inflight < cap and not self._waiters)
+
+    def _take(self) -> None:
+        self.inflight += 1
+        self.admitted += 1
+
+    def _refuse(self, message: str) -> ResourceExhausted:
+        self.shed += 1
+        self._on_shed()
+        return ResourceExhausted(message)
+
     def admit_inference(self) -> None:
         """Rule 2 (and 4)."""
         if self.draining:
             raise Unavailable(self.shutting_down)
-        cap = self._cap()
-        if cap and self.inflight >= cap:
-            self.shed += 1
-            self._on_shed()
-            raise ResourceExhausted(self._over_cap(cap))
-        self.inflight += 1
-        self.admitted += 1
+        if not self._free_slot():
+            raise self._refuse(self._over_cap(self._cap()))
+        self._take()
 
     async def wait_inference(self) -> None:
         """Rule 5 (and 4): a stream's message waits for a slot at the cap."""
-        while True:
+        if self.draining:
+            raise Unavailable(self.shutting_down)
+        if self._free_slot():
+            self._take()
+            return
+        await self._wait(_Waiter(bounded=False), None)
+
+    async def queue_inference(self, deadline: float | None) -> None:
+        """Rule 8 (and 4): ``deadline`` absolute on the ``anyio.current_time()`` clock
+        (``None``: none)."""
+        if self.draining:
+            raise Unavailable(self.shutting_down)
+        if self._free_slot():
+            self._take()
+            return
+        bound = self._queue()
+        if self.waiting >= bound:
+            raise self._refuse(self._over_queue(self._cap(), bound))
+        await self._wait(_Waiter(bounded=True), deadline)
+
+    async def _wait(self, waiter: _Waiter, deadline: float | None) -> None:
+        """Rule 9: wait in line until a slot is handed over, the deadline passes (rule 8) or
+        the drain starts (rule 4)."""
+        self._waiters.append(waiter)
+        if waiter.bounded:
+            self.waiting += 1
+        try:
+            with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
+                await waiter.event.wait()
+        except BaseException:
+            if waiter.granted:  # cancelled as its slot came: the slot goes to the next one
+                self.release_inference()
+            raise
+        finally:
+            if waiter.bounded:
+                self.waiting -= 1
+            if not waiter.granted:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        if not waiter.granted:
             if self.draining:
                 raise Unavailable(self.shutting_down)
+            raise DeadlineExceeded("", WAITED_TOO_LONG)
+
+    def _grant(self) -> None:
+        """Hand free slots to the oldest waiters (rule 9)."""
+        waiters = self._waiters
+        while waiters:
             cap = self._cap()
-            if not cap or self.inflight < cap:
-                self.inflight += 1
-                self.admitted += 1
+            if cap and self.inflight >= cap:
                 return
-            slot = self._slot
-            if slot is None:
-                slot = self._slot = anyio.Event()
-            await slot.wait()
+            waiter = waiters.popleft()
+            waiter.granted = True
+            self._take()
+            waiter.event.set()
 
     def release_inference(self) -> None:
         self.inflight -= 1
-        self._wake_waiters()
+        self._grant()
         self._check_idle()
-
-    def _wake_waiters(self) -> None:
-        slot = self._slot
-        if slot is not None:
-            self._slot = None
-            slot.set()
 
     def admit_call(self) -> None:
         """Rule 3 (and 4)."""
@@ -255,6 +331,15 @@ class Admission:
     @contextlib.contextmanager
     def inference(self) -> Iterator[None]:
         self.admit_inference()
+        try:
+            yield
+        finally:
+            self.release_inference()
+
+    @contextlib.asynccontextmanager
+    async def queued(self, deadline: float | None) -> AsyncIterator[None]:
+        """Rule 8 around a request, released when it is done."""
+        await self.queue_inference(deadline)
         try:
             yield
         finally:
@@ -277,7 +362,9 @@ class Admission:
         if not self.draining:
             self.draining = True
             self.drain_started.set()
-            self._wake_waiters()
+            waiters, self._waiters = self._waiters, deque()
+            for waiter in waiters:
+                waiter.event.set()
 
     async def drained(self, timeout: float) -> bool:
         """Wait until nothing admitted is in flight, at most ``timeout`` seconds; whether it
@@ -293,4 +380,4 @@ class Admission:
             self._idle.set()
 
 
-__all__ = ["Admission", "ConnectionShare", "InflightBytes"]
+__all__ = ["WAITED_TOO_LONG", "Admission", "ConnectionShare", "InflightBytes"]

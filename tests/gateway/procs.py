@@ -39,6 +39,26 @@ class Proc:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def connections_to(self, port: int) -> set[int]:
+        """The local ports of this process's open TCP sockets whose peer port is ``port``
+        (its file descriptors matched with the kernel's socket table, ``/proc``)."""
+        pid = self.proc.pid
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        local = set()
+        for table in ("tcp", "tcp6"):
+            for line in pathlib.Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                    local.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return local
+
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
         if self.alive():

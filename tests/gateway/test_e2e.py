@@ -222,12 +222,13 @@ def test_is_same_ipc_namespace_asks_every_worker(e2e):
     assert anyio.run(same, "/gw_e2e_ipc") is False  # gone: no worker can
 
 
-def test_the_inbound_cap_sheds_and_our_retry_policy_recovers(e2e):
+def test_the_inbound_cap_without_a_queue_sheds_and_our_retry_policy_recovers(e2e):
     gw = Gateway(
         e2e.work,
         {
             G + "WORKERS": f"127.0.0.1:{e2e.port},127.0.0.2:{e2e.port}",
             G + "GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER": "1",  # cap 2
+            G + "GRPC_MAX_QUEUED_REQUESTS_PER_WORKER": "0",  # no queue: shed at once
         },
     )
     try:

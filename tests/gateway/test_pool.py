@@ -16,7 +16,6 @@ from kserve_trio.gateway.pool import (
     HealthStep,
     PoolSettings,
     ProbeOutcome,
-    WedgeTracker,
     WorkerClient,
     WorkerHealth,
     WorkerPool,
@@ -62,22 +61,6 @@ def test_a_timed_out_probe_resets_the_channel_and_counts_the_streak():
     second = probe_step(first.health, TIMED_OUT)
     assert second.health.consecutive_timeouts == 2 and second.reset_channel
     assert probe_step(second.health, FAILED).health.consecutive_timeouts == 0
-
-
-def test_the_wedge_rule():
-    w = WedgeTracker(limit=3)
-    for _ in range(5):  # never answered: a fleet still starting is not a wedge
-        assert not w.observe([TIMED_OUT, TIMED_OUT])
-    assert not w.observe([READY, TIMED_OUT])  # armed now
-    assert not w.observe([TIMED_OUT, TIMED_OUT])
-    assert not w.observe([TIMED_OUT, TIMED_OUT])
-    assert not w.observe([FAILED, TIMED_OUT])  # one quick failure: the stack works
-    assert not w.observe([TIMED_OUT, TIMED_OUT]) and not w.observe([TIMED_OUT, TIMED_OUT])
-    assert not w.observe([])  # no workers: breaks the streak
-    assert [w.observe([TIMED_OUT]) for _ in range(3)] == [False, False, True]
-    off = WedgeTracker(limit=0)
-    off.observe([READY])
-    assert not any(off.observe([TIMED_OUT]) for _ in range(10))
 
 
 def test_forward_deadline_is_exact_and_refuses_a_passed_one():

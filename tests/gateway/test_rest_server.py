@@ -108,11 +108,13 @@ def test_worker_statuses_reach_the_rest_client_mapped_and_unavailable_fails_over
         )
 
 
-def test_the_inbound_cap_sheds_429_over_rest():
+def test_the_inbound_cap_without_a_queue_sheds_429_over_rest():
     with fleet(1) as (a,):
         a.echo = True
         a.infer_delay = 1.0
-        grpc = GatewayGrpcConfig(max_concurrent_requests_per_worker=1)
+        grpc = GatewayGrpcConfig(  # no queue: shed at once
+            max_concurrent_requests_per_worker=1, max_queued_requests_per_worker=0
+        )
         with running([a], grpc=grpc) as gw:
             results: queue.Queue = queue.Queue()
             x = np.ones((1, 4), np.float32)

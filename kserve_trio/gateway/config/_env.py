@@ -46,6 +46,7 @@ WORKER_CLIENT_HEADERS                     worker_client.headers                 
 GRPC_MAX_RECV_MSG_BYTES                   grpc.max_recv_msg_bytes                  int
 GRPC_MAX_SEND_MSG_BYTES                   grpc.max_send_msg_bytes                  int
 GRPC_MAX_CONCURRENT_REQUESTS_PER_WORKER   grpc.max_concurrent_requests_per_worker  int
+GRPC_MAX_QUEUED_REQUESTS_PER_WORKER       grpc.max_queued_requests_per_worker      int
 TLS_CERT_FILE                             tls.cert_file                            str
 TLS_KEY_FILE                              tls.key_file                             str
 TLS_CLIENT_CA_FILE                        tls.client_ca_file                       str

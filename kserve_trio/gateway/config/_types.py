@@ -206,13 +206,17 @@ class WorkerClientConfig:
 
 @dataclass(frozen=True)
 class GatewayGrpcConfig:
-    """``grpc:``: message caps in each direction, and the inbound admission cap per worker
-    (the gateway admits ``max_concurrent_requests_per_worker`` times the number of workers
-    concurrent requests and sheds the rest with RESOURCE_EXHAUSTED; 0 = uncapped)."""
+    """``grpc:``: message caps in each direction, and the inbound admission cap and queue per
+    worker (the gateway admits ``max_concurrent_requests_per_worker`` times the number of
+    workers concurrent requests, 0 = uncapped; past it up to ``max_queued_requests_per_worker``
+    times the workers wait for a slot within their deadline, and the rest are shed with
+    RESOURCE_EXHAUSTED; 0 = no queue). A burst a worker would serve is queued, not shed:
+    stock clients do not retry RESOURCE_EXHAUSTED."""
 
     max_recv_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
     max_send_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
     max_concurrent_requests_per_worker: int = 64
+    max_queued_requests_per_worker: int = 256
 
 
 @dataclass(frozen=True)
@@ -231,9 +235,10 @@ class ProberConfig:
     ``startup_wait_seconds``: how long the gateway waits at start-up for a worker to answer
     ServerReady before it serves anyway (0 = serve at once; ``math.inf`` = until one does).
     ``health_interval_seconds``: the period of the prober's rounds (readiness, discovery,
-    routing table, routing metadata). ``wedge_exit_rounds``: once any worker has ever answered,
-    this many consecutive rounds in which every probe timed out mean the gateway's own client
-    stack is wedged, and it exits non-zero so its supervisor restarts it (0 = never).
+    routing table, routing metadata). ``wedge_exit_rounds``: the gateway's own event loop making
+    no progress for this many health intervals (never less than ``watchdog.MIN_LIMIT_SECONDS``)
+    means it is wedged, and it exits 1 so its supervisor restarts it (0 = never). Workers that
+    stop answering never count: the gateway serves on and takes them back.
     ``hosts_file``: a file in the ``/etc/hosts`` format that the gateway's resolver reads every
     round before asking the system (names it lists resolve to its addresses only); "" = the
     system resolver alone. It lets one name stand for a changing set of addresses without a

@@ -66,6 +66,12 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
             grpc.max_concurrent_requests_per_worker,
         ),
         (
+            "grpc.max_queued_requests_per_worker",
+            grpc.max_queued_requests_per_worker >= 0,
+            "must be >= 0 (0 = no queue: shed at the cap)",
+            grpc.max_queued_requests_per_worker,
+        ),
+        (
             "processes",
             1 <= cfg.processes <= MAX_PROCESSES,
             f"must be between 1 and {MAX_PROCESSES}",

@@ -10,8 +10,8 @@ Start-up (``start``, before the gateway serves):
 1. Every worker must answer ModelControlStatus (each call bounded by the watchdog; a timed-out
    call resets that worker's connection). With a start-up wait, unanswered workers are polled
    again every ``STARTUP_POLL_SECONDS`` until the wait ends; without one the first failure is
-   fatal (``LptStartupError`` naming the workers). Three rounds in a row where every call timed
-   out mean the gateway's own client stack is wedged (``GatewayWedged``).
+   fatal (``LptStartupError`` naming the workers). Calls that time out are failures like any
+   other: a frozen fleet is not a wedged gateway (``watchdog``).
 2. Every worker must run the fifo or edf discipline (under lpt_packing the gateway is the
    fairness authority; a fair worker would fight its placement) and report the same model
    names.
@@ -78,13 +78,12 @@ from kserve_trio.gateway.placement.assignment import (
 from kserve_trio.gateway.placement.compaction import Compactor, compaction_jobs
 from kserve_trio.gateway.placement.policy import FillSettings, LptPacking
 from kserve_trio.gateway.pool import PROBE_TIMEOUT_SECONDS, WorkerClient
-from kserve_trio.gateway.prober import MODEL_CONTROL_STATUS, WATCHDOG_SECONDS, GatewayWedged
+from kserve_trio.gateway.prober import MODEL_CONTROL_STATUS, WATCHDOG_SECONDS
 from kserve_trio.gateway.routing_metadata import FleetPoll, RoutingMetadata, aggregate_poll, ewma
 from kserve_trio.proto import reactant_control as rc
 
 STARTUP_POLL_SECONDS = 10.0
 """How often start-up polls the workers that have not answered yet (with a start-up wait)."""
-WEDGE_ROUNDS = 3
 DISCIPLINES = ("fifo", "edf")
 NO_REPACK_YET = "no repack has run yet: placement starts at the first prober round"
 
@@ -271,10 +270,9 @@ class LptScheduler:
         return out
 
     async def start(self) -> RepackReport:
-        """Start-up rules 1-3; raises ``LptStartupError`` or ``GatewayWedged``."""
+        """Start-up rules 1-3; raises ``LptStartupError``."""
         deadline = anyio.current_time() + self._startup_wait
         replies: dict[str, rc.ModelControlStatusResponse] = {}
-        all_timeouts = 0
         while True:
             clients = self._clients()
             pending = [c for label, c in sorted(clients.items()) if label not in replies]
@@ -287,12 +285,6 @@ class LptScheduler:
                     failed[label] = r
             if not failed:
                 break
-            all_timeouts = all_timeouts + 1 if set(failed.values()) == {"timed out"} else 0
-            if all_timeouts >= WEDGE_ROUNDS:
-                raise GatewayWedged(
-                    f"every ModelControlStatus call timed out for {all_timeouts} rounds: the "
-                    "gateway's client connections are stuck"
-                )
             left = deadline - anyio.current_time()
             if not left > 0:
                 raise LptStartupError(
