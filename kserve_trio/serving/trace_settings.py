@@ -30,6 +30,11 @@ from kserve_trio.core.errors import FailedPrecondition, InvalidArgument
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 
+TRACEPARENT = "traceparent"
+"""The W3C trace-context header: gRPC metadata and HTTP header alike (lower case, as both
+carry header names)."""
+TRACESTATE = "tracestate"
+
 LEVEL_OFF = "OFF"
 LEVEL_TIMESTAMPS = "TIMESTAMPS"
 TRACE_MODE = "opentelemetry"
@@ -218,6 +223,8 @@ def answer(settings: TraceSettings, request: pb.TraceSettingRequest) -> pb.Trace
 __all__ = [
     "LEVEL_OFF",
     "LEVEL_TIMESTAMPS",
+    "TRACEPARENT",
+    "TRACESTATE",
     "TRACE_MODE",
     "Changes",
     "TraceSetting",

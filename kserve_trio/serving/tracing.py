@@ -17,26 +17,28 @@ Spans are made in two ways, each where it is cheapest:
 Times given to ``child`` are ``time.monotonic_ns()`` values (the scheduler's clock); a span
 converts them with the offset to the wall clock taken when it began.
 
-The processor's queue is bounded (``tracing.max_queue_size``): a span finished while it is full
-is dropped by the SDK and counted in its meter, which ``dropped_spans`` reads (exported as
-``<prefix>_trace_spans_dropped_total``), so a collector that is slow or gone costs a bounded
-amount of memory and is visible.
+Export is bounded (``tracing.max_queue_size``): ``_BoundedExport`` counts the spans handed to the
+SDK's ``BatchSpanProcessor`` until their export returns (queued or being sent), and drops and
+counts a span finished while that many are pending (``<prefix>_trace_spans_dropped_total``). So a
+collector that is slow or gone costs a bounded amount of memory and is visible. (The SDK drops on
+its own full queue too, but counts that only in OpenTelemetry's internal metrics, off unless an
+environment variable turns them on.)
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
+import structlog
 from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry
@@ -44,15 +46,9 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from kserve_trio.core.config import TracingConfig
-from kserve_trio.serving.trace_settings import TraceSettings
-
-TRACEPARENT = "traceparent"
-"""The W3C trace-context header (gRPC metadata and HTTP header alike)."""
-TRACESTATE = "tracestate"
+from kserve_trio.serving.trace_settings import TRACEPARENT, TRACESTATE, TraceSettings
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_DROPPED_METRIC = "otel.sdk.processor.span.processed"
-"""The SDK processor's counter; its points with ``error.type`` are the dropped spans."""
 
 
 def parent_context(traceparent: str | None, tracestate: str | None = None) -> Context | None:
@@ -139,6 +135,11 @@ class RequestSpan:
             self.span.set_status(Status(StatusCode.ERROR, message or status))
         self.span.end(end_time=None if end_mono_ns is None else self.wall(end_mono_ns))
 
+    def in_logs(self) -> AbstractContextManager[None]:
+        """Bind ``trace_id`` and ``span_id`` to every log line the block writes (structlog's
+        context variables, which the tasks it starts inherit)."""
+        return structlog.contextvars.bound_contextvars(**self.log_ids())
+
     def log_ids(self) -> dict[str, str]:
         """``trace_id`` and ``span_id`` as the log lines carry them (hex, W3C form)."""
         c = self.context
@@ -161,10 +162,63 @@ class _DroppedSpans(Collector):
         yield family
 
 
-@dataclass(frozen=True)
-class _Names:
-    role: str
-    metric_prefix: str
+class _BoundedExport(SpanProcessor):
+    """The ``BatchSpanProcessor`` behind a bound on pending spans (module docstring). Spans end
+    on the event loop; exports return on the processor's thread: one lock guards the count."""
+
+    def __init__(self, exporter: SpanExporter, config: TracingConfig) -> None:
+        self._limit = config.max_queue_size
+        self._pending = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._inner = BatchSpanProcessor(
+            _Returning(exporter, self._exported),
+            max_queue_size=config.max_queue_size,
+            schedule_delay_millis=config.schedule_delay_seconds * 1000,
+            max_export_batch_size=config.max_export_batch_size,
+            export_timeout_millis=config.export_timeout_seconds * 1000,
+        )
+
+    def _exported(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            if self._pending >= self._limit:
+                self.dropped += 1
+                return
+            self._pending += 1
+        self._inner.on_end(span)
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class _Returning(SpanExporter):
+    """The OTLP exporter, telling ``_BoundedExport`` how many spans each export gave back."""
+
+    def __init__(self, exporter: SpanExporter, returned: Callable[[int], None]) -> None:
+        self._exporter = exporter
+        self._returned = returned
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            return self._exporter.export(spans)
+        finally:
+            self._returned(len(spans))
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
 
 
 class Tracing:
@@ -179,22 +233,12 @@ class Tracing:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.settings = TraceSettings(config)
-        self._names = _Names(role, metric_prefix)
-        self._reader = InMemoryMetricReader()
-        self._meters = MeterProvider(metric_readers=[self._reader])
+        self._export_timeout = config.export_timeout_seconds
         resource = Resource.create({"service.name": config.service_name or f"kserve_trio-{role}"})
         self._provider = TracerProvider(resource=resource)
         exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=config.export_timeout_seconds)
-        self._provider.add_span_processor(
-            BatchSpanProcessor(
-                exporter,
-                max_queue_size=config.max_queue_size,
-                schedule_delay_millis=config.schedule_delay_seconds * 1000,
-                max_export_batch_size=config.max_export_batch_size,
-                export_timeout_millis=config.export_timeout_seconds * 1000,
-                meter_provider=self._meters,
-            )
-        )
+        self._export = _BoundedExport(exporter, config)
+        self._provider.add_span_processor(self._export)
         self._tracer = self._provider.get_tracer("kserve_trio")
         if registry is not None:
             registry.register(_DroppedSpans(self, f"{metric_prefix}_trace_spans_dropped_total"))
@@ -217,7 +261,7 @@ class Tracing:
             return None
         offset = time.time_ns() - time.monotonic_ns()
         start = None if start_mono_ns is None else start_mono_ns + offset
-        attrs = {"rpc.system": "grpc", "rpc.method": name}
+        attrs: dict[str, str | int | float | bool] = {"rpc.system": "grpc", "rpc.method": name}
         if model:
             attrs["kserve_trio.model"] = model
         if attributes:
@@ -248,27 +292,18 @@ class Tracing:
         span.end(end_time=max(end_mono_ns, start_mono_ns) + offset)
 
     def dropped_spans(self) -> int:
-        """Spans dropped so far because the export queue was full."""
-        data = self._reader.get_metrics_data()
-        total = 0
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name != _DROPPED_METRIC:
-                        continue
-                    for point in getattr(metric.data, "data_points", ()):
-                        if point.attributes and point.attributes.get("error.type"):
-                            total += int(getattr(point, "value", 0))
-        return total
+        """Spans dropped so far because ``max_queue_size`` spans were pending export."""
+        return self._export.dropped
 
     def flush(self, timeout_seconds: float = 5.0) -> bool:
         """Export every finished span now (bounded); True when all went."""
         return self._provider.force_flush(int(timeout_seconds * 1000))
 
     def close(self) -> None:
-        """Flush and stop the exporter thread (the process is ending)."""
+        """Flush what is pending within one export timeout, then stop the exporter thread
+        (the process is ending; a collector that does not answer delays it by that much)."""
+        self._provider.force_flush(int(self._export_timeout * 1000))
         self._provider.shutdown()
-        self._meters.shutdown()
 
 
 def open_tracing(
@@ -283,8 +318,6 @@ def open_tracing(
 
 
 __all__ = [
-    "TRACEPARENT",
-    "TRACESTATE",
     "RequestSpan",
     "Tracing",
     "open_tracing",
