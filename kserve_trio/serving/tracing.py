@@ -111,11 +111,12 @@ class RequestSpan:
         return RequestSpan(self._tracer, span, self._offset)
 
     def start_child(
-        self, name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: str | int
+        self, name: str, *, client: bool = False, **attributes: str | int
     ) -> RequestSpan:
-        """A live child span (end it with ``end``): a gateway's forward attempt, a meta
-        model's sub-call."""
+        """A live child span (end it with ``end``): a gateway's forward attempt (``client``:
+        a call to another server, whose ``traceparent`` it becomes)."""
         ctx = otel_trace.set_span_in_context(self.span)
+        kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
         span = self._tracer.start_span(name, ctx, kind=kind, attributes=attributes)
         return RequestSpan(self._tracer, span, self._offset)
 
