@@ -22,7 +22,7 @@ setup() {
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     say "installing kserve_trio and its dependencies into .venv (first run: a few minutes)"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,torch]'
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,torch,tracing]'
     echo "$want" > "$stamp"
   fi
 }

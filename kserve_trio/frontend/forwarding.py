@@ -8,6 +8,9 @@ it (``HELLO``):
 
 - a unary RPC (``bytes_unary``): its plain message to the device, the reply bytes back, the
   reply compressed as the request was; a failure is the device's status and message;
+- ModelInfer the same way, with the caller's ``traceparent`` carried along when the worker
+  traces (``tracing.enabled``; otherwise the header is never read), so the device process's
+  span continues the caller's trace;
 - ModelStreamInfer: the stream engine (``StreamSession``) runs here, each message is served by
   the device process as one request and answered with the stream's answer message; an answer
   over the send cap is replaced by an error answer naming the request's model and id, which the
@@ -33,11 +36,13 @@ from kserve_trio.serving.grpc import (
     RawMessage,
     StreamSession,
     bytes_unary,
+    bytes_unary_with_header,
     stream,
     unimplemented,
 )
 from kserve_trio.serving.http import HttpRequest, HttpResponse
 from kserve_trio.serving.ipc import KIND_INFER, KIND_REST, KIND_STREAM, KIND_UNARY
+from kserve_trio.serving.trace_settings import TRACEPARENT
 
 RpcEntry = tuple[str, str, str, str]
 """``(path, rpc, shape, reason)`` as the device process lists its RPCs: ``shape`` is
@@ -47,10 +52,22 @@ _KINDS = {"unary": KIND_UNARY, "infer": KIND_INFER}
 
 
 def _forward(
-    link: DeviceLink, kind: int, rpc: str
+    link: DeviceLink, kind: int, rpc: str | None
 ) -> Callable[[bytes | bytearray, int], Awaitable[bytes]]:
     async def serve(data: bytes | bytearray, deadline_ns: int) -> bytes:
         status, message, reply, _ = await link.request(kind, rpc, data, deadline_ns)
+        if status:
+            raise GrpcError(status, message)
+        return reply
+
+    return serve
+
+
+def _forward_infer(
+    link: DeviceLink,
+) -> Callable[[bytes | bytearray, int, str | None], Awaitable[bytes]]:
+    async def serve(data: bytes | bytearray, deadline_ns: int, traceparent: str | None) -> bytes:
+        status, message, reply, _ = await link.request(KIND_INFER, traceparent, data, deadline_ns)
         if status:
             raise GrpcError(status, message)
         return reply
@@ -92,16 +109,23 @@ def forwarded_methods(
     limits: Limits,
     closing: anyio.Event,
     shutting_down: str,
+    *,
+    traced: bool = False,
 ) -> dict[str, Method]:
-    """The front end's method table: every RPC the device process listed."""
+    """The front end's method table: every RPC the device process listed (``traced``: the
+    worker traces, so ModelInfer carries the caller's ``traceparent``)."""
     methods: dict[str, Method] = {}
     for path, rpc, shape, reason in rpcs:
-        if shape == "stream":
+        if shape == "infer" and traced:
+            methods[path] = bytes_unary_with_header(_forward_infer(link), limits, rpc, TRACEPARENT)
+        elif shape == "stream":
             methods[path] = stream(ForwardedStream(link, rpc, closing, shutting_down), limits, rpc)
         elif shape == "unimplemented":
             methods[path] = unimplemented(rpc, reason, limits)
         else:
-            methods[path] = bytes_unary(_forward(link, _KINDS[shape], rpc), limits, rpc)
+            # ModelInfer's slot for the RPC name carries the traceparent: none here.
+            name = None if shape == "infer" else rpc
+            methods[path] = bytes_unary(_forward(link, _KINDS[shape], name), limits, rpc)
     return methods
 
 

@@ -119,7 +119,14 @@ class Frontend:
         cap = budget.connection_cap(config.limits.max_connections)
         server = GrpcServer(
             restrict(
-                forwarded_methods(link, self.rpcs, limits, self.closing, self.shutting_down),
+                forwarded_methods(
+                    link,
+                    self.rpcs,
+                    limits,
+                    self.closing,
+                    self.shutting_down,
+                    traced=config.tracing.enabled,
+                ),
                 restrictions,
             ),
             ServerSettings(limits=config.limits, http2_engine=config.endpoints.http2_engine),

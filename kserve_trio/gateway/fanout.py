@@ -45,6 +45,7 @@ REPOSITORY_INDEX = method_path("RepositoryIndex")
 MODEL_STATISTICS = method_path("ModelStatistics")
 IS_SAME_IPC = method_path("IsSameIPCNamespace")
 MODEL_LOAD = method_path("RepositoryModelLoad")
+TRACE_SETTING = method_path("TraceSetting")
 MODEL_UNLOAD = method_path("RepositoryModelUnload")
 COMPACT_MEMORY = "/reactant_control.ControlService/CompactMemory"
 
@@ -218,6 +219,24 @@ class Fleet:
             if isinstance(r := results[c.label], pb.RepositoryIndexResponse)
             and any(m.name == model for m in r.models)
         ]
+
+    async def trace_setting(self, data: bytes, model: str, deadline: float | None) -> None:
+        """A TraceSetting change to every routable worker. For a named model, a worker's
+        NOT_FOUND means it does not have the model; any other failure is raised (the first,
+        in label order), with every worker's outcome logged."""
+        results = await self._ask(TRACE_SETTING, data, pb.TraceSettingResponse, deadline)
+        if model:
+            results = {
+                label: r
+                for label, r in results.items()
+                if not (isinstance(r, RpcError) and r.status is StatusCode.NOT_FOUND)
+            }
+        failure = aggregate.first_failure(results)
+        (_log.info if failure is None else _log.warning)(
+            "trace_settings_fanned_out", model=model or None, workers=_outcomes(results)
+        )
+        if failure is not None:
+            raise failure[1]
 
     async def compact_memory(self, data: bytes) -> bytes:
         """Rule 5."""

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -66,6 +66,10 @@ from kserve_trio.gateway.routing import (
     failover_action,
     no_ready_replica,
 )
+from kserve_trio.serving.trace_settings import TRACEPARENT
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.tracing import RequestSpan
 
 MODEL_INFER = method_path("ModelInfer")
 
@@ -152,18 +156,22 @@ class Forwarder:
         deadline: float | None = None,
         metadata: Mapping[str, Any] | None = None,
         rpc: str = "ModelInfer",
+        span: RequestSpan | None = None,
     ) -> bytes:
         """Forward one ModelInfer request and return the worker's reply bytes.
 
         ``data`` is the request as received (compressed with ``compressed_with`` if set, then
         ``plain`` is its uncompressed form); ``head`` its peek when the caller already has it;
         ``deadline`` the client's, absolute on the ``anyio.current_time()`` clock (``None``: it
-        set none)."""
+        set none). ``span``: the traced request's server span; each attempt is then a client
+        span whose ``traceparent`` the worker continues."""
 
         def peeked() -> PeekedRequest:
             return head if head is not None else self.peek(data if plain is None else plain)
 
         def attempt(client: WorkerClient, attempt_deadline: float) -> Awaitable[bytes]:
+            if span is not None:
+                return _traced_attempt(span, client, attempt_deadline)
             return client.call_raw(
                 MODEL_INFER,
                 data,
@@ -171,6 +179,26 @@ class Forwarder:
                 metadata=metadata,
                 compressed_with=compressed_with,
             )
+
+        async def _traced_attempt(
+            span: RequestSpan, client: WorkerClient, attempt_deadline: float
+        ) -> bytes:
+            forward = span.start_child("forward", client=True, worker=client.label)
+            carried = {**(metadata or {}), TRACEPARENT: forward.traceparent()}
+            status, text = "OK", ""
+            try:
+                return await client.call_raw(
+                    MODEL_INFER,
+                    data,
+                    deadline=attempt_deadline,
+                    metadata=carried,
+                    compressed_with=compressed_with,
+                )
+            except RpcError as exc:
+                status, text = exc.status.name, exc.message
+                raise
+            finally:
+                forward.end(status, text)
 
         return await self.routed(peeked, attempt, deadline=deadline, rpc=rpc)
 

@@ -24,7 +24,9 @@ Where each answer comes from:
   ``client_shared_memory`` off all three are UNAVAILABLE, and IsSameIPCNamespace answers no
   without asking a worker for a key the gateway's policy would not register.
 - LogSettings: the gateway process's own logging (read, or changed all or nothing).
-- CUDA shared memory, trace settings, and the per-worker ControlService RPCs answer
+- TraceSetting: read, the gateway's own trace settings; changed, the gateway's and every
+  routable worker's (``Fleet.trace_setting``).
+- CUDA shared memory and the per-worker ControlService RPCs answer
   UNIMPLEMENTED by name.
 
 Admission (``admission.Admission``): ModelInfer and stream messages count against the inbound
@@ -38,12 +40,14 @@ read it; ModelInfer and stream messages are forwarded compressed, under their
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from anyio import get_cancelled_exc_class
 
 import kserve_trio
-from kserve_trio.core.config import EdgeLimits
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument
-from kserve_trio.core.request_bounds import check_model_name
+from kserve_trio.core.config import EdgeLimits, TracingConfig
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError
+from kserve_trio.core.request_bounds import check_model_name, shown
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import grpc_headers
@@ -65,6 +69,11 @@ from kserve_trio.serving.grpc import (
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.message_check import check_bounds, scan_bounds
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
+from kserve_trio.serving.trace_settings import TRACEPARENT, TraceSettings
+from kserve_trio.serving.trace_settings import answer as answer_trace_setting
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.tracing import Tracing
 
 INFERENCE = "/inference.GRPCInferenceService/"
 CONTROL = "/reactant_control.ControlService/"
@@ -127,8 +136,12 @@ class GatewayService:
         limits: Limits,
         ready: Callable[[], bool],
         placement_managed: bool = False,
+        tracing: Tracing | None = None,
+        trace_settings: TraceSettings | None = None,
     ) -> None:
         self.placement_managed = placement_managed
+        self.tracing = tracing
+        self.trace_settings = trace_settings or TraceSettings(TracingConfig())
         self.forwarder = forwarder
         self.shm = shm
         self.fleet = fleet
@@ -155,6 +168,7 @@ class GatewayService:
             "IsSameIPCNamespace": self.is_same_ipc_namespace,
             "ServerMetadata": self.server_metadata,
             "LogSettings": self.log_settings,
+            "TraceSetting": self.trace_setting,
             "CompactMemory": self.compact_memory,
         }
         rpcs = {rpc: self._admitted(fn) for rpc, fn in admitted.items()}
@@ -211,6 +225,17 @@ class GatewayService:
         request = _parse(pb.LogSettingsRequest, data, "LogSettings", self.limits.edge)
         return bytes(answer_log_settings(request))
 
+    async def trace_setting(self, data: bytes, deadline: float | None) -> bytes:
+        """Triton's TraceSetting: a read answers the gateway's own settings; a change applies
+        to the gateway's own and is fanned out to every routable worker (``Fleet``), so one
+        call sets what the whole fleet traces. Answered with the gateway's settings."""
+        request = _parse(pb.TraceSettingRequest, data, "TraceSetting", self.limits.edge)
+        if not request.settings:
+            return bytes(answer_trace_setting(self.trace_settings, request))
+        reply = answer_trace_setting(self.trace_settings, request)
+        await self.fleet.trace_setting(data, request.model_name, deadline)
+        return bytes(reply)
+
     async def shm_status(self, data: bytes, deadline: float | None) -> bytes:
         self.shm.policy.check_enabled("SystemSharedMemoryStatus")
         request = _parse(pb.SystemSharedMemoryStatusRequest, data, "status", self.limits.edge)
@@ -222,6 +247,8 @@ class GatewayService:
     async def model_infer(self, call: Call, message: RawMessage) -> bytes:
         """ModelInfer over gRPC: the message as it arrived (compressed or not) and the caller's
         metadata go to a replica (REST forwards its own way, ``rest_forward``)."""
+        if self.tracing is not None:
+            return await self._model_infer_traced(self.tracing, call, message)
         async with self.admission.queued(call.deadline):
             if message.compressed:
                 return await self.forwarder.infer(
@@ -236,6 +263,48 @@ class GatewayService:
                 deadline=call.deadline,
                 metadata=forwarded_metadata(call.metadata),
             )
+
+    async def _model_infer_traced(self, tracing: Tracing, call: Call, message: RawMessage) -> bytes:
+        """ModelInfer with tracing on: a server span continuing the caller's ``traceparent``
+        when the settings sample the request; each forward attempt is a client span whose
+        context replaces the caller's ``traceparent`` on the way to the worker."""
+        async with self.admission.queued(call.deadline):
+            plain = call.plain(message)
+            head = self.forwarder.peek(plain)
+            span = tracing.begin("ModelInfer", head.model_name, call.header(TRACEPARENT))
+            metadata = forwarded_metadata(call.metadata)
+            if span is None:
+                return await self.forwarder.infer(
+                    message.data,
+                    plain=plain,
+                    compressed_with=call.encoding if message.compressed else None,
+                    head=head,
+                    deadline=call.deadline,
+                    metadata=metadata,
+                )
+            status, text = "OK", ""
+            try:
+                with span.in_logs():
+                    return await self.forwarder.infer(
+                        message.data,
+                        plain=plain,
+                        compressed_with=call.encoding if message.compressed else None,
+                        head=head,
+                        deadline=call.deadline,
+                        metadata=metadata,
+                        span=span,
+                    )
+            except ServingError as exc:
+                status, text = exc.status.name, str(exc)
+                raise
+            except BaseException as exc:
+                status, text = (
+                    "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL",
+                    str(exc),
+                )
+                raise
+            finally:
+                span.end(status, text)
 
     # -- from a ready replica ----------------------------------------------------------------
 

@@ -22,8 +22,10 @@ POST     ``/v2/systemsharedmemory/region/{r}/register``      SystemSharedMemoryR
 POST     ``/v2/systemsharedmemory[/region/{r}]/unregister``  SystemSharedMemoryUnregister
 =======  ==================================================  ==============================
 
-GET and POST ``/v2/logging`` are LogSettings (read; change and read) where the server answers it.
-CUDA shared memory and trace settings answer 501 by the RPC's name. An unknown path is
+GET and POST ``/v2/logging`` are LogSettings (read; change and read) where the server answers it;
+GET and POST ``/v2/trace/setting`` and ``/v2/models/{m}/trace/setting`` are TraceSetting, global
+and per model (Triton's JSON: each setting a string or a list of strings, ``null`` clears it).
+CUDA shared memory answers 501 by the RPC's name. An unknown path is
 404, a known path with another method 405. Health and readiness answer 200 when true and 503
 when false, with ``{"live"|"ready": bool}``.
 """
@@ -66,7 +68,8 @@ class MethodNotAllowed(ServingError):
 
 UNSUPPORTED = UNIMPLEMENTED_RPCS
 """RPCs a REST path names that the server does not answer, with the reason 501 gives
-(``serving.surface``, shared with the gRPC adapters; both REST apps answer LogSettings)."""
+(``serving.surface``, shared with the gRPC adapters; both REST apps answer LogSettings and
+TraceSetting)."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,19 @@ def grpc_request(
                     f"log setting '{key}' must be a boolean, a non-negative integer or a string"
                 )
         return pb.LogSettingsRequest(settings=settings)
+    if rpc == "TraceSetting":
+        doc = _body_object(body, rpc, max_json_depth) if call.method == "POST" else {}
+        trace_settings = {}
+        for key, value in doc.items():
+            values = [value] if isinstance(value, str) else value
+            if values is None:
+                values = []
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise InvalidArgument(
+                    f"trace setting '{key}' must be a string, a list of strings or null"
+                )
+            trace_settings[key] = pb.TraceSettingRequestSettingValue(value=values)
+        return pb.TraceSettingRequest(settings=trace_settings, model_name=call.model)
     raise InvalidArgument(f"{rpc} has no REST request body")  # pragma: no cover
 
 
@@ -362,6 +378,12 @@ _REPLIES: dict[str, Callable[[Any, RestCall], HttpResponse]] = {
     "ModelStatistics": lambda r, c: _json(message_json(r)),
     "RepositoryIndex": lambda r, c: _json(message_json(r.models)),
     "LogSettings": lambda r, c: _json({k: _setting(v) for k, v in sorted(r.settings.items())}),
+    "TraceSetting": lambda r, c: _json(
+        {
+            k: list(v.value) if k == "trace_level" else ",".join(v.value)
+            for k, v in sorted(r.settings.items())
+        }
+    ),
     "SystemSharedMemoryStatus": lambda r, c: _json(
         [message_json(v) for _, v in sorted(r.regions.items())]
     ),
@@ -392,6 +414,7 @@ REPLY_TYPES: dict[str, type] = {
     "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterResponse,
     "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterResponse,
     "LogSettings": pb.LogSettingsResponse,
+    "TraceSetting": pb.TraceSettingResponse,
 }
 """Each RPC's reply type (what a side that gets reply bytes parses them with)."""
 

@@ -16,6 +16,7 @@ EXTENSIONS = (
     "system_shared_memory",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 )
 """What ``ServerMetadata`` lists, by Triton's names and in Triton's order: the extensions both
@@ -26,7 +27,6 @@ UNIMPLEMENTED_RPCS: Mapping[str, str] = {
     "CudaSharedMemoryStatus": "CUDA shared memory is not supported",
     "CudaSharedMemoryRegister": "CUDA shared memory is not supported",
     "CudaSharedMemoryUnregister": "CUDA shared memory is not supported",
-    "TraceSetting": "trace settings are not supported",
 }
 """The ``inference.GRPCInferenceService`` RPCs no server here answers, with the reason."""
 

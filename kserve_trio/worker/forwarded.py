@@ -83,7 +83,9 @@ class ForwardedRpcs:
         """One forwarded request; raises what a server would answer as a status."""
         if kind == KIND_INFER:
             request = parse_message(data, pb.ModelInferRequest, self._bounds)
-            reply = await self._core.infer(request, transport_deadline_ns=deadline_ns)
+            reply = await self._core.infer(
+                request, transport_deadline_ns=deadline_ns, traceparent=rpc
+            )
             return reply.pieces, None
         if kind == KIND_STREAM:
             admission = self._admission

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from kserve_trio.core.shm import ShmRegistry
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.tracing import RequestSpan, Tracing
     from kserve_trio.worker.hooks import Hook
     from kserve_trio.worker.observer import RequestObserver
     from kserve_trio.worker.repository import ModelRepository
@@ -149,14 +150,22 @@ class InferenceCore:
         admission: Admission,
         meta_pool: BufferPool | None,
         bounds: RequestBounds = EdgeLimits(),
+        tracing: Tracing | None = None,
     ) -> None:
         self._repository = repository
+        self._tracing = tracing
         self._bounds = bounds
         self._scheduler = repository.scheduler
         self._observer = observer
         self._shm_registry = shm_registry
         self._admission = admission
         self._meta_pool = meta_pool
+
+    @property
+    def traced(self) -> bool:
+        """Tracing is on in this process: transports hand ``infer`` the caller's
+        ``traceparent``."""
+        return self._tracing is not None
 
     @overload
     async def infer(
@@ -165,6 +174,8 @@ class InferenceCore:
         *,
         transport_deadline_ns: int = 0,
         admitted: bool = False,
+        traceparent: str | None = None,
+        trace: RequestTrace | None = None,
     ) -> InferReply: ...
 
     @overload
@@ -175,6 +186,8 @@ class InferenceCore:
         transport_deadline_ns: int = 0,
         encode: ResponseEncoder[_R],
         admitted: bool = False,
+        traceparent: str | None = None,
+        trace: RequestTrace | None = None,
     ) -> _R: ...
 
     async def infer(
@@ -184,6 +197,8 @@ class InferenceCore:
         transport_deadline_ns: int = 0,
         encode: ResponseEncoder[Any] | None = None,
         admitted: bool = False,
+        traceparent: str | None = None,
+        trace: RequestTrace | None = None,
     ) -> Any:
         """Serve one parsed ModelInfer request (see the module docstring for the steps).
 
@@ -192,13 +207,21 @@ class InferenceCore:
         default; the REST adapter passes its JSON and binary encoder, called the same way).
         ``admitted``: the transport holds the request's admission slot already (a stream's
         message, ``StreamSession``), so step 1 is skipped.
+        ``traceparent`` is the caller's W3C trace context (gRPC metadata or HTTP header), read
+        only when tracing is on; ``trace`` is given by the traced path, which records the
+        request's spans from it afterwards (``_traced``).
         Raises the ``ServingError`` whose status the transport answers with; the observer has
         recorded the outcome by then.
         """
+        if trace is None:
+            if self._tracing is not None:  # the one test an untraced request pays
+                return await self._traced(
+                    self._tracing, request, transport_deadline_ns, encode, admitted, traceparent
+                )
+            trace = RequestTrace()
         admission, registry = self._admission, self._shm_registry
         started = time.perf_counter_ns()
         status = "UNKNOWN"
-        trace = RequestTrace()
         try:
             if not admitted:
                 admission.admit_inference()
@@ -261,6 +284,51 @@ class InferenceCore:
                 request.id,
             )
 
+    async def _traced(
+        self,
+        tracing: Tracing,
+        request: ParsedInferRequest,
+        transport_deadline_ns: int,
+        encode: ResponseEncoder[Any] | None,
+        admitted: bool,
+        traceparent: str | None,
+    ) -> Any:
+        """Serve a request with tracing on: its server span when the trace settings sample it
+        (``Tracing.begin``), then its phases as child spans from the marks the scheduler
+        recorded, so the serving path itself is the untraced one."""
+        start = time.monotonic_ns()
+        span = tracing.begin("ModelInfer", request.model_name, traceparent, start_mono_ns=start)
+        trace = RequestTrace()
+        if span is None:
+            return await self.infer(
+                request,
+                transport_deadline_ns=transport_deadline_ns,
+                encode=encode,  # type: ignore[arg-type]
+                admitted=admitted,
+                trace=trace,
+            )
+        span.set("kserve_trio.request_id", request.id)
+        status, message = "OK", ""
+        try:
+            with span.in_logs():
+                return await self.infer(
+                    request,
+                    transport_deadline_ns=transport_deadline_ns,
+                    encode=encode,  # type: ignore[arg-type]
+                    admitted=admitted,
+                    trace=trace,
+                )
+        except ServingError as exc:
+            status, message = exc.status.name, str(exc)
+            raise
+        except BaseException as exc:
+            status = "CANCELLED" if isinstance(exc, get_cancelled_exc_class()) else "INTERNAL"
+            message = str(exc)
+            raise
+        finally:
+            _record_phases(span, trace, start, time.monotonic_ns())
+            span.end(status, message)
+
     # ---------------------------------------------------------------- meta models
 
     async def _run_meta(
@@ -300,10 +368,49 @@ class InferenceCore:
             return run_meta(bundle.name, run, list(inputs), call, bundle.manifest.wire_outputs)
 
         outputs = await self._scheduler.run_on_device(unit)
+        trace.enqueued_at_ns = queued
         trace.queue_ns = (started[0] - queued) if started else 0
         trace.compute_ns = int(call.subcall_seconds * 1e9)
         trace.batch_size = 0
         return outputs
+
+
+def _record_phases(span: RequestSpan, trace: RequestTrace, start: int, end: int) -> None:
+    """A traced request's phases as child spans, from the scheduler's marks (0: the step did
+    not happen). Rules:
+
+    1. ``admission``: from arrival to the preprocess hook, or to the queue without one (the
+       admission, bounds, lookup, decode and validation);
+    2. ``preprocess`` and ``postprocess``: the hooks, where the model has them;
+    3. ``queue``: from the queue to the batch's dispatch; ``execute``: the device execution
+       (its compute time, from the dispatch), with the batch size it ran at;
+    4. ``encode``: from the end of the execution (or of the postprocess hook) to the reply:
+       the hand-back from the device thread and the encoding.
+    """
+    first = trace.preprocess_at_ns or trace.enqueued_at_ns
+    if first:
+        span.child("admission", start, first)
+    if trace.preprocess_at_ns:
+        span.child(
+            "preprocess", trace.preprocess_at_ns, trace.preprocess_at_ns + trace.preprocess_ns
+        )
+    last = 0
+    if trace.enqueued_at_ns:
+        dispatched = trace.enqueued_at_ns + trace.queue_ns
+        span.child("queue", trace.enqueued_at_ns, dispatched)
+        if trace.compute_ns or trace.batch_size:
+            last = dispatched + trace.compute_ns
+            span.child(
+                "execute",
+                dispatched,
+                last,
+                {"kserve_trio.batch_size": trace.batch_size},
+            )
+    if trace.postprocess_at_ns:
+        last = trace.postprocess_at_ns + trace.postprocess_ns
+        span.child("postprocess", trace.postprocess_at_ns, last)
+    if last:
+        span.child("encode", last, end)
 
 
 class _Acquiring:

@@ -84,13 +84,18 @@ class ModelMetrics:
 
 @dataclass(slots=True)
 class RequestTrace:
-    """What one request went through, filled by ``Scheduler.infer`` (for logs and statistics)."""
+    """What one request went through, filled by ``Scheduler.infer`` (for logs, statistics and
+    the spans of a traced request). The ``*_at_ns`` marks are the scheduler's clock
+    (``time.monotonic_ns``); 0: the step did not happen."""
 
     queue_ns: int = 0
     compute_ns: int = 0
     batch_size: int = 0
     preprocess_ns: int = 0
     postprocess_ns: int = 0
+    enqueued_at_ns: int = 0
+    preprocess_at_ns: int = 0
+    postprocess_at_ns: int = 0
 
 
 class ItemState(enum.Enum):

@@ -37,6 +37,7 @@ from kserve_trio.serving.rest_routes import (
     route,
     unsupported,
 )
+from kserve_trio.serving.trace_settings import TRACEPARENT
 from kserve_trio.worker.inference import InferenceCore, ResponseEncoder
 from kserve_trio.worker.service import InferenceService
 
@@ -102,6 +103,7 @@ class WorkerRest:
             "SystemSharedMemoryRegister": s.shm_register,
             "SystemSharedMemoryUnregister": s.shm_unregister,
             "LogSettings": s.log_settings,
+            "TraceSetting": s.trace_setting,
         }
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -132,7 +134,11 @@ class WorkerRest:
             call.version,
             max_json_depth=self.max_json_depth,
         )
-        reply = await self.core.infer(parsed.message, encode=rest_encoder(parsed))
+        reply = await self.core.infer(
+            parsed.message,
+            encode=rest_encoder(parsed),
+            traceparent=request.headers.get(TRACEPARENT) if self.core.traced else None,
+        )
         response = HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
         return compressed_reply(request, response)
 

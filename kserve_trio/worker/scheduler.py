@@ -266,7 +266,7 @@ class Scheduler:
             t0 = self._clock()
             prepared = await self._hook("preprocess", state, state.preprocess, inputs)
             if trace is not None:
-                trace.preprocess_ns = self._clock() - t0
+                trace.preprocess_at_ns, trace.preprocess_ns = t0, self._clock() - t0
         arrays, variant, rows = state.layout.prepare(
             prepared,
             validated=validated_for is state.entry.manifest
@@ -289,10 +289,11 @@ class Scheduler:
             await self._await_result(state, req)
         assert req.outputs is not None
         if trace is not None:
-            trace.queue_ns, trace.compute_ns, trace.batch_size = (
+            trace.queue_ns, trace.compute_ns, trace.batch_size, trace.enqueued_at_ns = (
                 req.queue_ns,
                 req.compute_ns,
                 req.batch_size,
+                req.enqueued_ns,
             )
         outputs = [
             NamedTensor.from_array(state.layout.output_name(k), arr)
@@ -302,7 +303,7 @@ class Scheduler:
             t0 = self._clock()
             outputs = await self._hook("postprocess", state, state.postprocess, outputs)
             if trace is not None:
-                trace.postprocess_ns = self._clock() - t0
+                trace.postprocess_at_ns, trace.postprocess_ns = t0, self._clock() - t0
         return outputs
 
     def _current(self, name: str, state: ModelState) -> ModelState:

@@ -15,8 +15,9 @@ down UNAVAILABLE; not resident in explicit mode FAILED_PRECONDITION.
 Every bundle is served as version ``1`` (``""`` means the same); ``ServerMetadata`` lists
 ``EXTENSIONS`` by Triton's names, and every model reports platform ``jax`` (docs/protocol.md).
 
-``LogSettings`` reads and changes what the process logs (``serving/log_settings.py``); trace
-settings and CUDA shared memory answer UNIMPLEMENTED naming the RPC.
+``LogSettings`` reads and changes what the process logs (``serving/log_settings.py``);
+``TraceSetting`` reads and changes what it traces, globally and per model
+(``serving/trace_settings.py``); CUDA shared memory answers UNIMPLEMENTED naming the RPC.
 
 Explicit mode (``model_control_mode: explicit``): a model is ready only while its weights are
 on the device; Triton's ``RepositoryModelLoad`` pins it there and ``RepositoryModelUnload``
@@ -41,6 +42,8 @@ from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Method, TypedUnaryFn, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
+from kserve_trio.serving.trace_settings import TRACEPARENT
+from kserve_trio.serving.trace_settings import answer as answer_trace_setting
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.state import WorkerState
@@ -90,6 +93,7 @@ class InferenceService:
                 pb.RepositoryModelUnloadRequest,
             ),
             "LogSettings": (self.log_settings, pb.LogSettingsRequest),
+            "TraceSetting": (self.trace_setting, pb.TraceSettingRequest),
         }
 
     def methods(self) -> dict[str, Method]:
@@ -97,9 +101,14 @@ class InferenceService:
         mapping = {
             PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
         }
-        mapping[PREFIX + "ModelInfer"] = unary(
-            self.model_infer, pb.ModelInferRequest, lim, "ModelInfer", with_deadline=True
-        )
+        if self.core.traced:  # the caller's traceparent, read only when tracing is on
+            mapping[PREFIX + "ModelInfer"] = unary(
+                self.model_infer_traced, pb.ModelInferRequest, lim, "ModelInfer", header=TRACEPARENT
+            )
+        else:
+            mapping[PREFIX + "ModelInfer"] = unary(
+                self.model_infer, pb.ModelInferRequest, lim, "ModelInfer", with_deadline=True
+            )
         mapping[PREFIX + "ModelStreamInfer"] = stream(self.stream_infer, lim, "ModelStreamInfer")
         for rpc, reason in UNIMPLEMENTED_RPCS.items():
             mapping.setdefault(PREFIX + rpc, unimplemented(rpc, reason, lim))
@@ -206,6 +215,16 @@ class InferenceService:
         setting in force; a request without settings only reads them."""
         return answer_log_settings(request)
 
+    # ---- Triton's trace settings ----------------------------------------------------------
+
+    async def trace_setting(self, request):
+        """Change the trace settings the request names, for its model or globally (all or
+        nothing), and answer with every setting in force there; without settings, read them.
+        A model name must be a model's name (NOT_FOUND otherwise)."""
+        if request.model_name:
+            self.repository.lookup(request.model_name, "")
+        return answer_trace_setting(self.state.trace_settings, request)
+
     def _shm(self) -> ShmRegistry:
         if self.state.shm_registry is None:
             raise Unavailable("shared memory is not available on this server")
@@ -216,6 +235,12 @@ class InferenceService:
         back to the server layer as it is. A plain method handing the layer the core's
         coroutine (one frame less per request than awaiting it here)."""
         return self.core.infer(request, transport_deadline_ns=deadline_ns)
+
+    def model_infer_traced(
+        self, request: ParsedInferRequest, deadline_ns: int, traceparent: str | None
+    ) -> Awaitable[InferReply]:
+        """``model_infer`` with the caller's ``traceparent`` (tracing on)."""
+        return self.core.infer(request, transport_deadline_ns=deadline_ns, traceparent=traceparent)
 
     # ---- Triton extensions: configuration and statistics -----------------------------
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kserve_trio.core.config import TracingConfig
 from kserve_trio.serving.admission import Admission
 from kserve_trio.serving.grpc import Limits
+from kserve_trio.serving.trace_settings import TraceSettings
 from kserve_trio.worker.stream import OpenStreams
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class WorkerState:
     metrics: WorkerMetrics | None = None
     cache: WeightCache | None = None
     backend: Backend | None = None  # device memory statistics
+    # What TraceSetting reads and changes: the tracer's own settings when tracing is on.
+    trace_settings: TraceSettings = field(default_factory=lambda: TraceSettings(TracingConfig()))
 
     @property
     def scheduler(self) -> Scheduler:

@@ -673,6 +673,35 @@ ENV_CASES = [
         )
         for f in LIMIT_FIELDS
     ),
+    ("INFERENCE_SERVER_TRACING_ENABLED", "on", lambda c: c.tracing.enabled, True),
+    (
+        "INFERENCE_SERVER_TRACING_ENDPOINT",
+        "http://otel:4318/v1/traces",
+        lambda c: c.tracing.endpoint,
+        "http://otel:4318/v1/traces",
+    ),
+    ("INFERENCE_SERVER_TRACING_SERVICE_NAME", "w0", lambda c: c.tracing.service_name, "w0"),
+    ("INFERENCE_SERVER_TRACING_TRACE_RATE", "10", lambda c: c.tracing.trace_rate, 10),
+    ("INFERENCE_SERVER_TRACING_TRACE_COUNT", "5", lambda c: c.tracing.trace_count, 5),
+    ("INFERENCE_SERVER_TRACING_MAX_QUEUE_SIZE", "64", lambda c: c.tracing.max_queue_size, 64),
+    (
+        "INFERENCE_SERVER_TRACING_MAX_EXPORT_BATCH_SIZE",
+        "32",
+        lambda c: c.tracing.max_export_batch_size,
+        32,
+    ),
+    (
+        "INFERENCE_SERVER_TRACING_SCHEDULE_DELAY_SECONDS",
+        "0.5",
+        lambda c: c.tracing.schedule_delay_seconds,
+        0.5,
+    ),
+    (
+        "INFERENCE_SERVER_TRACING_EXPORT_TIMEOUT_SECONDS",
+        "2",
+        lambda c: c.tracing.export_timeout_seconds,
+        2.0,
+    ),
 ]
 
 
@@ -1250,6 +1279,10 @@ def test_the_config_package_states_its_public_surface_once():
             "WINDOW_BYTES",
             "limits_env_rows",
             "validate_limits",
+            "TracingConfig",
+            "TRACING_FIELDS",
+            "tracing_env_rows",
+            "validate_tracing",
             "EndpointsConfig",
             "FrozenMap",
             "GrpcConfig",
@@ -1303,3 +1336,25 @@ def test_the_config_package_sits_below_the_node_file_layer():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("block", "path"),
+    [
+        ({"trace_rate": 0}, "tracing.trace_rate"),
+        ({"trace_count": -2}, "tracing.trace_count"),
+        ({"max_queue_size": 0}, "tracing.max_queue_size"),
+        ({"max_queue_size": 8, "max_export_batch_size": 9}, "tracing.max_export_batch_size"),
+        ({"schedule_delay_seconds": 0}, "tracing.schedule_delay_seconds"),
+        ({"endpoint": "otel:4318"}, "tracing.endpoint"),
+    ],
+)
+def test_a_tracing_value_out_of_range_names_its_key(block, path):
+    with pytest.raises(ConfigError) as info:
+        validate_config(build_config({"tracing": block}), check_dirs=False)
+    assert info.value.path == path
+
+
+def test_tracing_is_off_unless_configured():
+    assert ServerConfig().tracing.enabled is False
+    assert build_config({"tracing": {"enabled": True}}).tracing.enabled is True

@@ -220,8 +220,11 @@ def test_every_rpc_through_both_front_ends(worker, repo):
             c.infer("mlp", [mlp_input(np.ones((1, 3), np.float32))])
         assert "INVALID_ARGUMENT" in str(err.value.status())
         with pytest.raises(InferenceServerException) as err:
-            c.get_trace_settings()
+            c.get_cuda_shared_memory_status()
         assert "UNIMPLEMENTED" in str(err.value.status())
+        assert c.get_trace_settings(as_json=True)["settings"]["trace_mode"]["value"] == [
+            "opentelemetry"
+        ]
     stats = clients[0].get_inference_statistics("mlp").model_stats[0]
     assert stats.inference_stats.success.count >= 2, "requests of both front ends counted once"
     # BYTES through the hook bundle, on the device process

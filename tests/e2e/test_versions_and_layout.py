@@ -200,6 +200,7 @@ def test_server_metadata_extensions_and_one_platform_string(worker):
         "system_shared_memory",
         "parameters",
         "statistics",
+        "trace",
         "logging",
     ]
     meta = c.get_model_metadata(MODEL, as_json=True)

@@ -38,6 +38,7 @@ def test_health_metadata_and_repository_index(demo_worker):
         "system_shared_memory",
         "parameters",
         "statistics",
+        "trace",
         "logging",
     ]
     for model in DEMO:

@@ -429,6 +429,15 @@ def _typed_sample(path: str) -> tuple[str, object]:
             ("model-repository,logging:admin-key=s", "control:ops=t"),
         ),
         "client_shared_memory": ("no", False),
+        "tracing.enabled": ("yes", True),
+        "tracing.endpoint": ("https://otel.test/v1/traces", "https://otel.test/v1/traces"),
+        "tracing.service_name": ("gw", "gw"),
+        "tracing.trace_rate": ("4", 4),
+        "tracing.trace_count": ("9", 9),
+        "tracing.max_queue_size": ("600", 600),
+        "tracing.max_export_batch_size": ("8", 8),
+        "tracing.schedule_delay_seconds": ("0.25", 0.25),
+        "tracing.export_timeout_seconds": ("3", 3.0),
         "client_shared_memory_prefixes": ("triton_, /app-", ("triton_", "/app-")),
         **{
             f"limits.{f.name}": (

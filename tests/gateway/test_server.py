@@ -94,6 +94,7 @@ def test_the_kserve_surface_through_the_gateway():
                 "system_shared_memory",
                 "parameters",
                 "statistics",
+                "trace",
                 "logging",
             ]
             assert c.is_model_ready("m") and c.is_model_ready("k")

@@ -51,6 +51,12 @@ from kserve_trio.core.config._schema import (
     check_keys,
     read_block,
 )
+from kserve_trio.core.config._tracing import (
+    TRACING_FIELDS,
+    TracingConfig,
+    tracing_env_rows,
+    validate_tracing,
+)
 from kserve_trio.core.config._types import (
     DEFAULT_GRPC_MSG_BYTES,
     ENV_PREFIX,
@@ -82,6 +88,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "RESIDENCY_MODE_REMOVED",
     "SCHEMA",
+    "TRACING_FIELDS",
     "WINDOW_BYTES",
     "WORKER_NAME_ENV",
     "EdgeLimits",
@@ -99,6 +106,7 @@ __all__ = [
     "SchedulingDiscipline",
     "ServerConfig",
     "TlsConfig",
+    "TracingConfig",
     "apply_env_overrides",
     "apply_env_table",
     "as_bool",
@@ -119,9 +127,11 @@ __all__ = [
     "parse_env_value",
     "read_block",
     "set_path",
+    "tracing_env_rows",
     "unknown_env_override",
     "validate_config",
     "validate_limits",
     "validate_shm_policy",
     "validate_tls",
+    "validate_tracing",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from kserve_trio.core.config._limits import limits_env_rows
 from kserve_trio.core.config._raw import deep_merge, set_path
 from kserve_trio.core.config._schema import BATCH_POLICY_REMOVED, RESIDENCY_MODE_REMOVED
+from kserve_trio.core.config._tracing import tracing_env_rows
 from kserve_trio.core.config._types import ENV_PREFIX, FrozenMap
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.upstream_env import with_upstream_aliases
@@ -74,6 +75,7 @@ _ENV_TABLE: tuple[tuple[str, str, str], ...] = (
         for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
     ),
     *limits_env_rows(ENV_PREFIX),
+    *tracing_env_rows(ENV_PREFIX),
 )
 ENV_OVERRIDES: Mapping[str, str] = FrozenMap((var, path) for var, path, _ in _ENV_TABLE)
 """Every environment variable that overrides a config key -> the YAML path it sets."""

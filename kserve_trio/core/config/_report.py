@@ -52,6 +52,7 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         "grpc": block(cfg.grpc),
         "meta": block(cfg.meta),
         "limits": block(cfg.limits),
+        "tracing": block(cfg.tracing),
     }
 
 

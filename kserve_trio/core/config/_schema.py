@@ -17,6 +17,7 @@ from typing import Any
 
 from kserve_trio.core.config._limits import LIMIT_FIELDS, EdgeLimits
 from kserve_trio.core.config._raw import join_path
+from kserve_trio.core.config._tracing import TRACING_FIELDS, TracingConfig
 from kserve_trio.core.config._types import (
     EndpointsConfig,
     FrozenMap,
@@ -62,6 +63,7 @@ SCHEMA: dict[str, Any] = {
     "grpc": {f.name: None for f in dataclasses.fields(GrpcConfig)},
     "meta": {f.name: None for f in dataclasses.fields(MetaConfig)},
     "limits": {f.name: None for f in LIMIT_FIELDS},
+    "tracing": {f.name: None for f in TRACING_FIELDS},
 }
 
 BATCH_POLICY_REMOVED = (
@@ -279,6 +281,7 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
     grpc = read_block(GrpcConfig, _block(raw, "grpc"), "grpc", {})
     meta = read_block(MetaConfig, _block(raw, "meta"), "meta", {})
     limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
+    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", {})
     return ServerConfig(
         **top,
         runtime=runtime,
@@ -287,6 +290,7 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
         grpc=grpc,
         meta=meta,
         limits=limits,
+        tracing=tracing,
     )
 
 

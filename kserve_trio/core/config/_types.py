@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kserve_trio.core.config._limits import EdgeLimits
+from kserve_trio.core.config._tracing import TracingConfig
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.shm_names import ClientShmPolicy
 from kserve_trio.http2 import DEFAULT_ENGINE
@@ -313,6 +314,7 @@ class ServerConfig:
     meta: MetaConfig = MetaConfig()
     serve_without_hooks: bool = False
     limits: EdgeLimits = field(default_factory=EdgeLimits)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         for name in ("model_dirs", "models_include"):

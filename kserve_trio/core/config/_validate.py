@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from kserve_trio.core.config._limits import validate_limits
+from kserve_trio.core.config._tracing import validate_tracing
 from kserve_trio.core.config._types import ModelControlMode, NumericsMode, ServerConfig, TlsConfig
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.event_loops import EVENT_LOOPS
@@ -116,6 +117,7 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
     validate_tls(ep.tls, check_files=check_dirs)
     validate_shm_policy(ep.shm_policy)
     validate_limits(cfg.limits)
+    validate_tracing(cfg.tracing)
     if rt.numerics is NumericsMode.TF32 and rt.backend == "cpu":
         raise ConfigError(
             "'tf32' requires a CUDA backend; the CPU backend cannot run TF32", "runtime.numerics"

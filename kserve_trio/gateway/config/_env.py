@@ -11,6 +11,7 @@ from kserve_trio.core.config import (
     apply_env_table,
     limits_env_rows,
     parse_env_value,
+    tracing_env_rows,
     unknown_env_override,
 )
 from kserve_trio.gateway.config._types import ENV_PREFIX, FILE_ENV, ProberConfig
@@ -65,6 +66,7 @@ _ENV_TABLE: tuple[tuple[str, str, str], ...] = (
         for var, path, kind in (line.split() for line in _ENV_TABLE_TEXT.strip().splitlines())
     ),
     *limits_env_rows(ENV_PREFIX),
+    *tracing_env_rows(ENV_PREFIX),
 )
 ENV_OVERRIDES: Mapping[str, str] = {var: path for var, path, _ in _ENV_TABLE}
 """Every environment variable that overrides a ``gateway.yml`` key -> the YAML path it sets."""

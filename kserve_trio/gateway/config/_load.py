@@ -119,6 +119,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "event_loop": cfg.event_loop,
         "http2_engine": cfg.http2_engine,
         "limits": block(cfg.limits),
+        "tracing": block(cfg.tracing),
         "processes": cfg.processes,
         "restricted_protocols": list(cfg.restricted_protocols),
         "client_shared_memory": cfg.client_shared_memory,

@@ -9,9 +9,11 @@ from typing import Any
 
 from kserve_trio.core.config import (
     LIMIT_FIELDS,
+    TRACING_FIELDS,
     EdgeLimits,
     FrozenMap,
     TlsConfig,
+    TracingConfig,
     as_bool,
     as_float,
     as_int,
@@ -68,6 +70,7 @@ SCHEMA: dict[str, Any] = {
     "event_loop": None,
     "http2_engine": None,
     "limits": {f.name: None for f in LIMIT_FIELDS},
+    "tracing": {f.name: None for f in TRACING_FIELDS},
     "processes": None,
     "restricted_protocols": None,
     "client_shared_memory": None,
@@ -254,6 +257,7 @@ def build_gateway_config(
     )
     grpc = read_block(GatewayGrpcConfig, _block(raw, "grpc"), "grpc", {})
     limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
+    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", {})
     tls = read_block(TlsConfig, _block(raw, "tls"), "tls", {})
     logging_ = read_block(LoggingConfig, _block(raw, "logging"), "logging", {})
     endpoints = [e.strip() for e in _list(raw, "endpoints")]
@@ -290,6 +294,7 @@ def build_gateway_config(
         event_loop=event_loop,
         http2_engine=http2_engine,
         limits=limits,
+        tracing=tracing,
         restricted_protocols=_list(raw, "restricted_protocols"),
         client_shared_memory=True if shm is None else as_bool(shm, "client_shared_memory"),
         client_shared_memory_prefixes=_list(raw, "client_shared_memory_prefixes"),

@@ -11,6 +11,7 @@ from kserve_trio.core.config import (
     EdgeLimits,
     FrozenMap,
     TlsConfig,
+    TracingConfig,
     parse_enum,
 )
 from kserve_trio.core.shm_names import ClientShmPolicy
@@ -287,6 +288,7 @@ class GatewayConfig:
     event_loop: str = ""
     http2_engine: str = DEFAULT_ENGINE
     limits: EdgeLimits = field(default_factory=EdgeLimits)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     processes: int = 1
     restricted_protocols: tuple[str, ...] = ()
     client_shared_memory: bool = True

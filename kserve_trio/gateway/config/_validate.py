@@ -6,7 +6,12 @@ import math
 import os
 from typing import Any
 
-from kserve_trio.core.config import validate_limits, validate_shm_policy, validate_tls
+from kserve_trio.core.config import (
+    validate_limits,
+    validate_shm_policy,
+    validate_tls,
+    validate_tracing,
+)
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import parse_level
 from kserve_trio.core.restricted import parse_header, parse_restrictions
@@ -39,6 +44,7 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
     """
     _validate_addresses(cfg)
     validate_limits(cfg.limits)
+    validate_tracing(cfg.tracing)
     parse_restrictions(cfg.restricted_protocols)
     validate_shm_policy(cfg.shm_policy)
     for i, header in enumerate(cfg.worker_client.headers):

@@ -60,6 +60,10 @@ __all__ = (
     "SystemSharedMemoryStatusResponseRegionStatus",
     "SystemSharedMemoryUnregisterRequest",
     "SystemSharedMemoryUnregisterResponse",
+    "TraceSettingRequest",
+    "TraceSettingRequestSettingValue",
+    "TraceSettingResponse",
+    "TraceSettingResponseSettingValue",
 )
 
 from dataclasses import dataclass
@@ -1041,4 +1045,54 @@ class SystemSharedMemoryUnregisterResponse(betterproto2.Message):
 
 default_message_pool.register_message(
     "inference", "SystemSharedMemoryUnregisterResponse", SystemSharedMemoryUnregisterResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class TraceSettingRequest(betterproto2.Message):
+    """
+    ---- Triton trace settings ----
+    """
+
+    settings: "dict[str, TraceSettingRequestSettingValue]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+
+    model_name: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("inference", "TraceSettingRequest", TraceSettingRequest)
+
+
+@dataclass(eq=False, repr=False)
+class TraceSettingRequestSettingValue(betterproto2.Message):
+    value: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
+
+
+default_message_pool.register_message(
+    "inference", "TraceSettingRequest.SettingValue", TraceSettingRequestSettingValue
+)
+
+
+@dataclass(eq=False, repr=False)
+class TraceSettingResponse(betterproto2.Message):
+    settings: "dict[str, TraceSettingResponseSettingValue]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+
+
+default_message_pool.register_message("inference", "TraceSettingResponse", TraceSettingResponse)
+
+
+@dataclass(eq=False, repr=False)
+class TraceSettingResponseSettingValue(betterproto2.Message):
+    value: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
+
+
+default_message_pool.register_message(
+    "inference", "TraceSettingResponse.SettingValue", TraceSettingResponseSettingValue
 )

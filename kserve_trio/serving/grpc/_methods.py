@@ -4,7 +4,10 @@
   (``parse_message``); the reply is compressed like the request when the client accepts it.
   With ``with_deadline=True`` it is ``fn(request, deadline_ns)``: the call's ``grpc-timeout``
   as an absolute ``time.monotonic_ns()`` (0: none). That is all a typed handler learns of its
-  call, so the same handler serves another transport (REST calls it with no deadline).
+  call, so the same handler serves another transport (REST calls it with no deadline). With
+  ``header="name"`` as well it is ``fn(request, deadline_ns, value)``, the value of that request
+  header or None (the worker's ModelInfer with tracing on: ``traceparent``); the choice is made
+  once, when the method is built.
 - ``raw_unary(fn, limits, rpc)``: ``fn(call, message) -> bytes`` with the message as it
   arrived: for a proxy that never decodes a payload.
 - ``bytes_unary(fn, limits, rpc)``: ``fn(data, deadline_ns) -> reply`` with the message
@@ -51,17 +54,21 @@ async def _one_message(call: Call) -> RawMessage:
 
 TypedUnaryFn = Callable[[Any], Awaitable[Any]]
 DeadlineUnaryFn = Callable[[Any, int], Awaitable[Any]]
+HeaderUnaryFn = Callable[[Any, int, str | None], Awaitable[Any]]
 
 
 def unary(
-    fn: TypedUnaryFn | DeadlineUnaryFn,
+    fn: TypedUnaryFn | DeadlineUnaryFn | HeaderUnaryFn,
     request_type: Any,
     limits: Limits,
     rpc: str,
     *,
     with_deadline: bool = False,
+    header: str | None = None,
 ) -> Method:
     """A typed unary-unary RPC (module docstring)."""
+    if header is not None:
+        return _unary_with_header(cast(HeaderUnaryFn, fn), request_type, limits, rpc, header)
 
     async def run(call: Call) -> None:
         message = await _one_message(call)
@@ -76,7 +83,38 @@ def unary(
     return Method(rpc, limits, run)
 
 
+def _unary_with_header(
+    fn: HeaderUnaryFn, request_type: Any, limits: Limits, rpc: str, header: str
+) -> Method:
+    async def run(call: Call) -> None:
+        message = await _one_message(call)
+        request = parse_message(call.plain(message), request_type, limits.edge)
+        reply = await fn(request, call.deadline_ns, call.header(header))
+        encoding = call.encoding if message.compressed else compression.IDENTITY
+        await call.send_last(reply, encoding=call.reply_encoding(encoding))
+
+    return Method(rpc, limits, run)
+
+
 BytesUnaryFn = Callable[[bytes | bytearray, int], Awaitable[Any]]
+
+
+HeaderBytesUnaryFn = Callable[[bytes | bytearray, int, str | None], Awaitable[Any]]
+
+
+def bytes_unary_with_header(
+    fn: HeaderBytesUnaryFn, limits: Limits, rpc: str, header: str
+) -> Method:
+    """``bytes_unary`` whose ``fn`` also gets the value of one request header, or None (a
+    front end's ModelInfer with tracing on: the caller's ``traceparent``)."""
+
+    async def run(call: Call) -> None:
+        message = await _one_message(call)
+        reply = await fn(call.plain(message), call.deadline_ns, call.header(header))
+        encoding = call.encoding if message.compressed else compression.IDENTITY
+        await call.send_last(reply, encoding=call.reply_encoding(encoding))
+
+    return Method(rpc, limits, run)
 
 
 def bytes_unary(fn: BytesUnaryFn, limits: Limits, rpc: str) -> Method:
@@ -121,11 +159,14 @@ def unimplemented(rpc: str, reason: str, limits: Limits) -> Method:
 __all__ = [
     "BytesUnaryFn",
     "DeadlineUnaryFn",
+    "HeaderBytesUnaryFn",
+    "HeaderUnaryFn",
     "Method",
     "RawStreamFn",
     "RawUnaryFn",
     "TypedUnaryFn",
     "bytes_unary",
+    "bytes_unary_with_header",
     "raw_unary",
     "stream",
     "unary",

@@ -1,0 +1,92 @@
+"""Tracing through the gateway, with a real worker and gateway as subprocesses and a real OTLP/HTTP
+receiver: the gateway's server span continues the caller's trace, each forward attempt is a
+client span, and the worker's span is that attempt's child; a TraceSetting change through the
+gateway reaches the worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.gateway.procs import Gateway, Worker
+from tests.otlp_receiver import otlp_receiver
+from tests.ports import free_port
+from tests.waiting import wait_until
+
+TRACE = "6bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "20f067aa0ba902b7"
+
+
+def _tracing_env(prefix: str, url: str, service: str) -> dict[str, str]:
+    return {
+        prefix + "TRACING_ENABLED": "1",
+        prefix + "TRACING_ENDPOINT": url,
+        prefix + "TRACING_SCHEDULE_DELAY_SECONDS": "0.05",
+        prefix + "TRACING_SERVICE_NAME": service,
+    }
+
+
+@pytest.fixture(scope="module")
+def fleet(demo_repo, tmp_path_factory):
+    with otlp_receiver() as rx:
+        worker = Worker(
+            demo_repo,
+            "127.0.0.1",
+            free_port(),
+            env=_tracing_env("INFERENCE_SERVER_", rx.url, "w"),
+        )
+        gateway = None
+        try:
+            worker.wait_ready()
+            gateway = Gateway(
+                tmp_path_factory.mktemp("gw"),
+                {
+                    "KSERVE_TRIO_GATEWAY_WORKERS": worker.url,
+                    **_tracing_env("KSERVE_TRIO_GATEWAY_", rx.url, "gw"),
+                },
+            )
+            gateway.wait_ready()
+            yield rx, worker, gateway
+        finally:
+            if gateway is not None:
+                gateway.stop()
+            worker.stop()
+
+
+def test_the_trace_goes_caller_gateway_forward_worker(fleet):
+    rx, _, gateway = fleet
+    x = np.ones((1, 16), np.float32)
+    inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    with gateway.client() as c:
+        c.infer("mlp", [inp], request_id="gw-1", headers={"traceparent": f"00-{TRACE}-{PARENT}-01"})
+
+    def spans():
+        found = {(s.service, s.name): s for s in rx.trace(TRACE)}
+        need = {("gw", "ModelInfer"), ("gw", "forward"), ("w", "ModelInfer")}
+        return need <= found.keys() and found
+
+    found = wait_until(spans, 60, "the gateway's and the worker's spans")
+    server, forward, worker = (
+        found["gw", "ModelInfer"],
+        found["gw", "forward"],
+        found["w", "ModelInfer"],
+    )
+    assert server.parent_span_id == PARENT and server.kind == 2
+    assert forward.parent_span_id == server.span_id and forward.kind == 3  # CLIENT
+    assert worker.parent_span_id == forward.span_id
+    assert forward.attributes["worker"]
+
+
+def test_a_trace_setting_change_through_the_gateway_reaches_the_worker(fleet):
+    _, worker, gateway = fleet
+    with gateway.client() as g, worker.client() as w:
+        try:
+            g.update_trace_settings(settings={"trace_rate": "7"})
+            assert g.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["7"]
+            assert w.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["7"]
+            assert "trace" in g.get_server_metadata(as_json=True)["extensions"]
+        finally:
+            g.update_trace_settings(settings={"trace_rate": None})
+        assert w.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1"]
