@@ -389,10 +389,13 @@ def main() -> None:
                         "served": served,
                         "rps": round(rate),
                         **{k: v["rss_kib"] // 1024 for k, v in point["processes"].items()},
+                        **{k + ".fds": v["fds"] for k, v in point["processes"].items()},
                     }
                 ),
                 flush=True,
             )
+            if args.json:  # what a run cut short still leaves
+                pathlib.Path(args.json).write_text(json.dumps({"samples": samples}, indent=1))
         outcomes = [results.get(timeout=60) for _ in clients]
         final = {"t": round(time.monotonic() - started, 1), "served": _served(gmetrics),
                  "processes": _sample(roots)}  # fmt: skip
