@@ -351,11 +351,15 @@ def test_rest_reads_http11_strictly_and_bounds_chunk_extensions_in_each_front_en
             frontend_process=frontend,
         )
 
-    for _ in range(64):  # each connection lands on either front end: until both refused one
+    def both_counted() -> bool:
+        """Each connection lands on either front end, and a front end pushes its counters to
+        the device process once a second: send another until both have counted one."""
         if refused("0") and refused("1"):
-            break
+            return True
         a_100_kb_extension_is_refused(worker.http_port)
-    assert refused("0") and refused("1")
+        return False
+
+    wait_until(both_counted, 60, "a chunk-extension refusal counted by each front end")
 
 
 def _metrics_text(worker) -> str:
