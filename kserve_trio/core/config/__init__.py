@@ -54,6 +54,8 @@ from kserve_trio.core.config._schema import (
 from kserve_trio.core.config._types import (
     DEFAULT_GRPC_MSG_BYTES,
     ENV_PREFIX,
+    LIVENESS_INTERVAL_SECONDS,
+    LIVENESS_MISSES,
     WORKER_NAME_ENV,
     EndpointsConfig,
     FrozenMap,
@@ -79,6 +81,8 @@ __all__ = [
     "ENV_OVERRIDES",
     "ENV_PREFIX",
     "LIMIT_FIELDS",
+    "LIVENESS_INTERVAL_SECONDS",
+    "LIVENESS_MISSES",
     "MAX_FRAME_BYTES",
     "RESIDENCY_MODE_REMOVED",
     "SCHEMA",
