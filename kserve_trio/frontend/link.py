@@ -24,6 +24,8 @@ from kserve_trio.serving.ipc import (
     FREE,
     KIND_UNARY,
     LOG,
+    PING,
+    PONG,
     REQUEST,
     Arena,
     Channel,
@@ -115,6 +117,8 @@ class DeviceLink:
                     pending.done.set()
                 elif op == LOG:
                     on_log(message[1])
+                elif op == PING:
+                    self.channel.send((PONG, message[1]))
                 elif op == DRAIN:
                     on_drain()
             if freed:

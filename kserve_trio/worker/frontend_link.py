@@ -4,7 +4,8 @@ Each ``REQUEST`` becomes a task of the link's task group, in a cancel scope the 
 ``CANCEL`` cancels; whatever ends it (a reply, a status, the cancel) is answered with one
 ``DONE``, so the front end always learns when the request is over and may reuse its request
 slot. A reply is written once into the reply arena (the front end copies it out and returns the
-slot in a ``FREE``), or travels in the frame when the arena has no room.
+slot in a ``FREE``), or travels in the frame when the arena has no room. ``ping`` is the
+liveness probe the device process's watch sends (``serving.liveness``).
 
 When the front end is gone (its end of the channel closes: it exited or was killed) the link's
 task group is cancelled: its queued requests leave the scheduler's queues, those executing
@@ -26,6 +27,8 @@ from kserve_trio.serving.ipc import (
     DONE,
     EDGE,
     FREE,
+    PING,
+    PONG,
     READY,
     REQUEST,
     Arena,
@@ -62,6 +65,9 @@ class FrontendLink:
         """The front end's edge counters as it last sent them (Prometheus text)."""
         self.served = 0
         """Requests this front end forwarded (the ``worker_frontend_requests`` counter)."""
+        self._pings = 0
+        self._pongs = 0
+        self._pong = anyio.Event()
 
     async def serve(self) -> None:
         """Serve the front end's requests until its end of the channel closes."""
@@ -109,9 +115,23 @@ class FrontendLink:
                         free(slot)
                 elif op == EDGE:
                     self.edge_exposition = message[1]
+                elif op == PONG:
+                    self._pongs = max(self._pongs, message[1])
+                    self._pong.set()
                 elif op == READY:
                     self.ports = (message[1], message[2])
                     self.ready.set()
+
+    async def ping(self) -> bool:
+        """Send ``PING`` and return once the front end has answered it (its reader runs on
+        the event loop that serves its connections, so an answer says that loop turns)."""
+        self._pings += 1
+        seq = self._pings
+        self.channel.send((PING, seq))
+        while self._pongs < seq:
+            self._pong = anyio.Event()
+            await self._pong.wait()
+        return True
 
     async def _serve(self, message: tuple, scope: anyio.CancelScope) -> None:
         _, rid, kind, rpc, deadline_ns, payload = message

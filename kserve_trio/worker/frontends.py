@@ -16,7 +16,12 @@ Rules:
 2. a front end that exits later (crashed, killed) is restarted after the back-off the
    gateway's processes get too (``serving.restart_backoff``); its requests in flight were cancelled with its
    link (its clients' connections died with it, UNAVAILABLE), the other front ends go on;
-3. ``shutdown(grace)``: every front end is told ``DRAIN`` (GOAWAY, the calls in flight finish
+3. a front end that is ready but stuck (stopped, or its event loop blocked) is found by its
+   liveness ping (``serving.liveness``: a ``PING`` over its channel every
+   ``endpoints.frontend_liveness_interval_seconds``; ``endpoints.frontend_liveness_misses``
+   unanswered in a row) and killed (SIGKILL: a stuck process cannot drain), so its listening
+   socket leaves the set the kernel hands new connections to; rule 2 restarts it;
+4. ``shutdown(grace)``: every front end is told ``DRAIN`` (GOAWAY, the calls in flight finish
    within the grace) and exits; one still running after the grace and a second is killed; then
    the reserved addresses are released. No restart follows.
 
@@ -44,6 +49,7 @@ from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
 from kserve_trio.core.shm_names import reserved_name
 from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
+from kserve_trio.serving.liveness import watch_liveness
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
 from kserve_trio.serving.restart_backoff import RestartBackoff
@@ -74,6 +80,8 @@ class _Frontend:
         self.link: FrontendLink | None = None
         self.ever_ready = False
         self.restarts = 0
+        self.liveness_kills = 0
+        """Times a process of this front end was killed for missing its liveness pings."""
         self.served_before = 0
         """Requests forwarded by this front end's earlier processes."""
         self.ready = anyio.Event()
@@ -103,7 +111,7 @@ class FrontendProcesses:
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[tuple[int, int]] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Reserve the ports, run every front end (rules 1-2) until ``shutdown``."""
+        """Reserve the ports, run every front end (rules 1-3) until ``shutdown``."""
         ep = self.config.endpoints
         try:
             grpc = reserve_port(ep.host, ep.port, "endpoints.port")
@@ -183,7 +191,7 @@ class FrontendProcesses:
         return process, link
 
     async def _keep_running(self, frontend: _Frontend) -> None:
-        """Rules 1 and 2 for one front end, until ``shutdown``."""
+        """Rules 1 to 3 for one front end, until ``shutdown``."""
         try:
             await self._keep_running_until_stopped(frontend)
         finally:
@@ -198,6 +206,7 @@ class FrontendProcesses:
             log.info("frontend_started", frontend_process=frontend.index, pid=process.pid)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._mark_ready, frontend, link)
+                tg.start_soon(self._watch, frontend, process, link)
                 await link.serve()  # until the front end's end of the channel closes
                 tg.cancel_scope.cancel()
             returncode = await self._reap(process)
@@ -226,6 +235,27 @@ class FrontendProcesses:
         frontend.ready.set()
         log.info("frontend_ready", frontend_process=frontend.index, port=link.ports[0])
 
+    async def _watch(
+        self, frontend: _Frontend, process: subprocess.Popen, link: FrontendLink
+    ) -> None:
+        """Rule 3 for one process of ``frontend``, from its ``READY`` until its link ends."""
+        ep = self.config.endpoints
+        await link.ready.wait()
+        await watch_liveness(
+            link.ping, ep.frontend_liveness_interval_seconds, ep.frontend_liveness_misses
+        )
+        if self._stopping:
+            return  # rule 4 owns the end
+        frontend.liveness_kills += 1
+        log.warning(
+            "frontend_unresponsive",
+            frontend_process=frontend.index,
+            pid=process.pid,
+            missed_pings=ep.frontend_liveness_misses,
+            interval_seconds=ep.frontend_liveness_interval_seconds,
+        )
+        process.kill()
+
     async def _reap(self, process: subprocess.Popen) -> int:
         """The exit status of a front end whose channel closed (killed if it lingers)."""
         with anyio.CancelScope(shield=True):
@@ -246,7 +276,8 @@ class FrontendProcesses:
 
     def expositions(self) -> list[str]:
         """What the worker's ``/metrics`` adds for its front ends: the requests each forwarded
-        and its restarts (counted here), and each running front end's edge counters as it last
+        and its restarts (counted here; those that followed a liveness kill are counted apart
+        too), and each running front end's edge counters as it last
         sent them, every sample labelled ``frontend_process``."""
         counts = [
             "# HELP worker_frontend_requests Requests a front end forwarded to the device process",
@@ -261,6 +292,14 @@ class FrontendProcesses:
                 f'worker_frontend_restarts_total{{frontend_process="{f.index}"}} {f.restarts}'
                 for f in self.frontends
             ),
+            "# HELP worker_frontend_liveness_kills Times a front end was killed for missing "
+            "its liveness pings",
+            "# TYPE worker_frontend_liveness_kills counter",
+            *(
+                f'worker_frontend_liveness_kills_total{{frontend_process="{f.index}"}} '
+                f"{f.liveness_kills}"
+                for f in self.frontends
+            ),
         ]
         out = ["\n".join(counts) + "\n"]
         for frontend in self.frontends:
@@ -272,7 +311,7 @@ class FrontendProcesses:
     # ---------------------------------------------------------------- the end
 
     async def shutdown(self, grace: float) -> int:
-        """Rule 3 (shielded: it runs while the worker is being cancelled); returns the number
+        """Rule 4 (shielded: it runs while the worker is being cancelled); returns the number
         of front ends that had to be killed."""
         self._stopping = True
         self._stop_requested.set()

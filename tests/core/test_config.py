@@ -618,6 +618,18 @@ ENV_CASES = [
         3,
     ),
     (
+        "INFERENCE_SERVER_ENDPOINTS_FRONTEND_LIVENESS_INTERVAL_SECONDS",
+        "0.25",
+        lambda c: c.endpoints.frontend_liveness_interval_seconds,
+        0.25,
+    ),
+    (
+        "INFERENCE_SERVER_ENDPOINTS_FRONTEND_LIVENESS_MISSES",
+        "5",
+        lambda c: c.endpoints.frontend_liveness_misses,
+        5,
+    ),
+    (
         "INFERENCE_SERVER_ENDPOINTS_CLIENT_SHARED_MEMORY",
         "off",
         lambda c: c.endpoints.client_shared_memory,
@@ -1275,6 +1287,8 @@ def test_the_config_package_states_its_public_surface_once():
             "WORKER_NAME_ENV",
             "EdgeLimits",
             "LIMIT_FIELDS",
+            "LIVENESS_INTERVAL_SECONDS",
+            "LIVENESS_MISSES",
             "MAX_FRAME_BYTES",
             "WINDOW_BYTES",
             "limits_env_rows",

@@ -2,8 +2,8 @@
 (``--frontend-processes 2``), against stock tritonclient: every RPC answered, both front ends
 serving (the per-front-end counters say which served a call), shared memory registered through
 one front end and used through the other, batching across front ends, and the faults: a front
-end SIGKILLed under load, the device process SIGKILLed, and a SIGTERM that leaves nothing
-behind.
+end SIGKILLed under load, one stopped (SIGSTOP) until its liveness pings kill it, the device
+process SIGKILLed, and a SIGTERM that leaves nothing behind.
 
 Which front end a connection lands on is the kernel's choice (SO_REUSEPORT hashes the
 connection's addresses), so a test that needs a connection on each opens connections until the
@@ -455,6 +455,61 @@ def test_a_killed_front_end_fails_its_calls_unavailable_and_comes_back(repo, gat
         # after the restart both front ends serve again
         again = one_client_per_frontend(w)
         assert all(c.is_server_ready() for c in again.values())
+    finally:
+        w.terminate()
+
+
+LIVENESS_ENV = {
+    "INFERENCE_SERVER_ENDPOINTS_FRONTEND_LIVENESS_INTERVAL_SECONDS": "0.5",
+    "INFERENCE_SERVER_ENDPOINTS_FRONTEND_LIVENESS_MISSES": "4",
+}
+"""A stuck front end is killed after 2 s (4 pings of 0.5 s), well past any pause a loaded
+machine gives a live one."""
+
+
+def state(pid: int) -> str:
+    """The process's state letter in ``/proc`` (``T``: stopped), or ``""`` when it is gone."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_a_stopped_front_end_is_killed_and_replaced_then_every_new_connection_is_served(repo):
+    """SIGSTOP front end 0: its listening socket keeps taking connections until its missed
+    liveness pings get it killed (SIGKILL) and restarted; then every new connection, gRPC and
+    REST, is served."""
+    w = start_worker(repo, env=LIVENESS_ENV)
+    try:
+        w.wait_ready()
+        old = frontend_pids(w)[0]
+        os.kill(old, signal.SIGSTOP)
+        try:
+            wait_until(lambda: not alive(old), timeout=60, what="the stopped front end killed")
+        finally:
+            if alive(old):
+                os.kill(old, signal.SIGCONT)
+        wait_until(
+            lambda: len(log_events(w, "frontend_ready")) >= 3,
+            timeout=60,
+            what="front end 0 restarted",
+        )
+        new = frontend_pids(w)[0]
+        assert new != old and alive(new) and state(new) != "T"
+        (event,) = log_events(w, "frontend_unresponsive")
+        assert event["pid"] == old and event["frontend_process"] == 0, event
+        assert metric(w, "worker_frontend_liveness_kills_total", frontend_process="0") == 1
+        assert metric(w, "worker_frontend_liveness_kills_total", frontend_process="1") == 0
+        assert metric(w, "worker_frontend_restarts_total", frontend_process="0") == 1
+        for _ in range(10):
+            c = own_connection(w.url)
+            assert c.is_server_ready(client_timeout=10)
+            c.close()
+            r = httpclient.InferenceServerClient(
+                f"127.0.0.1:{w.http_port}", connection_timeout=10, network_timeout=10
+            )
+            assert r.is_server_ready()
+            r.close()
     finally:
         w.terminate()
 

@@ -423,6 +423,8 @@ def _typed_sample(path: str) -> tuple[str, object]:
         "event_loop": ("trio", "trio"),
         "http2_engine": ("h2", "h2"),
         "processes": ("2", 2),
+        "process_liveness_interval_seconds": ("0.25", 0.25),
+        "process_liveness_misses": ("5", 5),
         "worker_client.headers": ("admin-key=s; ops=t", ("admin-key=s", "ops=t")),
         "restricted_protocols": (
             "model-repository,logging:admin-key=s; control:ops=t",

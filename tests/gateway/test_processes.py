@@ -4,8 +4,9 @@
 The tritonclient set of ``test_e2e`` and ``test_rest_e2e`` runs again here, its gateways
 started with ``--processes 2`` (their ``Gateway`` is swapped for this module's), and then what
 only several processes have: connections spread over both, one merged ``/metrics``, a process
-killed under load, shared memory registered through one process and unregistered through the
-other, a SIGTERM that leaves nothing behind, and a SIGKILL whose runtime directory goes too."""
+killed under load, a process stopped (SIGSTOP) while the admin port answers without it until
+its missed liveness probes get it replaced, shared memory registered through one process and
+unregistered through the other, a SIGTERM that leaves nothing behind, and a SIGKILL whose runtime directory goes too."""
 
 # ruff: noqa: F811  (the tests take the imported fixtures ``e2e`` and ``fleet`` by name)
 
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -221,6 +224,74 @@ def test_a_gateway_process_killed_under_load_fails_only_its_in_flight_requests(e
     metrics = gw.admin("/metrics")[1]
     assert f'gateway_process_restarts_total{{gateway_process="{victim}"}} 1.0' in metrics
     assert gw.alive() and os.path.exists(f"/proc/{gw.children()[0]}")
+
+
+LIVENESS = {G + "PROCESS_LIVENESS_INTERVAL_SECONDS": "0.5", G + "PROCESS_LIVENESS_MISSES": "8"}
+"""A stuck child is killed after 4 s (8 probes of 0.5 s): long beside the three admin requests
+asked while it is stopped, each of which the client gives 2 s."""
+
+
+def admin_within(gw: Gateway, path: str, timeout: float) -> tuple[int, str]:
+    """``GET path`` on the parent's admin port, failing (a timeout) past ``timeout``."""
+    try:
+        url = f"http://127.0.0.1:{gw.metrics_port}{path}"
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in ``/proc`` (``T``: stopped), or ``""`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_process_is_left_out_of_the_admin_port_then_replaced(e2e):
+    """SIGSTOP child 1: while it is stopped the parent's /readyz, /routing and /metrics answer
+    within the client's 2 s from child 0 alone (200, child 1 left out); its missed liveness
+    probes get it killed and restarted, and new connections are served."""
+    env = {G + "WORKERS": f"workers.test:{e2e.port}", G + "HOSTS_FILE": str(e2e.hosts), **LIVENESS}
+    gw = TwoProcesses(e2e.work, env)
+    try:
+        gw.wait_ready()
+        pids = wait_until(lambda: len(gw.children()) == 2 and gw.children(), 30, "both up")
+        old = pids[1]
+        os.kill(old, signal.SIGSTOP)
+        try:
+            status, _ = admin_within(gw, "/readyz", 2.0)
+            assert status == 200
+            status, body = admin_within(gw, "/routing", 2.0)
+            assert status == 200 and set(json.loads(body)["processes"]) == {"0"}, body
+            assert json.loads(body)["models"]["mlp"], body
+            status, body = admin_within(gw, "/metrics", 2.0)
+            assert status == 200
+            assert 'gateway_process_metrics_up{gateway_process="1"} 0.0' in body
+            assert 'gateway_process_metrics_up{gateway_process="0"} 1.0' in body
+            assert _state(old) == "T"  # all three were answered while it was stopped
+            wait_until(lambda: _exited(old), 30, "the stopped process killed")
+        finally:
+            if not _exited(old):
+                os.kill(old, signal.SIGCONT)
+        new = wait_until(lambda: gw.children().get(1, old) != old and gw.children()[1], 30)
+        assert not _exited(new) and _state(new) != "T"
+        (event,) = gw.events("gateway_process_unresponsive")
+        assert event["pid"] == old and event["gateway_process"] == 1, event
+        metrics = gw.admin("/metrics")[1]
+        assert 'gateway_process_liveness_kills_total{gateway_process="1"} 1.0' in metrics
+        assert 'gateway_process_liveness_kills_total{gateway_process="0"} 0.0' in metrics
+        assert 'gateway_process_restarts_total{gateway_process="1"} 1.0' in metrics
+        wait_until(lambda: admin_within(gw, "/readyz", 2.0)[0] == 200, 30, "ready again")
+        for _ in range(10):
+            c = grpcclient.InferenceServerClient(gw.url, channel_args=OWN_CONNECTION)
+            assert c.is_server_live(client_timeout=10)
+            c.close()
+    finally:
+        assert gw.stop() == 0, gw.logs()
 
 
 @pytest.mark.timeout(180)

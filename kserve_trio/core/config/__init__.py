@@ -60,6 +60,8 @@ from kserve_trio.core.config._tracing import (
 from kserve_trio.core.config._types import (
     DEFAULT_GRPC_MSG_BYTES,
     ENV_PREFIX,
+    LIVENESS_INTERVAL_SECONDS,
+    LIVENESS_MISSES,
     WORKER_NAME_ENV,
     EndpointsConfig,
     FrozenMap,
@@ -85,6 +87,8 @@ __all__ = [
     "ENV_OVERRIDES",
     "ENV_PREFIX",
     "LIMIT_FIELDS",
+    "LIVENESS_INTERVAL_SECONDS",
+    "LIVENESS_MISSES",
     "MAX_FRAME_BYTES",
     "RESIDENCY_MODE_REMOVED",
     "SCHEMA",

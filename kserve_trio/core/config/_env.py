@@ -58,6 +58,8 @@ ENDPOINTS_EVENT_LOOP                   endpoints.event_loop                str
 ENDPOINTS_HTTP2_ENGINE                 endpoints.http2_engine              str
 ENDPOINTS_RESTRICTED_PROTOCOLS         endpoints.restricted_protocols      specs
 ENDPOINTS_FRONTEND_PROCESSES           endpoints.frontend_processes        int
+ENDPOINTS_FRONTEND_LIVENESS_INTERVAL_SECONDS endpoints.frontend_liveness_interval_seconds float
+ENDPOINTS_FRONTEND_LIVENESS_MISSES     endpoints.frontend_liveness_misses  int
 ENDPOINTS_CLIENT_SHARED_MEMORY         endpoints.client_shared_memory      bool
 ENDPOINTS_CLIENT_SHARED_MEMORY_PREFIXES endpoints.client_shared_memory_prefixes list
 ENDPOINTS_TLS_CERT_FILE                endpoints.tls.cert_file             str

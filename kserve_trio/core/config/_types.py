@@ -21,6 +21,12 @@ from kserve_trio.http2 import DEFAULT_ENGINE
 DEFAULT_GRPC_MSG_BYTES = 512 << 20
 """gRPC message cap in each direction (a decode/encode bound, not an allocation)."""
 
+LIVENESS_INTERVAL_SECONDS = 1.0
+"""How often a supervisor asks each of its serving processes (a worker's front ends, a
+gateway's children) for a liveness answer, and how long that answer may take."""
+LIVENESS_MISSES = 3
+"""Consecutive unanswered liveness probes after which a serving process is killed (0: never)."""
+
 ENV_PREFIX = "INFERENCE_SERVER_"
 WORKER_NAME_ENV = "KSERVE_TRIO_WORKER_NAME"
 
@@ -234,7 +240,9 @@ class EndpointsConfig:
     ``--grpc-restricted-protocol``; ``core.restricted``), gRPC and REST alike; none by default.
     ``frontend_processes`` > 1 serves the gRPC and REST ports from that many front-end
     processes that hand every request to this one, which keeps the device (1: this process
-    serves them itself). ``http2_engine`` is the HTTP/2 engine under the gRPC port (``ngh2``,
+    serves them itself); each front end answers the device process's liveness ping every
+    ``frontend_liveness_interval_seconds``, and one that misses ``frontend_liveness_misses`` in
+    a row (0: never) is killed and restarted (``worker.frontends``). ``http2_engine`` is the HTTP/2 engine under the gRPC port (``ngh2``,
     libnghttp2, the default; ``h2``, pure Python, the fallback). ``client_shared_memory`` false
     turns the system shared-memory RPCs off (UNAVAILABLE; ``IsSameIPCNamespace`` answers no, so
     clients send tensors inline); a non-empty ``client_shared_memory_prefixes`` allows only keys
@@ -250,6 +258,8 @@ class EndpointsConfig:
     event_loop: str = ""
     restricted_protocols: tuple[str, ...] = ()
     frontend_processes: int = 1
+    frontend_liveness_interval_seconds: float = LIVENESS_INTERVAL_SECONDS
+    frontend_liveness_misses: int = LIVENESS_MISSES
     http2_engine: str = DEFAULT_ENGINE
     client_shared_memory: bool = True
     client_shared_memory_prefixes: tuple[str, ...] = ()

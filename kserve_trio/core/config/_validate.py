@@ -4,6 +4,7 @@ shares."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -40,6 +41,16 @@ def validate_config(cfg: ServerConfig, *, check_dirs: bool = True) -> None:
             "endpoints.frontend_processes",
             ep.frontend_processes >= 1,
             "must be >= 1 (1: the worker serves its ports itself)",
+        ),
+        (
+            "endpoints.frontend_liveness_interval_seconds",
+            0 < ep.frontend_liveness_interval_seconds < math.inf,
+            "must be a positive number of seconds",
+        ),
+        (
+            "endpoints.frontend_liveness_misses",
+            ep.frontend_liveness_misses >= 0,
+            "must be >= 0 (0: never kill an unresponsive front end)",
         ),
         (
             "endpoints.event_loop",

@@ -56,6 +56,8 @@ LOGGING_FORMAT                            logging.format                        
 EVENT_LOOP                                event_loop                               str
 HTTP2_ENGINE                              http2_engine                             str
 PROCESSES                                 processes                                int
+PROCESS_LIVENESS_INTERVAL_SECONDS         process_liveness_interval_seconds        float
+PROCESS_LIVENESS_MISSES                   process_liveness_misses                  int
 RESTRICTED_PROTOCOLS                      restricted_protocols                     specs
 CLIENT_SHARED_MEMORY                      client_shared_memory                     bool
 CLIENT_SHARED_MEMORY_PREFIXES             client_shared_memory_prefixes            csv

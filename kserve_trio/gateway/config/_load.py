@@ -121,6 +121,8 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "limits": block(cfg.limits),
         "tracing": block(cfg.tracing),
         "processes": cfg.processes,
+        "process_liveness_interval_seconds": cfg.process_liveness_interval_seconds,
+        "process_liveness_misses": cfg.process_liveness_misses,
         "restricted_protocols": list(cfg.restricted_protocols),
         "client_shared_memory": cfg.client_shared_memory,
         "client_shared_memory_prefixes": list(cfg.client_shared_memory_prefixes),

@@ -9,6 +9,8 @@ from typing import Any
 
 from kserve_trio.core.config import (
     LIMIT_FIELDS,
+    LIVENESS_INTERVAL_SECONDS,
+    LIVENESS_MISSES,
     TRACING_FIELDS,
     EdgeLimits,
     FrozenMap,
@@ -72,6 +74,8 @@ SCHEMA: dict[str, Any] = {
     "limits": {f.name: None for f in LIMIT_FIELDS},
     "tracing": {f.name: None for f in TRACING_FIELDS},
     "processes": None,
+    "process_liveness_interval_seconds": None,
+    "process_liveness_misses": None,
     "restricted_protocols": None,
     "client_shared_memory": None,
     "client_shared_memory_prefixes": None,
@@ -277,9 +281,17 @@ def build_gateway_config(
             f"must be one of {', '.join(ENGINES)}, not {http2_engine!r}", "http2_engine"
         )
     processes = raw.get("processes")
+    interval = raw.get("process_liveness_interval_seconds")
+    misses = raw.get("process_liveness_misses")
     shm = raw.get("client_shared_memory")
     return GatewayConfig(
         processes=1 if processes is None else as_int(processes, "processes"),
+        process_liveness_interval_seconds=LIVENESS_INTERVAL_SECONDS
+        if interval is None
+        else as_float(interval, "process_liveness_interval_seconds"),
+        process_liveness_misses=LIVENESS_MISSES
+        if misses is None
+        else as_int(misses, "process_liveness_misses"),
         listen=listen,
         endpoints=tuple(endpoints),
         worker_metrics=metrics,

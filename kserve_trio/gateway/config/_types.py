@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from kserve_trio.core.config import (
     DEFAULT_GRPC_MSG_BYTES,
+    LIVENESS_INTERVAL_SECONDS,
+    LIVENESS_MISSES,
     EdgeLimits,
     FrozenMap,
     TlsConfig,
@@ -266,7 +268,9 @@ class GatewayConfig:
     what the gateway runs on (``uvloop``, ``asyncio`` or ``trio``; empty: uvloop when installed),
     ``http2_engine`` the HTTP/2 engine under its gRPC port (``ngh2`` by default, or ``h2``).
     ``processes`` is how many gateway processes share the public ports (``processes.py``; 1:
-    this process serves alone).
+    this process serves alone); the parent of several asks each child's ``/healthz`` every
+    ``process_liveness_interval_seconds`` and kills one that misses
+    ``process_liveness_misses`` in a row (0: never), to be restarted (``processes._children``).
     ``restricted_protocols`` are the gateway's own ``group[,group...]:key=value`` restrictions
     (``core.restricted``), on its gRPC and REST ports; none by default.
     ``client_shared_memory`` and ``client_shared_memory_prefixes`` are the worker's switch and
@@ -290,6 +294,8 @@ class GatewayConfig:
     limits: EdgeLimits = field(default_factory=EdgeLimits)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     processes: int = 1
+    process_liveness_interval_seconds: float = LIVENESS_INTERVAL_SECONDS
+    process_liveness_misses: int = LIVENESS_MISSES
     restricted_protocols: tuple[str, ...] = ()
     client_shared_memory: bool = True
     client_shared_memory_prefixes: tuple[str, ...] = ()

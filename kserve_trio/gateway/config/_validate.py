@@ -84,6 +84,18 @@ def validate_gateway_config(cfg: GatewayConfig, *, check_files: bool = True) -> 
             cfg.processes,
         ),
         (
+            "process_liveness_interval_seconds",
+            0 < cfg.process_liveness_interval_seconds < math.inf,
+            "must be a positive number of seconds",
+            cfg.process_liveness_interval_seconds,
+        ),
+        (
+            "process_liveness_misses",
+            cfg.process_liveness_misses >= 0,
+            "must be >= 0 (0 = never kill an unresponsive process)",
+            cfg.process_liveness_misses,
+        ),
+        (
             PROBER_ENV_NAME["startup_wait_seconds"],
             pr.startup_wait_seconds >= 0,
             "must be >= 0 seconds, or inf/forever/-1",

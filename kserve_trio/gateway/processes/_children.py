@@ -17,7 +17,12 @@ Rules (``GatewayChild.run``):
 3. any other exit is restarted after a back-off (``serving.restart_backoff``:
    ``min(0.25 * 2 ** (k - 1), 10)`` seconds for the ``k``-th consecutive failure, ``k``
    counting again from 1 after a child stayed up 30 s);
-4. ``stop(grace)``: SIGTERM (the child drains), then SIGKILL when it has not exited within
+4. an up child that is stuck (stopped, or its event loop blocked) is found by its liveness
+   probe (``serving.liveness``: ``GET /healthz`` on its admin port every
+   ``process_liveness_interval_seconds``, answered within it; ``process_liveness_misses``
+   unanswered in a row) and killed (SIGKILL: a stuck process cannot drain), so its listening
+   sockets leave the set the kernel hands new connections to; rule 3 restarts it;
+5. ``stop(grace)``: SIGTERM (the child drains), then SIGKILL when it has not exited within
    ``grace``; no restart follows.
 """
 
@@ -32,12 +37,17 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from kserve_trio.core.config import LIVENESS_INTERVAL_SECONDS, LIVENESS_MISSES
 from kserve_trio.core.logging import get_logger
+from kserve_trio.gateway.admin import ScrapeError, fetch
 from kserve_trio.gateway.processes._layout import read_announcement
+from kserve_trio.serving.liveness import watch_liveness
 from kserve_trio.serving.restart_backoff import RestartBackoff
 
 TRAMPOLINE = str(Path(__file__).resolve().parents[2] / "node" / "_trampoline.py")
 ANNOUNCE_POLL_SECONDS = 0.05
+LOOPBACK = "127.0.0.1"
+"""Where every child serves its own admin endpoints."""
 
 _log = get_logger("kserve_trio.gateway.processes")
 
@@ -55,9 +65,18 @@ class GatewayChild:
     """Child ``index`` (rules in the module docstring)."""
 
     def __init__(
-        self, index: int, command: list[str], env: dict[str, str], runtime_dir: Path
+        self,
+        index: int,
+        command: list[str],
+        env: dict[str, str],
+        runtime_dir: Path,
+        *,
+        liveness_interval: float = LIVENESS_INTERVAL_SECONDS,
+        liveness_misses: int = LIVENESS_MISSES,
     ) -> None:
         self.index = index
+        self.liveness_interval = liveness_interval
+        self.liveness_misses = liveness_misses
         self.command = command
         self.env = env
         self.runtime_dir = runtime_dir
@@ -66,6 +85,8 @@ class GatewayChild:
         """Set while the child is up (rule 1)."""
         self.ever_up = False
         self.restarts = 0
+        self.liveness_kills = 0
+        """Times a process of this child was killed for missing its liveness probes."""
         self._stopping = False
         self._stop_requested = anyio.Event()
         self._up = anyio.Event()
@@ -91,7 +112,7 @@ class GatewayChild:
         ]
 
     async def run(self, parent_pid: int) -> None:
-        """Rules 1-3, until ``stop``."""
+        """Rules 1-4, until ``stop``."""
         backoff = RestartBackoff()
         while not self._stopping:
             started = anyio.current_time()
@@ -107,7 +128,7 @@ class GatewayChild:
                 process.terminate()
             _log.info("gateway_process_started", gateway_process=self.index, pid=process.pid)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_announcement, process.pid)
+                tg.start_soon(self._watch, process)
                 returncode = await process.wait()
                 tg.cancel_scope.cancel()
             self.admin_port = None
@@ -129,7 +150,32 @@ class GatewayChild:
             with anyio.move_on_after(pause):
                 await self._stop_requested.wait()
 
-    async def _watch_announcement(self, pid: int) -> None:
+    async def _watch(self, process: anyio.abc.Process) -> None:
+        """Rules 1 and 4 for one process of this child, until it exits."""
+        port = await self._wait_announcement(process.pid)
+
+        async def healthz() -> bool:
+            try:
+                status, _ = await fetch(LOOPBACK, port, "/healthz", self.liveness_interval)
+            except ScrapeError:
+                return False
+            return status == 200
+
+        await watch_liveness(healthz, self.liveness_interval, self.liveness_misses)
+        if self._stopping:
+            return  # rule 5 owns the end
+        self.liveness_kills += 1
+        self.admin_port = None  # the admin port asks it no more
+        _log.warning(
+            "gateway_process_unresponsive",
+            gateway_process=self.index,
+            pid=process.pid,
+            missed_probes=self.liveness_misses,
+            interval_seconds=self.liveness_interval,
+        )
+        process.kill()
+
+    async def _wait_announcement(self, pid: int) -> int:
         while True:
             port = read_announcement(self.runtime_dir, self.index, pid)
             if port is not None:
@@ -139,11 +185,11 @@ class GatewayChild:
                 _log.info(
                     "gateway_process_up", gateway_process=self.index, pid=pid, admin_port=port
                 )
-                return
+                return port
             await anyio.sleep(ANNOUNCE_POLL_SECONDS)
 
     async def stop(self, grace: float) -> None:
-        """Rule 4 (shielded: it runs while the parent is being cancelled)."""
+        """Rule 5 (shielded: it runs while the parent is being cancelled)."""
         self._stopping = True
         self._stop_requested.set()
         with anyio.CancelScope(shield=True):
@@ -159,4 +205,4 @@ class GatewayChild:
             await process.wait()
 
 
-__all__ = ["TRAMPOLINE", "ChildFailedToStart", "GatewayChild"]
+__all__ = ["LOOPBACK", "TRAMPOLINE", "ChildFailedToStart", "GatewayChild"]

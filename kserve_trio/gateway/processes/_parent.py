@@ -38,8 +38,8 @@ from kserve_trio.gateway.config import (
     GatewayConfig,
     gateway_config_to_raw,
 )
-from kserve_trio.gateway.processes._admin import LOOPBACK, ProcessesAdmin
-from kserve_trio.gateway.processes._children import ChildFailedToStart, GatewayChild
+from kserve_trio.gateway.processes._admin import ProcessesAdmin
+from kserve_trio.gateway.processes._children import LOOPBACK, ChildFailedToStart, GatewayChild
 from kserve_trio.gateway.processes._layout import (
     CONFIG_FILE,
     create_runtime_dir,
@@ -145,7 +145,14 @@ async def serve_processes(
         write_atomically(config_file, json.dumps(raw, indent=1, allow_nan=False).encode())
         environment = child_env(env, config)
         children = [
-            GatewayChild(i, child_command(config_file, i, runtime_dir), environment, runtime_dir)
+            GatewayChild(
+                i,
+                child_command(config_file, i, runtime_dir),
+                environment,
+                runtime_dir,
+                liveness_interval=config.process_liveness_interval_seconds,
+                liveness_misses=config.process_liveness_misses,
+            )
             for i in range(config.processes)
         ]
         stopping = anyio.Event()

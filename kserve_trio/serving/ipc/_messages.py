@@ -11,7 +11,8 @@ Front end to device process:
   continues the caller's trace;
 - ``(CANCEL, id)``: the client gave up on ``id`` (its answer is still sent, and discarded);
 - ``(FREE, [slot, ...])``: reply slots the front end has copied out;
-- ``(EDGE, exposition)``: the front end's edge counters changed (Prometheus text).
+- ``(EDGE, exposition)``: the front end's edge counters changed (Prometheus text);
+- ``(PONG, seq)``: the answer to ``(PING, seq)``, sent by the front end's event loop.
 
 Device process to front end:
 
@@ -22,7 +23,8 @@ Device process to front end:
   model and id for an error answer the front end must write itself);
 - ``(LOG, settings)``: the log settings now in force (a LogSettings RPC changed them), as
   ``core.logging.update_log_settings`` takes them;
-- ``(DRAIN,)``: the worker is shutting down: stop accepting, drain, exit.
+- ``(DRAIN,)``: the worker is shutting down: stop accepting, drain, exit;
+- ``(PING, seq)``: the liveness probe (``serving.liveness``): answer ``(PONG, seq)`` at once.
 
 A ``Payload`` is bytes carried in the frame itself, or ``(slot, nbytes)``: a slot of the
 sender's arena (``Ring`` slots are absolute positions; the offset is ``slot % size``).
@@ -35,10 +37,12 @@ REQUEST = 2
 CANCEL = 3
 FREE = 4
 EDGE = 5
+PONG = 6
 HELLO = 10
 DONE = 11
 LOG = 12
 DRAIN = 13
+PING = 14
 
 KIND_UNARY = 0
 """A unary RPC answered by the device process's RPC layer: request bytes in, reply bytes out."""
@@ -63,6 +67,8 @@ __all__ = [
     "KIND_STREAM",
     "KIND_UNARY",
     "LOG",
+    "PING",
+    "PONG",
     "READY",
     "REQUEST",
     "Payload",
