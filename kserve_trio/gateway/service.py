@@ -46,8 +46,8 @@ from anyio import get_cancelled_exc_class
 
 import kserve_trio
 from kserve_trio.core.config import EdgeLimits, TracingConfig
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError
-from kserve_trio.core.request_bounds import check_model_name, shown
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, ServingError
+from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.gateway import aggregate
 from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import grpc_headers
@@ -69,7 +69,7 @@ from kserve_trio.serving.grpc import (
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.message_check import check_bounds, scan_bounds
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
-from kserve_trio.serving.trace_settings import TRACEPARENT, TraceSettings
+from kserve_trio.serving.trace_settings import TraceSettings, caller_context
 from kserve_trio.serving.trace_settings import answer as answer_trace_setting
 
 if TYPE_CHECKING:
@@ -265,13 +265,14 @@ class GatewayService:
             )
 
     async def _model_infer_traced(self, tracing: Tracing, call: Call, message: RawMessage) -> bytes:
-        """ModelInfer with tracing on: a server span continuing the caller's ``traceparent``
+        """ModelInfer with tracing on: a server span continuing the caller's W3C context
         when the settings sample the request; each forward attempt is a client span whose
-        context replaces the caller's ``traceparent`` on the way to the worker."""
+        context replaces the caller's ``traceparent`` (and ``tracestate``) on the way to the
+        worker. Not sampled here, the caller's headers go on unchanged: the worker decides."""
         async with self.admission.queued(call.deadline):
             plain = call.plain(message)
             head = self.forwarder.peek(plain)
-            span = tracing.begin("ModelInfer", head.model_name, call.header(TRACEPARENT))
+            span = tracing.begin("ModelInfer", head.model_name, caller_context(call.header))
             metadata = forwarded_metadata(call.metadata)
             if span is None:
                 return await self.forwarder.infer(

@@ -37,9 +37,13 @@ from kserve_trio.serving.rest_routes import (
     route,
     unsupported,
 )
-from kserve_trio.serving.trace_settings import TRACEPARENT
+from kserve_trio.serving.trace_settings import caller_context
 from kserve_trio.worker.inference import InferenceCore, ResponseEncoder
 from kserve_trio.worker.service import InferenceService
+
+INFER_ROUTE = "/v2/models/{model_name}/infer"
+INFER_VERSION_ROUTE = "/v2/models/{model_name}/versions/{model_version}/infer"
+"""ModelInfer's REST routes as templates: a traced call's ``http.route``."""
 
 RpcMethod = Callable[[Any], Awaitable[Any]]
 
@@ -137,7 +141,8 @@ class WorkerRest:
         reply = await self.core.infer(
             parsed.message,
             encode=rest_encoder(parsed),
-            traceparent=request.headers.get(TRACEPARENT) if self.core.traced else None,
+            trace_context=caller_context(request.headers.get) if self.core.traced else None,
+            http_route=INFER_VERSION_ROUTE if call.version else INFER_ROUTE,
         )
         response = HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
         return compressed_reply(request, response)

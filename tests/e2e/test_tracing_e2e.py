@@ -39,7 +39,7 @@ def worker(demo_repo, receiver):
         "--log-level",
         "debug",
         env={
-            "INFERENCE_SERVER_TRACING_ENABLED": "true",
+            "INFERENCE_SERVER_TRACING_LEVEL": "timestamps",
             "INFERENCE_SERVER_TRACING_ENDPOINT": receiver.url,
             "INFERENCE_SERVER_TRACING_SCHEDULE_DELAY_SECONDS": "0.05",
             "INFERENCE_SERVER_TRACING_SERVICE_NAME": "traced-worker",

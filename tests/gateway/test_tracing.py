@@ -20,7 +20,7 @@ PARENT = "20f067aa0ba902b7"
 
 def _tracing_env(prefix: str, url: str, service: str) -> dict[str, str]:
     return {
-        prefix + "TRACING_ENABLED": "1",
+        prefix + "TRACING_LEVEL": "timestamps",
         prefix + "TRACING_ENDPOINT": url,
         prefix + "TRACING_SCHEDULE_DELAY_SECONDS": "0.05",
         prefix + "TRACING_SERVICE_NAME": service,

@@ -31,7 +31,7 @@ TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
 
 def tracing_block(receiver: OtlpReceiver, **extra) -> dict:
     return {
-        "enabled": True,
+        "level": "timestamps",
         "endpoint": receiver.url,
         "schedule_delay_seconds": 0.05,
         **extra,
@@ -95,7 +95,13 @@ def test_a_grpc_request_continues_the_callers_trace_with_its_phases_as_children(
     assert server.kind == 2  # SERVER
     assert server.service == "kserve_trio-worker"
     assert server.attributes["kserve_trio.model"] == "mlp"
-    assert server.attributes["rpc.grpc.status"] == "OK"
+    assert server.attributes["rpc.grpc.status_code"] == 0
+    assert server.attributes["rpc.service"] == "inference.GRPCInferenceService"
+    assert server.attributes["kserve_trio.model_version"] == "1"
+    assert server.attributes["kserve_trio.rows"] == 2
+    assert server.attributes["kserve_trio.bytes_in"] == 2 * 16 * 4
+    assert server.attributes["kserve_trio.bytes_out"] > 0
+    assert server.attributes["kserve_trio.shm_inputs"] == 0
     children = wait_until(
         lambda: (
             {
@@ -143,7 +149,7 @@ def test_without_a_traceparent_each_request_starts_a_trace_and_failures_are_erro
     root = _server_span(receiver, "root-1")
     assert root.parent_span_id == "" and root.trace_id != CALLER_TRACE
     failed = _server_span(receiver, "bad-1")
-    assert failed.attributes["rpc.grpc.status"] == "INVALID_ARGUMENT"
+    assert failed.attributes["rpc.grpc.status_code"] == 3  # INVALID_ARGUMENT
     assert failed.status_code == 2  # ERROR
 
 
@@ -159,6 +165,7 @@ def test_trace_settings_are_read_and_changed_globally_and_per_model_over_grpc_an
             "trace_level": ["TIMESTAMPS"],
             "trace_rate": ["1"],
             "trace_count": ["-1"],
+            "log_frequency": ["0"],
             "trace_mode": ["opentelemetry"],
         }
         off = c.update_trace_settings("mlp", {"trace_level": "OFF"}, as_json=True)
@@ -189,8 +196,16 @@ def test_trace_settings_are_read_and_changed_globally_and_per_model_over_grpc_an
         assert rest.get_trace_settings("mlp")["trace_level"] == ["OFF"]
         cleared = rest.update_trace_settings("mlp", {"trace_level": None})
         assert cleared["trace_level"] == ["TIMESTAMPS"]
-        with pytest.raises(InferenceServerException, match="trace_file"):
+        # Triton's OpenTelemetry mode: log_frequency is kept and answered (it has no
+        # effect there), the trace file is refused in Triton's words.
+        freq = c.update_trace_settings("mlp", {"log_frequency": "5"}, as_json=True)
+        assert _settings(freq)["log_frequency"] == ["5"]
+        assert rest.update_trace_settings("mlp", {"log_frequency": None})["log_frequency"] == "0"
+        with pytest.raises(InferenceServerException, match="trace file location") as refused:
             c.update_trace_settings(settings={"trace_file": "/tmp/t.json"})
+        assert "UNIMPLEMENTED" in str(refused.value.status())
+        with pytest.raises(InferenceServerException, match="trace file location"):
+            rest.update_trace_settings(settings={"trace_file": "/tmp/t.json"})
         with pytest.raises(InferenceServerException, match="TENSORS"):
             c.update_trace_settings(settings={"trace_level": ["TENSORS"]})
         with pytest.raises(InferenceServerException, match="no_such_model"):
@@ -245,12 +260,12 @@ def test_a_stalled_collector_costs_a_bounded_queue_and_the_drops_are_counted(dem
         ) as running:
             try:
                 with _grpc(running) as c:
-                    assert _metric(running, "worker_trace_spans_dropped_total") == 0
+                    assert _metric(running, "worker_traces_dropped_total") == 0
                     c.infer("mlp_softmax", [_softmax_input()])
                     wait_until(lambda: rx.waiting >= 1, 30, "an export held by the collector")
                     # One export is held, at most two spans wait: the rest are dropped.
                     c.infer("mlp_softmax", [_softmax_input()])
-                    assert _metric(running, "worker_trace_spans_dropped_total") > 0
+                    assert _metric(running, "worker_traces_dropped_total") > 0
             finally:
                 rx.release()
             wait_until(lambda: rx.requests >= 1, 30, "the held export answered")
@@ -289,5 +304,5 @@ def test_tracing_off_changes_only_to_off_and_imports_no_opentelemetry(demo_repo,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["level"] == ["OFF"]
-    assert "tracing.enabled" in result["refused"]
+    assert "tracing.level" in result["refused"]
     assert result["loaded"] == []

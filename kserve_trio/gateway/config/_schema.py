@@ -10,6 +10,7 @@ from typing import Any
 from kserve_trio.core.config import (
     LIMIT_FIELDS,
     TRACING_FIELDS,
+    TRACING_READERS,
     EdgeLimits,
     FrozenMap,
     TlsConfig,
@@ -257,7 +258,7 @@ def build_gateway_config(
     )
     grpc = read_block(GatewayGrpcConfig, _block(raw, "grpc"), "grpc", {})
     limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
-    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", {})
+    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", TRACING_READERS)
     tls = read_block(TlsConfig, _block(raw, "tls"), "tls", {})
     logging_ = read_block(LoggingConfig, _block(raw, "logging"), "logging", {})
     endpoints = [e.strip() for e in _list(raw, "endpoints")]
