@@ -164,7 +164,8 @@ class RequestSpan:
         code = GrpcStatus[status] if status in GrpcStatus.__members__ else GrpcStatus.UNKNOWN
         self.span.set_attribute("rpc.grpc.status_code", int(code))
         if http:
-            self.span.set_attribute("http.response.status_code", http_status(code))
+            answer = 200 if code is GrpcStatus.OK else http_status(code)
+            self.span.set_attribute("http.response.status_code", answer)
         if status != "OK":
             self.span.set_status(Status(StatusCode.ERROR, message or status))
             self.span.add_event(
