@@ -1,9 +1,13 @@
-"""Tracing through the gateway, with a real worker and gateway as subprocesses and a real OTLP/HTTP
-receiver: the gateway's server span continues the caller's trace, each forward attempt is a
-client span, and the worker's span is that attempt's child; a TraceSetting change through the
-gateway reaches the worker."""
+"""Tracing through the gateway, with a real worker and gateway as subprocesses (both on uvloop,
+then both on trio) and a real OTLP/HTTP receiver: the gateway's server span continues the
+caller's trace, each forward attempt is a client span, and the worker's span is that attempt's
+child, the caller's ``tracestate`` carried through; a TraceSetting change through the gateway
+reaches the worker; the gateway's ``--help`` names its tracing flags."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -27,14 +31,18 @@ def _tracing_env(prefix: str, url: str, service: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def fleet(demo_repo, tmp_path_factory):
+@pytest.fixture(scope="module", params=["uvloop", "trio"])
+def fleet(demo_repo, tmp_path_factory, request):
+    loop = request.param
     with otlp_receiver() as rx:
         worker = Worker(
             demo_repo,
             "127.0.0.1",
             free_port(),
-            env=_tracing_env("INFERENCE_SERVER_", rx.url, "w"),
+            env={
+                **_tracing_env("INFERENCE_SERVER_", rx.url, "w"),
+                "INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP": loop,
+            },
         )
         gateway = None
         try:
@@ -44,6 +52,7 @@ def fleet(demo_repo, tmp_path_factory):
                 {
                     "KSERVE_TRIO_GATEWAY_WORKERS": worker.url,
                     **_tracing_env("KSERVE_TRIO_GATEWAY_", rx.url, "gw"),
+                    "KSERVE_TRIO_GATEWAY_EVENT_LOOP": loop,
                 },
             )
             gateway.wait_ready()
@@ -60,7 +69,12 @@ def test_the_trace_goes_caller_gateway_forward_worker(fleet):
     inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
     inp.set_data_from_numpy(x)
     with gateway.client() as c:
-        c.infer("mlp", [inp], request_id="gw-1", headers={"traceparent": f"00-{TRACE}-{PARENT}-01"})
+        c.infer(
+            "mlp",
+            [inp],
+            request_id="gw-1",
+            headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "caller=c1"},
+        )
 
     def spans():
         found = {(s.service, s.name): s for s in rx.trace(TRACE)}
@@ -77,6 +91,10 @@ def test_the_trace_goes_caller_gateway_forward_worker(fleet):
     assert forward.parent_span_id == server.span_id and forward.kind == 3  # CLIENT
     assert worker.parent_span_id == forward.span_id
     assert forward.attributes["worker"]
+    assert forward.attributes["rpc.service"] == "inference.GRPCInferenceService"
+    assert forward.attributes["rpc.method"] == "ModelInfer"
+    assert server.attributes["rpc.grpc.status_code"] == 0
+    assert {server.trace_state, forward.trace_state, worker.trace_state} == {"caller=c1"}
 
 
 def test_a_trace_setting_change_through_the_gateway_reaches_the_worker(fleet):
@@ -90,3 +108,16 @@ def test_a_trace_setting_change_through_the_gateway_reaches_the_worker(fleet):
         finally:
             g.update_trace_settings(settings={"trace_rate": None})
         assert w.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1"]
+
+
+def test_the_gateways_help_names_its_tracing_flags():
+    out = subprocess.run(
+        [sys.executable, "-m", "kserve_trio", "gateway", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    for flag in ("--trace-level", "--trace-rate", "--trace-count", "--trace-endpoint"):
+        assert flag in out
+    assert "KSERVE_TRIO_GATEWAY_TRACING_LEVEL" in out
