@@ -268,13 +268,23 @@ class GatewayService:
         """ModelInfer with tracing on: a server span continuing the caller's W3C context
         when the settings sample the request; each forward attempt is a client span whose
         context replaces the caller's ``traceparent`` (and ``tracestate``) on the way to the
-        worker. Not sampled here, the caller's headers go on unchanged: the worker decides."""
+        worker. Not sampled here, a caller's context goes on unchanged, and a request that came
+        without one gets a sampled-out one (``Tracing.sampled_out``): the gateway's rate is
+        the fleet's, the workers follow its decision."""
         async with self.admission.queued(call.deadline):
             plain = call.plain(message)
             head = self.forwarder.peek(plain)
-            span = tracing.begin("ModelInfer", head.model_name, caller_context(call.header))
+            context = caller_context(call.header)
+            span = tracing.begin(
+                "ModelInfer",
+                head.model_name,
+                context,
+                attributes={"kserve_trio.request_id": head.id},
+            )
             metadata = forwarded_metadata(call.metadata)
             if span is None:
+                if context is None:
+                    metadata = {**(metadata or {}), **tracing.sampled_out()}
                 return await self.forwarder.infer(
                     message.data,
                     plain=plain,

@@ -39,6 +39,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry
@@ -280,6 +281,7 @@ class Tracing:
         self._export = _BoundedExport(exporter, config)
         self._provider.add_span_processor(self._export)
         self._tracer = self._provider.get_tracer("kserve_trio")
+        self._ids = RandomIdGenerator()
         if registry is not None:
             registry.register(_DroppedSpans(self, f"{metric_prefix}_traces_dropped_total"))
 
@@ -346,6 +348,13 @@ class Tracing:
         )
         span.end(end_time=max(end_mono_ns, start_mono_ns) + offset)
         return span.get_span_context()
+
+    def sampled_out(self) -> dict[str, str]:
+        """The ``traceparent`` of a request this process chose not to trace (a new trace id,
+        flags ``00``): a callee that honours its caller's decision (a worker behind the
+        gateway) does not trace it either, so one rate, the first hop's, decides."""
+        ids = self._ids
+        return {TRACEPARENT: f"00-{ids.generate_trace_id():032x}-{ids.generate_span_id():016x}-00"}
 
     def dropped_spans(self) -> int:
         """Spans dropped so far because ``max_queue_size`` spans were pending export."""

@@ -121,3 +121,48 @@ def test_the_gateways_help_names_its_tracing_flags():
     for flag in ("--trace-level", "--trace-rate", "--trace-count", "--trace-endpoint"):
         assert flag in out
     assert "KSERVE_TRIO_GATEWAY_TRACING_LEVEL" in out
+
+
+def test_the_gateways_rate_decides_for_the_workers_behind_it(fleet):
+    rx, _, gateway = fleet
+    x = np.ones((1, 16), np.float32)
+    inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    with gateway.client() as c:
+        c.update_trace_settings("mlp", {"trace_rate": "3"})  # gateway and worker
+        try:
+            for i in range(9):
+                c.infer("mlp", [inp], request_id=f"gw-rate-{i}")
+        finally:
+            c.update_trace_settings("mlp", {"trace_rate": None})
+        c.infer(  # after the others: once its spans are in, theirs are
+            "mlp",
+            [inp],
+            request_id="gw-rate-sentinel",
+            headers={"traceparent": f"00-{'5' * 32}-{'6' * 16}-01"},
+        )
+    wait_until(
+        lambda: (
+            {("gw", "ModelInfer"), ("w", "ModelInfer")}
+            <= {(s.service, s.name) for s in rx.trace("5" * 32)}
+        ),
+        60,
+        "the sentinel's spans from both",
+    )
+
+    def traced(service: str) -> dict[str, object]:
+        return {
+            s.attributes["kserve_trio.request_id"]: s
+            for s in rx.named("ModelInfer")
+            if s.service == service
+            and str(s.attributes.get("kserve_trio.request_id", "")).startswith("gw-rate-")
+            and s.attributes["kserve_trio.request_id"] != "gw-rate-sentinel"
+        }
+
+    at_gateway = traced("gw")
+    at_worker = traced("w")
+    assert len(at_gateway) == 3  # one in three
+    # The worker traced exactly the gateway's picks, each under the gateway's forward span.
+    assert at_worker.keys() == at_gateway.keys()
+    forwards = {s.span_id for s in rx.named("forward")}
+    assert all(s.parent_span_id in forwards for s in at_worker.values())
