@@ -609,6 +609,7 @@ class DispatchLoop:
         self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
     ) -> None:
         args = (state, plan, [r.arrays for r in taken], [r.rows for r in taken], self.clock)
+        loads = self.cache.loads if self.cache is not None and self.tracing is not None else 0
         try:
             elapsed_ns, slices = await self._device_call(state, execute_plan, *args, self.cache)
         except Exception as exc:
@@ -616,7 +617,7 @@ class DispatchLoop:
             return
         finally:
             if self.tracing is not None:
-                self._trace_execution(self.tracing, state, plan, taken, now, "device")
+                self._trace_execution(self.tracing, state, plan, taken, now, "device", loads)
         self._deliver(state, plan, taken, now, elapsed_ns, slices)
 
     def _run_batch_inline(
@@ -631,7 +632,7 @@ class DispatchLoop:
             return
         finally:
             if self.tracing is not None:
-                self._trace_execution(self.tracing, state, plan, taken, now, "inline")
+                self._trace_execution(self.tracing, state, plan, taken, now, "inline", -1)
         self._deliver(state, plan, taken, now, elapsed_ns, slices)
 
     def _trace_execution(
@@ -642,12 +643,17 @@ class DispatchLoop:
         taken: list[QueuedRequest],
         started_ns: int,
         thread: str,
+        loads_before: int,
     ) -> None:
         """The execution's span when it served a traced request (``Tracing.batch``), its
-        context handed to each traced request for its ``execute`` span's link."""
+        context handed to each traced request for its ``execute`` span's link. The device
+        thread runs one unit at a time, so the cache's load count moving across the execution
+        (``loads_before``; -1: inline, whose weights are resident) is this execution's load."""
         members = [r.span for r in taken if r.span is not None]
         if not members:
             return
+        cache = self.cache
+        loaded = cache is not None and loads_before >= 0 and cache.loads > loads_before
         context = tracing.batch(
             state.name,
             started_ns,
@@ -659,6 +665,7 @@ class DispatchLoop:
                 "kserve_trio.rows": plan.rows,
                 "kserve_trio.padding": plan.padding,
                 "kserve_trio.thread": thread,
+                "kserve_trio.weight_load": loaded,
             },
         )
         for r in taken:

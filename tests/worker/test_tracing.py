@@ -586,3 +586,40 @@ def test_a_collector_that_is_down_serves_every_request_counts_drops_and_bounds_m
     # Some 6000 spans were made while at most 64 may wait: the drops show the bound held; the
     # RSS bound is generous (a loaded machine, an allocator that keeps what it took).
     assert grown < 128 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MiB"
+
+
+def test_an_execution_that_loaded_its_weights_says_so(demo_repo):
+    from tests.worker.test_residency import ARENA, FRACTION, cnn_x
+
+    with otlp_receiver() as rx:
+        with in_process_worker(
+            demo_repo,
+            models_include=["mlp", "cnn"],
+            runtime={"cpu_device_memory_bytes": ARENA, "weight_cache_fraction": FRACTION},
+            tracing=tracing_block(rx),
+        ) as running:
+            with _grpc(running) as c:
+                cnn = grpcclient.InferInput("input_0", [1, 3, 32, 32], "FP32")
+                cnn.set_data_from_numpy(cnn_x())
+                c.infer("cnn", [cnn])  # the budget holds one of the two: mlp is evicted
+                c.infer("mlp", mlp_inputs(grpcclient), request_id="load-1")
+                c.infer("mlp", mlp_inputs(grpcclient), request_id="load-2")
+
+            def execution_of(request_id: str):
+                server = _server_span(rx, request_id)
+                execute = [
+                    s
+                    for s in rx.trace(server.trace_id)
+                    if s.name == "execute" and s.parent_span_id == server.span_id
+                ]
+                if not execute or not execute[0].links:
+                    return None
+                ((_, span_id),) = execute[0].links
+                found = [s for s in rx.named("execution") if s.span_id == span_id]
+                return found[0] if found else None
+
+            first = wait_until(lambda: execution_of("load-1"), 30, "load-1's execution")
+            second = wait_until(lambda: execution_of("load-2"), 30, "load-2's execution")
+    assert first.attributes["kserve_trio.weight_load"] is True
+    assert first.parent_span_id  # it served one request: that request's child
+    assert second.attributes["kserve_trio.weight_load"] is False
