@@ -31,6 +31,7 @@ from kserve_trio.serving.rest_routes import (
     compressed_reply,
     grpc_request,
     header_length,
+    infer_route,
     note_refusal,
     reply_response,
     request_body,
@@ -40,10 +41,6 @@ from kserve_trio.serving.rest_routes import (
 from kserve_trio.serving.trace_settings import caller_context
 from kserve_trio.worker.inference import InferenceCore, ResponseEncoder
 from kserve_trio.worker.service import InferenceService
-
-INFER_ROUTE = "/v2/models/{model_name}/infer"
-INFER_VERSION_ROUTE = "/v2/models/{model_name}/versions/{model_version}/infer"
-"""ModelInfer's REST routes as templates: a traced call's ``http.route``."""
 
 RpcMethod = Callable[[Any], Awaitable[Any]]
 
@@ -142,7 +139,7 @@ class WorkerRest:
             parsed.message,
             encode=rest_encoder(parsed),
             trace_context=caller_context(request.headers.get) if self.core.traced else None,
-            http_route=INFER_VERSION_ROUTE if call.version else INFER_ROUTE,
+            http_route=infer_route(call.version),
         )
         response = HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
         return compressed_reply(request, response)

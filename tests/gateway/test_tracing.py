@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.gateway.procs import Gateway, Worker
 from tests.otlp_receiver import otlp_receiver
@@ -47,15 +48,18 @@ def fleet(demo_repo, tmp_path_factory, request):
         gateway = None
         try:
             worker.wait_ready()
+            http_port = free_port()
             gateway = Gateway(
                 tmp_path_factory.mktemp("gw"),
                 {
                     "KSERVE_TRIO_GATEWAY_WORKERS": worker.url,
+                    "KSERVE_TRIO_GATEWAY_LISTEN_HTTP": f"127.0.0.1:{http_port}",
                     **_tracing_env("KSERVE_TRIO_GATEWAY_", rx.url, "gw"),
                     "KSERVE_TRIO_GATEWAY_EVENT_LOOP": loop,
                 },
             )
             gateway.wait_ready()
+            gateway.http_port = http_port
             yield rx, worker, gateway
         finally:
             if gateway is not None:
@@ -166,3 +170,36 @@ def test_the_gateways_rate_decides_for_the_workers_behind_it(fleet):
     assert at_worker.keys() == at_gateway.keys()
     forwards = {s.span_id for s in rx.named("forward")}
     assert all(s.parent_span_id in forwards for s in at_worker.values())
+
+
+def test_a_rest_request_through_the_gateway_is_traced_to_the_worker(fleet):
+    rx, _, gateway = fleet
+    trace, parent = "8" * 32, "9" * 16
+    x = np.ones((1, 16), np.float32)
+    inp = httpclient.InferInput("input_0", [1, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{gateway.http_port}")
+    rest.infer(
+        "mlp",
+        [inp],
+        request_id="gw-rest",
+        headers={"traceparent": f"00-{trace}-{parent}-01", "tracestate": "caller=rest"},
+    )
+
+    def spans():
+        found = {(s.service, s.name): s for s in rx.trace(trace)}
+        need = {("gw", "ModelInfer"), ("gw", "forward"), ("w", "ModelInfer")}
+        return need <= found.keys() and found
+
+    found = wait_until(spans, 60, "the gateway's and the worker's spans of a REST call")
+    server, forward, worker = (
+        found["gw", "ModelInfer"],
+        found["gw", "forward"],
+        found["w", "ModelInfer"],
+    )
+    assert server.parent_span_id == parent
+    assert server.attributes["http.route"] == "/v2/models/{model_name}/infer"
+    assert server.attributes["http.response.status_code"] == 200
+    assert forward.parent_span_id == server.span_id
+    assert worker.parent_span_id == forward.span_id
+    assert worker.trace_state == "caller=rest"
