@@ -182,7 +182,8 @@ class Forwarder:
         async def _traced_attempt(
             span: RequestSpan, client: WorkerClient, attempt_deadline: float
         ) -> bytes:
-            forward = span.start_child("forward", client_rpc=rpc, worker=client.label)
+            # The call to the worker is a unary ModelInfer, also for a stream's message.
+            forward = span.start_child("forward", client_rpc="ModelInfer", worker=client.label)
             carried = {**(metadata or {}), **forward.headers()}
             status, text = "OK", ""
             try:

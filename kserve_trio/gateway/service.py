@@ -148,7 +148,7 @@ class GatewayService:
         self.admission = admission
         self.limits = limits
         self._ready = ready
-        self.stream_infer = StreamInfer(forwarder, admission)
+        self.stream_infer = StreamInfer(forwarder, admission, tracing)
 
     def fleet_rpcs(self) -> dict[str, FleetRpc]:
         """Every RPC but ModelInfer and ModelStreamInfer by its name, as both transports serve

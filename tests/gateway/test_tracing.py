@@ -203,3 +203,37 @@ def test_a_rest_request_through_the_gateway_is_traced_to_the_worker(fleet):
     assert forward.parent_span_id == server.span_id
     assert worker.parent_span_id == forward.span_id
     assert worker.trace_state == "caller=rest"
+
+
+def test_each_message_of_a_stream_through_the_gateway_is_traced_to_the_worker(fleet):
+    rx, _, gateway = fleet
+    trace, parent = "a1" * 16, "b2" * 8
+    x = np.ones((1, 16), np.float32)
+    answers: list = []
+    with gateway.client() as c:
+        c.start_stream(
+            callback=lambda result, error: answers.append(error or result),
+            headers={"traceparent": f"00-{trace}-{parent}-01"},
+        )
+        for i in range(2):
+            inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            c.async_stream_infer("mlp", [inp], request_id=f"gw-stream-{i}")
+        wait_until(lambda: len(answers) == 2, 60, "the stream's answers")
+        c.stop_stream()
+
+    def spans():
+        found = rx.trace(trace)
+        servers = [s for s in found if s.service == "gw" and s.name == "ModelStreamInfer"]
+        workers = [s for s in found if s.service == "w" and s.name == "ModelInfer"]
+        forwards = {s.span_id: s for s in found if s.name == "forward"}
+        done = len(servers) == 2 and len(workers) == 2 and len(forwards) == 2
+        return done and (servers, workers, forwards)
+
+    servers, workers, forwards = wait_until(
+        spans, 60, "two messages' spans at the gateway and the worker"
+    )
+    assert {s.parent_span_id for s in servers} == {parent}
+    assert {forwards[w.parent_span_id].parent_span_id for w in workers} == {
+        s.span_id for s in servers
+    }
