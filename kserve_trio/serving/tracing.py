@@ -12,7 +12,9 @@ Spans are made in two ways, each where it is cheapest:
   with its status;
 - the phases inside it (admission, preprocess, queue, execute, postprocess, encode) are written
   after the fact from the times the scheduler records anyway (``RequestSpan.child``), so a
-  traced request takes no extra step on the device path and an untraced one none at all.
+  traced request takes no extra step on the device path and an untraced one none at all;
+- a device execution is one span (``Tracing.batch``), made by the dispatch loop when it served
+  a traced request, and linked from each such request's ``execute`` span.
 
 Times given to ``child`` are ``time.monotonic_ns()`` values (the scheduler's clock); a span
 converts them with the offset to the wall clock taken when it began.

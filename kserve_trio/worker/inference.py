@@ -451,11 +451,14 @@ def _record_phases(span: RequestSpan, trace: RequestTrace, start: int, end: int)
         dispatched = trace.enqueued_at_ns + trace.queue_ns
         span.child("queue", trace.enqueued_at_ns, dispatched)
         if trace.compute_ns or trace.batch_size or trace.subcalls:
-            last = dispatched + trace.compute_ns
+            # A meta's compute time is its sub-calls' sum: its run ends after the last one.
+            last = max(
+                dispatched + trace.compute_ns, trace.subcalls[-1].end_ns if trace.subcalls else 0
+            )
             execute = span.child(
                 "execute",
                 dispatched,
-                max(last, trace.subcalls[-1].end_ns if trace.subcalls else 0),
+                last,
                 {"kserve_trio.batch_size": trace.batch_size},
                 links=() if trace.batch_span is None else (trace.batch_span,),
             )
