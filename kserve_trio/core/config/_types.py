@@ -1,5 +1,6 @@
 """The worker configuration's value types: the ``ServerConfig`` family of frozen dataclasses,
-its enums (and ``FrozenMap``, from ``_frozen``) and the value coercions the dataclasses apply to themselves.
+its enums (and ``FrozenMap``, from ``_frozen``) and the value coercions the dataclasses apply
+to themselves.
 
 The dataclass field defaults *are* the YAML defaults, so a config built in code, from YAML or
 from the command line starts from the same values.
