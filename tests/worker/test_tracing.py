@@ -623,3 +623,20 @@ def test_an_execution_that_loaded_its_weights_says_so(demo_repo):
     assert first.attributes["kserve_trio.weight_load"] is True
     assert first.parent_span_id  # it served one request: that request's child
     assert second.attributes["kserve_trio.weight_load"] is False
+
+
+def test_update_trace_settings_turns_tracing_off_globally_and_on_for_one_model_live(
+    traced_worker, receiver
+):
+    with _grpc(traced_worker) as c:
+        c.update_trace_settings(settings={"trace_level": ["OFF"]})
+        try:
+            c.update_trace_settings("mlp_softmax", {"trace_level": ["TIMESTAMPS"]})
+            c.infer("mlp", mlp_inputs(grpcclient), request_id="live-off")
+            c.infer("mlp_softmax", [_softmax_input()], request_id="live-on")
+        finally:
+            c.update_trace_settings("mlp_softmax", {"trace_level": None})
+            c.update_trace_settings(settings={"trace_level": None})  # the configuration's
+        assert _settings(c.get_trace_settings(as_json=True))["trace_level"] == ["TIMESTAMPS"]
+        _sentinel(c, receiver, "live-sentinel")
+    assert _ids(receiver, "live-on") and not _ids(receiver, "live-off")
