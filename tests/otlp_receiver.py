@@ -34,6 +34,8 @@ class ReceivedSpan:
     links: tuple[tuple[str, str], ...]
     status_code: int
     service: str
+    trace_state: str = ""
+    resource: dict[str, object] = field(default_factory=dict)
 
 
 def _value(v) -> object:
@@ -59,10 +61,8 @@ class OtlpReceiver:
         request = ExportTraceServiceRequest.FromString(body)
         out = []
         for rs in request.resource_spans:
-            service = ""
-            for attr in rs.resource.attributes:
-                if attr.key == "service.name":
-                    service = str(_value(attr.value))
+            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
+            service = str(resource.get("service.name", ""))
             for ss in rs.scope_spans:
                 for s in ss.spans:
                     out.append(
@@ -78,6 +78,8 @@ class OtlpReceiver:
                             links=tuple((ln.trace_id.hex(), ln.span_id.hex()) for ln in s.links),
                             status_code=s.status.code,
                             service=service,
+                            trace_state=s.trace_state,
+                            resource=resource,
                         )
                     )
         with self._lock:

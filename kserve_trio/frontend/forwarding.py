@@ -8,9 +8,9 @@ it (``HELLO``):
 
 - a unary RPC (``bytes_unary``): its plain message to the device, the reply bytes back, the
   reply compressed as the request was; a failure is the device's status and message;
-- ModelInfer the same way, with the caller's ``traceparent`` carried along when the worker
-  traces (``tracing.enabled``; otherwise the header is never read), so the device process's
-  span continues the caller's trace;
+- ModelInfer the same way, with the caller's W3C context (``traceparent`` and ``tracestate``,
+  ``caller_context``) carried along when the worker traces (``tracing.level``; otherwise the
+  headers are never read), so the device process's span continues the caller's trace;
 - ModelStreamInfer: the stream engine (``StreamSession``) runs here, each message is served by
   the device process as one request and answered with the stream's answer message; an answer
   over the send cap is replaced by an error answer naming the request's model and id, which the
@@ -42,7 +42,7 @@ from kserve_trio.serving.grpc import (
 )
 from kserve_trio.serving.http import HttpRequest, HttpResponse
 from kserve_trio.serving.ipc import KIND_INFER, KIND_REST, KIND_STREAM, KIND_UNARY
-from kserve_trio.serving.trace_settings import TRACEPARENT
+from kserve_trio.serving.trace_settings import caller_context
 
 RpcEntry = tuple[str, str, str, str]
 """``(path, rpc, shape, reason)`` as the device process lists its RPCs: ``shape`` is
@@ -66,8 +66,8 @@ def _forward(
 def _forward_infer(
     link: DeviceLink,
 ) -> Callable[[bytes | bytearray, int, str | None], Awaitable[bytes]]:
-    async def serve(data: bytes | bytearray, deadline_ns: int, traceparent: str | None) -> bytes:
-        status, message, reply, _ = await link.request(KIND_INFER, traceparent, data, deadline_ns)
+    async def serve(data: bytes | bytearray, deadline_ns: int, context: str | None) -> bytes:
+        status, message, reply, _ = await link.request(KIND_INFER, context, data, deadline_ns)
         if status:
             raise GrpcError(status, message)
         return reply
@@ -79,12 +79,19 @@ class ForwardedStream:
     """ModelStreamInfer: the stream here, its messages served by the device process."""
 
     def __init__(
-        self, link: DeviceLink, rpc: str, closing: anyio.Event, shutting_down: str
+        self,
+        link: DeviceLink,
+        rpc: str,
+        closing: anyio.Event,
+        shutting_down: str,
+        traced: bool = False,
     ) -> None:
         self.link = link
         self.rpc = rpc
         self.closing = closing
         self.shutting_down = shutting_down
+        self.traced = traced
+        """The worker traces: each message carries the stream's trace context."""
 
     async def __call__(self, call: Call) -> None:
         session = StreamSession(
@@ -97,8 +104,9 @@ class ForwardedStream:
             data = call.plain(message)
         except ServingError as exc:
             return stream_error(exc.message), stream_error
+        context = caller_context(call.header) if self.traced else None
         _, _, answer, (model, request_id) = await self.link.request(
-            KIND_STREAM, self.rpc, data, call.deadline_ns
+            KIND_STREAM, context, data, call.deadline_ns
         )
         return answer, lambda why: stream_error(why, model, request_id)
 
@@ -113,17 +121,21 @@ def forwarded_methods(
     traced: bool = False,
 ) -> dict[str, Method]:
     """The front end's method table: every RPC the device process listed (``traced``: the
-    worker traces, so ModelInfer carries the caller's ``traceparent``)."""
+    worker traces, so ModelInfer carries the caller's trace context)."""
     methods: dict[str, Method] = {}
     for path, rpc, shape, reason in rpcs:
         if shape == "infer" and traced:
-            methods[path] = bytes_unary_with_header(_forward_infer(link), limits, rpc, TRACEPARENT)
+            methods[path] = bytes_unary_with_header(
+                _forward_infer(link), limits, rpc, caller_context
+            )
         elif shape == "stream":
-            methods[path] = stream(ForwardedStream(link, rpc, closing, shutting_down), limits, rpc)
+            methods[path] = stream(
+                ForwardedStream(link, rpc, closing, shutting_down, traced), limits, rpc
+            )
         elif shape == "unimplemented":
             methods[path] = unimplemented(rpc, reason, limits)
         else:
-            # ModelInfer's slot for the RPC name carries the traceparent: none here.
+            # ModelInfer's slot for the RPC name carries the trace context: none here.
             name = None if shape == "infer" else rpc
             methods[path] = bytes_unary(_forward(link, _KINDS[shape], name), limits, rpc)
     return methods

@@ -125,7 +125,7 @@ class Frontend:
                     limits,
                     self.closing,
                     self.shutting_down,
-                    traced=config.tracing.enabled,
+                    traced=config.tracing.on,
                 ),
                 restrictions,
             ),

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kserve_trio.core.config import add_tracing_flags, tracing_overrides
+from kserve_trio.gateway.config import ENV_PREFIX
 from kserve_trio.serving.background import (
     add_event_loop_flags,
     add_http2_engine_flag,
@@ -48,6 +50,7 @@ def configure_parser(parser: argparse.ArgumentParser):
     parser.add_argument("--runtime-dir", help=argparse.SUPPRESS)
     add_event_loop_flags(parser, "event_loop, env KSERVE_TRIO_GATEWAY_EVENT_LOOP")
     add_http2_engine_flag(parser, "http2_engine, env KSERVE_TRIO_GATEWAY_HTTP2_ENGINE")
+    add_tracing_flags(parser, ENV_PREFIX)
     return run
 
 
@@ -64,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {
         "logging": {"level": args.log_level, "format": args.log_format},
         "processes": args.processes,
+        "tracing": tracing_overrides(args),
     }
     event_loop = event_loop_from_args(args)
     if event_loop is not None:

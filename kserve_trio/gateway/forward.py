@@ -66,7 +66,6 @@ from kserve_trio.gateway.routing import (
     failover_action,
     no_ready_replica,
 )
-from kserve_trio.serving.trace_settings import TRACEPARENT
 
 if TYPE_CHECKING:
     from kserve_trio.serving.tracing import RequestSpan
@@ -183,8 +182,9 @@ class Forwarder:
         async def _traced_attempt(
             span: RequestSpan, client: WorkerClient, attempt_deadline: float
         ) -> bytes:
-            forward = span.start_child("forward", client=True, worker=client.label)
-            carried = {**(metadata or {}), TRACEPARENT: forward.traceparent()}
+            # The call to the worker is a unary ModelInfer, also for a stream's message.
+            forward = span.start_child("forward", client_rpc="ModelInfer", worker=client.label)
+            carried = {**(metadata or {}), **forward.headers()}
             status, text = "OK", ""
             try:
                 return await client.call_raw(

@@ -73,7 +73,11 @@ class GatewayRest:
             ssl_context=pool.settings.ssl_context,
         )
         self.models = ModelRequests(
-            service.forwarder, self.upstream, self.limits.max_recv_bytes, max_json_depth
+            service.forwarder,
+            self.upstream,
+            self.limits.max_recv_bytes,
+            max_json_depth,
+            tracing=service.tracing,
         )
         self._rpcs = service.fleet_rpcs()
 

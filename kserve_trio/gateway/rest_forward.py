@@ -36,15 +36,16 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from kserve_trio.client.errors import STALE_REGION_PREFIX, RpcError
 from kserve_trio.core import rest_codec
-from kserve_trio.core.errors import Internal, InvalidArgument, StatusCode
+from kserve_trio.core.errors import Internal, InvalidArgument, ServingError, StatusCode
 from kserve_trio.core.infer_wire import parse_infer_response
+from kserve_trio.gateway.caller_headers import rest_headers
 from kserve_trio.gateway.forward import MODEL_INFER, Forwarder
 from kserve_trio.gateway.peek import PeekedRequest
 from kserve_trio.gateway.pool import WorkerClient
@@ -63,9 +64,14 @@ from kserve_trio.serving.rest_routes import (
     compressed_reply,
     grpc_request,
     header_length,
+    infer_route,
     reply_response,
     request_body,
 )
+from kserve_trio.serving.trace_settings import caller_context
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.tracing import RequestSpan, Tracing
 
 MODEL_RPCS = frozenset({"ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig"})
 """The REST RPCs answered by one replica of the model their path names."""
@@ -247,11 +253,13 @@ class ModelRequests:
         upstream: RestUpstream,
         max_recv_bytes: int,
         max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
+        tracing: Tracing | None = None,
     ) -> None:
         self.forwarder = forwarder
         self.upstream = upstream
         self.max_recv_bytes = max_recv_bytes
         self.max_json_depth = max_json_depth
+        self.tracing = tracing
 
     async def answer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
         """The reply to ``request`` (errors raised as ``ServingError``; a worker's own error
@@ -264,6 +272,40 @@ class ModelRequests:
             return exc.reply.response()
 
     async def _infer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
+        """ModelInfer, traced as gRPC's is (``GatewayService``): a server span with the HTTP
+        attributes when the settings sample it, each attempt a ``forward`` client span whose
+        context the worker continues; not sampled, a request without a context of its own
+        goes on with a sampled-out one."""
+        tracing = self.tracing
+        if tracing is None:
+            return await self._forward_infer(call, request, None)
+        context = caller_context(request.headers.get)
+        span = tracing.begin(
+            "ModelInfer",
+            call.model,
+            context,
+            attributes={"http.request.method": "POST", "http.route": infer_route(call.version)},
+        )
+        if span is None:
+            if context is None:
+                request = replace(request, headers={**request.headers, **tracing.sampled_out()})
+            return await self._forward_infer(call, request, None)
+        status, text = "OK", ""
+        try:
+            with span.in_logs():
+                return await self._forward_infer(call, request, span)
+        except ServingError as exc:  # a worker's failure (RpcError) too
+            status, text = exc.status.name, exc.message
+            raise
+        except BaseException as exc:
+            status, text = "INTERNAL", str(exc)
+            raise
+        finally:
+            span.end(status, text, http=True)
+
+    async def _forward_infer(
+        self, call: RestCall, request: HttpRequest, span: RequestSpan | None
+    ) -> HttpResponse:
         translated: list[Any] = []
 
         def peeked() -> PeekedRequest:
@@ -275,6 +317,20 @@ class ModelRequests:
             return PeekedRequest(call.model, "", shape)
 
         async def attempt(client: WorkerClient, deadline: float) -> HttpResponse:
+            if span is None:
+                return await one(client, deadline, request)
+            forward = span.start_child("forward", client_rpc="ModelInfer", worker=client.label)
+            status, text = "OK", ""
+            try:
+                carried = replace(request, headers={**request.headers, **forward.headers()})
+                return await one(client, deadline, carried)
+            except RpcError as exc:
+                status, text = exc.status.name, exc.message
+                raise
+            finally:
+                forward.end(status, text)
+
+        async def one(client: WorkerClient, deadline: float, request: HttpRequest) -> HttpResponse:
             if client.spec.http is not None:
                 reply = await self.upstream.send(client, request, deadline, "ModelInfer")
                 return reply.response()
@@ -289,7 +345,12 @@ class ModelRequests:
                     )
                 )
             parsed = translated[0]
-            data = await client.call_raw(MODEL_INFER, bytes(parsed.message), deadline=deadline)
+            data = await client.call_raw(
+                MODEL_INFER,
+                bytes(parsed.message),
+                deadline=deadline,
+                metadata=rest_headers(request.headers),  # with this attempt's trace context
+            )
             return compressed_reply(request, _infer_reply(data, parsed.wants_binary))
 
         return await self.forwarder.routed(peeked, attempt, rpc="ModelInfer")

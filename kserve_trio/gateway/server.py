@@ -505,9 +505,9 @@ def stop(gateway: RunningGateway, timeout: float = 30.0) -> None:
 
 
 def _open_tracing(config: TracingConfig, metrics: GatewayMetrics) -> Tracing | None:
-    """The gateway's tracer when ``tracing.enabled``, else None; OpenTelemetry is imported only
+    """The gateway's tracer when ``tracing.level`` is ``timestamps``, else None; OpenTelemetry is imported only
     here, only then."""
-    if not config.enabled:
+    if not config.on:
         return None
     from kserve_trio.serving.tracing import open_tracing
 

@@ -69,7 +69,7 @@ from kserve_trio.serving.grpc import (
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.message_check import check_bounds, scan_bounds
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
-from kserve_trio.serving.trace_settings import TRACEPARENT, TraceSettings
+from kserve_trio.serving.trace_settings import TraceSettings, caller_context
 from kserve_trio.serving.trace_settings import answer as answer_trace_setting
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class GatewayService:
         self.admission = admission
         self.limits = limits
         self._ready = ready
-        self.stream_infer = StreamInfer(forwarder, admission)
+        self.stream_infer = StreamInfer(forwarder, admission, tracing)
 
     def fleet_rpcs(self) -> dict[str, FleetRpc]:
         """Every RPC but ModelInfer and ModelStreamInfer by its name, as both transports serve
@@ -265,15 +265,26 @@ class GatewayService:
             )
 
     async def _model_infer_traced(self, tracing: Tracing, call: Call, message: RawMessage) -> bytes:
-        """ModelInfer with tracing on: a server span continuing the caller's ``traceparent``
+        """ModelInfer with tracing on: a server span continuing the caller's W3C context
         when the settings sample the request; each forward attempt is a client span whose
-        context replaces the caller's ``traceparent`` on the way to the worker."""
+        context replaces the caller's ``traceparent`` (and ``tracestate``) on the way to the
+        worker. Not sampled here, a caller's context goes on unchanged, and a request that came
+        without one gets a sampled-out one (``Tracing.sampled_out``): the gateway's rate is
+        the fleet's, the workers follow its decision."""
         async with self.admission.queued(call.deadline):
             plain = call.plain(message)
             head = self.forwarder.peek(plain)
-            span = tracing.begin("ModelInfer", head.model_name, call.header(TRACEPARENT))
+            context = caller_context(call.header)
+            span = tracing.begin(
+                "ModelInfer",
+                head.model_name,
+                context,
+                attributes={"kserve_trio.request_id": head.id},
+            )
             metadata = forwarded_metadata(call.metadata)
             if span is None:
+                if context is None:
+                    metadata = {**(metadata or {}), **tracing.sampled_out()}
                 return await self.forwarder.infer(
                     message.data,
                     plain=plain,

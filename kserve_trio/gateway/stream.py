@@ -14,21 +14,31 @@ worker. What the gateway adds is how one message is served (``StreamInfer._one``
    request (malformed, shed, unknown model, a worker's error) goes back as a response whose
    ``error_message`` is the error's message, with the request's model and id in
    ``infer_response``, and the stream stays open.
-3. When the gateway drains (``Admission.drain_started``), the session stops reading, writes the
+3. With tracing on, each message is a ``ModelStreamInfer`` server span continuing the stream's
+   W3C context (the headers that opened it), its forward attempts client spans, exactly as a
+   unary call's (``GatewayService``).
+4. When the gateway drains (``Admission.drain_started``), the session stops reading, writes the
    answers in flight and ends the stream UNAVAILABLE (``gateway is shutting down``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
 from kserve_trio.core.errors import ServingError
 from kserve_trio.core.stream_answers import stream_error, stream_response
 from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
+from kserve_trio.gateway.caller_headers import grpc_headers
 from kserve_trio.gateway.forward import Forwarder
+from kserve_trio.gateway.peek import PeekedRequest
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
+from kserve_trio.serving.trace_settings import caller_context
+
+if TYPE_CHECKING:
+    from kserve_trio.serving.tracing import Tracing
 
 
 class StreamInfer:
@@ -37,9 +47,12 @@ class StreamInfer:
 
     rpc = "ModelStreamInfer"
 
-    def __init__(self, forwarder: Forwarder, admission: Admission) -> None:
+    def __init__(
+        self, forwarder: Forwarder, admission: Admission, tracing: Tracing | None = None
+    ) -> None:
         self.forwarder = forwarder
         self.admission = admission
+        self.tracing = tracing
 
     async def __call__(self, call: Call) -> None:
         session = StreamSession(
@@ -69,17 +82,55 @@ class StreamInfer:
                     forwarder.metrics.observe_request(self.rpc, "", exc.status, elapsed)
                 raise
             model, request_id = head.model_name, head.id
-            reply = await forwarder.infer(
+            if self.tracing is not None:
+                reply = await self._traced(self.tracing, call, message, plain, head)
+            else:
+                reply = await forwarder.infer(
+                    message.data,
+                    plain=plain,
+                    compressed_with=call.encoding if message.compressed else None,
+                    head=head,
+                    deadline=call.deadline,
+                    rpc=self.rpc,
+                )
+            return stream_response(reply), failed
+        except ServingError as exc:
+            return failed(exc.message or exc.status.name), failed
+
+    async def _traced(
+        self,
+        tracing: Tracing,
+        call: Call,
+        message: RawMessage,
+        plain: bytes | bytearray,
+        head: PeekedRequest,
+    ) -> bytes:
+        """One message with tracing on (rule 3)."""
+        context = caller_context(call.header)
+        span = tracing.begin(
+            self.rpc, head.model_name, context, attributes={"kserve_trio.request_id": head.id}
+        )
+        metadata = grpc_headers(call.metadata) if call.metadata else None
+        if span is None and context is None:
+            metadata = {**(metadata or {}), **tracing.sampled_out()}
+        status, text = "OK", ""
+        try:
+            return await self.forwarder.infer(
                 message.data,
                 plain=plain,
                 compressed_with=call.encoding if message.compressed else None,
                 head=head,
                 deadline=call.deadline,
+                metadata=metadata,
                 rpc=self.rpc,
+                span=span,
             )
-            return stream_response(reply), failed
         except ServingError as exc:
-            return failed(exc.message or exc.status.name), failed
+            status, text = exc.status.name, exc.message
+            raise
+        finally:
+            if span is not None:
+                span.end(status, text)
 
 
 __all__ = ["StreamInfer", "stream_error", "stream_response"]

@@ -178,6 +178,12 @@ class WeightCache:
         if rec is not None and not self.is_servable(name):
             raise NotResidentError(name)
 
+    @property
+    def loads(self) -> int:
+        """Weight loads so far (one counter read: a traced execution compares it before and
+        after itself to say whether it loaded its model's weights)."""
+        return self._book.loads
+
     def stats(self) -> WeightCacheStats:
         """The counters under the (short) bookkeeping lock."""
         with self._book_lock:

@@ -59,6 +59,13 @@ from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
 log = get_logger("kserve_trio.serving.rest")
 
 
+def infer_route(version: str) -> str:
+    """ModelInfer's REST route as a template (a traced call's ``http.route``)."""
+    if version:
+        return "/v2/models/{model_name}/versions/{model_version}/infer"
+    return "/v2/models/{model_name}/infer"
+
+
 class MethodNotAllowed(ServingError):
     """A known path asked with a method it does not serve (HTTP 405)."""
 
@@ -427,6 +434,7 @@ __all__ = [
     "compressed_reply",
     "grpc_request",
     "header_length",
+    "infer_route",
     "message_json",
     "note_refusal",
     "reply_response",

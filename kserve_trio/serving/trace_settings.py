@@ -9,24 +9,29 @@ Triton's vocabulary, every value a list of strings:
 - ``trace_rate``: trace one request in N;
 - ``trace_count``: requests still to be traced, ``-1`` for no end; it counts down as requests
   are traced and tracing stops at 0;
+- ``log_frequency``: kept and answered as Triton keeps it in OpenTelemetry mode, where it has no
+  effect (it flushes Triton's trace *file* every N traces; spans here leave through the batch
+  processor), so a client that sets it along with the others is not refused;
 - ``trace_mode``: ``["opentelemetry"]``, the only mode (read-only).
 
-Triton's ``trace_file``, ``log_frequency`` and ``trace_config`` have no meaning for an OTLP
-exporter: a request naming them is INVALID_ARGUMENT (no inert setting). A setting sent without
-a value is cleared: a model's falls back to the global one, a global one to the configuration.
-A change is all or nothing. Settings other than ``OFF`` need ``tracing.enabled`` in the
-configuration (the exporter is built at start-up): otherwise FAILED_PRECONDITION.
+``trace_file`` is refused as Triton refuses it in every mode (UNIMPLEMENTED, "trace file location
+can not be updated through network protocol") and, as in Triton's OpenTelemetry mode, is not
+among the answered keys; ``trace_config`` is INVALID_ARGUMENT (the exporter is the
+configuration's ``tracing`` block). A setting sent without a value is cleared: a model's falls
+back to the global one, a global one to the configuration. A change is all or nothing. Settings
+other than ``OFF`` need ``tracing.level: timestamps`` in the configuration (the exporter is
+built at start-up): otherwise FAILED_PRECONDITION.
 
 This module imports nothing of OpenTelemetry: it is used whether tracing is on or off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kserve_trio.core.config import TracingConfig
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, Unimplemented
 from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 
@@ -35,14 +40,26 @@ TRACEPARENT = "traceparent"
 carry header names)."""
 TRACESTATE = "tracestate"
 
+
+def caller_context(header: Callable[[str], str | None]) -> str | None:
+    """The caller's W3C trace context as one string, the form it crosses a front end's channel
+    in: its ``traceparent``, then its ``tracestate`` after a newline when it sent one (a header
+    value holds no newline); None without a ``traceparent``. ``header`` looks a request header
+    up by its lower-case name (gRPC metadata and HTTP headers alike)."""
+    traceparent = header(TRACEPARENT)
+    if not traceparent:
+        return None
+    tracestate = header(TRACESTATE)
+    return f"{traceparent}\n{tracestate}" if tracestate else traceparent
+
+
 LEVEL_OFF = "OFF"
 LEVEL_TIMESTAMPS = "TIMESTAMPS"
 TRACE_MODE = "opentelemetry"
-_UNSUPPORTED = {
-    "trace_file": "spans are exported over OTLP/HTTP (tracing.endpoint), not to a file",
-    "log_frequency": "spans are exported over OTLP/HTTP (tracing.endpoint), not to a file",
-    "trace_config": "the exporter is configured by the tracing block of the configuration",
-}
+TRACE_FILE_REFUSED = "trace file location can not be updated through network protocol"
+"""Triton's answer to a ``trace_file`` update (its words, so a client matching them works)."""
+_NUMBERS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}
+"""The integer settings, each with its smallest value."""
 
 Changes = Mapping[str, Sequence[str] | None]
 """A request's settings: name -> its values, or None to clear it."""
@@ -56,6 +73,7 @@ class _Scope:
     level: str | None = None
     rate: int | None = None
     count: int | None = None
+    log_frequency: int | None = None
     seen: int = 0
 
 
@@ -66,6 +84,7 @@ class TraceSetting:
     level: str
     rate: int
     count: int
+    log_frequency: int = 0
 
     @property
     def on(self) -> bool:
@@ -86,36 +105,41 @@ class TraceSettings:
 
     def _configured(self) -> _Scope:
         cfg = self.config
-        level = LEVEL_TIMESTAMPS if cfg.enabled else LEVEL_OFF
-        return _Scope(level, cfg.trace_rate, cfg.trace_count)
+        level = LEVEL_TIMESTAMPS if cfg.on else LEVEL_OFF
+        return _Scope(level, cfg.rate, cfg.count, 0)
 
     def effective(self, model: str = "") -> TraceSetting:
         """The settings in force for ``model`` (``""``: the global ones)."""
         g = self._global
         assert g.level is not None and g.rate is not None and g.count is not None
+        assert g.log_frequency is not None
         m = self._models.get(model) if model else None
         if m is None:
-            return TraceSetting(g.level, g.rate, g.count)
+            return TraceSetting(g.level, g.rate, g.count, g.log_frequency)
         return TraceSetting(
             m.level if m.level is not None else g.level,
             m.rate if m.rate is not None else g.rate,
             m.count if m.count is not None else g.count,
+            m.log_frequency if m.log_frequency is not None else g.log_frequency,
         )
 
-    def sample(self, model: str, parent_sampled: bool) -> bool:
-        """Whether to trace this request, counting it. Rules, in order:
+    def sample(self, model: str, parent_sampled: bool | None) -> bool:
+        """Whether to trace this request, counting it. ``parent_sampled``: the caller's W3C
+        context's sampled flag, None without a (valid) context. Rules, in order:
 
         1. the model's level ``OFF`` (its own or the global one), or its count at 0: no;
-        2. a caller whose ``traceparent`` says sampled: yes (the trace it started goes on);
-        3. otherwise every ``trace_rate``-th request of the scope is traced;
-        4. a traced request takes one from the scope's ``trace_count`` unless it is -1.
+        2. a caller whose context is sampled out (flags ``00``): no, whatever the rate (its
+           trace was decided upstream, as OpenTelemetry's parent-based sampler decides);
+        3. a caller whose context says sampled: yes (the trace it started goes on);
+        4. otherwise every ``trace_rate``-th request of the scope is traced;
+        5. a traced request takes one from the scope's ``trace_count`` unless it is -1.
         """
         own = self._models.get(model)
         scope = own if own is not None and own.count is not None else self._global
         setting = self.effective(model)
-        if not setting.on:
+        if not setting.on or parent_sampled is False:
             return False
-        if not parent_sampled:
+        if parent_sampled is None:
             counter = own if own is not None and own.rate is not None else self._global
             counter.seen += 1
             if counter.seen % setting.rate:
@@ -129,9 +153,9 @@ class TraceSettings:
         return the settings now in force there."""
         parsed = {key: _parse(key, values) for key, values in changes.items()}
         level = parsed.get("trace_level")
-        if level not in (None, LEVEL_OFF) and not self.config.enabled:
+        if level not in (None, LEVEL_OFF) and not self.config.on:
             raise FailedPrecondition(
-                "tracing is not enabled in this server's configuration (tracing.enabled); "
+                "tracing is off in this server's configuration (tracing.level: off); "
                 "trace_level can only be OFF"
             )
         if model:
@@ -140,7 +164,7 @@ class TraceSettings:
             scope = self._global
         configured = self._configured()
         for key, value in parsed.items():
-            attr = key.removeprefix("trace_")
+            attr = _ATTRS[key]
             if value is None and not model:
                 value = getattr(configured, attr)
             setattr(scope, attr, value)
@@ -151,18 +175,31 @@ class TraceSettings:
         return self.effective(model)
 
 
+_ATTRS = {
+    "trace_level": "level",
+    "trace_rate": "rate",
+    "trace_count": "count",
+    "log_frequency": "log_frequency",
+}
+"""The settable keys -> the ``_Scope`` field each sets."""
+
+
 def _parse(key: str, values: Sequence[str] | None) -> str | int | None:
     """One setting's values as ours (None: clear it); INVALID_ARGUMENT naming the key."""
-    if key in _UNSUPPORTED:
-        raise InvalidArgument(f"trace setting '{key}' is not supported: {_UNSUPPORTED[key]}")
+    if key == "trace_file":
+        raise Unimplemented(TRACE_FILE_REFUSED)
+    if key == "trace_config":
+        raise InvalidArgument(
+            "trace setting 'trace_config' is not supported: the exporter is configured by the "
+            "tracing block of the configuration"
+        )
     if key == "trace_mode":
         if values and list(values) != [TRACE_MODE]:
             raise InvalidArgument(f"trace setting 'trace_mode' can only be '{TRACE_MODE}'")
         return None
-    if key not in ("trace_level", "trace_rate", "trace_count"):
+    if key not in _ATTRS:
         raise InvalidArgument(
-            f"unknown trace setting '{key}' (known: trace_level, trace_rate, trace_count, "
-            "trace_mode)"
+            f"unknown trace setting '{key}' (known: {', '.join(_ATTRS)}, trace_mode)"
         )
     if not values:
         return None
@@ -180,10 +217,8 @@ def _parse(key: str, values: Sequence[str] | None) -> str | int | None:
         number = int(text)
     except ValueError:
         raise InvalidArgument(f"trace setting '{key}' must be an integer (got {text!r})") from None
-    if key == "trace_rate" and number < 1:
-        raise InvalidArgument(f"trace_rate must be >= 1 (got {number})")
-    if key == "trace_count" and number < -1:
-        raise InvalidArgument(f"trace_count must be >= -1 (got {number})")
+    if number < _NUMBERS[key]:
+        raise InvalidArgument(f"{key} must be >= {_NUMBERS[key]} (got {number})")
     return number
 
 
@@ -200,6 +235,7 @@ def settings_reply(setting: TraceSetting) -> pb.TraceSettingResponse:
             "trace_level": value(value=[setting.level]),
             "trace_rate": value(value=[str(setting.rate)]),
             "trace_count": value(value=[str(setting.count)]),
+            "log_frequency": value(value=[str(setting.log_frequency)]),
             "trace_mode": value(value=[TRACE_MODE]),
         }
     )
@@ -225,11 +261,13 @@ __all__ = [
     "LEVEL_TIMESTAMPS",
     "TRACEPARENT",
     "TRACESTATE",
+    "TRACE_FILE_REFUSED",
     "TRACE_MODE",
     "Changes",
     "TraceSetting",
     "TraceSettings",
     "answer",
+    "caller_context",
     "requested_changes",
     "settings_reply",
 ]

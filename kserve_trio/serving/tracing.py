@@ -1,10 +1,10 @@
 """OpenTelemetry tracing of one server process: the tracer provider, the OTLP/HTTP exporter
-behind a bounded ``BatchSpanProcessor``, the W3C ``traceparent`` in and out, and the spans a
-request makes.
+behind a bounded ``BatchSpanProcessor``, the W3C ``traceparent`` / ``tracestate`` in and out,
+and the spans a request makes.
 
-Only a process whose configuration sets ``tracing.enabled`` imports this module (``open_tracing``
-is called from the servers' start-up, behind that one test), so a server without tracing loads
-nothing of OpenTelemetry and a request pays one ``is None`` branch.
+Only a process whose configuration sets ``tracing.level: timestamps`` imports this module
+(``open_tracing`` is called from the servers' start-up, behind that one test), so a server
+without tracing loads nothing of OpenTelemetry and a request pays one ``is None`` branch.
 
 Spans are made in two ways, each where it is cheapest:
 
@@ -12,14 +12,16 @@ Spans are made in two ways, each where it is cheapest:
   with its status;
 - the phases inside it (admission, preprocess, queue, execute, postprocess, encode) are written
   after the fact from the times the scheduler records anyway (``RequestSpan.child``), so a
-  traced request takes no extra step on the device path and an untraced one none at all.
+  traced request takes no extra step on the device path and an untraced one none at all;
+- a device execution is one span (``Tracing.batch``), made by the dispatch loop when it served
+  a traced request, and linked from each such request's ``execute`` span.
 
 Times given to ``child`` are ``time.monotonic_ns()`` values (the scheduler's clock); a span
 converts them with the offset to the wall clock taken when it began.
 
 Export is bounded (``tracing.max_queue_size``): ``_BoundedExport`` counts the spans handed to the
 SDK's ``BatchSpanProcessor`` until their export returns (queued or being sent), and drops and
-counts a span finished while that many are pending (``<prefix>_trace_spans_dropped_total``). So a
+counts a span finished while that many are pending (``<prefix>_traces_dropped_total``). So a
 collector that is slow or gone costs a bounded amount of memory and is visible. (The SDK drops on
 its own full queue too, but counts that only in OpenTelemetry's internal metrics, off unless an
 environment variable turns them on.)
@@ -39,6 +41,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry
@@ -46,16 +49,27 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from kserve_trio.core.config import TracingConfig
+from kserve_trio.core.errors import StatusCode as GrpcStatus
+from kserve_trio.serving.http import http_status
 from kserve_trio.serving.trace_settings import TRACEPARENT, TRACESTATE, TraceSettings
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
+Attributes = Mapping[str, str | int | float | bool]
 
-def parent_context(traceparent: str | None, tracestate: str | None = None) -> Context | None:
-    """The caller's span as a parent context, or None when the header is absent or invalid
-    (W3C: an invalid ``traceparent`` is ignored and a new trace starts)."""
-    if not traceparent:
+RPC_SERVICE = "inference.GRPCInferenceService"
+"""``rpc.service`` of every KServe V2 call (the gRPC service; REST calls name it too, so one
+query finds a model's calls whichever protocol carried them)."""
+
+
+def parent_context(context: str | None) -> Context | None:
+    """The caller's span as a parent context, or None when there is none or its
+    ``traceparent`` is invalid (W3C: an invalid ``traceparent`` is ignored and a new trace
+    starts). ``context`` is ``trace_settings.caller_context``'s form: the ``traceparent``,
+    then the ``tracestate`` after a newline."""
+    if not context:
         return None
+    traceparent, _, tracestate = context.partition("\n")
     carrier = {TRACEPARENT: traceparent}
     if tracestate:
         carrier[TRACESTATE] = tracestate
@@ -65,9 +79,10 @@ def parent_context(traceparent: str | None, tracestate: str | None = None) -> Co
     return ctx
 
 
-def _sampled(ctx: Context | None) -> bool:
+def _sampled(ctx: Context | None) -> bool | None:
+    """The caller's sampled flag; None without a caller context."""
     if ctx is None:
-        return False
+        return None
     return otel_trace.get_current_span(ctx).get_span_context().trace_flags.sampled
 
 
@@ -94,7 +109,7 @@ class RequestSpan:
         name: str,
         start_mono_ns: int,
         end_mono_ns: int,
-        attributes: Mapping[str, str | int | float | bool] | None = None,
+        attributes: Attributes | None = None,
         links: Sequence[SpanContext] = (),
     ) -> RequestSpan:
         """A finished child span between two ``time.monotonic_ns()`` marks."""
@@ -111,29 +126,55 @@ class RequestSpan:
         return RequestSpan(self._tracer, span, self._offset)
 
     def start_child(
-        self, name: str, *, client: bool = False, **attributes: str | int
+        self, name: str, *, client_rpc: str | None = None, **attributes: str | int
     ) -> RequestSpan:
-        """A live child span (end it with ``end``): a gateway's forward attempt (``client``:
-        a call to another server, whose ``traceparent`` it becomes)."""
+        """A live child span (end it with ``end``): with ``client_rpc``, a client span calling
+        that RPC of another server (a gateway's forward attempt), whose context the callee
+        continues (``headers``)."""
         ctx = otel_trace.set_span_in_context(self.span)
-        kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
-        span = self._tracer.start_span(name, ctx, kind=kind, attributes=attributes)
+        kind = SpanKind.INTERNAL
+        attrs: dict[str, str | int] = dict(attributes)
+        if client_rpc is not None:
+            kind = SpanKind.CLIENT
+            attrs.update(
+                {"rpc.system": "grpc", "rpc.service": RPC_SERVICE, "rpc.method": client_rpc}
+            )
+        span = self._tracer.start_span(name, ctx, kind=kind, attributes=attrs)
         return RequestSpan(self._tracer, span, self._offset)
 
-    def traceparent(self) -> str:
-        """This span as the ``traceparent`` a callee continues."""
+    def headers(self) -> dict[str, str]:
+        """This span as the W3C headers a callee continues: ``traceparent``, and the
+        ``tracestate`` the trace carries (the caller's, passed on unchanged)."""
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=otel_trace.set_span_in_context(self.span))
-        return carrier[TRACEPARENT]
+        return carrier
 
     def set(self, key: str, value: str | int | float | bool) -> None:
         self.span.set_attribute(key, value)
 
-    def end(self, status: str = "OK", message: str = "", end_mono_ns: int | None = None) -> None:
-        """End the span with a gRPC status name (anything but OK marks it an error)."""
-        self.span.set_attribute("rpc.grpc.status", status)
+    def end(
+        self,
+        status: str = "OK",
+        message: str = "",
+        end_mono_ns: int | None = None,
+        *,
+        http: bool = False,
+    ) -> None:
+        """End the span with a gRPC status name (anything but OK marks it an error, with the
+        message recorded): ``rpc.grpc.status_code`` is its number, as the semantic
+        conventions have it; ``http``: a REST call, whose ``http.response.status_code`` is
+        the status's HTTP answer."""
+        code = GrpcStatus[status] if status in GrpcStatus.__members__ else GrpcStatus.UNKNOWN
+        self.span.set_attribute("rpc.grpc.status_code", int(code))
+        if http:
+            answer = 200 if code is GrpcStatus.OK else http_status(code)
+            self.span.set_attribute("http.response.status_code", answer)
         if status != "OK":
             self.span.set_status(Status(StatusCode.ERROR, message or status))
+            self.span.add_event(
+                "exception",
+                {"exception.type": status, "exception.message": message or status},
+            )
         self.span.end(end_time=None if end_mono_ns is None else self.wall(end_mono_ns))
 
     def in_logs(self) -> AbstractContextManager[None]:
@@ -148,7 +189,7 @@ class RequestSpan:
 
 
 class _DroppedSpans(Collector):
-    """``<prefix>_trace_spans_dropped_total``: spans the processor's full queue dropped."""
+    """``<prefix>_traces_dropped_total``: spans the processor's full queue dropped."""
 
     def __init__(self, tracing: Tracing, name: str) -> None:
         self._tracing = tracing
@@ -235,34 +276,41 @@ class Tracing:
     ) -> None:
         self.settings = TraceSettings(config)
         self._export_timeout = config.export_timeout_seconds
-        resource = Resource.create({"service.name": config.service_name or f"kserve_trio-{role}"})
-        self._provider = TracerProvider(resource=resource)
-        exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=config.export_timeout_seconds)
+        self._provider = TracerProvider(resource=process_resource(config, role))
+        exporter = OTLPSpanExporter(
+            endpoint=config.endpoint or None, timeout=config.export_timeout_seconds
+        )
         self._export = _BoundedExport(exporter, config)
         self._provider.add_span_processor(self._export)
         self._tracer = self._provider.get_tracer("kserve_trio")
+        self._ids = RandomIdGenerator()
         if registry is not None:
-            registry.register(_DroppedSpans(self, f"{metric_prefix}_trace_spans_dropped_total"))
+            registry.register(_DroppedSpans(self, f"{metric_prefix}_traces_dropped_total"))
 
     def begin(
         self,
         name: str,
         model: str,
-        traceparent: str | None,
+        context: str | None,
         *,
         kind: SpanKind = SpanKind.SERVER,
-        tracestate: str | None = None,
         start_mono_ns: int | None = None,
-        attributes: Mapping[str, str | int | float | bool] | None = None,
+        attributes: Attributes | None = None,
     ) -> RequestSpan | None:
         """The request's span when the settings trace it (``TraceSettings.sample``), else None.
-        A valid ``traceparent`` makes it the caller's child."""
-        parent = parent_context(traceparent, tracestate)
+        ``context`` (``trace_settings.caller_context``) with a valid ``traceparent`` makes it
+        the caller's child, its ``tracestate`` carried on; a caller's sampled-out context is
+        not traced."""
+        parent = parent_context(context)
         if not self.settings.sample(model, _sampled(parent)):
             return None
         offset = time.time_ns() - time.monotonic_ns()
         start = None if start_mono_ns is None else start_mono_ns + offset
-        attrs: dict[str, str | int | float | bool] = {"rpc.system": "grpc", "rpc.method": name}
+        attrs: dict[str, str | int | float | bool] = {
+            "rpc.system": "grpc",
+            "rpc.service": RPC_SERVICE,
+            "rpc.method": name,
+        }
         if model:
             attrs["kserve_trio.model"] = model
         if attributes:
@@ -276,21 +324,39 @@ class Tracing:
         start_mono_ns: int,
         end_mono_ns: int,
         members: Sequence[SpanContext],
-        attributes: Mapping[str, str | int | float | bool],
-    ) -> None:
-        """A coalesced batch: its own span, linked to every traced request it served (a batch
-        has many parents, so it is a root with links, as OpenTelemetry's messaging
-        conventions do for batch processing)."""
+        served: int,
+        attributes: Attributes,
+    ) -> SpanContext:
+        """One execution on the device (``execution``), for the traced requests among the
+        ``served`` it ran; each request's ``execute`` span links to the context returned.
+        Rules:
+
+        1. it served one request: the span is that request's child, in its trace;
+        2. it coalesced several: the span is a root linked to every traced one (a batch has
+           many parents; OpenTelemetry's messaging conventions link a batch the same way),
+           so it is exported once, not copied into every request's trace.
+        """
         offset = time.time_ns() - time.monotonic_ns()
+        parent = Context()
+        if served == 1 and len(members) == 1:
+            parent = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(members[0]))
         span = self._tracer.start_span(
-            "batch",
-            Context(),
+            "execution",
+            parent,
             kind=SpanKind.INTERNAL,
-            attributes={"kserve_trio.model": model, **attributes},
-            links=[Link(c) for c in members],
+            attributes={"kserve_trio.model": model, "kserve_trio.requests": served, **attributes},
+            links=[Link(c) for c in members] if served > 1 else (),
             start_time=start_mono_ns + offset,
         )
         span.end(end_time=max(end_mono_ns, start_mono_ns) + offset)
+        return span.get_span_context()
+
+    def sampled_out(self) -> dict[str, str]:
+        """The ``traceparent`` of a request this process chose not to trace (a new trace id,
+        flags ``00``): a callee that honours its caller's decision (a worker behind the
+        gateway) does not trace it either, so one rate, the first hop's, decides."""
+        ids = self._ids
+        return {TRACEPARENT: f"00-{ids.generate_trace_id():032x}-{ids.generate_span_id():016x}-00"}
 
     def dropped_spans(self) -> int:
         """Spans dropped so far because ``max_queue_size`` spans were pending export."""
@@ -307,6 +373,20 @@ class Tracing:
         self._provider.shutdown()
 
 
+def process_resource(config: TracingConfig, role: str) -> Resource:
+    """The process's resource: ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` (read by
+    ``Resource.create``), then ``tracing.resource`` and ``tracing.service_name`` over them;
+    without any service name, ``kserve_trio-<role>``."""
+    attributes: dict[str, str] = dict(config.resource)
+    if config.service_name:
+        attributes["service.name"] = config.service_name
+    resource = Resource.create(attributes)
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        # The SDK's stand-in when nothing named the service: the process's role instead.
+        resource = resource.merge(Resource({"service.name": f"kserve_trio-{role}"}))
+    return resource
+
+
 def open_tracing(
     config: TracingConfig,
     *,
@@ -319,8 +399,10 @@ def open_tracing(
 
 
 __all__ = [
+    "RPC_SERVICE",
     "RequestSpan",
     "Tracing",
     "open_tracing",
     "parent_context",
+    "process_resource",
 ]

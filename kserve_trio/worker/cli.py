@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kserve_trio.core.config import ENV_PREFIX, add_tracing_flags, tracing_overrides
 from kserve_trio.serving.background import (
     add_event_loop_flags,
     add_http2_engine_flag,
@@ -83,6 +84,7 @@ def configure_parser(parser: argparse.ArgumentParser):
     add_http2_engine_flag(
         parser, "endpoints.http2_engine, env INFERENCE_SERVER_ENDPOINTS_HTTP2_ENGINE"
     )
+    add_tracing_flags(parser, ENV_PREFIX)
     return run
 
 
@@ -117,6 +119,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         endpoints["client_shared_memory_prefixes"] = list(args.client_shared_memory_prefix)
     if endpoints:
         raw["endpoints"] = endpoints
+    tracing = tracing_overrides(args)
+    if tracing:
+        raw["tracing"] = tracing
     return raw
 
 

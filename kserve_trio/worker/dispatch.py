@@ -60,6 +60,7 @@ from kserve_trio.worker.switches import HotPathSwitches
 if TYPE_CHECKING:
     from kserve_trio.core.config import SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.tracing import Tracing
 
 log = get_logger("kserve_trio.worker.scheduler")
 
@@ -114,6 +115,8 @@ class DispatchLoop:
         self._parked = False  # the loop waits for work: nothing queued, no unit, no batch
         self.direct_batches = 0  # batches the direct lane ran (``serve_directly``)
         self.switches = switches or HotPathSwitches.from_environment()
+        self.tracing: Tracing | None = None
+        """Set when the worker traces: an execution serving a traced request is a span."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -606,11 +609,15 @@ class DispatchLoop:
         self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
     ) -> None:
         args = (state, plan, [r.arrays for r in taken], [r.rows for r in taken], self.clock)
+        loads = self.cache.loads if self.cache is not None and self.tracing is not None else 0
         try:
             elapsed_ns, slices = await self._device_call(state, execute_plan, *args, self.cache)
         except Exception as exc:
             self._fail_batch(state, plan, taken, exc)
             return
+        finally:
+            if self.tracing is not None:
+                self._trace_execution(self.tracing, state, plan, taken, now, "device", loads)
         self._deliver(state, plan, taken, now, elapsed_ns, slices)
 
     def _run_batch_inline(
@@ -623,7 +630,47 @@ class DispatchLoop:
         except Exception as exc:
             self._fail_batch(state, plan, taken, exc)
             return
+        finally:
+            if self.tracing is not None:
+                self._trace_execution(self.tracing, state, plan, taken, now, "inline", -1)
         self._deliver(state, plan, taken, now, elapsed_ns, slices)
+
+    def _trace_execution(
+        self,
+        tracing: Tracing,
+        state: ModelState,
+        plan: BatchPlan,
+        taken: list[QueuedRequest],
+        started_ns: int,
+        thread: str,
+        loads_before: int,
+    ) -> None:
+        """The execution's span when it served a traced request (``Tracing.batch``), its
+        context handed to each traced request for its ``execute`` span's link. The device
+        thread runs one unit at a time, so the cache's load count moving across the execution
+        (``loads_before``; -1: inline, whose weights are resident) is this execution's load."""
+        members = [r.span for r in taken if r.span is not None]
+        if not members:
+            return
+        cache = self.cache
+        loaded = cache is not None and loads_before >= 0 and cache.loads > loads_before
+        context = tracing.batch(
+            state.name,
+            started_ns,
+            self.clock(),
+            members,
+            len(taken),
+            {
+                "kserve_trio.batch_size": plan.batch_key,
+                "kserve_trio.rows": plan.rows,
+                "kserve_trio.padding": plan.padding,
+                "kserve_trio.thread": thread,
+                "kserve_trio.weight_load": loaded,
+            },
+        )
+        for r in taken:
+            if r.span is not None:
+                r.batch_span = context
 
     def _fail_batch(
         self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], exc: Exception

@@ -84,7 +84,7 @@ class ForwardedRpcs:
         if kind == KIND_INFER:
             request = parse_message(data, pb.ModelInferRequest, self._bounds)
             reply = await self._core.infer(
-                request, transport_deadline_ns=deadline_ns, traceparent=rpc
+                request, transport_deadline_ns=deadline_ns, trace_context=rpc
             )
             return reply.pieces, None
         if kind == KIND_STREAM:
@@ -93,7 +93,7 @@ class ForwardedRpcs:
             await admission.wait_inference()
             try:
                 answer, model, request_id = await self._stream.serve_message(
-                    data, deadline_ns, self._bounds, admitted=True
+                    data, deadline_ns, self._bounds, admitted=True, trace_context=rpc
                 )
             finally:
                 admission.release_inference()

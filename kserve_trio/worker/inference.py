@@ -163,8 +163,8 @@ class InferenceCore:
 
     @property
     def traced(self) -> bool:
-        """Tracing is on in this process: transports hand ``infer`` the caller's
-        ``traceparent``."""
+        """Tracing is on in this process: transports hand ``infer`` the caller's trace
+        context."""
         return self._tracing is not None
 
     @overload
@@ -174,7 +174,9 @@ class InferenceCore:
         *,
         transport_deadline_ns: int = 0,
         admitted: bool = False,
-        traceparent: str | None = None,
+        trace_context: str | None = None,
+        rpc: str = "ModelInfer",
+        http_route: str | None = None,
         trace: RequestTrace | None = None,
     ) -> InferReply: ...
 
@@ -186,7 +188,9 @@ class InferenceCore:
         transport_deadline_ns: int = 0,
         encode: ResponseEncoder[_R],
         admitted: bool = False,
-        traceparent: str | None = None,
+        trace_context: str | None = None,
+        rpc: str = "ModelInfer",
+        http_route: str | None = None,
         trace: RequestTrace | None = None,
     ) -> _R: ...
 
@@ -197,7 +201,9 @@ class InferenceCore:
         transport_deadline_ns: int = 0,
         encode: ResponseEncoder[Any] | None = None,
         admitted: bool = False,
-        traceparent: str | None = None,
+        trace_context: str | None = None,
+        rpc: str = "ModelInfer",
+        http_route: str | None = None,
         trace: RequestTrace | None = None,
     ) -> Any:
         """Serve one parsed ModelInfer request (see the module docstring for the steps).
@@ -207,16 +213,25 @@ class InferenceCore:
         default; the REST adapter passes its JSON and binary encoder, called the same way).
         ``admitted``: the transport holds the request's admission slot already (a stream's
         message, ``StreamSession``), so step 1 is skipped.
-        ``traceparent`` is the caller's W3C trace context (gRPC metadata or HTTP header), read
-        only when tracing is on; ``trace`` is given by the traced path, which records the
-        request's spans from it afterwards (``_traced``).
+        ``trace_context`` is the caller's W3C trace context (``caller_context``: gRPC metadata
+        or HTTP headers), read only when tracing is on; ``rpc`` names the span (a stream's
+        message: ``ModelStreamInfer``) and ``http_route`` marks a REST call (its route
+        template). ``trace`` is given by the traced path, which records the request's spans
+        from it afterwards (``_traced``).
         Raises the ``ServingError`` whose status the transport answers with; the observer has
         recorded the outcome by then.
         """
         if trace is None:
             if self._tracing is not None:  # the one test an untraced request pays
                 return await self._traced(
-                    self._tracing, request, transport_deadline_ns, encode, admitted, traceparent
+                    self._tracing,
+                    request,
+                    transport_deadline_ns,
+                    encode,
+                    admitted,
+                    trace_context,
+                    rpc,
+                    http_route,
                 )
             trace = RequestTrace()
         admission, registry = self._admission, self._shm_registry
@@ -291,13 +306,18 @@ class InferenceCore:
         transport_deadline_ns: int,
         encode: ResponseEncoder[Any] | None,
         admitted: bool,
-        traceparent: str | None,
+        trace_context: str | None,
+        rpc: str,
+        http_route: str | None,
     ) -> Any:
         """Serve a request with tracing on: its server span when the trace settings sample it
         (``Tracing.begin``), then its phases as child spans from the marks the scheduler
         recorded, so the serving path itself is the untraced one."""
         start = time.monotonic_ns()
-        span = tracing.begin("ModelInfer", request.model_name, traceparent, start_mono_ns=start)
+        attributes = _request_attributes(request, http_route)
+        span = tracing.begin(
+            rpc, request.model_name, trace_context, start_mono_ns=start, attributes=attributes
+        )
         trace = RequestTrace()
         if span is None:
             return await self.infer(
@@ -307,17 +327,20 @@ class InferenceCore:
                 admitted=admitted,
                 trace=trace,
             )
-        span.set("kserve_trio.request_id", request.id)
+        trace.span = span.context
+        trace.subcalls = []
         status, message = "OK", ""
         try:
             with span.in_logs():
-                return await self.infer(
+                reply = await self.infer(
                     request,
                     transport_deadline_ns=transport_deadline_ns,
                     encode=encode,  # type: ignore[arg-type]
                     admitted=admitted,
                     trace=trace,
                 )
+            span.set("kserve_trio.bytes_out", _reply_bytes(reply))
+            return reply
         except ServingError as exc:
             status, message = exc.status.name, str(exc)
             raise
@@ -327,7 +350,7 @@ class InferenceCore:
             raise
         finally:
             _record_phases(span, trace, start, time.monotonic_ns())
-            span.end(status, message)
+            span.end(status, message, http=http_route is not None)
 
     # ---------------------------------------------------------------- meta models
 
@@ -367,12 +390,39 @@ class InferenceCore:
             started.append(time.monotonic_ns())
             return run_meta(bundle.name, run, list(inputs), call, bundle.manifest.wire_outputs)
 
+        call.subcalls = trace.subcalls  # recorded only for a traced request
         outputs = await self._scheduler.run_on_device(unit)
         trace.enqueued_at_ns = queued
         trace.queue_ns = (started[0] - queued) if started else 0
         trace.compute_ns = int(call.subcall_seconds * 1e9)
         trace.batch_size = 0
         return outputs
+
+
+def _request_attributes(
+    request: ParsedInferRequest, http_route: str | None
+) -> dict[str, str | int | float | bool]:
+    """A traced request's own attributes, read off the parsed message: its version, id and
+    rows (the first input's leading dimension), the tensor bytes it carried inline, the
+    tensors it named in shared memory, and for a REST call the HTTP method and route."""
+    inputs, outputs = request.inputs, request.outputs
+    attrs: dict[str, str | int | float | bool] = {
+        "kserve_trio.model_version": request.model_version or codec.BUNDLE_VERSION,
+        "kserve_trio.request_id": request.id,
+        "kserve_trio.rows": int(inputs[0].shape[0]) if inputs and inputs[0].shape else 0,
+        "kserve_trio.bytes_in": sum(memoryview(b).nbytes for b in request.raw_input_contents),
+        "kserve_trio.shm_inputs": sum(codec.SHM_REGION_PARAM in t.parameters for t in inputs),
+        "kserve_trio.shm_outputs": sum(codec.SHM_REGION_PARAM in t.parameters for t in outputs),
+    }
+    if http_route is not None:
+        attrs["http.request.method"] = "POST"
+        attrs["http.route"] = http_route
+    return attrs
+
+
+def _reply_bytes(reply: Any) -> int:
+    """The reply's encoded length (a gRPC message's or a REST body's pieces)."""
+    return sum(len(p) if p.__class__ is bytes else memoryview(p).nbytes for p in reply.pieces)
 
 
 def _record_phases(span: RequestSpan, trace: RequestTrace, start: int, end: int) -> None:
@@ -383,7 +433,9 @@ def _record_phases(span: RequestSpan, trace: RequestTrace, start: int, end: int)
        admission, bounds, lookup, decode and validation);
     2. ``preprocess`` and ``postprocess``: the hooks, where the model has them;
     3. ``queue``: from the queue to the batch's dispatch; ``execute``: the device execution
-       (its compute time, from the dispatch), with the batch size it ran at;
+       (its compute time, from the dispatch), with the batch size it ran at, linked to the
+       coalesced execution's own span (``Tracing.batch``) when the scheduler made one; a
+       meta model's sub-calls are the ``execute`` span's children, one per ``call``;
     4. ``encode``: from the end of the execution (or of the postprocess hook) to the reply:
        the hand-back from the device thread and the encoding.
     """
@@ -398,14 +450,25 @@ def _record_phases(span: RequestSpan, trace: RequestTrace, start: int, end: int)
     if trace.enqueued_at_ns:
         dispatched = trace.enqueued_at_ns + trace.queue_ns
         span.child("queue", trace.enqueued_at_ns, dispatched)
-        if trace.compute_ns or trace.batch_size:
-            last = dispatched + trace.compute_ns
-            span.child(
+        if trace.compute_ns or trace.batch_size or trace.subcalls:
+            # A meta's compute time is its sub-calls' sum: its run ends after the last one.
+            last = max(
+                dispatched + trace.compute_ns, trace.subcalls[-1].end_ns if trace.subcalls else 0
+            )
+            execute = span.child(
                 "execute",
                 dispatched,
                 last,
                 {"kserve_trio.batch_size": trace.batch_size},
+                links=() if trace.batch_span is None else (trace.batch_span,),
             )
+            for sub in trace.subcalls or ():
+                execute.child(
+                    sub.model,
+                    sub.start_ns,
+                    sub.end_ns,
+                    {"kserve_trio.model": sub.model, "kserve_trio.meta_call": True},
+                )
     if trace.postprocess_at_ns:
         last = trace.postprocess_at_ns + trace.postprocess_ns
         span.child("postprocess", trace.postprocess_at_ns, last)

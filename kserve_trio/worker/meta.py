@@ -24,6 +24,7 @@ from kserve_trio.core.errors import DeadlineExceeded, Internal, InvalidArgument,
 from kserve_trio.core.manifest import Manifest, TensorSpec, request_rows
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.worker.hooks import Hook
+from kserve_trio.worker.model_state import MetaSubcall
 from kserve_trio.worker.planner import coalesce_inputs, slice_outputs, smallest_key_at_least
 
 Shape = int | Sequence[int]
@@ -134,6 +135,8 @@ class MetaCall:
         self._scratch_slot: PoolSlot | None = None
         self._scratch_used = False
         self.subcall_seconds = 0.0
+        self.subcalls: list[MetaSubcall] | None = None
+        """Set for a traced request: each sub-call is recorded (``MetaSubcall``)."""
 
     def __call__(self, name: str, inputs: Sequence[NamedTensor]) -> list[NamedTensor]:
         if name not in self.calls:
@@ -147,10 +150,13 @@ class MetaCall:
             )
         model, pre, post = self._resolve(name)
         started = time.perf_counter()
+        marked = time.monotonic_ns() if self.subcalls is not None else 0
         try:
             return run_model_direct(name, model, inputs, preprocess=pre, postprocess=post)
         finally:
             self.subcall_seconds += time.perf_counter() - started
+            if self.subcalls is not None:
+                self.subcalls.append(MetaSubcall(name, marked, time.monotonic_ns()))
 
     def scratch(
         self,

@@ -29,6 +29,8 @@ from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.planner import BatchPlan
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
     from kserve_trio.runtime.weight_cache import WeightCache
 
 WAIT_SAMPLES = 1024
@@ -96,6 +98,22 @@ class RequestTrace:
     enqueued_at_ns: int = 0
     preprocess_at_ns: int = 0
     postprocess_at_ns: int = 0
+    span: SpanContext | None = None
+    """The request's server span when it is traced (the coalesced execution links it)."""
+    batch_span: SpanContext | None = None
+    """The span of the coalesced execution that served it, when it is traced."""
+    subcalls: list[MetaSubcall] | None = None
+    """A traced meta model request's sub-calls, in order (None: not recorded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetaSubcall:
+    """One ``call(name, inputs)`` of a meta model's ``run``, between two
+    ``time.monotonic_ns()`` marks (a traced request's span of it)."""
+
+    model: str
+    start_ns: int
+    end_ns: int
 
 
 class ItemState(enum.Enum):
@@ -124,6 +142,10 @@ class QueuedRequest:
     queue_ns: int = 0
     compute_ns: int = 0
     batch_size: int = 0
+    span: SpanContext | None = None
+    """The request's server span when it is traced (``RequestTrace.span``)."""
+    batch_span: SpanContext | None = None
+    """Set by the dispatch loop: the traced coalesced execution that served it."""
 
 
 @dataclass(eq=False, slots=True)

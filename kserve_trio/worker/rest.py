@@ -31,13 +31,14 @@ from kserve_trio.serving.rest_routes import (
     compressed_reply,
     grpc_request,
     header_length,
+    infer_route,
     note_refusal,
     reply_response,
     request_body,
     route,
     unsupported,
 )
-from kserve_trio.serving.trace_settings import TRACEPARENT
+from kserve_trio.serving.trace_settings import caller_context
 from kserve_trio.worker.inference import InferenceCore, ResponseEncoder
 from kserve_trio.worker.service import InferenceService
 
@@ -137,7 +138,8 @@ class WorkerRest:
         reply = await self.core.infer(
             parsed.message,
             encode=rest_encoder(parsed),
-            traceparent=request.headers.get(TRACEPARENT) if self.core.traced else None,
+            trace_context=caller_context(request.headers.get) if self.core.traced else None,
+            http_route=infer_route(call.version),
         )
         response = HttpResponse(200, reply.pieces, reply.content_type, reply.headers())
         return compressed_reply(request, response)

@@ -66,6 +66,7 @@ from kserve_trio.worker.model_state import (
 if TYPE_CHECKING:
     from kserve_trio.core.config import ResidencyState, SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.tracing import Tracing
 
 
 class Scheduler:
@@ -92,6 +93,10 @@ class Scheduler:
         self._hook_limiter: anyio.CapacityLimiter | None = None
         self._timeout_ns = int(config.dispatch_timeout_seconds * 1e9)
         self._loop = DispatchLoop(config, warmup=warmup, clock=clock, cache=cache)
+
+    def trace_executions(self, tracing: Tracing) -> None:
+        """Make each execution that serves a traced request a span (``Tracing.batch``)."""
+        self._loop.tracing = tracing
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -280,6 +285,8 @@ class Scheduler:
         if deadline_ns and now >= deadline_ns:
             raise DeadlineExceeded(name)
         req = QueuedRequest(arrays, variant, rows, now, deadline_ns, request_id)
+        if trace is not None:
+            req.span = trace.span
         if self._loop.serve_directly(state, req):
             if req.error is not None:
                 raise req.error
@@ -295,6 +302,7 @@ class Scheduler:
                 req.batch_size,
                 req.enqueued_ns,
             )
+            trace.batch_span = req.batch_span
         outputs = [
             NamedTensor.from_array(state.layout.output_name(k), arr)
             for k, arr in enumerate(req.outputs)

@@ -202,6 +202,7 @@ async def serve_async(
     )
     if tracing is not None:
         state.trace_settings = tracing.settings
+        scheduler.trace_executions(tracing)
     frontends: FrontendProcesses | None = None
     async with _weights_released(cache, repository), anyio.create_task_group() as tg:
         metrics_port = 0
@@ -478,9 +479,9 @@ def _push_log_settings(frontends: FrontendProcesses | None, settings) -> None:
 
 
 def _open_tracing(config: TracingConfig, metrics: WorkerMetrics) -> Tracing | None:
-    """The worker's tracer when ``tracing.enabled``, else None; OpenTelemetry is imported only
+    """The worker's tracer when ``tracing.level`` is ``timestamps``, else None; OpenTelemetry is imported only
     here, only then (a worker without tracing loads none of it)."""
-    if not config.enabled:
+    if not config.on:
         return None
     from kserve_trio.serving.tracing import open_tracing
 

@@ -42,8 +42,8 @@ from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Method, TypedUnaryFn, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
-from kserve_trio.serving.trace_settings import TRACEPARENT
 from kserve_trio.serving.trace_settings import answer as answer_trace_setting
+from kserve_trio.serving.trace_settings import caller_context
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.state import WorkerState
@@ -101,9 +101,13 @@ class InferenceService:
         mapping = {
             PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
         }
-        if self.core.traced:  # the caller's traceparent, read only when tracing is on
+        if self.core.traced:  # the caller's trace context, read only when tracing is on
             mapping[PREFIX + "ModelInfer"] = unary(
-                self.model_infer_traced, pb.ModelInferRequest, lim, "ModelInfer", header=TRACEPARENT
+                self.model_infer_traced,
+                pb.ModelInferRequest,
+                lim,
+                "ModelInfer",
+                context=caller_context,
             )
         else:
             mapping[PREFIX + "ModelInfer"] = unary(
@@ -237,10 +241,12 @@ class InferenceService:
         return self.core.infer(request, transport_deadline_ns=deadline_ns)
 
     def model_infer_traced(
-        self, request: ParsedInferRequest, deadline_ns: int, traceparent: str | None
+        self, request: ParsedInferRequest, deadline_ns: int, trace_context: str | None
     ) -> Awaitable[InferReply]:
-        """``model_infer`` with the caller's ``traceparent`` (tracing on)."""
-        return self.core.infer(request, transport_deadline_ns=deadline_ns, traceparent=traceparent)
+        """``model_infer`` with the caller's W3C trace context (tracing on)."""
+        return self.core.infer(
+            request, transport_deadline_ns=deadline_ns, trace_context=trace_context
+        )
 
     # ---- Triton extensions: configuration and statistics -----------------------------
 

@@ -30,6 +30,7 @@ from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.stream_answers import stream_error, stream_reply
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession, parse_message, status_of
+from kserve_trio.serving.trace_settings import caller_context
 from kserve_trio.worker.dispatch import SHUTTING_DOWN
 
 if TYPE_CHECKING:
@@ -97,16 +98,28 @@ class StreamInfer:
         except ServingError as exc:
             return stream_error(exc.message), stream_error
         answer, model, request_id = await self.serve_message(
-            data, call.deadline_ns, call.limits.edge, admitted=self.admission is not None
+            data,
+            call.deadline_ns,
+            call.limits.edge,
+            admitted=self.admission is not None,
+            trace_context=caller_context(call.header) if self.core.traced else None,
         )
         return answer, lambda why: stream_error(why, model, request_id)
 
     async def serve_message(
-        self, data, deadline_ns: int, bounds: EdgeLimits | None, *, admitted: bool
+        self,
+        data,
+        deadline_ns: int,
+        bounds: EdgeLimits | None,
+        *,
+        admitted: bool,
+        trace_context: str | None = None,
     ) -> tuple[WirePieces | bytes, str, str]:
         """One message of a stream (its plain bytes) served: the answer, and the request's
         model and id (for an error answer written later, one over the send cap). The front
-        ends of a worker in several processes have their streams' messages served here too."""
+        ends of a worker in several processes have their streams' messages served here too.
+        With tracing on each message is a ``ModelStreamInfer`` span of its own, continuing
+        the stream's ``trace_context`` (the headers that opened it)."""
         try:
             request = parse_message(data, pb.ModelInferRequest, bounds)
         except ServingError as exc:
@@ -114,7 +127,11 @@ class StreamInfer:
         model, request_id = request.model_name, request.id
         try:
             reply = await self.core.infer(
-                request, transport_deadline_ns=deadline_ns, admitted=admitted
+                request,
+                transport_deadline_ns=deadline_ns,
+                admitted=admitted,
+                trace_context=trace_context,
+                rpc=RPC,
             )
         except ServingError as exc:
             return (

@@ -685,7 +685,7 @@ ENV_CASES = [
         )
         for f in LIMIT_FIELDS
     ),
-    ("INFERENCE_SERVER_TRACING_ENABLED", "on", lambda c: c.tracing.enabled, True),
+    ("INFERENCE_SERVER_TRACING_LEVEL", "TIMESTAMPS", lambda c: c.tracing.level, "timestamps"),
     (
         "INFERENCE_SERVER_TRACING_ENDPOINT",
         "http://otel:4318/v1/traces",
@@ -693,8 +693,14 @@ ENV_CASES = [
         "http://otel:4318/v1/traces",
     ),
     ("INFERENCE_SERVER_TRACING_SERVICE_NAME", "w0", lambda c: c.tracing.service_name, "w0"),
-    ("INFERENCE_SERVER_TRACING_TRACE_RATE", "10", lambda c: c.tracing.trace_rate, 10),
-    ("INFERENCE_SERVER_TRACING_TRACE_COUNT", "5", lambda c: c.tracing.trace_count, 5),
+    ("INFERENCE_SERVER_TRACING_RATE", "10", lambda c: c.tracing.rate, 10),
+    ("INFERENCE_SERVER_TRACING_COUNT", "5", lambda c: c.tracing.count, 5),
+    (
+        "INFERENCE_SERVER_TRACING_RESOURCE",
+        "deployment.environment=prod, team=ml%20infra",
+        lambda c: dict(c.tracing.resource),
+        {"deployment.environment": "prod", "team": "ml infra"},
+    ),
     ("INFERENCE_SERVER_TRACING_MAX_QUEUE_SIZE", "64", lambda c: c.tracing.max_queue_size, 64),
     (
         "INFERENCE_SERVER_TRACING_MAX_EXPORT_BATCH_SIZE",
@@ -1294,8 +1300,13 @@ def test_the_config_package_states_its_public_surface_once():
             "limits_env_rows",
             "validate_limits",
             "TracingConfig",
+            "TRACE_LEVELS",
             "TRACING_FIELDS",
+            "TRACING_READERS",
+            "add_tracing_flags",
             "tracing_env_rows",
+            "tracing_overrides",
+            "tracing_to_raw",
             "validate_tracing",
             "EndpointsConfig",
             "FrozenMap",
@@ -1355,8 +1366,10 @@ def test_the_config_package_sits_below_the_node_file_layer():
 @pytest.mark.parametrize(
     ("block", "path"),
     [
-        ({"trace_rate": 0}, "tracing.trace_rate"),
-        ({"trace_count": -2}, "tracing.trace_count"),
+        ({"level": "tensors"}, "tracing.level"),
+        ({"rate": 0}, "tracing.rate"),
+        ({"count": -2}, "tracing.count"),
+        ({"resource": ["a=b"]}, "tracing.resource"),
         ({"max_queue_size": 0}, "tracing.max_queue_size"),
         ({"max_queue_size": 8, "max_export_batch_size": 9}, "tracing.max_export_batch_size"),
         ({"schedule_delay_seconds": 0}, "tracing.schedule_delay_seconds"),
@@ -1369,6 +1382,31 @@ def test_a_tracing_value_out_of_range_names_its_key(block, path):
     assert info.value.path == path
 
 
-def test_tracing_is_off_unless_configured():
-    assert ServerConfig().tracing.enabled is False
-    assert build_config({"tracing": {"enabled": True}}).tracing.enabled is True
+def test_tracing_is_off_unless_configured_and_yaml_off_reads_as_off():
+    assert ServerConfig().tracing.on is False
+    assert build_config({"tracing": {"level": "timestamps"}}).tracing.on is True
+    assert build_config({"tracing": {"level": False}}).tracing.level == "off"  # YAML `off`
+    cfg = build_config({"tracing": {"resource": {"k8s.pod.name": "w-0", "replica": 2}}})
+    assert dict(cfg.tracing.resource) == {"k8s.pod.name": "w-0", "replica": "2"}
+
+
+def test_the_worker_cli_names_the_tracing_flags_and_maps_them_to_the_block():
+    import argparse
+
+    from kserve_trio.worker.cli import configure_parser, overrides_from_args
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    text = parser.format_help()
+    for flag in ("--trace-level", "--trace-rate", "--trace-count", "--trace-endpoint"):
+        assert flag in text
+    assert "INFERENCE_SERVER_TRACING_RATE" in text
+    args = parser.parse_args(
+        ["--trace-level", "timestamps", "--trace-rate", "7", "--trace-endpoint", "http://c/v1"]
+    )
+    assert overrides_from_args(args)["tracing"] == {
+        "level": "timestamps",
+        "rate": 7,
+        "endpoint": "http://c/v1",
+    }
+    assert "tracing" not in overrides_from_args(parser.parse_args([]))

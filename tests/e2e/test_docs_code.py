@@ -5,7 +5,8 @@ an earlier one defined, as the page reads), statement by statement: one with a
 top-level ``await`` ("from async code") is awaited on an asyncio loop of its own, the others run
 on the plain main thread (where ``infer_sync`` may block), as a block showing both forms means. The gRPC port ``8001`` is pointed at one
 module-scoped CLI worker on the demo repository (at a gateway in front of it for
-docs/gateway.md), the REST port ``8000`` at that worker's REST port, and the working directory
+docs/gateway.md), which traces to a test OTLP receiver (docs/observability.md changes its trace
+settings), the REST port ``8000`` at that worker's REST port, and the working directory
 holds ``models/mlp`` (the demo bundle) and a ``gateway.yml`` naming the worker. A block that
 registers hooks is a ``model.py``: it runs through the worker's own loader
 (``registry.run_model_py``), which must record a registration.
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e.conftest import WorkerProcess, free_port
+from tests.otlp_receiver import otlp_receiver
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -110,13 +113,23 @@ class RestWorker(WorkerProcess):
 
 
 @pytest.fixture(scope="module")
-def worker(demo_repo):
+def receiver():
+    with otlp_receiver() as rx:
+        yield rx
+
+
+@pytest.fixture(scope="module")
+def worker(demo_repo, receiver):
     http_port = free_port()
     # fifo: the lpt_packing gateway of docs/gateway.md refuses a fair-scheduling worker
     w = RestWorker(
         demo_repo,
         "--http-port",
         str(http_port),
+        "--trace-level",
+        "timestamps",
+        "--trace-endpoint",
+        receiver.url,
         env={"INFERENCE_SERVER_SCHEDULER_DISCIPLINE": "fifo"},
     )
     w.http_port = http_port
@@ -148,7 +161,7 @@ def test_every_python_block_runs_or_says_why_not():
 
 
 @pytest.mark.parametrize("page", RUN_PAGES)
-def test_the_page_runs_as_written_against_a_live_worker(page, worker, workdir):
+def test_the_page_runs_as_written_against_a_live_worker(page, worker, workdir, receiver):
     blocks = [b for b in python_blocks(DOCS / page) if b.not_run is None]
     grpc_port, gateway = worker.port, None
     if page == "gateway.md":
@@ -185,3 +198,15 @@ def test_the_page_runs_as_written_against_a_live_worker(page, worker, workdir):
         assert re.search(r"^True \{.*'mlp': \['", done.stdout, re.M), done.stdout
     if page == "rest.md":
         assert "[2. 4. 6. 8.]" in done.stdout
+    if page == "observability.md":  # the caller's span is the worker span's parent
+        assert "'trace_mode': ['opentelemetry']" in done.stdout, done.stdout
+        (span,) = wait_until(
+            lambda: [
+                s
+                for s in receiver.named("ModelInfer")
+                if s.attributes.get("kserve_trio.request_id") == "traced-1"
+            ],
+            60,
+            "the span of the page's traced request",
+        )
+        assert span.parent_span_id

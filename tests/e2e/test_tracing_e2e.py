@@ -1,11 +1,15 @@
-"""Tracing through a CLI worker with two front-end processes, configured by the environment: the
-caller's W3C context crosses a front end's channel to the device process (gRPC metadata and REST
-header), TraceSetting is answered through either front end, and the worker's JSON log lines of
-a traced request carry its ``trace_id`` and ``span_id``."""
+"""Tracing through a CLI worker with two front-end processes (on uvloop, then on trio),
+configured by its flags and the standard OpenTelemetry variables: the caller's W3C context
+crosses a front end's channel to the device process (gRPC metadata and REST header,
+``tracestate`` with it), a stream's messages are each a span, TraceSetting is answered through
+either front end, and the worker's JSON log lines of a traced request carry its ``trace_id``
+and ``span_id``; ``worker --help`` names the tracing flags."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -21,14 +25,19 @@ TRACE = "5bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "10f067aa0ba902b7"
 
 
+@pytest.fixture(scope="module", params=["uvloop", "trio"])
+def event_loop_name(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def receiver():
-    with otlp_receiver() as rx:
+def receiver(event_loop_name):
+    with otlp_receiver() as rx:  # one per event loop: request ids repeat
         yield rx
 
 
 @pytest.fixture(scope="module")
-def worker(demo_repo, receiver):
+def worker(demo_repo, receiver, event_loop_name):
     http_port = free_port()
     w = WorkerProcess(
         demo_repo,
@@ -38,11 +47,18 @@ def worker(demo_repo, receiver):
         str(http_port),
         "--log-level",
         "debug",
+        "--event-loop",
+        event_loop_name,
+        "--trace-level",
+        "timestamps",
         env={
-            "INFERENCE_SERVER_TRACING_ENABLED": "true",
-            "INFERENCE_SERVER_TRACING_ENDPOINT": receiver.url,
+            # The standard variables; ours win where both are set (the service name).
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url.removesuffix("/v1/traces"),
+            "OTEL_SERVICE_NAME": "overridden",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=e2e,team=ml%20infra",
             "INFERENCE_SERVER_TRACING_SCHEDULE_DELAY_SECONDS": "0.05",
             "INFERENCE_SERVER_TRACING_SERVICE_NAME": "traced-worker",
+            "INFERENCE_SERVER_TRACING_RESOURCE": "team=serving",
         },
     )
     w.http_port = http_port
@@ -85,15 +101,43 @@ def test_the_callers_context_crosses_the_front_ends_to_the_device_process(worker
         span = _span_of(receiver, f"fe-{i}")
         assert (span.trace_id, span.parent_span_id) == (TRACE, PARENT)
         assert span.service == "traced-worker"
+        assert span.resource["deployment.environment"] == "e2e"
+        assert span.resource["team"] == "serving"
     rest = httpclient.InferenceServerClient(f"127.0.0.1:{worker.http_port}")
     rest.infer(
         "mlp",
         [_input(httpclient)],
         request_id="fe-rest",
-        headers={"traceparent": f"00-{'a' * 32}-{'b' * 16}-01"},
+        headers={"traceparent": f"00-{'a' * 32}-{'b' * 16}-01", "tracestate": "v=rest"},
     )
     span = _span_of(receiver, "fe-rest")
     assert (span.trace_id, span.parent_span_id) == ("a" * 32, "b" * 16)
+    assert span.trace_state == "v=rest"
+    assert span.attributes["http.route"] == "/v2/models/{model_name}/infer"
+
+
+def test_a_streams_messages_are_spans_across_the_front_ends(worker, receiver):
+    trace = "c" * 32
+    answers: list = []
+    with grpcclient.InferenceServerClient(worker.url) as c:
+        c.start_stream(
+            callback=lambda result, error: answers.append(error or result),
+            headers={"traceparent": f"00-{trace}-{'d' * 16}-01", "tracestate": "v=stream"},
+        )
+        for i in range(2):
+            c.async_stream_infer("mlp", [_input(grpcclient)], request_id=f"fe-stream-{i}")
+        wait_until(lambda: len(answers) == 2, 60, "the stream's answers")
+        c.stop_stream()
+    spans = wait_until(
+        lambda: (
+            (found := [s for s in receiver.trace(trace) if s.name == "ModelStreamInfer"])
+            and len(found) == 2
+            and found
+        ),
+        60,
+        "a span per stream message",
+    )
+    assert {(s.parent_span_id, s.trace_state) for s in spans} == {("d" * 16, "v=stream")}
 
 
 def test_trace_settings_through_a_front_end_apply_in_the_device_process(worker):
@@ -126,3 +170,15 @@ def test_log_lines_of_a_traced_request_carry_its_trace_and_span_ids(worker, rece
     line = wait_until(done_line, 30, "the request_done line of logged-1")
     assert line["trace_id"] == TRACE
     assert line["span_id"] == span.span_id
+
+
+def test_the_workers_help_names_its_tracing_flags():
+    out = subprocess.run(
+        [sys.executable, "-m", "kserve_trio", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    for flag in ("--trace-level", "--trace-rate", "--trace-count", "--trace-endpoint"):
+        assert flag in out

@@ -198,7 +198,7 @@ def test_to_raw_round_trips_the_defaults_and_leaves_work_basis_unset():
     def walk(d, prefix=""):
         for k, v in d.items():
             p = f"{prefix}.{k}" if prefix else k
-            walk(v, p) if isinstance(v, dict) else flat.add(p)
+            walk(v, p) if isinstance(v, dict) and v else flat.add(p)  # {}: a leaf's default
 
     walk(raw)
     lpt = {
@@ -431,11 +431,12 @@ def _typed_sample(path: str) -> tuple[str, object]:
             ("model-repository,logging:admin-key=s", "control:ops=t"),
         ),
         "client_shared_memory": ("no", False),
-        "tracing.enabled": ("yes", True),
+        "tracing.level": ("timestamps", "timestamps"),
         "tracing.endpoint": ("https://otel.test/v1/traces", "https://otel.test/v1/traces"),
         "tracing.service_name": ("gw", "gw"),
-        "tracing.trace_rate": ("4", 4),
-        "tracing.trace_count": ("9", 9),
+        "tracing.rate": ("4", 4),
+        "tracing.count": ("9", 9),
+        "tracing.resource": ("team=ml", {"team": "ml"}),
         "tracing.max_queue_size": ("600", 600),
         "tracing.max_export_batch_size": ("8", 8),
         "tracing.schedule_delay_seconds": ("0.25", 0.25),
@@ -558,7 +559,8 @@ def _yaml_paths(d: dict, prefix: str = "") -> set[str]:
     out = set()
     for key, value in d.items():
         path = f"{prefix}.{key}" if prefix else key
-        out |= _yaml_paths(value, path) if isinstance(value, dict) else {path}
+        # an empty mapping (``tracing.resource: {}``) is a key with its default value
+        out |= _yaml_paths(value, path) if isinstance(value, dict) and value else {path}
     return out
 
 

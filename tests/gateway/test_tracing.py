@@ -1,13 +1,18 @@
-"""Tracing through the gateway, with a real worker and gateway as subprocesses and a real OTLP/HTTP
-receiver: the gateway's server span continues the caller's trace, each forward attempt is a
-client span, and the worker's span is that attempt's child; a TraceSetting change through the
-gateway reaches the worker."""
+"""Tracing through the gateway, with a real worker and gateway as subprocesses (both on uvloop,
+then both on trio) and a real OTLP/HTTP receiver: the gateway's server span continues the
+caller's trace, each forward attempt is a client span, and the worker's span is that attempt's
+child, the caller's ``tracestate`` carried through; a TraceSetting change through the gateway
+reaches the worker; the gateway's ``--help`` names its tracing flags."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.gateway.procs import Gateway, Worker
 from tests.otlp_receiver import otlp_receiver
@@ -20,33 +25,41 @@ PARENT = "20f067aa0ba902b7"
 
 def _tracing_env(prefix: str, url: str, service: str) -> dict[str, str]:
     return {
-        prefix + "TRACING_ENABLED": "1",
+        prefix + "TRACING_LEVEL": "timestamps",
         prefix + "TRACING_ENDPOINT": url,
         prefix + "TRACING_SCHEDULE_DELAY_SECONDS": "0.05",
         prefix + "TRACING_SERVICE_NAME": service,
     }
 
 
-@pytest.fixture(scope="module")
-def fleet(demo_repo, tmp_path_factory):
+@pytest.fixture(scope="module", params=["uvloop", "trio"])
+def fleet(demo_repo, tmp_path_factory, request):
+    loop = request.param
     with otlp_receiver() as rx:
         worker = Worker(
             demo_repo,
             "127.0.0.1",
             free_port(),
-            env=_tracing_env("INFERENCE_SERVER_", rx.url, "w"),
+            env={
+                **_tracing_env("INFERENCE_SERVER_", rx.url, "w"),
+                "INFERENCE_SERVER_ENDPOINTS_EVENT_LOOP": loop,
+            },
         )
         gateway = None
         try:
             worker.wait_ready()
+            http_port = free_port()
             gateway = Gateway(
                 tmp_path_factory.mktemp("gw"),
                 {
                     "KSERVE_TRIO_GATEWAY_WORKERS": worker.url,
+                    "KSERVE_TRIO_GATEWAY_LISTEN_HTTP": f"127.0.0.1:{http_port}",
                     **_tracing_env("KSERVE_TRIO_GATEWAY_", rx.url, "gw"),
+                    "KSERVE_TRIO_GATEWAY_EVENT_LOOP": loop,
                 },
             )
             gateway.wait_ready()
+            gateway.http_port = http_port
             yield rx, worker, gateway
         finally:
             if gateway is not None:
@@ -60,7 +73,12 @@ def test_the_trace_goes_caller_gateway_forward_worker(fleet):
     inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
     inp.set_data_from_numpy(x)
     with gateway.client() as c:
-        c.infer("mlp", [inp], request_id="gw-1", headers={"traceparent": f"00-{TRACE}-{PARENT}-01"})
+        c.infer(
+            "mlp",
+            [inp],
+            request_id="gw-1",
+            headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "caller=c1"},
+        )
 
     def spans():
         found = {(s.service, s.name): s for s in rx.trace(TRACE)}
@@ -77,6 +95,10 @@ def test_the_trace_goes_caller_gateway_forward_worker(fleet):
     assert forward.parent_span_id == server.span_id and forward.kind == 3  # CLIENT
     assert worker.parent_span_id == forward.span_id
     assert forward.attributes["worker"]
+    assert forward.attributes["rpc.service"] == "inference.GRPCInferenceService"
+    assert forward.attributes["rpc.method"] == "ModelInfer"
+    assert server.attributes["rpc.grpc.status_code"] == 0
+    assert {server.trace_state, forward.trace_state, worker.trace_state} == {"caller=c1"}
 
 
 def test_a_trace_setting_change_through_the_gateway_reaches_the_worker(fleet):
@@ -90,3 +112,128 @@ def test_a_trace_setting_change_through_the_gateway_reaches_the_worker(fleet):
         finally:
             g.update_trace_settings(settings={"trace_rate": None})
         assert w.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1"]
+
+
+def test_the_gateways_help_names_its_tracing_flags():
+    out = subprocess.run(
+        [sys.executable, "-m", "kserve_trio", "gateway", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    for flag in ("--trace-level", "--trace-rate", "--trace-count", "--trace-endpoint"):
+        assert flag in out
+    assert "KSERVE_TRIO_GATEWAY_TRACING_LEVEL" in out
+
+
+def test_the_gateways_rate_decides_for_the_workers_behind_it(fleet):
+    rx, _, gateway = fleet
+    x = np.ones((1, 16), np.float32)
+    inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    with gateway.client() as c:
+        c.update_trace_settings("mlp", {"trace_rate": "3"})  # gateway and worker
+        try:
+            for i in range(9):
+                c.infer("mlp", [inp], request_id=f"gw-rate-{i}")
+        finally:
+            c.update_trace_settings("mlp", {"trace_rate": None})
+        c.infer(  # after the others: once its spans are in, theirs are
+            "mlp",
+            [inp],
+            request_id="gw-rate-sentinel",
+            headers={"traceparent": f"00-{'5' * 32}-{'6' * 16}-01"},
+        )
+    wait_until(
+        lambda: (
+            {("gw", "ModelInfer"), ("w", "ModelInfer")}
+            <= {(s.service, s.name) for s in rx.trace("5" * 32)}
+        ),
+        60,
+        "the sentinel's spans from both",
+    )
+
+    def traced(service: str) -> dict[str, object]:
+        return {
+            s.attributes["kserve_trio.request_id"]: s
+            for s in rx.named("ModelInfer")
+            if s.service == service
+            and str(s.attributes.get("kserve_trio.request_id", "")).startswith("gw-rate-")
+            and s.attributes["kserve_trio.request_id"] != "gw-rate-sentinel"
+        }
+
+    at_gateway = traced("gw")
+    at_worker = traced("w")
+    assert len(at_gateway) == 3  # one in three
+    # The worker traced exactly the gateway's picks, each under the gateway's forward span.
+    assert at_worker.keys() == at_gateway.keys()
+    forwards = {s.span_id for s in rx.named("forward")}
+    assert all(s.parent_span_id in forwards for s in at_worker.values())
+
+
+def test_a_rest_request_through_the_gateway_is_traced_to_the_worker(fleet):
+    rx, _, gateway = fleet
+    trace, parent = "8" * 32, "9" * 16
+    x = np.ones((1, 16), np.float32)
+    inp = httpclient.InferInput("input_0", [1, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{gateway.http_port}")
+    rest.infer(
+        "mlp",
+        [inp],
+        request_id="gw-rest",
+        headers={"traceparent": f"00-{trace}-{parent}-01", "tracestate": "caller=rest"},
+    )
+
+    def spans():
+        found = {(s.service, s.name): s for s in rx.trace(trace)}
+        need = {("gw", "ModelInfer"), ("gw", "forward"), ("w", "ModelInfer")}
+        return need <= found.keys() and found
+
+    found = wait_until(spans, 60, "the gateway's and the worker's spans of a REST call")
+    server, forward, worker = (
+        found["gw", "ModelInfer"],
+        found["gw", "forward"],
+        found["w", "ModelInfer"],
+    )
+    assert server.parent_span_id == parent
+    assert server.attributes["http.route"] == "/v2/models/{model_name}/infer"
+    assert server.attributes["http.response.status_code"] == 200
+    assert forward.parent_span_id == server.span_id
+    assert worker.parent_span_id == forward.span_id
+    assert worker.trace_state == "caller=rest"
+
+
+def test_each_message_of_a_stream_through_the_gateway_is_traced_to_the_worker(fleet):
+    rx, _, gateway = fleet
+    trace, parent = "a1" * 16, "b2" * 8
+    x = np.ones((1, 16), np.float32)
+    answers: list = []
+    with gateway.client() as c:
+        c.start_stream(
+            callback=lambda result, error: answers.append(error or result),
+            headers={"traceparent": f"00-{trace}-{parent}-01"},
+        )
+        for i in range(2):
+            inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            c.async_stream_infer("mlp", [inp], request_id=f"gw-stream-{i}")
+        wait_until(lambda: len(answers) == 2, 60, "the stream's answers")
+        c.stop_stream()
+
+    def spans():
+        found = rx.trace(trace)
+        servers = [s for s in found if s.service == "gw" and s.name == "ModelStreamInfer"]
+        workers = [s for s in found if s.service == "w" and s.name == "ModelInfer"]
+        forwards = {s.span_id: s for s in found if s.name == "forward"}
+        done = len(servers) == 2 and len(workers) == 2 and len(forwards) == 2
+        return done and (servers, workers, forwards)
+
+    servers, workers, forwards = wait_until(
+        spans, 60, "two messages' spans at the gateway and the worker"
+    )
+    assert {s.parent_span_id for s in servers} == {parent}
+    assert {forwards[w.parent_span_id].parent_span_id for w in workers} == {
+        s.span_id for s in servers
+    }

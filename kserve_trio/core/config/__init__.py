@@ -52,9 +52,14 @@ from kserve_trio.core.config._schema import (
     read_block,
 )
 from kserve_trio.core.config._tracing import (
+    TRACE_LEVELS,
     TRACING_FIELDS,
+    TRACING_READERS,
     TracingConfig,
+    add_tracing_flags,
     tracing_env_rows,
+    tracing_overrides,
+    tracing_to_raw,
     validate_tracing,
 )
 from kserve_trio.core.config._types import (
@@ -92,7 +97,9 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "RESIDENCY_MODE_REMOVED",
     "SCHEMA",
+    "TRACE_LEVELS",
     "TRACING_FIELDS",
+    "TRACING_READERS",
     "WINDOW_BYTES",
     "WORKER_NAME_ENV",
     "EdgeLimits",
@@ -111,6 +118,7 @@ __all__ = [
     "ServerConfig",
     "TlsConfig",
     "TracingConfig",
+    "add_tracing_flags",
     "apply_env_overrides",
     "apply_env_table",
     "as_bool",
@@ -132,6 +140,8 @@ __all__ = [
     "read_block",
     "set_path",
     "tracing_env_rows",
+    "tracing_overrides",
+    "tracing_to_raw",
     "unknown_env_override",
     "validate_config",
     "validate_limits",

@@ -7,6 +7,7 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
+from kserve_trio.core.config._tracing import tracing_to_raw
 from kserve_trio.core.config._types import ResidencyState, ServerConfig
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.restricted import redacted
@@ -52,7 +53,7 @@ def config_to_raw(cfg: ServerConfig) -> dict[str, Any]:
         "grpc": block(cfg.grpc),
         "meta": block(cfg.meta),
         "limits": block(cfg.limits),
-        "tracing": block(cfg.tracing),
+        "tracing": tracing_to_raw(cfg.tracing),
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kserve_trio.core.config._limits import LIMIT_FIELDS, EdgeLimits
 from kserve_trio.core.config._raw import join_path
-from kserve_trio.core.config._tracing import TRACING_FIELDS, TracingConfig
+from kserve_trio.core.config._tracing import TRACING_FIELDS, TRACING_READERS, TracingConfig
 from kserve_trio.core.config._types import (
     EndpointsConfig,
     FrozenMap,
@@ -281,7 +281,7 @@ def build_config(raw: Mapping[str, Any]) -> ServerConfig:
     grpc = read_block(GrpcConfig, _block(raw, "grpc"), "grpc", {})
     meta = read_block(MetaConfig, _block(raw, "meta"), "meta", {})
     limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
-    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", {})
+    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", TRACING_READERS)
     return ServerConfig(
         **top,
         runtime=runtime,

@@ -1,5 +1,6 @@
 """The worker configuration's value types: the ``ServerConfig`` family of frozen dataclasses,
-its enums, ``FrozenMap`` and the value coercions the dataclasses apply to themselves.
+its enums (and ``FrozenMap``, from ``_frozen``) and the value coercions the dataclasses apply
+to themselves.
 
 The dataclass field defaults *are* the YAML defaults, so a config built in code, from YAML or
 from the command line starts from the same values.
@@ -8,10 +9,11 @@ from the command line starts from the same values.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
+from kserve_trio.core.config._frozen import FrozenMap
 from kserve_trio.core.config._limits import EdgeLimits
 from kserve_trio.core.config._tracing import TracingConfig
 from kserve_trio.core.errors import ConfigError
@@ -68,33 +70,6 @@ class ResidencyMode(enum.Enum):
 
     SELF_MANAGED = "self_managed"
     EXTERNALLY_MANAGED = "externally_managed"
-
-
-V = TypeVar("V")
-
-
-class FrozenMap(Mapping[str, V]):
-    """A read-only, hashable mapping, so a frozen config holding per-model blocks stays frozen."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: Mapping[str, V] | Iterable[tuple[str, V]] = ()) -> None:
-        self._items: dict[str, V] = dict(items)
-
-    def __getitem__(self, key: str) -> V:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._items.items()))
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._items!r})"
 
 
 _BACKENDS = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}

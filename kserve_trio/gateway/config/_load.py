@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kserve_trio.core.config import load_yaml_mapping, merge_given
+from kserve_trio.core.config import load_yaml_mapping, merge_given, tracing_to_raw
 from kserve_trio.core.logging import configure_logging, get_logger
 from kserve_trio.core.restricted import redacted
 from kserve_trio.core.upstream_env import with_upstream_aliases
@@ -119,7 +119,7 @@ def gateway_config_to_raw(cfg: GatewayConfig) -> dict[str, Any]:
         "event_loop": cfg.event_loop,
         "http2_engine": cfg.http2_engine,
         "limits": block(cfg.limits),
-        "tracing": block(cfg.tracing),
+        "tracing": tracing_to_raw(cfg.tracing),
         "processes": cfg.processes,
         "process_liveness_interval_seconds": cfg.process_liveness_interval_seconds,
         "process_liveness_misses": cfg.process_liveness_misses,

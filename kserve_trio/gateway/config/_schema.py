@@ -12,6 +12,7 @@ from kserve_trio.core.config import (
     LIVENESS_INTERVAL_SECONDS,
     LIVENESS_MISSES,
     TRACING_FIELDS,
+    TRACING_READERS,
     EdgeLimits,
     FrozenMap,
     TlsConfig,
@@ -261,7 +262,7 @@ def build_gateway_config(
     )
     grpc = read_block(GatewayGrpcConfig, _block(raw, "grpc"), "grpc", {})
     limits = read_block(EdgeLimits, _block(raw, "limits"), "limits", {})
-    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", {})
+    tracing = read_block(TracingConfig, _block(raw, "tracing"), "tracing", TRACING_READERS)
     tls = read_block(TlsConfig, _block(raw, "tls"), "tls", {})
     logging_ = read_block(LoggingConfig, _block(raw, "logging"), "logging", {})
     endpoints = [e.strip() for e in _list(raw, "endpoints")]

@@ -5,9 +5,9 @@
   With ``with_deadline=True`` it is ``fn(request, deadline_ns)``: the call's ``grpc-timeout``
   as an absolute ``time.monotonic_ns()`` (0: none). That is all a typed handler learns of its
   call, so the same handler serves another transport (REST calls it with no deadline). With
-  ``header="name"`` as well it is ``fn(request, deadline_ns, value)``, the value of that request
-  header or None (the worker's ModelInfer with tracing on: ``traceparent``); the choice is made
-  once, when the method is built.
+  ``context=read`` as well it is ``fn(request, deadline_ns, read(call.header))``: what ``read``
+  takes from the request headers (the worker's ModelInfer with tracing on: the caller's W3C
+  trace context); the choice is made once, when the method is built.
 - ``raw_unary(fn, limits, rpc)``: ``fn(call, message) -> bytes`` with the message as it
   arrived: for a proxy that never decodes a payload.
 - ``bytes_unary(fn, limits, rpc)``: ``fn(data, deadline_ns) -> reply`` with the message
@@ -55,6 +55,8 @@ async def _one_message(call: Call) -> RawMessage:
 TypedUnaryFn = Callable[[Any], Awaitable[Any]]
 DeadlineUnaryFn = Callable[[Any, int], Awaitable[Any]]
 HeaderUnaryFn = Callable[[Any, int, str | None], Awaitable[Any]]
+HeaderReader = Callable[[Callable[[str], str | None]], str | None]
+"""What a method takes from its call's headers, given the call's header lookup."""
 
 
 def unary(
@@ -64,11 +66,11 @@ def unary(
     rpc: str,
     *,
     with_deadline: bool = False,
-    header: str | None = None,
+    context: HeaderReader | None = None,
 ) -> Method:
     """A typed unary-unary RPC (module docstring)."""
-    if header is not None:
-        return _unary_with_header(cast(HeaderUnaryFn, fn), request_type, limits, rpc, header)
+    if context is not None:
+        return _unary_with_header(cast(HeaderUnaryFn, fn), request_type, limits, rpc, context)
 
     async def run(call: Call) -> None:
         message = await _one_message(call)
@@ -84,12 +86,12 @@ def unary(
 
 
 def _unary_with_header(
-    fn: HeaderUnaryFn, request_type: Any, limits: Limits, rpc: str, header: str
+    fn: HeaderUnaryFn, request_type: Any, limits: Limits, rpc: str, context: HeaderReader
 ) -> Method:
     async def run(call: Call) -> None:
         message = await _one_message(call)
         request = parse_message(call.plain(message), request_type, limits.edge)
-        reply = await fn(request, call.deadline_ns, call.header(header))
+        reply = await fn(request, call.deadline_ns, context(call.header))
         encoding = call.encoding if message.compressed else compression.IDENTITY
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
@@ -103,14 +105,14 @@ HeaderBytesUnaryFn = Callable[[bytes | bytearray, int, str | None], Awaitable[An
 
 
 def bytes_unary_with_header(
-    fn: HeaderBytesUnaryFn, limits: Limits, rpc: str, header: str
+    fn: HeaderBytesUnaryFn, limits: Limits, rpc: str, context: HeaderReader
 ) -> Method:
-    """``bytes_unary`` whose ``fn`` also gets the value of one request header, or None (a
-    front end's ModelInfer with tracing on: the caller's ``traceparent``)."""
+    """``bytes_unary`` whose ``fn`` also gets what ``context`` reads from the request headers
+    (a front end's ModelInfer with tracing on: the caller's W3C trace context)."""
 
     async def run(call: Call) -> None:
         message = await _one_message(call)
-        reply = await fn(call.plain(message), call.deadline_ns, call.header(header))
+        reply = await fn(call.plain(message), call.deadline_ns, context(call.header))
         encoding = call.encoding if message.compressed else compression.IDENTITY
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
@@ -160,6 +162,7 @@ __all__ = [
     "BytesUnaryFn",
     "DeadlineUnaryFn",
     "HeaderBytesUnaryFn",
+    "HeaderReader",
     "HeaderUnaryFn",
     "Method",
     "RawStreamFn",

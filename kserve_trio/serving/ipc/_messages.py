@@ -6,8 +6,8 @@ Front end to device process:
 - ``(REQUEST, id, kind, rpc, deadline_ns, payload)``: serve this; ``kind`` is one of the
   ``KIND_*`` below, ``rpc`` the RPC's name (REST: the ``HttpRequest`` fields), ``deadline_ns``
   the call's absolute ``time.monotonic_ns()`` deadline (0: none; CLOCK_MONOTONIC is one clock
-  for every process of the machine); for ``KIND_INFER`` ``rpc`` is instead the caller's W3C
-  ``traceparent`` (None: none, or the worker does not trace), so the device process's span
+  for every process of the machine); for ``KIND_INFER`` and ``KIND_STREAM`` ``rpc`` is instead the caller's W3C
+  trace context (``trace_settings.caller_context``; None: none, or the worker does not trace), so the device process's span
   continues the caller's trace;
 - ``(CANCEL, id)``: the client gave up on ``id`` (its answer is still sent, and discarded);
 - ``(FREE, [slot, ...])``: reply slots the front end has copied out;
