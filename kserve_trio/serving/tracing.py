@@ -295,12 +295,13 @@ class Tracing:
         *,
         kind: SpanKind = SpanKind.SERVER,
         start_mono_ns: int | None = None,
-        attributes: Attributes | None = None,
+        attributes: Attributes | Callable[[], Attributes] | None = None,
     ) -> RequestSpan | None:
         """The request's span when the settings trace it (``TraceSettings.sample``), else None.
         ``context`` (``trace_settings.caller_context``) with a valid ``traceparent`` makes it
         the caller's child, its ``tracestate`` carried on; a caller's sampled-out context is
-        not traced."""
+        not traced. ``attributes`` may be a function, called only for a request that is
+        traced (most are not: reading them costs the others nothing)."""
         parent = parent_context(context)
         if not self.settings.sample(model, _sampled(parent)):
             return None
@@ -313,6 +314,8 @@ class Tracing:
         }
         if model:
             attrs["kserve_trio.model"] = model
+        if callable(attributes):
+            attributes = attributes()
         if attributes:
             attrs.update(attributes)
         span = self._tracer.start_span(name, parent, kind=kind, attributes=attrs, start_time=start)

@@ -314,19 +314,21 @@ class InferenceCore:
         (``Tracing.begin``), then its phases as child spans from the marks the scheduler
         recorded, so the serving path itself is the untraced one."""
         start = time.monotonic_ns()
-        attributes = _request_attributes(request, http_route)
         span = tracing.begin(
-            rpc, request.model_name, trace_context, start_mono_ns=start, attributes=attributes
+            rpc,
+            request.model_name,
+            trace_context,
+            start_mono_ns=start,
+            attributes=lambda: _request_attributes(request, http_route),
         )
-        trace = RequestTrace()
-        if span is None:
+        if span is None:  # not sampled: the untraced path, no marks, no attributes read
             return await self.infer(
                 request,
                 transport_deadline_ns=transport_deadline_ns,
                 encode=encode,  # type: ignore[arg-type]
                 admitted=admitted,
-                trace=trace,
             )
+        trace = RequestTrace()
         trace.span = span.context
         trace.subcalls = []
         status, message = "OK", ""
