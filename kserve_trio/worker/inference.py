@@ -321,14 +321,15 @@ class InferenceCore:
             start_mono_ns=start,
             attributes=lambda: _request_attributes(request, http_route),
         )
-        if span is None:  # not sampled: the untraced path, no marks, no attributes read
+        trace = RequestTrace()
+        if span is None:  # not sampled: the untraced path, its attributes never read
             return await self.infer(
                 request,
                 transport_deadline_ns=transport_deadline_ns,
                 encode=encode,  # type: ignore[arg-type]
                 admitted=admitted,
+                trace=trace,
             )
-        trace = RequestTrace()
         trace.span = span.context
         trace.subcalls = []
         status, message = "OK", ""
