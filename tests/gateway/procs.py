@@ -174,3 +174,15 @@ class Gateway(Proc):
 
     def client(self, **kw) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.url, **kw)
+
+
+def sleepy_worker(work: pathlib.Path) -> Worker:
+    """A worker on a repository of the one ``sleepy`` model (it sleeps as long as its input
+    says), under ``work``: the model a test holds a slot or a connection with."""
+    from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, SLEEPY_MODEL_PY
+
+    repo = work / "models"
+    (repo / "sleepy").mkdir(parents=True)
+    (repo / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
+    (repo / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
+    return Worker(repo, "127.0.0.1", free_port(), models="sleepy")

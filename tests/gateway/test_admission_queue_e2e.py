@@ -16,9 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, SLEEPY_MODEL_PY
-from tests.gateway.procs import Gateway, Worker
-from tests.ports import free_port
+from tests.gateway.procs import Gateway, sleepy_worker
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -32,11 +30,7 @@ while it holds it (each step waits on the gateway's gauges, never on this time).
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("admission_queue")
-    repo = work / "models"
-    (repo / "sleepy").mkdir(parents=True)
-    (repo / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
-    (repo / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
-    worker = Worker(repo, "127.0.0.1", free_port(), models="sleepy")
+    worker = sleepy_worker(work)
     try:
         worker.wait_ready()
         yield types.SimpleNamespace(worker=worker, work=work)

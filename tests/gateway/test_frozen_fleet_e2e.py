@@ -19,8 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, SLEEPY_MODEL_PY
-from tests.gateway.procs import Gateway, Worker
+from tests.gateway.procs import Gateway, sleepy_worker
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -37,11 +36,7 @@ a probe that timed out (5 s), so the old wedge rule (one such round, here) would
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("frozen_fleet")
-    repo = work / "models"
-    (repo / "sleepy").mkdir(parents=True)
-    (repo / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
-    (repo / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
-    worker = Worker(repo, "127.0.0.1", free_port(), models="sleepy")
+    worker = sleepy_worker(work)
     try:
         worker.wait_ready()
         yield types.SimpleNamespace(worker=worker, work=work)
