@@ -74,6 +74,7 @@ from noise import (  # noqa: E402
     cpu_seconds,
     load_average,
     machine_busy_seconds,
+    read_window,
 )
 from server_layer import make_pki  # noqa: E402
 
@@ -275,17 +276,9 @@ def _once(p: Point, conc: int, args: argparse.Namespace, group_pids: list[int]) 
             sum(cpu_seconds(pid) for pid in siblings),
         )
 
-    s0 = s1 = None
-    result = None
-    for line in gen.stdout:
-        if line.startswith("WINDOW_START"):
-            s0 = sample()
-        elif line.startswith("WINDOW_END"):
-            s1 = sample()
-        elif line.startswith("{"):
-            result = json.loads(line)
+    result, s0, s1 = read_window(gen.stdout, sample)
     gen.wait()
-    if result is None or s0 is None or s1 is None:
+    if result is None:
         raise RuntimeError(f"the load generator failed: {p.group} {p.label} c={conc}")
     n = max(result["requests"], 1)
     t = max(s1[0] - s0[0], 1e-9)

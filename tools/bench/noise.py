@@ -14,7 +14,9 @@ import os
 import pathlib
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NOISY_CORES = 0.10
@@ -107,6 +109,26 @@ def clean_point(measure: Callable[[], dict[str, Any]], label: str = "") -> dict[
     return result
 
 
+def read_window(lines: Iterable[str], sample: Callable[[], T]) -> tuple[dict | None, T, T]:
+    """Read a load generator's output (``raw_load.py``: ``WINDOW_START``, ``WINDOW_END``, then
+    its JSON result line), taking ``sample()`` at the two window marks; the result (None when
+    the generator printed none) and the two samples. Raises when a mark never came."""
+    import json
+
+    s0 = s1 = None
+    result = None
+    for line in lines:
+        if line.startswith("WINDOW_START"):
+            s0 = sample()
+        elif line.startswith("WINDOW_END"):
+            s1 = sample()
+        elif line.startswith("{"):
+            result = json.loads(line)
+    if s0 is None or s1 is None:
+        raise RuntimeError("the load generator printed no measuring window")
+    return result, s0, s1
+
+
 __all__ = [
     "NOISY_CORES",
     "RETRIES",
@@ -115,4 +137,5 @@ __all__ = [
     "cpu_seconds",
     "load_average",
     "machine_busy_seconds",
+    "read_window",
 ]

@@ -55,6 +55,7 @@ from noise import (  # noqa: E402
     cpu_seconds,
     load_average,
     machine_busy_seconds,
+    read_window,
 )
 
 ROOT, PY = peers.ROOT, peers.PY
@@ -226,17 +227,9 @@ def _once(
             sink.counts(),
         )
 
-    s0 = s1 = None
-    result = None
-    for line in gen.stdout:
-        if line.startswith("WINDOW_START"):
-            s0 = sample()
-        elif line.startswith("WINDOW_END"):
-            s1 = sample()
-        elif line.startswith("{"):
-            result = json.loads(line)
+    result, s0, s1 = read_window(gen.stdout, sample)
     gen.wait()
-    if result is None or s0 is None or s1 is None:
+    if result is None:
         raise RuntimeError(f"the load generator failed: {server.label} c={conc}")
     n = max(result["requests"], 1)
     t = max(s1[0] - s0[0], 1e-9)
