@@ -26,6 +26,7 @@ import pytest
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 from kserve_trio.serving.http._server import MAX_CHUNK_EXTENSION_BYTES, MAX_HEAD_BYTES
+from tests.edge.rest_peer import Reply, split_replies
 
 KIB = 1 << 10
 BODY_CAP = 64 * KIB
@@ -69,25 +70,6 @@ async def served() -> AsyncIterator[Served]:
         port = await tg.start(serve)
         yield Served(port, stats, ran)
         tg.cancel_scope.cancel()
-
-
-Reply = tuple[int, dict[str, str], bytes]
-
-
-def split_replies(data: bytes) -> tuple[list[Reply], bytes]:
-    """The whole replies at the start of ``data`` (status, headers, body) and what follows."""
-    replies: list[Reply] = []
-    while True:
-        top, sep, rest = data.partition(b"\r\n\r\n")
-        if not sep:
-            return replies, data
-        lines = top.decode("latin-1").split("\r\n")
-        headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
-        length = int(headers.get("content-length", "0"))
-        if len(rest) < length:
-            return replies, data
-        replies.append((int(lines[0].split()[1]), headers, rest[:length]))
-        data = rest[length:]
 
 
 async def exchange(served: Served, data: bytes, count: int = 1) -> tuple[list[Reply], bool]:
