@@ -1,10 +1,10 @@
 """Process-wide memory-allocator policy for a server process (Linux/glibc): keep the heap warm
 while requests flow, give it back once they stop.
 
-XLA:CPU allocates a fresh buffer for every execution's outputs (and for unaligned inputs).
-glibc serves allocations above 32 MiB with a new ``mmap`` and returns them with ``munmap`` on
-free, so every large tensor pays a first-touch page fault per 4 KiB page, every time, and
-those faults dominate a large execution (docs/benchmarks.md). Serving large blocks from the
+XLA:CPU allocates a fresh buffer for every execution's outputs (and for unaligned inputs). glibc
+serves allocations above 32 MiB with a new ``mmap`` and returns them with ``munmap`` on free, so
+every large tensor pays a first-touch page fault per 4 KiB page, every time, and those faults
+dominate a large execution (docs/benchmarks/history.md, "Hot path"). Serving large blocks from the
 heap instead (``M_MMAP_MAX=0``) and not trimming freed heap memory back to the kernel
 (``M_TRIM_THRESHOLD``) lets them be reused warm. The cost is that freed memory stays with the
 process at its high-water mark, which after a burst or an attack is far above what it needs.

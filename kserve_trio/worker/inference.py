@@ -243,7 +243,7 @@ class InferenceCore:
             try:
                 check_infer_request(request, self._bounds)
                 # One coroutine from admission to encode: every frame on this path is paid
-                # per request (docs/benchmarks.md counts them).
+                # per request (docs/benchmarks/history.md, "Hot path", counts them).
                 bundle = self._repository.lookup(request.model_name, request.model_version)
                 decoded = codec.decode_infer_request(request, registry)
                 try:

@@ -1,8 +1,8 @@
 """The project's HTTP/1.1 server: httptools' parser driven by one anyio task per connection.
 
-Chosen by measurement (docs/benchmarks.md, "HTTP stack"): httptools (llhttp, the parser uvicorn
-uses) on anyio streams cost the least CPU per request of the candidates, and it runs inside the
-caller's own task tree: each connection is a child task of the listener, cancellation is the
+Chosen by measurement (docs/benchmarks/history.md, "HTTP stack"): httptools (llhttp, the parser
+uvicorn uses) on anyio streams cost the least CPU per request of the candidates, and it runs inside
+the caller's own task tree: each connection is a child task of the listener, cancellation is the
 shutdown path, TLS is anyio's, and nothing installs signal handlers or runs tasks of its own.
 
 What the connection loop owns (the parser owns the syntax: request line, headers, chunked
@@ -614,7 +614,7 @@ class IdleReaper:
     A connection registers its ``_Clock`` while it waits in ``receive`` and unregisters when
     bytes arrive, so a request being answered is never cut; one task (``run``) checks every
     quarter of the shorter deadline: a timeout scope around every receive cost far more per
-    request than a dictionary entry does (docs/benchmarks.md).
+    request than a dictionary entry does (docs/benchmarks/history.md, "HTTP stack").
     """
 
     def __init__(self, limits: EdgeLimits | None = None, stats: EdgeStats | None = None) -> None:
