@@ -212,7 +212,7 @@ class InferenceCore:
         (gRPC's ``grpc-timeout``; 0 = none). ``encode`` writes the reply (the gRPC message by
         default; the REST adapter passes its JSON and binary encoder, called the same way).
         ``admitted``: the transport holds the request's admission slot already (a stream's
-        message, ``StreamSession``), so step 1 is skipped.
+        message, ``StreamSession``), so the admission step is skipped.
         ``trace_context`` is the caller's W3C trace context (``caller_context``: gRPC metadata
         or HTTP headers), read only when tracing is on; ``rpc`` names the span (a stream's
         message: ``ModelStreamInfer``) and ``http_route`` marks a REST call (its route
