@@ -87,8 +87,8 @@ case "$cmd" in
     phase=$SECONDS
     # Three processes, a test file at a time each (a module's fixtures stay in one process):
     # on 2 cores three finish sooner than two, because many tests wait on a subprocess or a
-    # socket (docs/benchmarks.md, "Test suite"). KSERVE_TRIO_TEST_PROCS sets how many (1: one
-    # process, no xdist).
+    # socket (docs/benchmarks/history.md, "Test suite"). KSERVE_TRIO_TEST_PROCS sets how many
+    # (1: one process, no xdist).
     procs=${KSERVE_TRIO_TEST_PROCS:-3}
     say "running the test suite (slow tests included, $procs processes)"
     status=0

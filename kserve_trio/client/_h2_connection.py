@@ -6,19 +6,20 @@ the pure per-call half).
 
 Who reads the socket. There is no background reader task: the tasks waiting for replies take
 turns. Rules (``Connection.progress``):
-1. A call that needs something from the peer (its reply, send window, a stream slot) first
-   checks whether it already has it.
-2. If not, and nobody is reading, it becomes the reader: one ``receive``, then every frame is
-   dispatched to the call it belongs to (replies, windows, resets, GOAWAY), and the waiters
-   whose state changed are woken.
-3. If someone else is reading, it waits on its own event.
-4. A reader that leaves (its call is complete, or it was cancelled) wakes one waiter, who takes
-   over the reading.
+1. *Look first*: a call that needs something from the peer (its reply, send window, a stream slot)
+   first checks whether it already has it.
+2. *Become the reader*: if not, and nobody is reading, it becomes the reader: one ``receive``, then
+   every frame is dispatched to the call it belongs to (replies, windows, resets, GOAWAY), and the
+   waiters whose state changed are woken.
+3. *Wait for the reader*: if someone else is reading, it waits on its own event.
+4. *Hand the reading on*: a reader that leaves (its call is complete, or it was cancelled) wakes one
+   waiter, who takes over the reading.
 So every task belongs to a caller and nothing outlives a call; cancellation needs no
 supervision, and at concurrency 1 a reply costs one task wake-up, not two. A connection with
 no call in flight is not read; before reusing it the next call peeks at the socket (one
 zero-timeout ``poll``, ``Connection.peek_idle``) and handles what the server sent meanwhile
-(GOAWAY, EOF) in ``Connection.catch_up``, which hands the reading on by rule 4 like any reader.
+(GOAWAY, EOF) in ``Connection.catch_up``, which hands the reading on like any reader (*hand the
+reading on*).
 
 Sends go out through one flusher at a time (``Connection.flush``): whoever queues frames calls
 it; if a flush is already running, that flusher picks the new bytes up before it returns. A
@@ -178,9 +179,10 @@ class Connection:
 
     async def catch_up(self, seconds: float) -> None:
         """On an idle connection the server wrote to (``peek_idle``): read what it sent, for
-        ``seconds`` at most, then follow rule 4. The reader here is no call, and calls that
-        joined while it read (they saw ``reading`` and wait on their events) would otherwise
-        wait for a reader that never comes, even after GOAWAY sent the caller elsewhere."""
+        ``seconds`` at most, then follow *hand the reading on*. The reader here is no call, and
+        calls that joined while it read (they saw ``reading`` and wait on their events) would
+        otherwise wait for a reader that never comes, even after GOAWAY sent the caller
+        elsewhere."""
         try:
             with anyio.move_on_after(seconds):
                 await self.read_once()
@@ -271,7 +273,7 @@ class Connection:
     # -- receiving ---------------------------------------------------------------------------
 
     async def read_once(self) -> None:
-        """One receive, dispatched (rule 2 of the module docstring)."""
+        """One receive, dispatched (*become the reader* of the module docstring)."""
         self.reading = True
         try:
             data = await self.stream.receive(RECEIVE_BYTES)
@@ -380,7 +382,8 @@ class Connection:
     async def progress(
         self, call: _Call, ready: Callable[[], bool], parked: bool, may_read: bool = True
     ) -> None:
-        """Return once ``ready()`` holds or the connection died (rules 1-4 of the module docstring).
+        """Return once ``ready()`` holds or the connection died (*look first*, *become the reader*,
+        *wait for the reader* and *hand the reading on* of the module docstring).
 
         A call waiting for a stream slot passes ``may_read=False``: what it waits for is
         another call finishing (in that call's task), not something the peer sends, so it
@@ -404,7 +407,7 @@ class Connection:
                 self.wake_reader()
 
     def wake_reader(self) -> None:
-        """Hand the reading over to one waiting call (rule 4)."""
+        """Hand the reading over to one waiting call (*hand the reading on*)."""
         for call in self.calls.values():
             if call.event is not None and not call.done:
                 call.event.set()

@@ -5,7 +5,8 @@ The ``Transport`` protocol is one unary call,
 the reply message or raises ``RpcError``. ``h2_transport`` (anyio streams + h2, on asyncio and
 trio) implements it; ``default_transport_factory`` makes one for the running event loop. A
 grpclib-based transport existed until it measured slower than the h2 one on every
-configuration (docs/benchmarks.md, "Trio transport"), so there is one transport to keep right.
+configuration (docs/benchmarks/history.md, "Trio transport"), so there is one transport to
+keep right.
 Targets, caps and method paths live in ``endpoint`` and are re-exported here.
 """
 

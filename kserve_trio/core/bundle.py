@@ -141,16 +141,17 @@ def validate_manifest(
 ) -> Manifest:
     """Load a bundle's manifest and check the rules that involve the directory around it.
 
-    1. ``manifest.yaml`` exists and parses (``parse_manifest``'s rules);
-    2. hooks only in ``model.jl`` (no ``model.py``; the Julia server's hooks, which nothing
-       here runs) are refused naming the file and how to port it: always for a meta model or
+    1. *A manifest that parses*: ``manifest.yaml`` exists and parses (``parse_manifest``'s rules);
+    2. *Julia hooks*: hooks only in ``model.jl`` (no ``model.py``; the Julia server's hooks, which
+       nothing here runs) are refused naming the file and how to port it: always for a meta model or
        one with ``client_inputs``/``client_outputs`` (without its hooks its wire I/O does not
        exist), otherwise unless the manifest's ``serve_without_hooks: true`` or the worker's
        ``serve_without_hooks`` (the keyword) says to serve the executable as it is;
-    3. a meta model ships ``model.py``;
-    4. ``client_inputs``/``client_outputs`` appear only when ``model.py`` is present;
-    5. a regular model's compiled modules are all present (``discover_modules``), and it ships
-       ``weights.safetensors``.
+    3. *Meta models ship model.py*: a meta model ships ``model.py``;
+    4. *Client I/O needs model.py*: ``client_inputs``/``client_outputs`` appear only when
+       ``model.py`` is present;
+    5. *Modules and weights*: a regular model's compiled modules are all present
+       (``discover_modules``), and it ships ``weights.safetensors``.
 
     Whether ``model.py`` calls the right registration function is checked by whoever executes it.
     """
@@ -181,7 +182,7 @@ def validate_manifest(
 
 
 def _check_julia_hooks(m: Manifest, d: Path, serve_without_hooks: bool) -> None:
-    """Rule 2 of ``validate_manifest``: a bundle with ``model.jl`` and no ``model.py``."""
+    """*Julia hooks* of ``validate_manifest``: a bundle with ``model.jl`` and no ``model.py``."""
     port = (
         f"{MODEL_JL} holds this bundle's hooks and this server does not run Julia: port them to "
         f"{MODEL_PY}"

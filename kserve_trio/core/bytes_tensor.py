@@ -6,12 +6,14 @@ followed by that many bytes. Typed ``bytes_contents`` carries one ``bytes`` valu
 instead. Pure: buffers in, arrays out, and back.
 
 Rules:
-1. Decoding needs exactly the tensor's element count: a length prefix cut short, an element
-   running past the end, bytes left over after the last element, or fewer elements than the
+1. *Exact count*: decoding needs exactly the tensor's element count: a length prefix cut short, an
+   element running past the end, bytes left over after the last element, or fewer elements than the
    shape holds are ``InvalidArgument`` naming the tensor and the offset.
-2. Decoded elements are ``bytes`` of their own (copies: an element outlives the request buffer).
-3. Encoding accepts ``bytes``, ``bytearray``, ``memoryview`` and ``str`` (UTF-8) elements, as
-   Triton's own clients do; anything else is a ``TypeError`` naming the element's type.
+2. *Own copies*: decoded elements are ``bytes`` of their own (copies: an element outlives the
+   request buffer).
+3. *Accepted elements*: encoding accepts ``bytes``, ``bytearray``, ``memoryview`` and ``str``
+   (UTF-8) elements, as Triton's own clients do; anything else is a ``TypeError`` naming the
+   element's type.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ MAX_ELEMENT_BYTES = 2**32 - 1
 def decode_bytes_tensor(
     buf: bytes | bytearray | memoryview, shape: Sequence[int], what: str = "BYTES tensor"
 ) -> np.ndarray:
-    """The ``object`` array of shape ``shape`` that ``buf`` encodes (rule 1); read-only."""
+    """The ``object`` array of shape ``shape`` that ``buf`` encodes (*exact count*); read-only."""
     count = 1
     for d in shape:
         count *= int(d)
@@ -94,12 +96,12 @@ def _element_bytes(value: Any) -> bytes:
 
 
 def bytes_elements(arr: np.ndarray) -> list[bytes]:
-    """Every element of ``arr`` as ``bytes``, in row-major order (rule 3)."""
+    """Every element of ``arr`` as ``bytes``, in row-major order (*accepted elements*)."""
     return [_element_bytes(v) for v in np.asarray(arr, dtype=object).reshape(-1)]
 
 
 def encode_bytes_tensor(arr: np.ndarray) -> bytes:
-    """``arr``'s elements in the length-prefixed encoding (rule 3)."""
+    """``arr``'s elements in the length-prefixed encoding (*accepted elements*)."""
     parts: list[bytes] = []
     for element in bytes_elements(arr):
         if len(element) > MAX_ELEMENT_BYTES:

@@ -3,22 +3,23 @@
 This module is pure (bytes in, bytes out) and owns the rules of the gRPC compression spec that
 our servers and client follow; it lives in ``core`` so both share it:
 
-1. A request names its algorithm in the ``grpc-encoding`` header; each message's 5-byte prefix
-   says whether that message is compressed (flag 1) or not (flag 0). A compressed message
-   without a usable ``grpc-encoding`` is an error, and so is an algorithm we do not know
-   (``identity``, ``gzip`` and ``deflate`` are known; the status is UNIMPLEMENTED, as the spec
-   asks, and the reply advertises what we accept).
-2. ``gzip`` is RFC 1952; ``deflate`` is the zlib format (RFC 1950) that gRPC implementations
-   send. A raw RFC 1951 stream under ``deflate`` is accepted too, since some peers send one.
-3. Caps apply to the decompressed size. A message inflates a bounded step at a time
-   (``Inflater``: at most ``INFLATE_STEP_BYTES`` of output per step, the pieces joined once it
-   is whole) and is refused as soon as its output passes the cap, so a "decompression bomb"
-   costs at most ``cap`` plus one step of memory, never one allocation the size of the bomb,
-   and answers RESOURCE_EXHAUSTED with the same message as an uncompressed message over the
-   cap. Between steps the server yields to its other connections (``serving.grpc``).
-4. A reply is compressed only when its request was compressed with an algorithm the client
-   also accepts (``grpc-accept-encoding``), or when the server is told to compress every reply
-   (``grpc.compress_responses``) and the client accepts the algorithm. A client that accepts
+1. *Named algorithm*: a request names its algorithm in the ``grpc-encoding`` header; each message's
+   5-byte prefix says whether that message is compressed (flag 1) or not (flag 0). A compressed
+   message without a usable ``grpc-encoding`` is an error, and so is an algorithm we do not know
+   (``identity``, ``gzip`` and ``deflate`` are known; the status is UNIMPLEMENTED, as the spec asks,
+   and the reply advertises what we accept).
+2. *Formats*: ``gzip`` is RFC 1952; ``deflate`` is the zlib format (RFC 1950) that gRPC
+   implementations send. A raw RFC 1951 stream under ``deflate`` is accepted too, since some peers
+   send one.
+3. *Bounded inflation*: caps apply to the decompressed size. A message inflates a bounded step at a
+   time (``Inflater``: at most ``INFLATE_STEP_BYTES`` of output per step, the pieces joined once it
+   is whole) and is refused as soon as its output passes the cap, so a "decompression bomb" costs at
+   most ``cap`` plus one step of memory, never one allocation the size of the bomb, and answers
+   RESOURCE_EXHAUSTED with the same message as an uncompressed message over the cap. Between steps
+   the server yields to its other connections (``serving.grpc``).
+4. *Reply encoding*: a reply is compressed only when its request was compressed with an algorithm
+   the client also accepts (``grpc-accept-encoding``), or when the server is told to compress every
+   reply (``grpc.compress_responses``) and the client accepts the algorithm. A client that accepts
    nothing we can produce gets identity.
 """
 
@@ -45,7 +46,7 @@ INFLATE_STEP_BYTES = 1 << 20
 def parse_encoding(header: str | None) -> str:
     """The algorithm a ``grpc-encoding`` header names (``identity`` when absent).
 
-    Unknown algorithms are ``Unimplemented`` naming the accepted ones (rule 1).
+    Unknown algorithms are ``Unimplemented`` naming the accepted ones (*named algorithm*).
     """
     name = (header or IDENTITY).strip().lower() or IDENTITY
     if name != IDENTITY and name not in ALGORITHMS:
@@ -62,7 +63,7 @@ def parse_accept_encoding(header: str | None) -> frozenset[str]:
 
 
 def reply_encoding(request_encoding: str, accepted: Iterable[str], compress_all: bool) -> str:
-    """The algorithm a reply is sent with (rule 4)."""
+    """The algorithm a reply is sent with (*reply encoding*)."""
     accepted = frozenset(accepted)
     if request_encoding in ALGORITHMS and request_encoding in accepted:
         return request_encoding
@@ -89,7 +90,7 @@ def _framings(algorithm: str) -> tuple[int, ...]:
 
 
 class Inflater:
-    """One compressed message inflated a bounded step at a time (rules 2 and 3).
+    """One compressed message inflated a bounded step at a time (*formats* and *bounded inflation*).
 
     Each ``step`` produces at most ``INFLATE_STEP_BYTES`` of output, so the caller decides what
     happens between steps (the server yields to its other connections and charges the output
@@ -159,7 +160,8 @@ class Inflater:
 
 
 def decompress(data: bytes | memoryview, algorithm: str, cap: int) -> bytes:
-    """The decompressed message, at most ``cap`` bytes (rules 2 and 3), in one go.
+    """The decompressed message, at most ``cap`` bytes (*formats* and *bounded inflation*), in one
+    go.
 
     A corrupt payload is ``InvalidArgument``; one that inflates past ``cap`` is
     ``ResourceExhausted``; ``identity`` with the compressed flag set is ``InvalidArgument``.

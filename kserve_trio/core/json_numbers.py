@@ -4,21 +4,21 @@
 so a list of short numbers costs many times its text, all of it before any rule can compare
 the element count with the declared shape. This module keeps the numbers out of the parse:
 
-1. ``lift_number_arrays`` finds every ``"data"`` key whose value is an array of numbers only
-   (any nesting) and copies the JSON text with each such array replaced by a placeholder
-   string; the arrays stay where they are, as ``NumberArray`` spans of the original text. The
-   copy costs the text minus the arrays. A ``"data"`` key is recognised by its unescaped
-   opening quote: in valid JSON such a quote opens a string, so ``"data":`` is a key. The
-   placeholders are strings that start with U+0000, which a client can only spell as
-   ``\\u0000``; a body that contains that escape anywhere has nothing lifted and is parsed
-   whole, so a client's string is never taken for a placeholder.
-2. ``NumberArray.count`` is the element count, from the commas and the empty arrays of the span
-   (C-speed ``bytes.count``): the caller compares it with the declared shape before anything
-   is decoded or allocated.
-3. ``NumberArray.decode`` parses the span about 1 MiB of text at a time, as JSON (the grammar is
-   JSON's exactly: each piece is the span's text, re-bracketed to stand alone), and writes each
-   piece's numbers into one preallocated array of the declared dtype. What it holds at once is
-   that array and one piece's Python numbers.
+1. *Lifting*: ``lift_number_arrays`` finds every ``"data"`` key whose value is an array of numbers
+   only (any nesting) and copies the JSON text with each such array replaced by a placeholder
+   string; the arrays stay where they are, as ``NumberArray`` spans of the original text. The copy
+   costs the text minus the arrays. A ``"data"`` key is recognised by its unescaped opening quote:
+   in valid JSON such a quote opens a string, so ``"data":`` is a key. The placeholders are strings
+   that start with U+0000, which a client can only spell as ``\\u0000``; a body that contains that
+   escape anywhere has nothing lifted and is parsed whole, so a client's string is never taken for a
+   placeholder.
+2. *Counting*: ``NumberArray.count`` is the element count, from the commas and the empty arrays of
+   the span (C-speed ``bytes.count``): the caller compares it with the declared shape before
+   anything is decoded or allocated.
+3. *Decoding*: ``NumberArray.decode`` parses the span about 1 MiB of text at a time, as JSON (the
+   grammar is JSON's exactly: each piece is the span's text, re-bracketed to stand alone), and
+   writes each piece's numbers into one preallocated array of the declared dtype. What it holds at
+   once is that array and one piece's Python numbers.
 
 The structure is checked as the pieces parse: a value next to a list ("mixes lists and values"),
 a value out of the dtype's range, an array that closes before its end. Arrays of booleans only
@@ -87,7 +87,7 @@ class NumberArray:
         return _FRACTION.search(self.text, self.start, self.end) is not None
 
     def decode(self, dtype: np.dtype, count: int, what: str, out_of_range: str) -> np.ndarray:
-        """The ``count`` numbers as a flat array of ``dtype`` (module docstring, rule 3);
+        """The ``count`` numbers as a flat array of ``dtype`` (module docstring, *decoding*);
         ``MalformedNumbers`` naming ``what`` when the span does not fit, with the message
         ``out_of_range`` when a value does not fit the dtype."""
         out = np.empty(count, dtype=dtype)
@@ -193,7 +193,7 @@ def _span_end(t: Text, start: int, end: int, run_of: re.Pattern[bytes]) -> int |
 
 def lift_number_arrays(text: Text, end: int | None = None) -> LiftedJson:
     """``text[:end]`` with its numeric ``data`` arrays replaced by placeholders (module
-    docstring, rule 1)."""
+    docstring, *lifting*)."""
     end = len(text) if end is None else end
     whole = text if end == len(text) else bytes(text[:end])
     if text.find(_NUL_ESCAPE, 0, end) != -1 or text.find(b'"data"', 0, end) == -1:

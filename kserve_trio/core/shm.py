@@ -20,10 +20,9 @@ extend the file, is refused after the ``fstat``. So a shrunk region costs the on
 error naming the region and the sizes (FAILED_PRECONDITION), never the worker. A shrink landing
 between that ``fstat`` and the ``pwrite`` makes the ``pwrite`` grow the object back over the
 window: the client's own object, never the worker's memory. The price is one more copy of each
-input and a slower copy of each output (measured in docs/benchmarks.md, "Shared memory
+input and a slower copy of each output (measured in docs/benchmarks/history.md, "Shared memory
 hardening"). A side effect is that no decoded tensor, live or garbage, ever pins the client's
-object: once the name is unregistered and the last copy in progress ends, the descriptor is
-closed.
+object: once the name is unregistered and the last copy in progress ends, the descriptor is closed.
 
 Concurrency: one registry lock guards the name table; each region has its own lock guarding its
 descriptor, its lease count and its ``retired`` flag. No code path holds both locks at once. A

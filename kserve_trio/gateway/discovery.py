@@ -152,19 +152,21 @@ def expand_workers(
     """The worker set of one round; ``resolved[i]`` are the addresses of ``endpoints[i]``.
 
     Rules:
-    1. Each distinct address of entry ``i``, with the entry's port, is one worker; within an
-       entry workers are ordered by address (numerically, IPv4 first), so a resolver that
-       rotates its answers does not reorder them.
-    2. An (address, port) already produced by an earlier entry is not repeated (first wins).
-    3. The label is ``names[i]`` when the entry is named and yields exactly one worker,
+    1. *One worker per address*: each distinct address of entry ``i``, with the entry's port, is one
+       worker; within an entry workers are ordered by address (numerically, IPv4 first), so a
+       resolver that rotates its answers does not reorder them.
+    2. *First entry wins*: an (address, port) already produced by an earlier entry is not repeated
+       (first wins).
+    3. *Labels*: the label is ``names[i]`` when the entry is named and yields exactly one worker,
        ``names[i]/address:port`` for each when it yields several, else ``address:port``.
-    4. With ``metrics`` (index-aligned with ``endpoints``), a worker of entry ``i`` is paired
-       with the address of ``metrics[i]``'s resolution equal to its own; the workers left
-       unpaired then take the entry's left-over metrics addresses by position (both in
-       address order); a worker with nothing left has no metrics endpoint.
-    5. ``http`` (the REST endpoints, index-aligned with ``endpoints``) pairs by rule 4: a worker
-       behind a name takes the REST address equal to its own, so one name with its REST port
-       (``workers:8000`` next to ``workers:8001``) gives every discovered worker its own.
+    4. *Metrics pairing*: with ``metrics`` (index-aligned with ``endpoints``), a worker of entry
+       ``i`` is paired with the address of ``metrics[i]``'s resolution equal to its own; the workers
+       left unpaired then take the entry's left-over metrics addresses by position (both in address
+       order); a worker with nothing left has no metrics endpoint.
+    5. *REST pairing*: ``http`` (the REST endpoints, index-aligned with ``endpoints``) pairs as
+       *metrics pairing* does: a worker behind a name takes the REST address equal to its own, so
+       one name with its REST port (``workers:8000`` next to ``workers:8001``) gives every
+       discovered worker its own.
     """
     seen: set[tuple[str, int]] = set()
     out: list[WorkerSpec] = []

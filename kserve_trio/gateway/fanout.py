@@ -129,13 +129,13 @@ class Fleet:
         return await each(clients, ask, timeout + 1.0)
 
     async def repository_index(self, data: bytes, deadline: float | None) -> bytes:
-        """Rule 1 (``data``: the client's RepositoryIndexRequest, forwarded as it is)."""
+        """*RepositoryIndex* (``data``: the client's RepositoryIndexRequest, forwarded as it is)."""
         results = await self._ask(REPOSITORY_INDEX, data, pb.RepositoryIndexResponse, deadline)
         replies = [r for r in results.values() if isinstance(r, pb.RepositoryIndexResponse)]
         return bytes(aggregate.union_repository_index(replies))
 
     async def model_statistics(self, data: bytes, name: str, deadline: float | None) -> bytes:
-        """Rule 2."""
+        """*ModelStatistics*."""
         results = await self._ask(MODEL_STATISTICS, data, pb.ModelStatisticsResponse, deadline)
         replies = [r for r in results.values() if isinstance(r, pb.ModelStatisticsResponse)]
         if not replies:
@@ -147,7 +147,7 @@ class Fleet:
         return bytes(aggregate.sum_model_statistics(replies))
 
     async def same_ipc_namespace(self, data: bytes) -> bytes:
-        """Rule 3."""
+        """*IsSameIPCNamespace*."""
         started = anyio.current_time()
         status = StatusCode.INTERNAL
         try:
@@ -170,7 +170,8 @@ class Fleet:
     async def load_or_unload(
         self, rpc: str, data: bytes, model: str, deadline: float | None
     ) -> bytes:
-        """Rule 4 (``rpc``: ``RepositoryModelLoad`` or ``RepositoryModelUnload``)."""
+        """*RepositoryModelLoad / Unload* (``rpc``: ``RepositoryModelLoad`` or
+        ``RepositoryModelUnload``)."""
         started = anyio.current_time()
         status = StatusCode.INTERNAL
         method = MODEL_LOAD if rpc == "RepositoryModelLoad" else MODEL_UNLOAD
@@ -239,7 +240,7 @@ class Fleet:
             raise failure[1]
 
     async def compact_memory(self, data: bytes) -> bytes:
-        """Rule 5."""
+        """*CompactMemory*."""
         started = anyio.current_time()
         status = StatusCode.INTERNAL
         try:

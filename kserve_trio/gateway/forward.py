@@ -6,40 +6,41 @@ service around it turns a returned reply into the response bytes and a raised
 ``ServingError`` (``RpcError`` included) into its status, unchanged.
 
 Rules (``Forwarder.infer``):
-1. Peek ``model_name``, ``id`` and, when the policy counts items, the policy's batch input's
+1. *Peek*: peek ``model_name``, ``id`` and, when the policy counts items, the policy's batch input's
    shape, in one walk over the top-level fields (``peek.peek_routing``); a malformed request,
    one whose model name is over ``limits.max_name_bytes`` or one with more inputs, outputs or
    raw contents than ``limits.max_tensors`` is INVALID_ARGUMENT (the worker judges every
    other bound). The payload is never decoded. A compressed request is peeked in its
    uncompressed form (``plain``) and forwarded as it arrived, under its ``grpc-encoding``.
-2. The policy turns the shape into request units and selects replicas from the current table
-   snapshot. None known: refresh the table now (single-flight) and select again; still none:
-   ``RoutingState.missing``: UNAVAILABLE ``model 'm' has no ready replica now`` when some
-   worker last listed the model (its replicas are all unready, frozen or unreachable), else
-   NOT_FOUND ``model 'm' not found on any worker``.
-3. Try the replicas in order, skipping any that is no longer routable. Before each attempt wait
-   for that worker's register gate (a shared-memory registration in flight to it must land
-   first), then compute the attempt's deadline: the client's own, exactly (already passed:
+2. *Select*: the policy turns the shape into request units and selects replicas from the current
+   table snapshot. None known: refresh the table now (single-flight) and select again; still none:
+   ``RoutingState.missing``: UNAVAILABLE ``model 'm' has no ready replica now`` when some worker
+   last listed the model (its replicas are all unready, frozen or unreachable), else NOT_FOUND
+   ``model 'm' not found on any worker``.
+3. *Attempt*: try the replicas in order, skipping any that is no longer routable. Before each
+   attempt wait for that worker's register gate (a shared-memory registration in flight to it must
+   land first), then compute the attempt's deadline: the client's own, exactly (already passed:
    DEADLINE_EXCEEDED, nothing sent), else the worker-client request timeout.
-4. A worker's reply is returned as its bytes. A failure follows ``routing.failover_action``:
-   NOT_FOUND asks for a background table refresh and tries the next replica; UNAVAILABLE
-   (transport failure, or a worker that cannot serve now) tries the next; any other status is
-   raised unchanged. With every replica tried, the last failure is raised.
-5. One exception to rule 4: a worker's FAILED_PRECONDITION ``unregistered shared memory region:
-   r`` for a region the gateway registered means the worker lost its registrations (it
-   restarted between two prober rounds, so the prober never saw it unready). The ``replay`` hook
-   re-registers the gateway's regions on that worker and the request is retried there once.
-6. The selection's reservation is released exactly once, on every path; the request's and each
-   worker call's latency and the final status are recorded.
+4. *Failover*: a worker's reply is returned as its bytes. A failure follows
+   ``routing.failover_action``: NOT_FOUND asks for a background table refresh and tries the next
+   replica; UNAVAILABLE (transport failure, or a worker that cannot serve now) tries the next; any
+   other status is raised unchanged. With every replica tried, the last failure is raised.
+5. *Shared-memory replay*, the one exception to *failover*: a worker's FAILED_PRECONDITION
+   ``unregistered shared memory region: r`` for a region the gateway registered means the worker
+   lost its registrations (it restarted between two prober rounds, so the prober never saw it
+   unready). The ``replay`` hook re-registers the gateway's regions on that worker and the request
+   is retried there once.
+6. *Release and record*: the selection's reservation is released exactly once, on every path; the
+   request's and each worker call's latency and the final status are recorded.
 
-``call_replica`` runs rules 3-5 for the model RPCs answered by a ready replica (ModelReady,
-ModelMetadata, ModelConfig): the replicas of the routing table in turn, no policy, no
-reservation.
+``call_replica`` runs *attempt*, *failover* and *shared-memory replay* for the model RPCs answered
+by a ready replica (ModelReady, ModelMetadata, ModelConfig): the replicas of the routing table in
+turn, no policy, no reservation.
 
-The rules do not depend on the transport to the worker: ``routed`` (rules 1-6) and
-``on_replica`` (rules 3-5) take the peek and the one-worker attempt as functions, so the
-gateway's REST forwarding (``rest_forward``) selects, reserves, fails over and refreshes by the
-same code as gRPC.
+The rules do not depend on the transport to the worker: ``routed`` (every rule, *peek* to *release
+and record*) and ``on_replica`` (*attempt*, *failover* and *shared-memory replay*) take the peek and
+the one-worker attempt as functions, so the gateway's REST forwarding (``rest_forward``) selects,
+reserves, fails over and refreshes by the same code as gRPC.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class Forwarder:
         self._cursor = 0
 
     def peek(self, plain: bytes | bytearray) -> PeekedRequest:
-        """Rule 1's peek of an uncompressed request (``InvalidArgument`` if malformed)."""
+        """The peek (*peek*) of an uncompressed request (``InvalidArgument`` if malformed)."""
         return peek_routing(plain, self.policy.batch_input, self.max_tensors)
 
     async def infer(
@@ -210,10 +211,11 @@ class Forwarder:
         deadline: float | None = None,
         rpc: str = "ModelInfer",
     ) -> T:
-        """Rules 1-6 for one request of any transport: ``peeked()`` gives its routing fields
-        (rule 1; raising ``InvalidArgument`` if malformed) and ``attempt(client, deadline)``
-        sends it to one worker (raising ``RpcError`` as ``WorkerClient.call_raw`` does). The
-        gRPC ModelInfer above and the gateway's REST forwarding both run through here."""
+        """Every rule (*peek* to *release and record*) for one request of any transport:
+        ``peeked()`` gives its routing fields (*peek*; raising ``InvalidArgument`` if malformed) and
+        ``attempt(client, deadline)`` sends it to one worker (raising ``RpcError`` as
+        ``WorkerClient.call_raw`` does). The gRPC ModelInfer above and the gateway's REST forwarding
+        both run through here."""
         with ObservedRequest(self.metrics, rpc) as seen:
             head = peeked()
             check_name("model_name", head.model_name, self.max_name_bytes)
@@ -237,9 +239,9 @@ class Forwarder:
         *,
         deadline: float | None = None,
     ) -> bytes | None:
-        """``method`` on a ready replica of ``model`` (rules 3-5, replicas in turn); ``None``
-        when no worker has ``model`` ready, even after a refresh (``state.missing`` says which
-        error that is)."""
+        """``method`` on a ready replica of ``model`` (*attempt*, *failover* and *shared-memory
+        replay*, replicas in turn); ``None`` when no worker has ``model`` ready, even after a
+        refresh (``state.missing`` says which error that is)."""
 
         def attempt(client: WorkerClient, attempt_deadline: float) -> Awaitable[bytes]:
             return client.call_raw(method, data, deadline=attempt_deadline)
@@ -298,7 +300,7 @@ class Forwarder:
                         and await self.replay(client, exc)
                     ):
                         replayed = True
-                        continue  # rule 5: once more on the same worker
+                        continue  # *shared-memory replay*: once more on the same worker
                     action = failover_action(exc.status)
                     if action is Failover.RETURN:
                         raise

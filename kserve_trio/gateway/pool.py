@@ -268,7 +268,7 @@ class WorkerClient:
         timeout: float,
     ) -> R:
         """A control-plane call (no stream slot); a call that times out resets the connection,
-        for the reason ``probe_step`` rule 4 gives."""
+        for the reason ``probe_step``'s TIMED_OUT rule gives."""
         try:
             return await self.transport.unary(
                 method,

@@ -3,23 +3,24 @@
 Each prober round (one at start-up, before the gateway serves, then every
 ``health_interval_seconds``, or sooner when woken):
 
-1. re-resolves the ``endpoints`` entries and reconciles the pool (``Discovery``, ``WorkerPool``);
-2. probes every worker's ServerReady concurrently (a timed-out probe resets that worker's
+1. *Discovery*: re-resolves the ``endpoints`` entries and reconciles the pool (``Discovery``,
+   ``WorkerPool``);
+2. *Probes*: probes every worker's ServerReady concurrently (a timed-out probe resets that worker's
    connection, so a silent worker holds one connection at a time). Workers that all time out
    are never a reason to stop: the gateway serves on and takes them back when they answer
    (the one wedge is the gateway's own event loop stalling, ``watchdog``);
-3. admits each worker that became ready: ``on_ready`` runs first (the gateway replays its
-   shared-memory registrations there), and only a worker whose ``on_ready`` succeeded is
+3. *Admission*: admits each worker that became ready: ``on_ready`` runs first (the gateway replays
+   its shared-memory registrations there), and only a worker whose ``on_ready`` succeeded is
    *routable*; a worker that stops being ready stops being routable at once;
-4. rebuilds the routing table from the routable workers' RepositoryIndex(ready=true) and swaps
-   it in;
-5. when the routing policy asks for it and some worker is routable, polls ModelControlStatus
-   on the routable workers and hands the folded routing metadata to the policy.
+4. *Routing table*: rebuilds the routing table from the routable workers'
+   RepositoryIndex(ready=true) and swaps it in;
+5. *Routing metadata*: when the routing policy asks for it and some worker is routable, polls
+   ModelControlStatus on the routable workers and hands the folded routing metadata to the policy.
 
-``RouteRefresher`` runs step 4, single-flight: a request for a model the table does not know
-calls ``refresh_now`` (it waits for a scan in flight, or scans unless the last scan finished
-less than ``min_interval`` ago); a worker's NOT_FOUND calls ``request_refresh`` (a scan in the
-background, under the same rules). Everything runs in the gateway's task tree: the background
+``RouteRefresher`` runs the *routing table* step, single-flight: a request for a model the table
+does not know calls ``refresh_now`` (it waits for a scan in flight, or scans unless the last scan
+finished less than ``min_interval`` ago); a worker's NOT_FOUND calls ``request_refresh`` (a scan in
+the background, under the same rules). Everything runs in the gateway's task tree: the background
 scans in the refresher's own ``run`` task, started by the gateway.
 """
 
@@ -81,14 +82,15 @@ class RouteRefresher:
     """Builds and swaps the routing table, single-flight (see the module docstring).
 
     Rules:
-    1. A scan asks every routable worker for RepositoryIndex(ready=true) concurrently, each
+    1. *Scan*: a scan asks every routable worker for RepositoryIndex(ready=true) concurrently, each
        bounded by the watchdog; a worker that fails or is too slow contributes nothing this
        scan. The table is built from the answers and swapped in.
-    2. ``scan`` waits for a scan in flight instead of starting a second one; otherwise scans.
-    3. ``refresh_now`` is ``scan``, except that it does nothing when the last scan finished
-       less than ``min_interval`` ago (a burst of unknown-model requests costs one scan).
-    4. ``request_refresh`` asks the ``run`` task to do what ``refresh_now`` does, without
-       waiting for it.
+    2. *Single flight*: ``scan`` waits for a scan in flight instead of starting a second one;
+       otherwise scans.
+    3. *Not too often*: ``refresh_now`` is ``scan``, except that it does nothing when the last scan
+       finished less than ``min_interval`` ago (a burst of unknown-model requests costs one scan).
+    4. *In the background*: ``request_refresh`` asks the ``run`` task to do what ``refresh_now``
+       does, without waiting for it.
     """
 
     def __init__(
@@ -111,7 +113,7 @@ class RouteRefresher:
         self.scans = 0
 
     async def scan(self) -> None:
-        """Rule 2."""
+        """*Single flight*."""
         if self._in_flight is not None:
             await self._in_flight.wait()
             return
@@ -155,7 +157,7 @@ class RouteRefresher:
             done.set()
 
     async def refresh_now(self) -> None:
-        """Rule 3."""
+        """*Not too often*."""
         if (
             self._in_flight is None
             and anyio.current_time() - self._finished_at < self._min_interval
@@ -164,7 +166,7 @@ class RouteRefresher:
         await self.scan()
 
     def request_refresh(self) -> None:
-        """Rule 4."""
+        """*In the background*."""
         self._wanted.set()
 
     async def run(self) -> None:
@@ -238,7 +240,7 @@ class Prober:
         self._wake.set()
 
     async def round(self) -> RoundReport:
-        """One round (steps 1-5 of the module docstring)."""
+        """One round (the steps of the module docstring, *discovery* to *routing metadata*)."""
         found = await self.discovery.refresh()
         await self.pool.apply(found.diff)
         state = self.refresher.state

@@ -124,14 +124,14 @@ class RoutingState:
     apart from a model no worker has.
 
     Rules (``missing``):
-    1. ``swap`` records, for each worker whose index built the new table, the models it listed
-       (its last answer replaces the one before). A worker that did not answer this scan (not
-       ready, frozen, unreachable) keeps its last listing.
-    2. ``forget`` drops a worker that discovery removed; ``rename`` carries a listing to a
-       worker's new label.
-    3. A model not in the table that some known worker last listed is *known* to the fleet:
-       no replica is ready now, which is UNAVAILABLE (a client retries, or goes elsewhere).
-       Any other model is NOT_FOUND. A worker that answers without the model (it was
+    1. *Last listing kept*: ``swap`` records, for each worker whose index built the new table, the
+       models it listed (its last answer replaces the one before). A worker that did not answer this
+       scan (not ready, frozen, unreachable) keeps its last listing.
+    2. *Forget and rename*: ``forget`` drops a worker that discovery removed; ``rename`` carries a
+       listing to a worker's new label.
+    3. *Known or not found*: a model not in the table that some known worker last listed is *known*
+       to the fleet: no replica is ready now, which is UNAVAILABLE (a client retries, or goes
+       elsewhere). Any other model is NOT_FOUND. A worker that answers without the model (it was
        unloaded) makes it unknown again.
     """
 
@@ -142,28 +142,28 @@ class RoutingState:
     def swap(
         self, new: RoutingTable, listed: Mapping[str, Iterable[str]] | None = None
     ) -> TableDiff:
-        """Rule 1 (``listed``: worker -> the models it listed in this scan)."""
+        """*Last listing kept* (``listed``: worker -> the models it listed in this scan)."""
         old, self.table = self.table, new
         for worker, names in (listed or {}).items():
             self._listed[worker] = frozenset(names)
         return diff_tables(old, new)
 
     def forget(self, worker: str) -> None:
-        """Rule 2: a worker discovery removed."""
+        """*Forget and rename*: a worker discovery removed."""
         self._listed.pop(worker, None)
 
     def rename(self, old: str, new: str) -> None:
-        """Rule 2: the same worker under a new label."""
+        """*Forget and rename*: the same worker under a new label."""
         names = self._listed.pop(old, None)
         if names is not None:
             self._listed[new] = names
 
     def known(self, model: str) -> bool:
-        """Rule 3: whether some known worker last listed ``model``."""
+        """*Known or not found*: whether some known worker last listed ``model``."""
         return any(model in names for names in self._listed.values())
 
     def missing(self, model: str) -> ServingError:
-        """Rule 3: the error for a request that found no replica of ``model``."""
+        """*Known or not found*: the error for a request that found no replica of ``model``."""
         if self.known(model):
             return no_ready_replica(model)
         return NotFound(f"model {shown(model)} not found on any worker")
@@ -292,14 +292,14 @@ class LeastOutstanding:
     """``least_outstanding``: the replica with the least work in flight, on a fixed basis.
 
     Rules (``select``):
-    1. A request's charge is 1 under ``requests``, its units (batch items) under ``items``,
-       and units times the model's item cost (seconds per item, from the routing metadata;
-       never 0) under ``compute``.
-    2. Replicas are ranked by (quantized load, label): the least loaded first, exact ties
+    1. *Charge*: a request's charge is 1 under ``requests``, its units (batch items) under
+       ``items``, and units times the model's item cost (seconds per item, from the routing
+       metadata; never 0) under ``compute``.
+    2. *Rank*: replicas are ranked by (quantized load, label): the least loaded first, exact ties
        (after quantization) to the smaller label. The rest follow in rank order as failover.
-    3. The charge is added to the first replica's load; releasing subtracts the same charge
-       from the same worker (whatever the metadata says by then), and a load within one
-       quantum of zero becomes exactly 0.0, so residue never accumulates.
+    3. *Release what was charged*: the charge is added to the first replica's load; releasing
+       subtracts the same charge from the same worker (whatever the metadata says by then), and a
+       load within one quantum of zero becomes exactly 0.0, so residue never accumulates.
     """
 
     mode = SchedulingMode.LEAST_OUTSTANDING.value
@@ -321,7 +321,7 @@ class LeastOutstanding:
         return self._metadata.request_items(model, shape)
 
     def charge(self, model: str, units: int) -> float:
-        """The work one request of ``units`` adds to its worker (rule 1)."""
+        """The work one request of ``units`` adds to its worker (*charge*)."""
         if self.basis is WorkBasis.REQUESTS:
             return 1.0
         if self.basis is WorkBasis.ITEMS:

@@ -7,34 +7,34 @@ every routable worker must know the region. The requests are forwarded as the re
 it overtakes the registration.
 
 Rules (``ShmFanout``):
-0. The gateway's own ``ClientShmPolicy`` (``client_shared_memory``, its prefixes) comes first:
-   with client shared memory off, Register and Unregister are UNAVAILABLE naming the setting;
-   a Register of a reserved key (the workers' own objects) or of one outside the allow-list is
-   INVALID_ARGUMENT naming the rule, and reaches no worker. Replay skips (and forgets) any
+0. *Client policy*: the gateway's own ``ClientShmPolicy`` (``client_shared_memory``, its prefixes)
+   comes first: with client shared memory off, Register and Unregister are UNAVAILABLE naming the
+   setting; a Register of a reserved key (the workers' own objects) or of one outside the allow-list
+   is INVALID_ARGUMENT naming the rule, and reaches no worker. Replay skips (and forgets) any
    recorded registration the policy refuses, so no worker is ever asked to register one.
-1. Register goes to every routable worker concurrently. All succeed: the region is remembered
-   and the first reply returned. Any fails: the workers that succeeded are rolled back
-   (Unregister, best effort) and the first failure is raised with its own status, its message
-   naming the worker (a region that one worker cannot map must not be half-registered).
-   An empty region name is INVALID_ARGUMENT; no routable worker is UNAVAILABLE.
-2. Unregister (an empty name means every region) goes to every routable worker concurrently
-   and is forgotten. At least one success: the first reply is returned and the failures are
-   logged; every worker failed: the first failure is raised.
-3. ``replay`` (the prober's admission hook) re-registers every remembered region, in
+1. *Register everywhere*: a Register goes to every routable worker concurrently. All succeed: the
+   region is remembered and the first reply returned. Any fails: the workers that succeeded are
+   rolled back (Unregister, best effort) and the first failure is raised with its own status, its
+   message naming the worker (a region that one worker cannot map must not be half-registered). An
+   empty region name is INVALID_ARGUMENT; no routable worker is UNAVAILABLE.
+2. *Unregister everywhere*: an Unregister (an empty name means every region) goes to every routable
+   worker concurrently and is forgotten. At least one success: the first reply is returned and the
+   failures are logged; every worker failed: the first failure is raised.
+3. *Replay*: ``replay`` (the prober's admission hook) re-registers every remembered region, in
    registration order, on a worker that became ready, before it is routed to; a worker that
    already has a region (ALREADY_EXISTS) counts as done. A failure fails the admission, and the
    prober retries at its next round.
-4. ``replay_stale`` (the request path's hook) handles a worker that restarted between two
-   prober rounds: its ``unregistered shared memory region: r`` for a region ``r`` the gateway
-   registered triggers ``replay`` on that worker (single-flight: requests that hit the same
-   loss together wait for one replay) and says whether the request may be retried there.
-   A region the gateway never registered is the client's own business: no replay.
-5. One record for several gateway processes (``shm_record.SharedShmRegistrations``): rules 1-3
-   run holding the record (``registrations.exclusive()``), so changes made through different
-   processes and replays are serialized; a shared record's replay first asks the worker
-   (SystemSharedMemoryStatus) and registers only the regions it lacks or holds differently,
-   so the first process to admit a restarted worker replays, and the others find nothing
-   left to do.
+4. *Stale replay*: ``replay_stale`` (the request path's hook) handles a worker that restarted
+   between two prober rounds: its ``unregistered shared memory region: r`` for a region ``r`` the
+   gateway registered triggers ``replay`` on that worker (single-flight: requests that hit the same
+   loss together wait for one replay) and says whether the request may be retried there. A region
+   the gateway never registered is the client's own business: no replay.
+5. *One record*: one record for several gateway processes (``shm_record.SharedShmRegistrations``):
+   *register everywhere*, *unregister everywhere* and *replay* run holding the record
+   (``registrations.exclusive()``), so changes made through different processes and replays are
+   serialized; a shared record's replay first asks the worker (SystemSharedMemoryStatus) and
+   registers only the regions it lacks or holds differently, so the first process to admit a
+   restarted worker replays, and the others find nothing left to do.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class ShmRegistrations:
     the process's memory; ``shm_record.SharedShmRegistrations`` is the shared one."""
 
     shared = False
-    """Whether other gateway processes change the same record (rule 5)."""
+    """Whether other gateway processes change the same record (*one record*)."""
 
     def __init__(self) -> None:
         self._regions: dict[str, bytes] = {}
@@ -152,11 +152,11 @@ class ShmFanout:
         return {c.label: results[c.label] for c in clients}
 
     async def register(self, data: bytes, *, deadline: float | None = None) -> bytes:
-        """Rule 1."""
+        """*Register everywhere*."""
         return await self._observed("SystemSharedMemoryRegister", data, self._register, deadline)
 
     async def unregister(self, data: bytes, *, deadline: float | None = None) -> bytes:
-        """Rule 2."""
+        """*Unregister everywhere*."""
         return await self._observed(
             "SystemSharedMemoryUnregister", data, self._unregister, deadline
         )
@@ -174,7 +174,7 @@ class ShmFanout:
             return await fn(seen.name, data, deadline)
 
     async def _register(self, name: str, data: bytes, deadline: float | None) -> bytes:
-        """Rules 0 and 1."""
+        """*Client policy* and *register everywhere*."""
         rpc = "SystemSharedMemoryRegister"
         if not name:
             raise InvalidArgument(f"{rpc} needs a region name")
@@ -231,7 +231,7 @@ class ShmFanout:
         raise _failure(rpc, label, first)
 
     async def replay_stale(self, client: WorkerClient, exc: RpcError) -> bool:
-        """Rule 4."""
+        """*Stale replay*."""
         _, sep, name = exc.message.partition(": ")
         if not sep or name not in self.registrations:
             return False
@@ -252,7 +252,7 @@ class ShmFanout:
         return True
 
     async def replay(self, client: WorkerClient) -> None:
-        """Rules 0, 3 and 5 (raises the first failure)."""
+        """*Client policy*, *replay* and *one record* (raises the first failure)."""
         async with self.registrations.exclusive():
             items = self._replayable(self.registrations.items())
             if self.registrations.shared and items:
@@ -260,7 +260,8 @@ class ShmFanout:
             await self._replay_held(client, items)
 
     def _replayable(self, items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-        """The recorded registrations the policy allows (rule 0); the others are forgotten."""
+        """The recorded registrations the policy allows (*client policy*); the others are
+        forgotten."""
         out = []
         for name, request in items:
             try:
@@ -278,7 +279,7 @@ class ShmFanout:
     async def _lacking(
         self, client: WorkerClient, items: list[tuple[str, bytes]]
     ) -> list[tuple[str, bytes]]:
-        """The registrations ``client`` does not hold as recorded (rule 5)."""
+        """The registrations ``client`` does not hold as recorded (*one record*)."""
         try:
             data = await self._call(
                 client, STATUS, bytes(pb.SystemSharedMemoryStatusRequest()), None

@@ -7,16 +7,16 @@ So the processes keep one record: ``SharedShmRegistrations``, a ``ShmRegistratio
 contents live in a file of the runtime directory (``processes._layout``).
 
 Rules:
-1. The record is a JSON list of ``[region name, base64 of the Register request]`` in
+1. *Whole record*: the record is a JSON list of ``[region name, base64 of the Register request]`` in
    registration order, replaced whole on every change (``os.replace``), so a reader always
    sees a complete record; every read outside ``exclusive`` reads the file again.
-2. ``exclusive()`` holds the record for one process and one task: an ``anyio.Lock`` within the
-   process, then ``fcntl.flock`` on the record's ``.lock`` file across processes (taken by
-   polling a non-blocking attempt, so a waiting task never blocks its event loop and stays
+2. *Exclusive*: ``exclusive()`` holds the record for one process and one task: an ``anyio.Lock``
+   within the process, then ``fcntl.flock`` on the record's ``.lock`` file across processes (taken
+   by polling a non-blocking attempt, so a waiting task never blocks its event loop and stays
    cancellable). Inside, the record is read once at entry and written at each change.
-3. ``ShmFanout`` holds ``exclusive`` around a Register's or Unregister's fan-out and record
-   update, and around a replay, so a replay never interleaves with a change made through
-   another process: a region unregistered through process B is never replayed by process A.
+3. *Held around changes*: ``ShmFanout`` holds ``exclusive`` around a Register's or Unregister's
+   fan-out and record update, and around a replay, so a replay never interleaves with a change made
+   through another process: a region unregistered through process B is never replayed by process A.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class SharedShmRegistrations(ShmRegistrations):
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
-        """Rule 2."""
+        """*Exclusive*."""
         if self._local is None:
             self._local = anyio.Lock()
         async with self._local:

@@ -4,21 +4,21 @@
 requests with backpressure, one writer, the ends, cancellation, drain), the same as on a
 worker. What the gateway adds is how one message is served (``StreamInfer._one``):
 
-1. A message counts against the inbound cap like a unary request while it is served: the
-   session takes its slot (at the cap the stream waits, it is never failed for it), then it is
-   peeked, and forwarded with a unary ModelInfer to a worker, exactly as
-   ``Forwarder.infer`` forwards a unary call (same routing, failover, deadlines: the stream's
-   own deadline bounds each message).
-2. A worker's reply goes back as a ``ModelStreamInferResponse`` whose ``infer_response`` is the
-   worker's ``ModelInferResponse`` bytes, unchanged (so it carries its request's id). A failing
-   request (malformed, shed, unknown model, a worker's error) goes back as a response whose
-   ``error_message`` is the error's message, with the request's model and id in
-   ``infer_response``, and the stream stays open.
-3. With tracing on, each message is a ``ModelStreamInfer`` server span continuing the stream's
-   W3C context (the headers that opened it), its forward attempts client spans, exactly as a
-   unary call's (``GatewayService``).
-4. When the gateway drains (``Admission.drain_started``), the session stops reading, writes the
-   answers in flight and ends the stream UNAVAILABLE (``gateway is shutting down``).
+1. *Admitted like a unary request*: a message counts against the inbound cap like a unary request
+   while it is served: the session takes its slot (at the cap the stream waits, it is never failed
+   for it), then it is peeked, and forwarded with a unary ModelInfer to a worker, exactly as
+   ``Forwarder.infer`` forwards a unary call (same routing, failover, deadlines: the stream's own
+   deadline bounds each message).
+2. *Answers*: a worker's reply goes back as a ``ModelStreamInferResponse`` whose ``infer_response``
+   is the worker's ``ModelInferResponse`` bytes, unchanged (so it carries its request's id). A
+   failing request (malformed, shed, unknown model, a worker's error) goes back as a response whose
+   ``error_message`` is the error's message, with the request's model and id in ``infer_response``,
+   and the stream stays open.
+3. *Tracing*: with tracing on, each message is a ``ModelStreamInfer`` server span continuing the
+   stream's W3C context (the headers that opened it), its forward attempts client spans, exactly as
+   a unary call's (``GatewayService``).
+4. *Drain*: when the gateway drains (``Admission.drain_started``), the session stops reading, writes
+   the answers in flight and ends the stream UNAVAILABLE (``gateway is shutting down``).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class StreamInfer:
         plain: bytes | bytearray,
         head: PeekedRequest,
     ) -> bytes:
-        """One message with tracing on (rule 3)."""
+        """One message with tracing on (*tracing*)."""
         context = caller_context(call.header)
         span = tracing.begin(
             self.rpc, head.model_name, context, attributes={"kserve_trio.request_id": head.id}

@@ -7,13 +7,14 @@ A task on the loop (``LoopWatchdog.run``) counts beats; a daemon thread, which a
 cannot hold up, checks the count. The rules (``StallTracker.observe``, pure, called by the
 thread with the monotonic time and the beat count):
 
-1. A check that finds a new beat ends any stall.
-2. A check that finds no new beat adds the time since the previous check to the stall.
-3. A gap between two checks longer than half the limit means the whole process was not
-   running (suspended with SIGSTOP, a paused VM, a starved host): the stall starts over, since
-   the loop had no chance to beat either.
-4. When the stall reaches the limit the loop is wedged: the thread logs ``gateway_wedged`` and
-   ends the process with status 1 (nothing on a stuck loop can run a clean shutdown), so its
+1. *A beat ends the stall*: a check that finds a new beat ends any stall.
+2. *The stall grows*: a check that finds no new beat adds the time since the previous check to the
+   stall.
+3. *A paused process*: a gap between two checks longer than half the limit means the whole process
+   was not running (suspended with SIGSTOP, a paused VM, a starved host): the stall starts over,
+   since the loop had no chance to beat either.
+4. *Wedged*: when the stall reaches the limit the loop is wedged: the thread logs ``gateway_wedged``
+   and ends the process with status 1 (nothing on a stuck loop can run a clean shutdown), so its
    supervisor restarts it.
 """
 
@@ -45,7 +46,8 @@ def wedge_limit(rounds: int, interval: float) -> float:
 
 
 class StallTracker:
-    """Rules 1-3 of the module docstring; ``observe`` returns True at rule 4."""
+    """*A beat ends the stall*, *the stall grows* and *a paused process* of the module docstring;
+    ``observe`` returns True when the loop is *wedged*."""
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
@@ -68,7 +70,7 @@ class StallTracker:
 
 
 def exit_wedged(stalled: float) -> None:
-    """Rule 4's action in a gateway process."""
+    """What *wedged* does in a gateway process."""
     _log.error(
         "gateway_wedged",
         error=f"the gateway's event loop made no progress for {stalled:.1f}s",

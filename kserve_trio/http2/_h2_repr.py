@@ -4,10 +4,10 @@ hexlify its payload.
 h2 builds ``repr(frame)`` for every frame it receives, even with its logger off, and
 hyperframe's repr of a DATA frame hex-encodes the whole payload before cutting the text to 20
 characters (after copying the payload into a serialized body): a cost that grows with each
-large frame (measured in docs/benchmarks.md). ``patch_frame_repr`` gives ``DataFrame`` a repr
-of its own that formats only the bytes it shows, straight from the payload; it is idempotent,
-applied when the ``h2`` engine is imported, and tested so an upgrade that changes the repr is
-caught.
+large frame (measured in docs/benchmarks/history.md, "The frame-repr fix").
+``patch_frame_repr`` gives ``DataFrame`` a repr of its own that formats only the bytes it
+shows, straight from the payload; it is idempotent, applied when the ``h2`` engine is imported,
+and tested so an upgrade that changes the repr is caught.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ imports these names. The module owns four jobs:
    public ``jax.jit(exp.call).lower(...).compile()`` path, the same fast C++ dispatch path the
    ``.jaxexport`` sidecars use: that path takes host numpy inputs in C++, whereas the raw
    ``Client.compile_and_load`` executable needs its inputs as jax arrays, and a
-   ``jax.device_put`` per call costs more than the whole call (docs/benchmarks.md).
+   ``jax.device_put`` per call costs more than the whole call (docs/benchmarks/history.md,
+   "Runtime").
 """
 
 from __future__ import annotations

@@ -328,9 +328,9 @@ def load_compiled_model(
     ``load_weights_at_compile`` is False (a worker with the on-demand weight cache sets it, so
     that compiling a repository never puts every model's weights on the device at once). ``prefer_jaxexport=False``
     ignores ``.jaxexport`` sidecars. ``manifest`` is the bundle's manifest when the caller has
-    already validated it (``validate_manifest``), so a load validates it once; step 1 then only
-    finds the modules. Errors: ``ManifestError``/``BundleError`` for a bundle that breaks a rule,
-    each naming the bundle and the rule.
+    already validated it (``validate_manifest``), so a load validates it once; the first step then
+    only finds the modules. Errors: ``ManifestError``/``BundleError`` for a bundle that breaks a
+    rule, each naming the bundle and the rule.
     """
     d = Path(bundle_dir)
     if manifest is None:

@@ -3,32 +3,31 @@
 
 A listener must outlive anything its clients do. So:
 
-1. ``bind`` is the only place a port's ``OSError`` becomes fatal (``ListenError``): a port
-   that cannot be bound stops the start; once the port is bound, no error of ``accept`` ends
+1. *Bind errors*: ``bind`` is the only place a port's ``OSError`` becomes fatal (``ListenError``): a
+   port that cannot be bound stops the start; once the port is bound, no error of ``accept`` ends
    the server.
-2. Each port caps its open connections (``ConnectionCap``, its share of the process's
-   descriptors, ``serving.fd_budget``). At the cap, the longest-idle connection is closed to
-   admit the new one (``reason="evicted_idle"``), as nginx and Envoy do: otherwise clients
-   that open connections and never use them lock every other client out until the idle
-   deadline. Idle is what the server says (``Slot.idle``/``Slot.busy``): a connection with a
-   request or call in progress is never evicted. Its server closes it its own way (a gRPC
-   connection with a GOAWAY first). At most ``EVICTING_MAX`` evicted connections of a port
-   are still closing at a time (their descriptors are in the budget). With none idle, or that
-   many still closing, the new connection is accepted and closed at once, counted
-   ``reason="max_connections"``: the client sees its connection closed rather than a SYN left
-   in the backlog, and the descriptors the cap protects stay free for the connections being
-   served. Before the cap, the port's ``PeerLedger`` (when it has one) may refuse the peer
-   address for its connection rate, and says how strictly a peer on probation after abuse
-   is judged (``serving.peer_ledger``).
-3. An accept that fails for want of descriptors or kernel memory (EMFILE, ENFILE, ENOBUFS,
-   ENOMEM) backs off (5 ms, 50 ms, 200 ms) and tries again; the connections being served go
-   on. At EMFILE/ENFILE the loop first closes its spare descriptor (``SpareDescriptor``),
+2. *Connection cap*: each port caps its open connections (``ConnectionCap``, its share of the
+   process's descriptors, ``serving.fd_budget``). At the cap, the longest-idle connection is closed
+   to admit the new one (``reason="evicted_idle"``), as nginx and Envoy do: otherwise clients that
+   open connections and never use them lock every other client out until the idle deadline. Idle is
+   what the server says (``Slot.idle``/``Slot.busy``): a connection with a request or call in
+   progress is never evicted. Its server closes it its own way (a gRPC connection with a GOAWAY
+   first). At most ``EVICTING_MAX`` evicted connections of a port are still closing at a time (their
+   descriptors are in the budget). With none idle, or that many still closing, the new connection is
+   accepted and closed at once, counted ``reason="max_connections"``: the client sees its connection
+   closed rather than a SYN left in the backlog, and the descriptors the cap protects stay free for
+   the connections being served. Before the cap, the port's ``PeerLedger`` (when it has one) may
+   refuse the peer address for its connection rate, and says how strictly a peer on probation after
+   abuse is judged (``serving.peer_ledger``).
+3. *Resource back-off*: an accept that fails for want of descriptors or kernel memory (EMFILE,
+   ENFILE, ENOBUFS, ENOMEM) backs off (5 ms, 50 ms, 200 ms) and tries again; the connections being
+   served go on. At EMFILE/ENFILE the loop first closes its spare descriptor (``SpareDescriptor``),
    accepts what is pending and closes it (``reason="fd_budget"``), then reopens the spare: a
-   level-triggered listener whose backlog cannot be drained would otherwise wake the loop for
-   ever, and the clients would wait for a connection nobody will serve.
-4. Other accept errors (a connection reset while it sat in the backlog, ECONNABORTED,
-   the network errors Linux reports on the new socket) concern one connection only: skipped
-   (backing off the same way when they repeat, so a listener in a bad state does not spin).
+   level-triggered listener whose backlog cannot be drained would otherwise wake the loop for ever,
+   and the clients would wait for a connection nobody will serve.
+4. *One connection's fault*: other accept errors (a connection reset while it sat in the backlog,
+   ECONNABORTED, the network errors Linux reports on the new socket) concern one connection only:
+   skipped (backing off the same way when they repeat, so a listener in a bad state does not spin).
 
 The loop accepts on the listening socket itself (non-blocking ``accept`` first, then a wait
 for readability), on asyncio and trio alike, and hands each accepted socket and its ``Slot``
@@ -60,8 +59,9 @@ BACKOFF_SECONDS = (0.005, 0.05, 0.2)
 SHED_BATCH = 64
 """Pending connections closed per EMFILE round, at most (the rest wait for the next one)."""
 EVICTING_MAX = 8
-"""Evicted connections of one port still closing, at most (rule 2): each holds its descriptor
-until it is closed, so the budget keeps room for this many per listener beyond its cap."""
+"""Evicted connections of one port still closing, at most (*connection cap*): each holds its
+descriptor until it is closed, so the budget keeps room for this many per listener beyond its
+cap."""
 
 
 class ListenError(OSError):
@@ -92,7 +92,7 @@ def listening_sockets(
 
 class ConnectionCap:
     """The open connections of one port against its cap, and the idle ones among them, longest
-    idle first (module docstring, rule 2)."""
+    idle first (module docstring, *connection cap*)."""
 
     def __init__(
         self, cap: int, stats: EdgeStats, name: str, ledger: PeerLedger | None = None
@@ -145,7 +145,7 @@ class ConnectionCap:
 
 class Slot:
     """One admitted connection's place under its port's cap: idle (evictable) or busy, as its
-    server says, and how it is closed when evicted (module docstring, rule 2)."""
+    server says, and how it is closed when evicted (module docstring, *connection cap*)."""
 
     __slots__ = ("_cap", "_evict", "evicted", "peer", "strictness")
 
@@ -199,7 +199,7 @@ class Slot:
 
 class SpareDescriptor:
     """One descriptor held back so that a listener can still accept (and close) a connection
-    when the process has none left (module docstring, rule 3)."""
+    when the process has none left (module docstring, *resource back-off*)."""
 
     def __init__(self) -> None:
         self.fd = -1
@@ -267,7 +267,7 @@ async def accept_loop(
                     return
                 pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                if exc.errno not in RESOURCE_ERRNOS:  # one connection's fault (rule 4)
+                if exc.errno not in RESOURCE_ERRNOS:  # *one connection's fault*
                     log.info("accept_skipped", listener=cap.name, error=exc.strerror)
                     await anyio.sleep(pause if failures > 1 else 0)
                     continue

@@ -5,49 +5,51 @@ stops taking them.
 change only between awaits). What differs between the worker and the gateway is the cap and
 the wording of the refusals; the rules are these:
 
-1. ``cap()`` is asked on every admission (0 = uncapped), so a cap that follows the number of
-   workers (the gateway's) moves as they come and go.
-2. ``admit_inference`` admits one inference request (a ModelInfer call, or one ModelStreamInfer
-   message while it is in flight): at the cap it raises RESOURCE_EXHAUSTED with
-   ``over_cap(cap)`` and counts the shed request (``shed``, ``on_shed``); ``release_inference``
-   ends it.
-3. ``admit_call`` admits any other RPC (metadata, shared memory, fan-outs): never capped, but
-   counted, so a drain waits for it too; ``release_call`` ends it.
-4. ``start_drain`` stops admission for good: from then on every admit raises UNAVAILABLE with
-   the ``shutting_down`` message (a client retries elsewhere), ``draining`` is true (readiness
+1. *Moving cap*: ``cap()`` is asked on every admission (0 = uncapped), so a cap that follows the
+   number of workers (the gateway's) moves as they come and go.
+2. *Shed at the cap*: ``admit_inference`` admits one inference request (a ModelInfer call, or one
+   ModelStreamInfer message while it is in flight): at the cap it raises RESOURCE_EXHAUSTED with
+   ``over_cap(cap)`` and counts the shed request (``shed``, ``on_shed``); ``release_inference`` ends
+   it.
+3. *Other calls*: ``admit_call`` admits any other RPC (metadata, shared memory, fan-outs): never
+   capped, but counted, so a drain waits for it too; ``release_call`` ends it.
+4. *Drain*: ``start_drain`` stops admission for good: from then on every admit raises UNAVAILABLE
+   with the ``shutting_down`` message (a client retries elsewhere), ``draining`` is true (readiness
    turns false), and ``drained`` waits until nothing admitted is left in flight, within a bound.
-5. ``wait_inference`` admits one message of a stream: at the cap it waits for a slot instead of
-   refusing (the stream is backpressured: it reads nothing more meanwhile), so a stream's
+5. *Streams wait*: ``wait_inference`` admits one message of a stream: at the cap it waits for a slot
+   instead of refusing (the stream is backpressured: it reads nothing more meanwhile), so a stream's
    requests count against the same cap as unary ones and a stream is never failed for it.
-6. ``bytes`` (``InflightBytes``) is the byte side of admission: the bytes of the request
-   messages being received and queued in the whole process (``limits.max_inflight_bytes``).
+6. *Bytes in flight*: ``bytes`` (``InflightBytes``) is the byte side of admission: the bytes of the
+   request messages being received and queued in the whole process (``limits.max_inflight_bytes``).
    A message is charged as its bytes arrive (never as its length prefix or ``Content-Length``
-   announces them: an announcement alone holds nothing) and given back when its request is
-   done; past the cap a unary request is refused RESOURCE_EXHAUSTED and a stream's message
-   waits. A request is always admitted when nothing but its own bytes is in flight, so one
-   message up to the message cap always gets through.
-7. ``ConnectionShare`` is one connection's part of those bytes
+   announces them: an announcement alone holds nothing) and given back when its request is done;
+   past the cap a unary request is refused RESOURCE_EXHAUSTED and a stream's message waits. A
+   request is always admitted when nothing but its own bytes is in flight, so one message up to the
+   message cap always gets through.
+7. *Connection share*: ``ConnectionShare`` is one connection's part of those bytes
    (``limits.max_inflight_bytes_per_connection``): the bytes of its messages still arriving
    (charged, not yet whole). So that a few connections cannot hold the whole budget by sending
    most of large messages and stopping, a connection at its share stops being read (it waits:
    backpressure, never an error) until:
 
-   a. its own arriving bytes drop back under the share (one of its messages is whole, or its
-      call ended), or
-   b. it takes the *lane*: one connection of the process at a time may go past its share, so a
-      message larger than the share still arrives (the others wait for the lane to free, which
-      it does when that connection is back within its share), and messages larger than the
-      share on several connections never wait for each other for good.
+   a. *back within the share*: its own arriving bytes drop back under the share (one of its messages
+      is whole, or its call ended), or
+   b. *the lane*: it takes the lane, one connection of the process at a time may go past its share,
+      so a message larger than the share still arrives (the others wait for the lane to free, which
+      it does when that connection is back within its share), and messages larger than the share on
+      several connections never wait for each other for good.
 
    A message that is whole no longer counts in the share (the server's work holds it, not the
-   client), only in rule 6. 0 turns the share off.
-8. ``queue_inference(deadline)`` admits a unary request that may wait (the gateway's): at the
-   cap it waits for a slot while fewer than ``queue()`` requests wait already (0 = none),
-   else it is shed as in rule 2 with ``over_queue(cap, queue)``. A request whose deadline
-   passes while it waits is DEADLINE_EXCEEDED; one cancelled while it waits leaves the queue.
-9. Waiters (rules 5 and 8) are served in arrival order: a freed slot goes to the oldest one,
-   handed over directly (no herd of wake-ups, nobody overtakes), and a new request never takes
-   a slot while someone waits. ``start_drain`` wakes them all with UNAVAILABLE.
+   client), only in *bytes in flight*. 0 turns the share off.
+8. *Bounded queue*: ``queue_inference(deadline)`` admits a unary request that may wait (the
+   gateway's): at the cap it waits for a slot while fewer than ``queue()`` requests wait already (0
+   = none), else it is shed as at the cap (*shed at the cap*) with ``over_queue(cap, queue)``. A
+   request whose deadline passes while it waits is DEADLINE_EXCEEDED; one cancelled while it waits
+   leaves the queue.
+9. *Arrival order*: waiters (*streams wait* and *bounded queue*) are served in arrival order: a
+   freed slot goes to the oldest one, handed over directly (no herd of wake-ups, nobody overtakes),
+   and a new request never takes a slot while someone waits. ``start_drain`` wakes them all with
+   UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ WAITED_TOO_LONG = "deadline exceeded waiting for an admission slot"
 
 
 class _Waiter:
-    """One request waiting for a slot (rule 9): ``granted`` once a slot is handed to it."""
+    """One request waiting for a slot (*arrival order*): ``granted`` once a slot is handed to it."""
 
     __slots__ = ("bounded", "event", "granted")
 
@@ -76,14 +78,14 @@ class _Waiter:
 
 
 class InflightBytes:
-    """Rule 6: the process's request bytes in flight against ``cap`` (0 = uncapped); rule 7's
-    ``per_connection`` share (0 = none) and its lane."""
+    """*Bytes in flight*: the process's request bytes in flight against ``cap`` (0 = uncapped);
+    *connection share*'s ``per_connection`` share (0 = none) and its lane."""
 
     def __init__(self, cap: int, per_connection: int = 0) -> None:
         self.cap = cap
         self.per_connection = per_connection
         self.lane: ConnectionShare | None = None
-        """Rule 7b: the one connection that may be past its share now."""
+        """*The lane*: the one connection that may be past its share now."""
         self._turn: anyio.Event | None = None
         self.used = 0
         """Bytes charged now (the ``inflight_bytes`` gauge)."""
@@ -124,11 +126,11 @@ class InflightBytes:
                 room.set()
 
     def connection(self) -> ConnectionShare:
-        """A new connection's share (rule 7)."""
+        """A new connection's share (*connection share*)."""
         return ConnectionShare(self)
 
     async def turn_moved(self) -> None:
-        """Return at the next change of the connections' arriving bytes (rule 7)."""
+        """Return at the next change of the connections' arriving bytes (*connection share*)."""
         turn = self._turn
         if turn is None:
             turn = self._turn = anyio.Event()
@@ -142,7 +144,8 @@ class InflightBytes:
 
 
 class ConnectionShare:
-    """Rule 7: what one connection's messages still arriving hold of the bytes in flight."""
+    """*Connection share*: what one connection's messages still arriving hold of the bytes in
+    flight."""
 
     __slots__ = ("arriving", "budget")
 
@@ -153,7 +156,7 @@ class ConnectionShare:
 
     def fits(self, n: int) -> bool:
         """Whether ``n`` more arriving bytes may be taken now: within the share, or past it
-        with the lane (rule 7b; taken here when free)."""
+        with the lane (*the lane*; taken here when free)."""
         budget = self.budget
         share = budget.per_connection
         if not share or self.arriving + n <= share:
@@ -165,7 +168,7 @@ class ConnectionShare:
         return lane is self
 
     async def wait(self, n: int) -> None:
-        """Return once ``n`` more arriving bytes fit (rule 7): the caller reads no more
+        """Return once ``n`` more arriving bytes fit (*connection share*): the caller reads no more
         meanwhile."""
         while not self.fits(n):
             await self.budget.turn_moved()
@@ -179,7 +182,8 @@ class ConnectionShare:
 
     def give(self, n: int) -> None:
         """``n`` arriving bytes are no longer arriving (their message is whole, or gone): the
-        lane is given up once back within the share (rule 7a), and the waiters look again."""
+        lane is given up once back within the share (*back within the share*), and the waiters look
+        again."""
         self.arriving -= n
         budget = self.budget
         if budget.lane is self and self.arriving <= budget.per_connection:
@@ -207,9 +211,9 @@ class Admission:
         self._over_queue = over_queue or (lambda cap, queue: over_cap(cap))
         self._waiters: deque[_Waiter] = deque()
         self.waiting = 0
-        """Requests waiting under rule 8 now (what the queue bound counts)."""
+        """Requests waiting under *bounded queue* now (what the queue bound counts)."""
         self.shutting_down = shutting_down
-        """The UNAVAILABLE message once draining (rule 4)."""
+        """The UNAVAILABLE message once draining (*drain*)."""
         self._over_cap = over_cap
         self._on_shed = on_shed
         self.inflight = 0
@@ -225,15 +229,16 @@ class Admission:
         self.drain_started = anyio.Event()
         self._idle: anyio.Event | None = None
         self.bytes = InflightBytes(max_inflight_bytes, max_inflight_bytes_per_connection)
-        """Rules 6 and 7 (``limits.max_inflight_bytes``, ``..._per_connection``)."""
+        """*Bytes in flight* and *connection share* (``limits.max_inflight_bytes``,
+        ``..._per_connection``)."""
 
     @property
     def cap(self) -> int:
-        """Rule 1 (0 = uncapped)."""
+        """*Moving cap* (0 = uncapped)."""
         return self._cap()
 
     def _free_slot(self) -> bool:
-        """Whether a request may take a slot now (after the waiters got theirs, rule 9)."""
+        """Whether a request may take a slot now (after the waiters got theirs, *arrival order*)."""
         self._grant()
         cap = self._cap()
         return not cap or (self.inflight < cap and not self._waiters)
@@ -248,7 +253,7 @@ class Admission:
         return ResourceExhausted(message)
 
     def admit_inference(self) -> None:
-        """Rule 2 (and 4)."""
+        """*Shed at the cap* (and *drain*)."""
         if self.draining:
             raise Unavailable(self.shutting_down)
         if not self._free_slot():
@@ -256,7 +261,7 @@ class Admission:
         self._take()
 
     async def wait_inference(self) -> None:
-        """Rule 5 (and 4): a stream's message waits for a slot at the cap."""
+        """*Streams wait* (and *drain*): a stream's message waits for a slot at the cap."""
         if self.draining:
             raise Unavailable(self.shutting_down)
         if self._free_slot():
@@ -265,8 +270,8 @@ class Admission:
         await self._wait(_Waiter(bounded=False), None)
 
     async def queue_inference(self, deadline: float | None) -> None:
-        """Rule 8 (and 4): ``deadline`` absolute on the ``anyio.current_time()`` clock
-        (``None``: none)."""
+        """*Bounded queue* (and *drain*): ``deadline`` absolute on the ``anyio.current_time()``
+        clock (``None``: none)."""
         if self.draining:
             raise Unavailable(self.shutting_down)
         if self._free_slot():
@@ -278,8 +283,8 @@ class Admission:
         await self._wait(_Waiter(bounded=True), deadline)
 
     async def _wait(self, waiter: _Waiter, deadline: float | None) -> None:
-        """Rule 9: wait in line until a slot is handed over, the deadline passes (rule 8) or
-        the drain starts (rule 4)."""
+        """*Arrival order*: wait in line until a slot is handed over, the deadline passes (*bounded
+        queue*) or the drain starts (*drain*)."""
         self._waiters.append(waiter)
         if waiter.bounded:
             self.waiting += 1
@@ -302,7 +307,7 @@ class Admission:
             raise DeadlineExceeded("", WAITED_TOO_LONG)
 
     def _grant(self) -> None:
-        """Hand free slots to the oldest waiters (rule 9)."""
+        """Hand free slots to the oldest waiters (*arrival order*)."""
         waiters = self._waiters
         while waiters:
             cap = self._cap()
@@ -319,7 +324,7 @@ class Admission:
         self._check_idle()
 
     def admit_call(self) -> None:
-        """Rule 3 (and 4)."""
+        """*Other calls* (and *drain*)."""
         if self.draining:
             raise Unavailable(self.shutting_down)
         self.calls += 1
@@ -338,7 +343,7 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def queued(self, deadline: float | None) -> AsyncIterator[None]:
-        """Rule 8 around a request, released when it is done."""
+        """*Bounded queue* around a request, released when it is done."""
         await self.queue_inference(deadline)
         try:
             yield
@@ -358,7 +363,7 @@ class Admission:
         return self.inflight + self.calls
 
     def start_drain(self) -> None:
-        """Rule 4: refuse from now on."""
+        """*Drain*: refuse from now on."""
         if not self.draining:
             self.draining = True
             self.drain_started.set()

@@ -6,7 +6,8 @@ ports are open and drains on exit (``worker.server.serve_async``,
 ``gateway.server.serve_gateway_async``). Their blocking and non-blocking ``serve`` entry points
 differ only in which context they enter, so the event loop choice (``EVENT_LOOPS``: uvloop when
 installed, asyncio, or trio), the signal wait and the start/stop handshake with a background
-thread live here once. This is the one module that names an event loop library.
+thread live here once: a server's event loop is chosen and started here, and what differs per
+loop below anyio is ``core.event_loops``'.
 """
 
 from __future__ import annotations

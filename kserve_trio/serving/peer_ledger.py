@@ -35,7 +35,7 @@ from dataclasses import dataclass
 MAX_PEERS = 4096
 """Peer addresses remembered per port, at most."""
 MAX_STRICTNESS = 64
-"""Probation's strictness doubles per abuse up to this (rule 2)."""
+"""Probation's strictness doubles per abuse up to this (*probation*)."""
 MIN_JUDGED_STREAMS = 8
 """The premature-reset window on probation never shrinks below this many streams."""
 
@@ -49,7 +49,7 @@ class _Peer:
 
 
 class PeerLedger:
-    """Rules 1 and 2 of the module docstring for one port."""
+    """*Rate* and *probation* of the module docstring for one port."""
 
     def __init__(
         self,
@@ -80,7 +80,7 @@ class PeerLedger:
 
     def admit(self, host: str) -> int | None:
         """A new connection from ``host``: its strictness (1 off probation), or None when
-        the peer's rate refuses it (rule 1, divided by the strictness on probation)."""
+        the peer's rate refuses it (*rate*, divided by the strictness on probation)."""
         now = self._clock()
         peer = self._peer(host, now)
         if self.rate:
@@ -93,7 +93,7 @@ class PeerLedger:
         return peer.strictness
 
     def abused(self, host: str) -> int:
-        """One of ``host``'s connections was ended for abuse (rule 2); its strictness now."""
+        """One of ``host``'s connections was ended for abuse (*probation*); its strictness now."""
         if not self.probation:
             return 1
         now = self._clock()
@@ -105,7 +105,7 @@ class PeerLedger:
 
 
 def judged_streams(window: int, strictness: int) -> int:
-    """The premature-reset window of a connection whose peer has ``strictness`` (rule 2)."""
+    """The premature-reset window of a connection whose peer has ``strictness`` (*probation*)."""
     if strictness <= 1:
         return window
     return min(window, max(MIN_JUDGED_STREAMS, window // strictness))

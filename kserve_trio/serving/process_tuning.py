@@ -1,10 +1,10 @@
 """Process-wide memory-allocator policy for a server process (Linux/glibc): keep the heap warm
 while requests flow, give it back once they stop.
 
-XLA:CPU allocates a fresh buffer for every execution's outputs (and for unaligned inputs).
-glibc serves allocations above 32 MiB with a new ``mmap`` and returns them with ``munmap`` on
-free, so every large tensor pays a first-touch page fault per 4 KiB page, every time, and
-those faults dominate a large execution (docs/benchmarks.md). Serving large blocks from the
+XLA:CPU allocates a fresh buffer for every execution's outputs (and for unaligned inputs). glibc
+serves allocations above 32 MiB with a new ``mmap`` and returns them with ``munmap`` on free, so
+every large tensor pays a first-touch page fault per 4 KiB page, every time, and those faults
+dominate a large execution (docs/benchmarks/history.md, "Hot path"). Serving large blocks from the
 heap instead (``M_MMAP_MAX=0``) and not trimming freed heap memory back to the kernel
 (``M_TRIM_THRESHOLD``) lets them be reused warm. The cost is that freed memory stays with the
 process at its high-water mark, which after a burst or an attack is far above what it needs.
@@ -109,12 +109,12 @@ class IdleTrim:
     ``served`` is the process's count of admitted requests (it only grows), ``resident`` its
     resident bytes. ``due`` answers whether to trim now:
 
-    1. Activity is a change of ``served`` since the last tick, or ``resident`` more than
+    1. *Activity*: a change of ``served`` since the last tick, or ``resident`` more than
        ``regrowth_bytes`` above the mark (the mark then moves up to it). Activity restarts the
        quiet time and arms a trim. The process starts armed (start-up's own allocations).
-    2. An armed trim is due once ``idle_seconds`` have passed with no activity, and ``due``
-       disarms it: one trim per quiet period, none while requests flow.
-    3. ``trimmed`` (after the trim) sets the mark to the resident size then.
+    2. *One trim per quiet period*: an armed trim is due once ``idle_seconds`` have passed with no
+       activity, and ``due`` disarms it: one trim per quiet period, none while requests flow.
+    3. *The mark*: ``trimmed`` (after the trim) sets the mark to the resident size then.
     """
 
     def __init__(
@@ -137,7 +137,7 @@ class IdleTrim:
         self.armed = True
 
     def due(self) -> bool:
-        """Rules 1 and 2, at one tick."""
+        """*Activity* and *one trim per quiet period*, at one tick."""
         now = self._clock()
         count = self._served()
         active = count != self._count
@@ -156,7 +156,7 @@ class IdleTrim:
         return False
 
     def trimmed(self) -> None:
-        """Rule 3."""
+        """*The mark*."""
         self._mark = self._resident()
 
 

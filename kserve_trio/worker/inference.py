@@ -212,7 +212,7 @@ class InferenceCore:
         (gRPC's ``grpc-timeout``; 0 = none). ``encode`` writes the reply (the gRPC message by
         default; the REST adapter passes its JSON and binary encoder, called the same way).
         ``admitted``: the transport holds the request's admission slot already (a stream's
-        message, ``StreamSession``), so step 1 is skipped.
+        message, ``StreamSession``), so the admission step is skipped.
         ``trace_context`` is the caller's W3C trace context (``caller_context``: gRPC metadata
         or HTTP headers), read only when tracing is on; ``rpc`` names the span (a stream's
         message: ``ModelStreamInfer``) and ``http_route`` marks a REST call (its route
@@ -243,7 +243,7 @@ class InferenceCore:
             try:
                 check_infer_request(request, self._bounds)
                 # One coroutine from admission to encode: every frame on this path is paid
-                # per request (docs/benchmarks.md counts them).
+                # per request (docs/benchmarks/history.md, "Hot path", counts them).
                 bundle = self._repository.lookup(request.model_name, request.model_version)
                 decoded = codec.decode_infer_request(request, registry)
                 try:

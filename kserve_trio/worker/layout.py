@@ -142,16 +142,17 @@ class ModelLayout:
         """The executable input arrays (manifest order), the request's variant and its rows.
 
         Rules:
-        1. every executable input is present with the executable dtype and a matching shape
-           (``check_executable_input``), unless ``validated``;
-        2. all batched inputs agree on their batch extent (the request's rows; 1 when nothing
-           is batched);
-        3. the variant exists, and ``check_rows`` holds.
+        1. *Executable inputs*: every executable input is present with the executable dtype and a
+           matching shape (``check_executable_input``), unless ``validated``;
+        2. *One batch extent*: all batched inputs agree on their batch extent (the request's rows; 1
+           when nothing is batched);
+        3. *Known variant*: the variant exists, and ``check_rows`` holds.
 
         ``validated=True`` is for tensors that are exactly the wire inputs already checked
         against these same specs (names, completeness, dtype, rank, fixed dims) by the
         request's one validation pass: the caller passes it only when no preprocess hook ran
-        and ``wire_is_executable``. Rules 2 and 3 are admission, not validation, and always run.
+        and ``wire_is_executable``. *One batch extent* and *known variant* are admission, not
+        validation, and always run.
         """
         by_name = {t.name: t for t in tensors}
         arrays: list[np.ndarray] = []

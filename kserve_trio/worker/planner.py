@@ -74,18 +74,19 @@ def plan_batch(
     ``max_batch_size`` caps the rows coalesced into one dispatch (None = uncapped).
 
     Rules:
-    1. The variant is the front request's. The plan is not coalescable when the model is not
-       ``batched`` or the variant has the unbatched module (key 0): then it takes the front
-       request alone, with key 0 if present, else the smallest compiled size >= its rows, else
+    1. *Front variant*: the variant is the front request's. The plan is not coalescable when the
+       model is not ``batched`` or the variant has the unbatched module (key 0): then it takes the
+       front request alone, with key 0 if present, else the smallest compiled size >= its rows, else
        the largest.
-    2. Coalescable: the window is the leading run of requests sharing the front's variant.
+    2. *Coalescable*: the window is the leading run of requests sharing the front's variant.
        ``cap = max_batch_size or inf``; ``R = min(sum of window rows, cap)``.
-    3. ``B`` = the largest compiled size <= ``min(R, maxB)`` if ``R >= minB``, else ``minB``
-       (partial fill, padded). If ``B`` < the front's rows, ``B`` = the smallest size >= the
-       front's rows, else ``maxB``.
-    4. Take requests from the window front while ``taken rows + rows <= min(B, cap)``. If nothing
-       fits, take the front alone (forward progress; a request is never split).
-    5. A lone request that already has exactly ``B`` rows is passed through uncoalesced.
+    3. *Batch size*: ``B`` = the largest compiled size <= ``min(R, maxB)`` if ``R >= minB``, else
+       ``minB`` (partial fill, padded). If ``B`` < the front's rows, ``B`` = the smallest size >=
+       the front's rows, else ``maxB``.
+    4. *Take*: take requests from the window front while ``taken rows + rows <= min(B, cap)``. If
+       nothing fits, take the front alone (forward progress; a request is never split).
+    5. *Pass-through*: a lone request that already has exactly ``B`` rows is passed through
+       uncoalesced.
     """
     if not queue:
         raise ValueError("plan_batch needs a non-empty queue")
@@ -100,7 +101,8 @@ def plan_batch(
 
     min_b, max_b = keys[0], keys[-1]
     cap = max_batch_size if max_batch_size is not None else math.inf
-    # Rule 2-3 only need R up to min(cap, maxB): stop summing there (queues can be long).
+    # *Coalescable* and *batch size* only need R up to min(cap, maxB): stop summing there (queues
+    # can be long).
     limit = min(cap, max_b)
     total = 0
     for req in queue:

@@ -4,7 +4,8 @@ in one place.
 Each is kept because its alternative is worth measuring again on another machine (a device
 machine, more cores) side by side with the default: ``tools/bench/peers.py --variant
 LABEL:VAR=VALUE`` starts a worker with it. None is configuration: the defaults are what the
-measurements in docs/benchmarks.md chose, and a value that cannot be read is logged and ignored.
+measurements in docs/benchmarks/history.md chose, and a value that cannot be read is logged
+and ignored.
 They are read when a scheduler is built (``HotPathSwitches.from_environment``).
 """
 

@@ -193,20 +193,20 @@ class ChangeDetector:
 
         Rules, in order:
 
-        1. A name differs when it is in ``current`` or ``seen`` and its snapshot (signature,
-           directory identity, path) differs from the seen one, absence included. An unreadable
-           snapshot never differs: that name is looked at again next poll.
-        2. A differing name is *confirmed* when the previous poll recorded exactly the same
-           state for it (same snapshot, or absent both times); otherwise its state is recorded
+        1. *Differs*: a name differs when it is in ``current`` or ``seen`` and its snapshot
+           (signature, directory identity, path) differs from the seen one, absence included. An
+           unreadable snapshot never differs: that name is looked at again next poll.
+        2. *Confirmed*: a differing name is confirmed when the previous poll recorded exactly the
+           same state for it (same snapshot, or absent both times); otherwise its state is recorded
            in the new pending map. The pending map is replaced every poll, so a change must be
-           identical on two consecutive polls, and a confirmed change is not re-recorded (a
-           failed change is retried one confirmation later, not on every poll).
-        3. Rename: a confirmed present name ``new`` whose directory identity differs from the
+           identical on two consecutive polls, and a confirmed change is not re-recorded (a failed
+           change is retried one confirmation later, not on every poll).
+        3. *Rename*: a confirmed present name ``new`` whose directory identity differs from the
            one seen under ``new`` is the rename of ``old`` when ``old`` is a seen name (not yet
            claimed by another rename) with that directory identity and the same signature, and
            ``old`` is itself confirmed leaving (gone, or now a different directory). Renames that
            once failed to apply fall back to unload + load.
-        4. Order: first unload confirmed removals that are not rename sources; then apply
+        4. *Order*: first unload confirmed removals that are not rename sources; then apply
            renames whose target name is free, repeating while that makes progress. A target
            held by the source of a pending rename waits for that rename; a target held by any
            other model is unloaded first. Renames left over form cycles: unload their sources,
@@ -277,7 +277,7 @@ class ChangeDetector:
         return changes
 
     def _find_renames(self, confirmed: Mapping[str, Snapshot | None]) -> dict[str, str]:
-        """Rule 3 of ``poll``: ``new -> old`` for every confirmed rename."""
+        """*Rename* of ``poll``: ``new -> old`` for every confirmed rename."""
         seen = self._seen
         leaving = {
             name

@@ -22,13 +22,13 @@ def test_a_stall_counts_only_while_the_checks_run_and_no_beat_comes():
     assert not t.observe(1.0, 2)  # a beat: no stall
     assert [t.observe(1.0 + i, 2) for i in range(1, 10)] == [False] * 9
     assert t.stalled == 9.0
-    assert not t.observe(10.5, 3)  # rule 1: a beat ends it
+    assert not t.observe(10.5, 3)  # a beat ends the stall
     assert t.stalled == 0.0
     for i in range(1, 5):
         t.observe(10.5 + i, 3)
-    assert not t.observe(30.0, 3)  # rule 3: a gap over half the limit (the process was stopped)
+    assert not t.observe(30.0, 3)  # a paused process: a gap over half the limit
     assert t.stalled == 0.0
-    assert [t.observe(30.0 + i, 3) for i in range(1, 11)] == [False] * 9 + [True]  # rule 4
+    assert [t.observe(30.0 + i, 3) for i in range(1, 11)] == [False] * 9 + [True]  # wedged
 
 
 def test_the_limit_is_rounds_of_intervals_never_under_the_floor_and_zero_is_off():

@@ -1,5 +1,5 @@
-"""The admission queue (``serving.admission`` rules 7 and 8): waiters in arrival order, a bound,
-deadlines, cancellation and drain."""
+"""The admission queue (``serving.admission``: *bounded queue* and *arrival order*): waiters in
+arrival order, a bound, deadlines, cancellation and drain."""
 
 from __future__ import annotations
 

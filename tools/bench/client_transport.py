@@ -1,7 +1,7 @@
 """The client transport on each event loop: the h2 transport on asyncio, uvloop and trio.
 
 (Until the grpclib-based client transport was removed this compared the two; the figures that
-decided it are in docs/benchmarks.md, "Trio transport".)
+decided it are in docs/benchmarks/history.md, "Trio transport".)
 
 A worker serving the demo repository runs in its own process; each measurement is a fresh
 client process running a closed loop of ``KServeModel.infer`` calls (``mlp``, one FP32 [1, 16]

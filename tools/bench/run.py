@@ -1,4 +1,4 @@
-"""The hot-path benchmark suite: one command, every case of docs/benchmarks.md "Hot path".
+"""The hot-path benchmark suite: one command, every case of docs/benchmarks/history.md "Hot path".
 
 The server under test runs pinned to CPU 0 and the load generator (tools/bench/loadgen.py, a
 closed loop over tritonclient's aio client, in its own process) to CPU 1. Reported per case:

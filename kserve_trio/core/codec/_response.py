@@ -38,19 +38,19 @@ def encode_infer_response(
     array that already views a whole ``bytes`` object, such as an echoed input).
 
     Rules:
-    1. ``requested`` empty or None: every output, in model order, inline.
-    2. Otherwise exactly the requested outputs in request order; a name the model does not
-       produce raises ``validation.no_such_output`` before anything is written.
-    3. An output requested into shared memory must fit its ``byte_size`` (else
-       ``InvalidArgument`` naming both numbers); it is written through ``registry.write`` and
-       its response tensor carries the three shm parameters with ``shared_memory_byte_size`` =
-       the bytes actually written.
-    4. ``raw_output_contents`` has one entry per output, in response order (Triton's layout,
-       which tritonclient reads by position): the payload of an inline output, an empty entry
-       for an output written to shared memory.
-    5. A ``BYTES`` output's payload is its length-prefixed encoding (``core.bytes_tensor``),
-       inline or in shared memory alike; an element that is neither ``bytes`` nor ``str`` is
-       ``Internal`` (the model's bug).
+    1. *Every output by default*: ``requested`` empty or None: every output, in model order, inline.
+    2. *Requested outputs*: otherwise exactly the requested outputs in request order; a name the
+       model does not produce raises ``validation.no_such_output`` before anything is written.
+    3. *Shared-memory outputs*: an output requested into shared memory must fit its ``byte_size``
+       (else ``InvalidArgument`` naming both numbers); it is written through ``registry.write`` and
+       its response tensor carries the three shm parameters with ``shared_memory_byte_size`` = the
+       bytes actually written.
+    4. *Raw contents by position*: ``raw_output_contents`` has one entry per output, in response
+       order (Triton's layout, which tritonclient reads by position): the payload of an inline
+       output, an empty entry for an output written to shared memory.
+    5. *BYTES payloads*: a ``BYTES`` output's payload is its length-prefixed encoding
+       (``core.bytes_tensor``), inline or in shared memory alike; an element that is neither
+       ``bytes`` nor ``str`` is ``Internal`` (the model's bug).
     """
     tensors, raw = response_outputs(model_name, outputs, requested, registry, zero_copy=zero_copy)
     return infer_response_pieces(model_name, model_version, request_id, None, tensors, raw)
@@ -64,9 +64,10 @@ def response_outputs(
     *,
     zero_copy: bool = False,
 ) -> tuple[list[InferOutputTensor], list[bytes | memoryview]]:
-    """Rules 1-4 of ``encode_infer_response`` without the encoding: the response's output
-    tensors and their payloads (an empty one for an output written to shared memory). Every
-    response encoder (the gRPC message, the REST JSON and binary body) starts here."""
+    """The rules of ``encode_infer_response`` (*every output by default* to *BYTES payloads*)
+    without the encoding: the response's output tensors and their payloads (an empty one for an
+    output written to shared memory). Every response encoder (the gRPC message, the REST JSON and
+    binary body) starts here."""
     if requested:
         by_name = {t.name: t for t in outputs}
         chosen: list[tuple[NamedTensor, ShmRef | None]] = []

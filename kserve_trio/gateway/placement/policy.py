@@ -6,20 +6,21 @@ placed on several workers, a ``fill.FillState``. The scheduler that measures uti
 decides when to repack calls ``repack``; requests call ``select``.
 
 Rules (``select``):
-1. A model without a placement is routed round robin over the workers that report it ready,
-   with nothing reserved (new models, and models nobody has asked for yet).
-2. A model placed on one worker goes there when it is ready (it is reserved: units in flight
-   and the worker's load); the other ready replicas follow as failover.
-3. A model placed on several workers asks its fill state for the replica (``choose``), over the
-   placed replicas that are ready; failover follows the fill state's order, then any ready
-   replica outside the placement as a last resort.
-4. The weight a request adds to its worker's load is its units under the ``items`` basis, units
-   times the model's item cost under ``compute``, and the model's per-request cost under
-   ``requests`` (from the routing metadata: the model's own, else the fleet mean, else 1).
-5. ``repack`` swaps the assignment: fill states keep the in-flight counts of the replicas that
-   persist and their cursor, and end their runs; counters of workers that left are dropped.
-6. ``refresh_plans`` re-resolves every fill state's mode, policy and quantum from the current
-   settings and batch sizes (the scheduler calls it each tick and after an operator change).
+1. *Unplaced*: a model without a placement is routed round robin over the workers that report it
+   ready, with nothing reserved (new models, and models nobody has asked for yet).
+2. *Placed on one worker*: a model placed on one worker goes there when it is ready (it is reserved:
+   units in flight and the worker's load); the other ready replicas follow as failover.
+3. *Placed on several*: a model placed on several workers asks its fill state for the replica
+   (``choose``), over the placed replicas that are ready; failover follows the fill state's order,
+   then any ready replica outside the placement as a last resort.
+4. *Request weight*: the weight a request adds to its worker's load is its units under the ``items``
+   basis, units times the model's item cost under ``compute``, and the model's per-request cost
+   under ``requests`` (from the routing metadata: the model's own, else the fleet mean, else 1).
+5. *Repack*: ``repack`` swaps the assignment: fill states keep the in-flight counts of the replicas
+   that persist and their cursor, and end their runs; counters of workers that left are dropped.
+6. *Refresh plans*: ``refresh_plans`` re-resolves every fill state's mode, policy and quantum from
+   the current settings and batch sizes (the scheduler calls it each tick and after an operator
+   change).
 
 Every request counts as an arrival of its model (``take_arrivals`` hands the counts to the
 scheduler and starts them again), and each (model, worker)'s items in flight and requests
@@ -109,7 +110,7 @@ class LptPacking:
         return {w: v for w, v in self._counters.load.items() if quantize(v) != 0}
 
     def weight(self, model: str, units: int) -> float:
-        """The load one request adds to its worker (rule 4)."""
+        """The load one request adds to its worker (*request weight*)."""
         if self.basis is WorkBasis.ITEMS:
             return float(units)
         if self.basis is WorkBasis.REQUESTS:
@@ -164,13 +165,13 @@ class LptPacking:
         return fill_quantum(max_batch, self.settings_for(model).factor)
 
     def refresh_plans(self) -> None:
-        """Rule 6."""
+        """*Refresh plans*."""
         for model, state in self.fills.items():
             s = self.settings_for(model)
             state.mode, state.policy, state.quantum = s.mode, s.policy, self.quantum(model)
 
     def repack(self, assignment: Assignment) -> None:
-        """Adopt a new assignment (rule 5)."""
+        """Adopt a new assignment (*repack*)."""
         fills: dict[str, FillState] = {}
         for model, placement in assignment.placements.items():
             if len(placement.workers) < 2:

@@ -7,44 +7,46 @@ GetSchedulingStatus reports. It places through ``placement.compute_assignment`` 
 through ``policy.LptPacking``; compaction after a repack is ``compaction.Compactor``.
 
 Start-up (``start``, before the gateway serves):
-1. Every worker must answer ModelControlStatus (each call bounded by the watchdog; a timed-out
-   call resets that worker's connection). With a start-up wait, unanswered workers are polled
-   again every ``STARTUP_POLL_SECONDS`` until the wait ends; without one the first failure is
-   fatal (``LptStartupError`` naming the workers). Calls that time out are failures like any
-   other: a frozen fleet is not a wedged gateway (``watchdog``).
-2. Every worker must run the fifo or edf discipline (under lpt_packing the gateway is the
-   fairness authority; a fair worker would fight its placement) and report the same model
-   names.
-3. A repack with trigger ``startup`` places every model by memory alone (no load measured yet).
+1. *Every worker answers*: every worker must answer ModelControlStatus (each call bounded by the
+   watchdog; a timed-out call resets that worker's connection). With a start-up wait, unanswered
+   workers are polled again every ``STARTUP_POLL_SECONDS`` until the wait ends; without one the
+   first failure is fatal (``LptStartupError`` naming the workers). Calls that time out are failures
+   like any other: a frozen fleet is not a wedged gateway (``watchdog``).
+2. *One discipline, one model set*: every worker must run the fifo or edf discipline (under
+   lpt_packing the gateway is the fairness authority; a fair worker would fight its placement) and
+   report the same model names.
+3. *Placed by memory*: a repack with trigger ``startup`` places every model by memory alone (no load
+   measured yet).
 
 Tick (each prober round whose ModelControlStatus poll got an answer; ``tick``):
-1. Fill plans are re-resolved (batch sizes may have changed).
-2. Fleet compute: the first observation is the baseline; afterwards growth is added to the
+1. *Fill plans*: fill plans are re-resolved (batch sizes may have changed).
+2. *Fleet compute*: the first observation is the baseline; afterwards growth is added to the
    accumulator, and a fall (a worker restarted) re-baselines without adding.
-3. The threshold is ``first_rebalance_compute_seconds`` until the first compute-triggered
-   repack (when > 0), then ``rebalance_compute_seconds``.
-4. A pending operator request (``requested > completed``) repacks with trigger ``operator``
-   (the first budget is not consumed); else an accumulator at or over the threshold repacks with
-   trigger ``compute``. The operator completion counter is stored last, after compaction is
-   scheduled, so a waiting Repack sees the whole repack done.
+3. *Threshold*: the threshold is ``first_rebalance_compute_seconds`` until the first
+   compute-triggered repack (when > 0), then ``rebalance_compute_seconds``.
+4. *Trigger*: a pending operator request (``requested > completed``) repacks with trigger
+   ``operator`` (the first budget is not consumed); else an accumulator at or over the threshold
+   repacks with trigger ``compute``. The operator completion counter is stored last, after
+   compaction is scheduled, so a waiting Repack sees the whole repack done.
 
 Repack (``_repack``):
-1. ``wall`` = seconds since the previous repack (0 on the first); the model's arrival rate
-   samples ``arrivals / wall`` and its per-request cost samples ``d_compute / d_requests`` since
-   the previous repack. A model's first sample is adopted as is, later ones are folded with
-   ``ewma(old, sample, compute_elapsed, halflife)``: the average forgets by fleet compute
-   consumed, not by wall time, so an idle fleet keeps its picture.
-2. ``u[m] = rate * cost`` (0 unless both are measured), for the models every polled worker
-   reports. A model only some workers report is *drifted*: placed evenly over those workers,
+1. *Rates and costs*: ``wall`` = seconds since the previous repack (0 on the first); the model's
+   arrival rate samples ``arrivals / wall`` and its per-request cost samples
+   ``d_compute / d_requests`` since the previous repack. A model's first sample is adopted as is, later ones are
+   folded with ``ewma(old, sample, compute_elapsed, halflife)``: the average forgets by fleet
+   compute consumed, not by wall time, so an idle fleet keeps its picture.
+2. *Utilizations*: ``u[m] = rate * cost`` (0 unless both are measured), for the models every polled
+   worker reports. A model only some workers report is *drifted*: placed evenly over those workers,
    with a warning.
-3. ``compute_assignment`` over the polled workers with the previous placement, the models'
-   weight footprints, the workers' on-demand budgets, the replica overrides and the knobs.
-4. The routing policy adopts it (in-flight counts carried over), the accumulator restarts, and
-   moved models (worker set changed) and changed workers (``placement.changed_workers``) are
-   counted and logged; the compaction cadence decides whether to compact the changed workers.
+3. *Assignment*: ``compute_assignment`` over the polled workers with the previous placement, the
+   models' weight footprints, the workers' on-demand budgets, the replica overrides and the knobs.
+4. *Adoption*: the routing policy adopts it (in-flight counts carried over), the accumulator
+   restarts, and moved models (worker set changed) and changed workers
+   (``placement.changed_workers``) are counted and logged; the compaction cadence decides whether to
+   compact the changed workers.
 
 Several gateway processes (``multiprocess``): one process's scheduler places; it counts the
-others' arrivals too (``extra_arrivals``, added to its own at repack rule 1) and hands each
+others' arrivals too (``extra_arrivals``, added to its own in *rates and costs*) and hands each
 repack's result to ``on_repack``, which the other processes follow.
 """
 
@@ -218,7 +220,7 @@ class LptScheduler:
 
     @property
     def threshold(self) -> float:
-        """Tick rule 3."""
+        """*Threshold* (tick)."""
         first = self.knobs.first_rebalance_compute_seconds
         if first > 0 and not self.book.first_compute_done:
             return first
@@ -270,7 +272,8 @@ class LptScheduler:
         return out
 
     async def start(self) -> RepackReport:
-        """Start-up rules 1-3; raises ``LptStartupError``."""
+        """Start-up (*every worker answers*, *one discipline, one model set*, *placed by memory*);
+        raises ``LptStartupError``."""
         deadline = anyio.current_time() + self._startup_wait
         replies: dict[str, rc.ModelControlStatusResponse] = {}
         while True:
@@ -298,8 +301,9 @@ class LptScheduler:
         return self.begin(replies)
 
     def begin(self, replies: Mapping[str, rc.ModelControlStatusResponse]) -> RepackReport:
-        """Start-up rules 2-3 over every worker's reply (pure: ``start`` calls it once every
-        worker has answered); raises ``LptStartupError``."""
+        """Start-up's *one discipline, one model set* and *placed by memory* over every worker's
+        reply (pure: ``start`` calls it once every worker has answered); raises
+        ``LptStartupError``."""
         check_preconditions(replies)
         poll = aggregate_poll(replies)
         self.ready = poll.polled
@@ -320,7 +324,8 @@ class LptScheduler:
             _log.exception("lpt_tick_failed", error=str(exc))
 
     def tick(self, poll: FleetPoll) -> RepackReport | None:
-        """Tick rules 1-4; returns the repack's report when one ran."""
+        """A tick (*fill plans*, *fleet compute*, *threshold*, *trigger*); returns the repack's
+        report when one ran."""
         self.book.last_tick_unix = time.time()
         self.ready = poll.polled
         self.poll = poll
@@ -343,7 +348,7 @@ class LptScheduler:
     # ---- repack -----------------------------------------------------------------------------
 
     def _measure(self, poll: FleetPoll, compute_elapsed: float, wall: float) -> None:
-        """Repack rule 1."""
+        """*Rates and costs* (repack)."""
         h = self.knobs.halflife
         arrivals = self.policy.take_arrivals()
         for model, n in self.extra_arrivals().items():
@@ -490,7 +495,8 @@ class LptScheduler:
 
 
 def check_preconditions(replies: Mapping[str, rc.ModelControlStatusResponse]) -> None:
-    """Start-up rule 2 (pure): every worker runs fifo or edf, and all report one model set."""
+    """*One discipline, one model set* (start-up, pure): every worker runs fifo or edf, and all
+    report one model set."""
     for label, reply in sorted(replies.items()):
         if reply.discipline.lower() not in DISCIPLINES:
             raise LptStartupError(

@@ -6,13 +6,13 @@ the temporary directory) and removes it at exit. So that no directory outlives i
 however the gateway ended, every process of the gateway holds a shared ``flock`` on the
 directory while it lives (the kernel drops it however the process ends, SIGKILL included):
 
-1. a child that exits removes the directory when no other process of its gateway holds it
-   (``leave_runtime_dir``): the parent was killed outright and its children, which the kernel
-   stopped with it (the trampoline's parent-death signal), were the last;
-2. a parent that starts removes every ``kserve_trio-gateway-<pid>-*`` directory whose pid is not
-   a live process and that no process holds (``remove_stale_runtime_dirs``): the case where
-   every process of a gateway was killed outright. A live owner's directory, or one a process
-   still holds, is never touched, nor is any other name.
+1. *The last to leave removes*: a child that exits removes the directory when no other process of
+   its gateway holds it (``leave_runtime_dir``): the parent was killed outright and its children,
+   which the kernel stopped with it (the trampoline's parent-death signal), were the last;
+2. *A starting parent sweeps*: a parent that starts removes every ``kserve_trio-gateway-<pid>-*``
+   directory whose pid is not a live process and that no process holds
+   (``remove_stale_runtime_dirs``): the case where every process of a gateway was killed outright. A
+   live owner's directory, or one a process still holds, is never touched, nor is any other name.
 
 Nothing else creates files there but the children, and only these:
 
@@ -74,8 +74,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_runtime_dirs(temp_dir: Path | None = None) -> list[Path]:
-    """Rule 2 of the module docstring, in ``temp_dir`` (default: ``tempfile.gettempdir()``);
-    the directories removed."""
+    """*A starting parent sweeps* (module docstring), in ``temp_dir`` (default:
+    ``tempfile.gettempdir()``); the directories removed."""
     root = Path(temp_dir if temp_dir is not None else tempfile.gettempdir())
     removed: list[Path] = []
     try:
@@ -101,8 +101,8 @@ def remove_stale_runtime_dirs(temp_dir: Path | None = None) -> list[Path]:
 
 
 def create_runtime_dir() -> tuple[Path, int]:
-    """The parent's runtime directory, made after removing the stale ones (rule 2), and the
-    descriptor holding it (give both to ``remove_runtime_dir`` at exit)."""
+    """The parent's runtime directory, made after removing the stale ones (*a starting parent
+    sweeps*), and the descriptor holding it (give both to ``remove_runtime_dir`` at exit)."""
     for stale in remove_stale_runtime_dirs():
         _log.info("gateway_stale_runtime_dir_removed", runtime_dir=str(stale))
     runtime_dir = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_DIR_PREFIX}{os.getpid()}-"))
@@ -138,8 +138,8 @@ def _exiting(pid: int) -> bool:
 
 
 def leave_runtime_dir(runtime_dir: Path, fd: int, parent: int) -> bool:
-    """A child's exit: rule 1 (the lock is dropped first, so of several children leaving at
-    once the last to try finds no holder); whether it removed the directory.
+    """A child's exit: *the last to leave removes* (the lock is dropped first, so of several
+    children leaving at once the last to try finds no holder); whether it removed the directory.
 
     A parent killed outright signals its children when the thread that started them dies,
     which can be before its last thread has closed its descriptors (and dropped its lock).
@@ -217,7 +217,7 @@ class ProcessRole:
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
         """Hold the runtime directory while this child lives; on the way out, remove it when
-        no process of the gateway holds it any longer (rule 1)."""
+        no process of the gateway holds it any longer (*the last to leave removes*)."""
         parent = os.getppid()
         fd = _hold(self.runtime_dir, fcntl.LOCK_SH)
         try:

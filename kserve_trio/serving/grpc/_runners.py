@@ -1,8 +1,8 @@
 """The call tasks of one connection: each call's handler run in a task, tasks reused.
 
-A task spawn costs several times a hand-over to a task that waits (docs/benchmarks.md), so a
-task that has served a call waits for the next call of its connection instead of ending. The
-rules of a call's run:
+A task spawn costs several times a hand-over to a task that waits (docs/benchmarks/history.md,
+"Decisions measured on the way"), so a task that has served a call waits for the next call of its
+connection instead of ending. The rules of a call's run:
 
 - *No stale cancellation*: a task serves its calls in one cancel scope until a call is
   cancelled (opening a scope per call costs more than the rest of the hand-over), and never

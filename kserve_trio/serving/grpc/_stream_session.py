@@ -5,30 +5,31 @@ server's ``serve_one`` function and writes the answers back on the same call. Th
 differ only in what ``serve_one`` does (the worker runs the inference core, the gateway forwards
 to a worker); the ordering, bounds and lifetime rules are these, for both:
 
-1. Messages are read in order; each becomes a task of the session's task group, so requests on
-   one stream run concurrently and nothing outlives the call. At most ``max_outstanding``
-   requests of a stream are read and not yet answered: past that the session stops reading
-   until an answer is written, and HTTP/2 flow control holds the client back (backpressure,
-   never an error).
-2. The process's bounds hold a stream back the same way, never fail it: each message takes a
-   slot of the server's ``admission`` before it is served (``Admission.wait_inference``: at the
-   concurrency cap the reading waits, and its requests count against the cap like unary ones,
-   so the outstanding bound sits inside the cap), and a message's bytes wait for room in the
-   process's bytes in flight (``Call.receive(wait=True)``). Both are given back when its
-   request has been served (``Call.done_with``), before its answer is written.
-3. Answers are written in completion order by one writer task from a memory object stream, so
-   the frames of two answers never interleave. ``serve_one(call, message)`` turns every
-   failure of its own request into an answer (the stream stays open) and returns it with a
-   function that makes that request's error answer from a message: an answer over the send cap
-   is replaced by the error answer saying so.
-4. The end of the client's half: the answers in flight are written, then the call ends OK. A
-   framing error (a message cut short, a bad prefix, an announced length over the cap) stops
-   the reading the same way and ends the call with its status once the answers are written.
-5. The client's cancellation (RST_STREAM, a lost connection, the call's deadline) cancels the
-   session's task group: every request still being served is cancelled with it.
-6. Drain: once ``closing()`` returns, the session stops reading, writes the answers in flight
+1. *Bounded reading*: messages are read in order; each becomes a task of the session's task group,
+   so requests on one stream run concurrently and nothing outlives the call. At most
+   ``max_outstanding`` requests of a stream are read and not yet answered: past that the session
+   stops reading until an answer is written, and HTTP/2 flow control holds the client back
+   (backpressure, never an error).
+2. *Process bounds*: the process's bounds hold a stream back the same way, never fail it: each
+   message takes a slot of the server's ``admission`` before it is served
+   (``Admission.wait_inference``: at the concurrency cap the reading waits, and its requests count
+   against the cap like unary ones, so the outstanding bound sits inside the cap), and a message's
+   bytes wait for room in the process's bytes in flight (``Call.receive(wait=True)``). Both are
+   given back when its request has been served (``Call.done_with``), before its answer is written.
+3. *One writer*: answers are written in completion order by one writer task from a memory object
+   stream, so the frames of two answers never interleave. ``serve_one(call, message)`` turns every
+   failure of its own request into an answer (the stream stays open) and returns it with a function
+   that makes that request's error answer from a message: an answer over the send cap is replaced by
+   the error answer saying so.
+4. *The client's end*: at the end of the client's half the answers in flight are written, then the
+   call ends OK. A framing error (a message cut short, a bad prefix, an announced length over the
+   cap) stops the reading the same way and ends the call with its status once the answers are
+   written.
+5. *Cancellation*: the client's cancellation (RST_STREAM, a lost connection, the call's deadline)
+   cancels the session's task group: every request still being served is cancelled with it.
+6. *Drain*: once ``closing()`` returns, the session stops reading, writes the answers in flight
    and ends the call UNAVAILABLE with ``shutting_down`` as the message.
-7. A failed write (the client is gone) cancels the whole session.
+7. *Failed write*: a write that fails (the client is gone) cancels the whole session.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from kserve_trio.serving.grpc._status import status_of
 log = get_logger("kserve_trio.serving.grpc")
 
 MAX_OUTSTANDING = 128
-"""Requests of one stream read and not yet answered (rule 1)."""
+"""Requests of one stream read and not yet answered (*bounded reading*)."""
 
 Answer = Any
 """What ``serve_one`` returns and the writer sends: bytes, ``WirePieces`` or a message."""
@@ -81,7 +82,8 @@ class StreamSession:
         self.broken = False
 
     async def run(self) -> None:
-        """Serve the stream to its end and end the call (rules 3 and 5)."""
+        """Serve the stream to its end and end the call (*one writer*, *the client's end*, *drain*
+        and *failed write*)."""
         send, receive = anyio.create_memory_object_stream[tuple[Answer, Callable[[str], Answer]]](
             self.max_outstanding
         )
@@ -132,8 +134,8 @@ class StreamSession:
                 return
             if admission is not None:
                 try:
-                    await admission.wait_inference()  # rule 2: backpressure at the cap
-                except Unavailable:  # draining: rule 6
+                    await admission.wait_inference()  # *process bounds*: backpressure at the cap
+                except Unavailable:  # *drain*
                     call.done_with(message)
                     self.slots.release()
                     self.drained = True

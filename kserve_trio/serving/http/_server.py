@@ -1,53 +1,54 @@
 """The project's HTTP/1.1 server: httptools' parser driven by one anyio task per connection.
 
-Chosen by measurement (docs/benchmarks.md, "HTTP stack"): httptools (llhttp, the parser uvicorn
-uses) on anyio streams cost the least CPU per request of the candidates, and it runs inside the
-caller's own task tree: each connection is a child task of the listener, cancellation is the
+Chosen by measurement (docs/benchmarks/history.md, "HTTP stack"): httptools (llhttp, the parser
+uvicorn uses) on anyio streams cost the least CPU per request of the candidates, and it runs inside
+the caller's own task tree: each connection is a child task of the listener, cancellation is the
 shutdown path, TLS is anyio's, and nothing installs signal handlers or runs tasks of its own.
 
 What the connection loop owns (the parser owns the syntax: request line, headers, chunked
 bodies; ``_Parsed`` adds what the parser leaves open):
 
-1. keep-alive: requests on one connection are answered in order, one at a time (a pipelined
+1. *Keep-alive*: requests on one connection are answered in order, one at a time (a pipelined
    request waits for the one before it); the connection closes when the request asks
    (``Connection: close``, HTTP/1.0 without keep-alive), after an error that leaves the stream
    unreadable, or at a deadline (``IdleReaper``): a request head that is not complete within
    ``limits.handshake_seconds`` of its first byte (of the accept, for a connection's first
    request, the TLS handshake included: slowloris), answered 408 when some of it came, and a
    connection that waited ``limits.idle_seconds`` for a byte;
-2. caps: the request head is at most ``MAX_HEAD_BYTES`` (else 431), counted on its fields as
+2. *Caps*: the request head is at most ``MAX_HEAD_BYTES`` (else 431), counted on its fields as
    they are reported and on the bytes fed while it is still arriving (the parser holds a header
    line, and skips padding and empty lines, without a word: one that never ends is cut
    there); the body at most ``max_body_bytes``, checked on ``Content-Length`` before the body
    is read and on the bytes of a chunked body as they arrive (``_body``: else 413 ``received
    message larger than max (N vs. M)``, the gRPC message, and the connection closes, lingering
    a moment so the client reads the answer);
-2a. bytes in flight (``serve_app(inflight=...)``): a body is charged to the process's
+2a. *Bytes in flight* (``serve_app(inflight=...)``): a body is charged to the process's
    ``InflightBytes``, the budget gRPC messages count in, as its bytes arrive, never at the
    ``Content-Length`` its head announces (a client announcing a large body and sending a byte
    holds a byte), an inflated one also as it grows (``HttpRequest.charge``), and given back
    once its request is answered or the connection ends. A piece that does not fit is answered
-   429 with the gRPC refusal's message and the connection closes as in rule 2; one request
+   429 with the gRPC refusal's message and the connection closes as in *caps*; one request
    alone is always admitted. While its body arrives it counts in the connection's share
    (``admission.ConnectionShare``, ``limits.max_inflight_bytes_per_connection``): at the share
    the connection is not read (backpressure) until it may take the lane;
-2b. chunk framing: the parser skips a chunk's extensions (``5;name=value``) and the zeros
+2b. *Chunk framing*: the parser skips a chunk's extensions (``5;name=value``) and the zeros
    before its size without reporting them, so an endless extension would be read forever. What
    a chunked body's framing has beyond its least (the hex size and two CRLFs per chunk) is
    counted per piece fed: the bytes fed less what the callbacks report and the least framing
    around it. Past ``MAX_CHUNK_EXTENSION_BYTES`` in one request it is 400, and it counts
    toward the body cap (413). The count is exact for the pieces inside a body and an upper
    bound for the piece it begins or ends in (what shares that piece counts with it);
-3. ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the caps;
-4. ``HEAD`` is answered with the headers of ``GET`` and no body;
-5. a handler exception that is not a ``ServingError`` becomes 500 with a JSON error body; the
-   server keeps serving;
-6. RFC 9112 and 9110: an HTTP/1.1 request without a Host header, and any with two, is 400; an
-   absolute-form target (``GET http://host:port/path``) is served by its path; ``Upgrade`` is
-   ignored, as RFC 9110 lets a server do (``curl --http2`` asks for h2c on http:// URLs): the
-   request is parsed again without the upgrade (its head written anew, its body read as a
+3. *100-continue*: ``Expect: 100-continue`` is answered ``100 Continue`` once the head passed the
+   caps;
+4. *HEAD*: ``HEAD`` is answered with the headers of ``GET`` and no body;
+5. *Handler faults*: a handler exception that is not a ``ServingError`` becomes 500 with a JSON
+   error body; the server keeps serving;
+6. *Request forms* (RFC 9112 and 9110): an HTTP/1.1 request without a Host header, and any with two,
+   is 400; an absolute-form target (``GET http://host:port/path``) is served by its path;
+   ``Upgrade`` is ignored, as RFC 9110 lets a server do (``curl --http2`` asks for h2c on http://
+   URLs): the request is parsed again without the upgrade (its head written anew, its body read as a
    body) and answered in HTTP/1.1; CONNECT is 501;
-7. a fault (a malformed request, a cap, a refusal) ends the parsing where it is found
+7. *Refusals*: a fault (a malformed request, a cap, a refusal) ends the parsing where it is found
    (``_Refusal``): the requests completed before it are answered first, then the refusal, and
    the connection closes; if one of those asked to close, the connection ends with its answer
    and nothing is refused (bytes after ``Connection: close`` are not a request).
@@ -89,7 +90,8 @@ log = get_logger("kserve_trio.serving.http")
 
 MAX_HEAD_BYTES = 64 << 10
 MAX_CHUNK_EXTENSION_BYTES = 16 << 10
-"""Rule 2b: a chunked body's framing beyond its least (chunk extensions, zeros before a size)."""
+"""*Chunk framing*: a chunked body's framing beyond its least (chunk extensions, zeros before a
+size)."""
 READ_BYTES = 256 << 10
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
@@ -113,7 +115,7 @@ class HttpRequest:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | bytearray = b""
     charged: int = 0
-    """Bytes of this request charged to the process's bytes in flight (rule 2a)."""
+    """Bytes of this request charged to the process's bytes in flight (*bytes in flight*)."""
     charges: BodyCharges | None = field(default=None, repr=False, compare=False)
     """Where they are charged (None: a server that counts no bytes in flight)."""
 
@@ -195,7 +197,7 @@ def segments(head: bytes, pieces: Sequence[Buffer], length: int) -> list[Buffer]
 @dataclass(frozen=True, slots=True)
 class _Refusal:
     """What ends a connection's parsing: the answer sent once the requests completed before it
-    are answered (rule 7), and the ``refused_requests`` reason it is counted under ("" for
+    are answered (*refusals*), and the ``refused_requests`` reason it is counted under ("" for
     none, or one counted where it was decided)."""
 
     status: int
@@ -233,7 +235,8 @@ _CHUNK_FRAMING = 4
 """A chunk's framing beside its hex size: the size line's CRLF and the one after its data (the
 last chunk: its CRLF and the empty line's)."""
 _UPGRADE_TOKENS = frozenset({"upgrade", "http2-settings"})
-"""The hop-by-hop headers of an upgrade request that ignoring the upgrade (rule 6) drops."""
+"""The hop-by-hop headers of an upgrade request that ignoring the upgrade (*request forms*)
+drops."""
 
 
 def _origin_form(url: str) -> str:
@@ -262,10 +265,10 @@ def _head_end(tail: bytes, data: bytes) -> int:
 
 
 class _Parsed:
-    """httptools' callbacks and what the parser leaves to us (rules 2, 2a, 2b, 6 and 7): the
-    requests it completes, in order, in ``ready``; once a fault or a refusal is found,
-    ``refusal``, and nothing after it is parsed. The parser calls back synchronously from
-    ``feed_data``; ``feed`` is this connection's one way in."""
+    """httptools' callbacks and what the parser leaves to us (*caps*, *bytes in flight*, *chunk
+    framing*, *request forms* and *refusals*): the requests it completes, in order, in ``ready``;
+    once a fault or a refusal is found, ``refusal``, and nothing after it is parsed. The parser
+    calls back synchronously from ``feed_data``; ``feed`` is this connection's one way in."""
 
     def __init__(
         self, max_body: int, charges: BodyCharges | None = None, clock: _Clock | None = None
@@ -274,9 +277,10 @@ class _Parsed:
         self.charges = charges
         self.clock = clock
         self.charged = 0
-        """Bytes of the request being parsed charged so far (rule 2a)."""
+        """Bytes of the request being parsed charged so far (*bytes in flight*)."""
         self.share = charges.inflight.connection() if charges is not None else None
-        """This connection's share of the bytes in flight: its body still arriving (rule 2a)."""
+        """This connection's share of the bytes in flight: its body still arriving (*bytes in
+        flight*)."""
         self.refusal: _Refusal | None = None
         self.ready: list[tuple[HttpRequest, bool]] = []
         self.method = b""
@@ -291,15 +295,15 @@ class _Parsed:
         """Request heads begun on this connection (a piece that begins none continues one)."""
         self.credited = 0
         """Bytes the callbacks account for: what they reported plus the least framing around
-        it (rule 2b)."""
+        it (*chunk framing*)."""
         self.head_raw = 0
-        """Bytes of the head being received fed after the piece it began in (rule 2)."""
+        """Bytes of the head being received fed after the piece it began in (*caps*)."""
         self.chunk_start = 0
         """Bytes of the body before the chunk being parsed."""
         self.body_seen = 0
         """Bytes of the chunked body being parsed in its completed chunks."""
         self.chunk_excess = 0
-        """Rule 2b: framing of the chunked body being parsed beyond its least framing."""
+        """*Chunk framing*: framing of the chunked body being parsed beyond its least framing."""
         self.chunked_from: int | None = None
         """Where in ``ready`` the requests begin that the piece being fed counts chunk framing
         for (None: no chunked body in it yet)."""
@@ -307,12 +311,12 @@ class _Parsed:
         """The last bytes of the previous read (a head's end may straddle two reads)."""
         self.parser = httptools.HttpRequestParser(self)
 
-    # ---------------------------------------------------------------- feeding (rules 2, 2b, 6)
+    # ---------------------------------------- feeding (*caps*, *chunk framing*, *request forms*)
 
     def feed(self, data: bytes) -> None:
         """Parse one read of the connection. A read that begins inside a head is fed in two
         pieces, split after the head's end, so that the fields of a head that came in earlier
-        reads, reported now, never offset the count of the body after it (rule 2b)."""
+        reads, reported now, never offset the count of the body after it (*chunk framing*)."""
         if self.phase is _HEAD and 0 < (end := _head_end(self.tail, data)) < len(data):
             view = memoryview(data)
             self._feed(view[:end])
@@ -324,9 +328,9 @@ class _Parsed:
             self.tail = data[-3:]
 
     def _feed(self, piece: bytes | memoryview) -> None:
-        """Feed one piece to the parser and measure it (rules 2 and 2b); after an upgrade
-        request (rule 6), its head without the upgrade and then the rest of the piece go to a
-        parser that never saw the upgrade."""
+        """Feed one piece to the parser and measure it (*caps* and *chunk framing*); after an
+        upgrade request (*request forms*), its head without the upgrade and then the rest of the
+        piece go to a parser that never saw the upgrade."""
         while self.refusal is None:
             phase, messages, credited = self.phase, self.messages, self.credited
             self.chunked_from = len(self.ready) if phase is _CHUNKED else None
@@ -360,7 +364,7 @@ class _Parsed:
                 return
 
     def _chunk_framing(self, excess: int, continued: bool) -> None:
-        """Rule 2b for a piece with ``excess`` bytes beyond what its callbacks account for,
+        """*Chunk framing* for a piece with ``excess`` bytes beyond what its callbacks account for,
         in which a chunked body was ``continued`` from an earlier piece, or began."""
         self.chunk_excess = max(0, excess + (self.chunk_excess if continued else 0))
         start = self.chunked_from
@@ -388,10 +392,10 @@ class _Parsed:
         del self.ready[start:]
 
     def _without_upgrade(self) -> bytes | None:
-        """Rule 6: the head of the upgrade request just completed, written again without its
-        upgrade (its ``Upgrade`` and ``HTTP2-Settings`` headers and ``Connection`` tokens), to
-        be parsed by a fresh parser with what follows it, its body included; None after a
-        CONNECT (refused)."""
+        """*Request forms*: the head of the upgrade request just completed, written again without
+        its upgrade (its ``Upgrade`` and ``HTTP2-Settings`` headers and ``Connection`` tokens), to
+        be parsed by a fresh parser with what follows it, its body included; None after a CONNECT
+        (refused)."""
         request, _ = self.ready.pop()
         if request.charged and request.charges is not None:
             request.charges.release(request.charged)  # charged again as the head is parsed
@@ -412,7 +416,7 @@ class _Parsed:
         self.parser = httptools.HttpRequestParser(self)
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    # ---------------------------------------------------------------------- refusing (rule 7)
+    # ------------------------------------------------------------------ refusing (*refusals*)
 
     def _refuse(self, status: int, message: str, reason: str = "") -> NoReturn:
         self.refusal = _Refusal(status, message, reason)
@@ -477,7 +481,7 @@ class _Parsed:
             self.expect_continue = True
 
     def _charge(self, n: int) -> None:
-        """Rule 2a: ``n`` more bytes of this body charged, or the request refused."""
+        """*Bytes in flight*: ``n`` more bytes of this body charged, or the request refused."""
         assert self.charges is not None
         try:
             self.charges.charge(n, self.charged)
@@ -523,7 +527,8 @@ class _Parsed:
         self.ready.append((request, self.parser.should_keep_alive()))
 
     def release_held(self) -> None:
-        """Rule 2a at the connection's end: give back what its unanswered requests hold."""
+        """*Bytes in flight* at the connection's end: give back what its unanswered requests
+        hold."""
         charges = self.charges
         if charges is None:
             return
@@ -606,7 +611,7 @@ class _Clock:
 
 
 class IdleReaper:
-    """Closes connections past a deadline of the module docstring (rule 1): a request head
+    """Closes connections past a deadline of the module docstring (*keep-alive*): a request head
     not complete within ``limits.handshake_seconds`` (``reason="handshake_timeout"``), a wait
     for a byte longer than ``limits.idle_seconds`` (``reason="idle"``), both counted in
     ``stats.refused_connections``; 0 turns a deadline off.
@@ -614,7 +619,7 @@ class IdleReaper:
     A connection registers its ``_Clock`` while it waits in ``receive`` and unregisters when
     bytes arrive, so a request being answered is never cut; one task (``run``) checks every
     quarter of the shorter deadline: a timeout scope around every receive cost far more per
-    request than a dictionary entry does (docs/benchmarks.md).
+    request than a dictionary entry does (docs/benchmarks/history.md, "HTTP stack").
     """
 
     def __init__(self, limits: EdgeLimits | None = None, stats: EdgeStats | None = None) -> None:
@@ -658,7 +663,7 @@ async def serve_connection(
 ) -> None:
     """Serve one connection until it closes (see the module docstring for the rules); with a
     ``reaper``, under its deadlines, the first head's counted from ``accepted_at`` (default:
-    now); with ``charges``, its bodies count in the process's bytes in flight (rule 2a);
+    now); with ``charges``, its bodies count in the process's bytes in flight (*bytes in flight*);
     ``slot`` is told when a request is in progress and when none is (the port's cap)."""
     scope = anyio.CancelScope()
     clock = _Clock(scope, anyio.current_time() if accepted_at is None else accepted_at, slot)
@@ -698,7 +703,7 @@ async def _serve(
     bound_read_ahead = read_ahead_bound(stream)
     share = parsed.share
     while True:
-        if share is not None and not share.fits(1):  # rule 2a: at its share, read no more
+        if share is not None and not share.fits(1):  # *bytes in flight*: at its share, no reading
             await share.wait(1)
         clock.waiting_since = anyio.current_time()
         waiting[clock] = None
@@ -724,16 +729,16 @@ async def _serve(
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
             finally:
-                if request.charged:  # rule 2a: answered (or never will be)
+                if request.charged:  # *bytes in flight*: answered (or never will be)
                     charged, request.charged = request.charged, 0
                     assert request.charges is not None
                     request.charges.release(charged)
             clock.answered()
-            if close:  # rule 7: what came after it is not answered, nor refused
+            if close:  # *refusals*: what came after it is not answered, nor refused
                 return
             if clock.head_since is not None:  # a pipelined head: its time starts now
                 clock.head_since = anyio.current_time()
-        if refusal is not None:  # rule 7, once what came before it is answered
+        if refusal is not None:  # *refusals*, once what came before it is answered
             if refusal.reason and stats is not None:
                 stats.refuse_request(refusal.reason)
             await _close_with(stream, HttpResponse(refusal.status, error_body(refusal.message)))
@@ -780,7 +785,7 @@ async def serve_app(
     (``serving.fd_budget``); ``stats`` counts what the defences closed.
     ``reuse_port`` binds with SO_REUSEPORT (several processes share the port). ``inflight``:
     the process's bytes in flight (``Admission.bytes``) the request bodies are charged to
-    (rule 2a; a refusal counted in ``stats`` as ``inflight_bytes``); None charges nothing.
+    (*bytes in flight*; a refusal counted in ``stats`` as ``inflight_bytes``); None charges nothing.
     """
     limits = limits or EdgeLimits()
     stats = stats or EdgeStats()
