@@ -14,6 +14,7 @@ enqueue stamps and deadlines; a deadline of 0 means none. Shapes and batch axes 
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -185,7 +186,7 @@ Pick = tuple["ModelState", "BatchPlan"]
 """A discipline's choice: the model whose batch runs next and its plan."""
 
 
-class Discipline:
+class Discipline(abc.ABC):
     """One discipline as the dispatch loop applies it. The loop asks ``select`` only when two
     or more models have queued requests (with one, every discipline picks it), and asks
     ``admission_margin_ns`` of every batch it admits."""
@@ -195,10 +196,10 @@ class Discipline:
     """Whether a model is warmed when it is added: the discipline ranks by learned costs from
     the first decision, so they are seeded before any request runs."""
 
+    @abc.abstractmethod
     def select(self, ready: list[ModelState], models: ModelTable, plan: Planner) -> Pick | None:
         """The next (model, plan) among ``ready`` (the models with queued requests, in load
         order; ``models`` is every loaded model); None when no plan could be made."""
-        raise NotImplementedError
 
     def admission_margin_ns(self, state: ModelState, plan: BatchPlan) -> int:
         """What a request's deadline must leave beyond now for the batch to be admitted
@@ -212,11 +213,8 @@ class Fifo(Discipline):
     name = "fifo"
 
     def select(self, ready: list[ModelState], models: ModelTable, plan: Planner) -> Pick | None:
-        chosen = models[
-            select_fifo([Candidate(s.name, s.queue[0].enqueued_ns) for s in ready]).name
-        ]
-        planned = plan(chosen)
-        return None if planned is None else (chosen, planned)
+        chosen = select_fifo([Candidate(s.name, s.queue[0].enqueued_ns) for s in ready])
+        return _planned(models[chosen.name], plan)
 
 
 class Edf(Discipline):
@@ -237,9 +235,7 @@ class Edf(Discipline):
             )
             for s in ready
         ]
-        chosen = models[select_edf(candidates).name]
-        planned = plan(chosen)
-        return None if planned is None else (chosen, planned)
+        return _planned(models[select_edf(candidates).name], plan)
 
     def admission_margin_ns(self, state: ModelState, plan: BatchPlan) -> int:
         return laxity_margin_ns(state.cost.get((plan.variant, plan.batch_key)))
@@ -285,6 +281,11 @@ class Fair(Discipline):
             cap=cfg.recency_penalty_cap,
         )
         return models[chosen.name], plans[chosen.name]
+
+
+def _planned(chosen: ModelState, plan: Planner) -> Pick | None:
+    planned = plan(chosen)
+    return None if planned is None else (chosen, planned)
 
 
 def discipline_for(config: SchedulerConfig, clock: Callable[[], int]) -> Discipline:
