@@ -287,9 +287,11 @@ def test_deadline_admission_and_edf_laxity():
 # ----------------------------------------------------------------------------- discipline objects
 
 
-def _state(name: str, *enqueued_and_deadline: tuple[int, int]) -> ModelState:
+def _state(
+    name: str, *enqueued_and_deadline: tuple[int, int], batch_sizes: tuple[int, ...] = (1, 4, 8)
+) -> ModelState:
     state = ModelState.build(
-        scale_model(name),
+        scale_model(name, batch_sizes=batch_sizes),
         weight=1.0,
         max_batch_size=None,
         preprocess=None,
@@ -381,15 +383,7 @@ def test_the_model_table_sends_a_request_to_the_version_that_replaced_its_own():
     old.replaced_by = new
     table.put(new)
     assert table.current("m", old) is new
-    changed = ModelState.build(
-        scale_model("m", batch_sizes=(1, 2)),
-        weight=1.0,
-        max_batch_size=None,
-        preprocess=None,
-        postprocess=None,
-        now_ns=0,
-        cached=False,
-    )
+    changed = _state("m", batch_sizes=(1, 2))
     new.replaced_by = changed
     table.put(changed)
     with pytest.raises(Unavailable, match="was reloaded; retry"):
