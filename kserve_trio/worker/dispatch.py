@@ -1,19 +1,19 @@
-"""The dispatch loop: its lifecycle, the device units, and the choice of the next batch.
+"""The dispatch loop: its lifecycle, the device units, and the batches it runs.
 
-``DispatchLoop`` owns the live model table, the queue of device units and the one device
-thread. Its loop serves units first (meta models, control and residency operations, warmups),
-then asks the configured discipline (fifo, edf, fair) for the next (model, batch plan), admits
-the batch against deadlines, executes it on the device thread and delivers each request's slice.
-Its model table changes only through its own methods (add, replace, remove, rename, probe). The
-request path and the model admin (``worker/scheduler.py``) queue work here and wait on it; everything runs on the event loop thread, so nothing is locked.
+``DispatchLoop`` owns the queue of device units and the one device thread. Its loop serves
+units first (meta models, control and residency operations, warmups), then asks the
+discipline (``worker/disciplines.py``, chosen once) for the next (model, batch plan) among the
+models of the table (``worker/model_table.py``) with queued requests, admits the batch against
+deadlines and runs it: one rule (``_run_batch``) for a batch on the device thread and for one
+the direct lane runs inline. The request path and the model admin (``worker/scheduler.py``)
+queue work here and wait on it; everything runs on the event loop thread, so nothing is locked.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,38 +21,18 @@ import anyio.abc
 import anyio.lowlevel
 import numpy as np
 
-from kserve_trio.core.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    Internal,
-    NotFound,
-    ServingError,
-    Unavailable,
-)
+from kserve_trio.core.errors import DeadlineExceeded, Internal, ServingError, Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.runtime.weight_cache import ProbeResult, Program
+from kserve_trio.worker.admission import SHUTTING_DOWN
 from kserve_trio.worker.device import DeviceThread, execute_plan, warm_model
-from kserve_trio.worker.disciplines import (
-    Candidate,
-    deadline_expired,
-    effective_cost,
-    laxity_margin_ns,
-    select_edf,
-    select_fair,
-    select_fifo,
-)
-from kserve_trio.worker.hooks import Hook
-from kserve_trio.worker.layout import ModelLayout
+from kserve_trio.worker.disciplines import Pick, deadline_expired
 from kserve_trio.worker.model_state import (
     DeviceUnit,
     ItemState,
-    ModelEntry,
     ModelState,
     QueuedRequest,
-    decay,
     finish,
     record_batch,
-    same_io,
 )
 from kserve_trio.worker.planner import BatchPlan, plan_batch
 from kserve_trio.worker.switches import HotPathSwitches
@@ -61,10 +41,13 @@ if TYPE_CHECKING:
     from kserve_trio.core.config import SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.tracing import Tracing
+    from kserve_trio.worker.disciplines import Discipline
+    from kserve_trio.worker.model_table import ModelTable
 
 log = get_logger("kserve_trio.worker.scheduler")
 
-SHUTTING_DOWN = "server is shutting down"
+Executed = tuple[int, list[list[np.ndarray]]]
+"""A batch's execution: its device time (ns) and each request's output slice."""
 
 DIRECT_LANE_MAX_BYTES = 64 * 1024
 """The largest request (its input arrays) the direct lane takes. Measured: [1,16] FP32 requests
@@ -82,28 +65,28 @@ class Phase(enum.Enum):
 
 
 class DispatchLoop:
-    """The model table, the unit queue and the loop that drains both onto the device thread.
+    """The unit queue and the loop that drains it and the models' queues onto the device thread.
 
-    ``run`` is the task (started once), ``stop`` ends it. ``models`` is the live table the
-    admin mutates and the request path reads; ``submit`` queues a device unit and waits for it.
+    ``run`` is the task (started once), ``stop`` ends it. ``models`` is the table the admin
+    changes and the loop reads; ``submit`` queues a device unit and waits for it.
     """
 
     def __init__(
         self,
+        models: ModelTable,
+        discipline: Discipline,
         config: SchedulerConfig,
         *,
-        warmup: bool,
         clock: Callable[[], int],
         cache: WeightCache | None,
         switches: HotPathSwitches | None = None,
     ) -> None:
+        self.models = models
+        self.discipline = discipline
         self.config = config
         self.cache = cache
         self.clock = clock
-        self.discipline: str = config.discipline.value
-        self.warmup = warmup and self.discipline == "fair"
         self.phase = Phase.NEW
-        self.models: dict[str, ModelState] = {}
         self.pending_warmups: list[ModelState] = []
         self._units: collections.deque[DeviceUnit] = collections.deque()
         self._wake: anyio.Event | None = None
@@ -165,7 +148,7 @@ class DispatchLoop:
         await self._stopped.wait()
 
     def _reject_everything(self) -> None:
-        for state in self.models.values():
+        for state in self.models.states():
             while state.queue:
                 finish(state.queue.popleft(), error=Unavailable(SHUTTING_DOWN))
         while self._units:
@@ -220,146 +203,8 @@ class DispatchLoop:
         if taken is None:  # expired: answered DEADLINE_EXCEEDED
             return True
         self.direct_batches += 1
-        self._run_batch_inline(state, plan, taken, now)
+        self._run_batch(state, plan, taken, now, inline=True)
         return True
-
-    # ---------------------------------------------------------------- the model table
-    # The only changes to ``models``. Each keeps the table consistent with the weight cache
-    # (every residency change runs on the device thread, through ``cache_op``) and with the
-    # requests in flight: a running execution finishes on the version it started on, queued
-    # requests move to a replacement or are answered.
-
-    async def add_model(
-        self,
-        entry: ModelEntry,
-        *,
-        preprocess: Hook | None,
-        postprocess: Hook | None,
-        warm: bool,
-    ) -> None:
-        """Admit ``entry`` (see ``Scheduler.add_model``)."""
-        self.refuse_if_stopping()
-        name = entry.name
-        if name in self.models:
-            raise FailedPrecondition(f"model '{name}' is already loaded")
-        overrides = self.config.models.get(name)
-        state = ModelState.build(
-            entry,
-            weight=overrides.weight if overrides is not None else 1.0,
-            max_batch_size=overrides.max_batch_size if overrides is not None else None,
-            preprocess=preprocess,
-            postprocess=postprocess,
-            now_ns=self.clock(),
-            cached=self.cache is not None,
-        )
-        self.models[name] = state
-        if self.cache is not None:
-            floor = overrides.residency if overrides is not None else None
-            try:
-                await self.cache_op(self.cache.admit, state.managed_entry, floor)
-            except BaseException:
-                if self.models.get(name) is state:
-                    del self.models[name]
-                raise
-        if not self.warmup or not warm:
-            return
-        if self.phase is Phase.NEW:
-            self.pending_warmups.append(state)
-        else:
-            await self.warm(state)
-
-    async def remove_model(self, name: str) -> None:
-        """Unload ``name`` (see ``Scheduler.remove_model``)."""
-        state = self.models.pop(name, None)
-        if state is None:
-            raise NotFound(f"unknown model: {name}")
-        state.removed = True
-        while state.queue:
-            finish(state.queue.popleft(), error=NotFound(f"model '{name}' was unloaded"))
-        if state in self.pending_warmups:
-            self.pending_warmups.remove(state)
-        await self.wait_idle(state)
-        if self.cache is not None:  # device buffers freed, host copy released
-            await self.cache_op(self.cache.release, name, state.managed_entry)
-
-    async def replace_model(
-        self, entry: ModelEntry, *, preprocess: Hook | None, postprocess: Hook | None
-    ) -> None:
-        """Swap in a new version of a loaded model, or add it (see ``Scheduler.replace_model``)."""
-        name = entry.name
-        old = self.models.get(name)
-        if old is None:
-            await self.add_model(entry, preprocess=preprocess, postprocess=postprocess, warm=True)
-            return
-        self.refuse_if_stopping()
-        overrides = self.config.models.get(name)
-        new = ModelState.build(
-            entry,
-            weight=old.weight,
-            max_batch_size=overrides.max_batch_size if overrides is not None else None,
-            preprocess=preprocess,
-            postprocess=postprocess,
-            now_ns=self.clock(),
-            cached=self.cache is not None,
-        )
-        if self.warmup and self.phase is Phase.RUNNING and self.cache is None:
-            await self.warm(new)
-        await self.wait_idle(old)
-        old.removed = True
-        old.replaced_by = new
-        if same_io(old, new):
-            new.queue, old.queue = old.queue, collections.deque()
-        else:
-            while old.queue:
-                finish(
-                    old.queue.popleft(), error=Unavailable(f"model '{name}' was reloaded; retry")
-                )
-        self.models[name] = new
-        self.wake()
-        if self.cache is not None:
-            # Queued before any batch of the new version can run (units go first): the old
-            # version's tiers are released and the new one admitted at the old floor.
-            await self.cache_op(self.cache.replace, new.managed_entry)
-            if self.warmup and self.phase is Phase.RUNNING:
-                await self.warm(new)
-
-    def rename_model(self, old: str, new: str) -> None:
-        """Rekey a loaded model (see ``Scheduler.rename_model``)."""
-        if new in self.models:
-            raise FailedPrecondition(f"cannot rename '{old}' to '{new}': '{new}' is loaded")
-        state = self.models.pop(old, None)
-        if state is None:
-            raise NotFound(f"unknown model: {old}")
-        if self.cache is not None:
-            try:
-                self.cache.rename(old, new)
-            except BaseException:
-                self.models[old] = state
-                raise
-        state.name = new
-        with contextlib.suppress(AttributeError):
-            state.entry.name = new
-        state.layout = ModelLayout.build(new, state.entry.manifest, state.layout.keys)
-        overrides = self.config.models.get(new)
-        if overrides is not None:
-            state.weight = overrides.weight
-            state.max_batch_size = overrides.max_batch_size
-        self.models[new] = state
-
-    async def probe_weights(self) -> ProbeResult | None:
-        """The cache's startup probe (see ``Scheduler.probe_weights``)."""
-        if self.cache is None or not self.cache.enabled:
-            return None
-        result: ProbeResult = await self.cache_op(self.cache.probe, _programs(dict(self.models)))
-        for name, costs in result.costs.items():
-            state = self.models.get(name)
-            if state is not None:
-                for key, cost in costs.items():
-                    state.cost.setdefault(key, cost)
-        for name, failures in result.failures.items():
-            for failure in failures:
-                log.warning("probe_failed", model=name, detail=failure)
-        return result
 
     # ---------------------------------------------------------------- device work
 
@@ -395,6 +240,18 @@ class DispatchLoop:
             if self._device is not None:
                 return await self._device_call(None, fn, *args)
         return fn(*args)
+
+    async def warm_when_running(self, state: ModelState) -> None:
+        """Warm ``state`` now, or as ``run()`` starts when the loop has not started yet."""
+        if self.phase is Phase.NEW:
+            self.pending_warmups.append(state)
+        else:
+            await self.warm(state)
+
+    def drop_warmup(self, state: ModelState) -> None:
+        """A removed model's warmup that waits for ``run()`` never runs."""
+        if state in self.pending_warmups:
+            self.pending_warmups.remove(state)
 
     async def warm(self, state: ModelState) -> None:
         """Run each compiled program of ``state`` once; seed its learned costs, log failures."""
@@ -491,70 +348,32 @@ class DispatchLoop:
             )
             return None
 
-    def _select(self) -> tuple[ModelState, BatchPlan] | None:
-        """Pick the next (model, plan) under the configured discipline."""
-        ready = [s for s in self.models.values() if s.queue]
+    def _select(self) -> Pick | None:
+        """The next (model, plan): with one model queued, its batch; with more, the
+        discipline's choice."""
+        ready = self.models.ready()
         if not ready:
             return None
         if len(ready) == 1:
             plan = self._plan(ready[0])
             return None if plan is None else (ready[0], plan)
-        if self.discipline == "fair":
-            return self._select_fair(ready)
-        if self.discipline == "edf":
-            cands = [
-                Candidate(
-                    s.name,
-                    s.queue[0].enqueued_ns,
-                    earliest_deadline_ns=min(
-                        (r.deadline_ns for r in s.queue if r.deadline_ns), default=0
-                    ),
-                )
-                for s in ready
-            ]
-            chosen = self.models[select_edf(cands).name]
-        else:
-            chosen = self.models[
-                select_fifo([Candidate(s.name, s.queue[0].enqueued_ns) for s in ready]).name
-            ]
-        plan = self._plan(chosen)
-        return None if plan is None else (chosen, plan)
-
-    def _select_fair(self, ready: list[ModelState]) -> tuple[ModelState, BatchPlan] | None:
-        now = self.clock()
-        cfg = self.config
-        for s in self.models.values():
-            decay(s, now, cfg.ema_halflife_seconds)
-        total_ema = sum(s.ema for s in self.models.values())
-        total_weight = sum(s.weight for s in self.models.values())
-        plans: dict[str, BatchPlan] = {}
-        cands: list[Candidate] = []
-        for s in ready:
-            plan = self._plan(s)
-            if plan is None:
-                continue
-            plans[s.name] = plan
-            cost = effective_cost(
-                s.cost.get((plan.variant, plan.batch_key)),
-                coalescing_discount=cfg.coalescing_discount,
-                coalesced_requests=plan.take,
-            )
-            cands.append(Candidate(s.name, s.queue[0].enqueued_ns, s.weight, s.ema, cost))
-        if not cands:
-            return None
-        chosen = select_fair(
-            cands, total_weight=total_weight, total_ema=total_ema, cap=cfg.recency_penalty_cap
-        )
-        return self.models[chosen.name], plans[chosen.name]
+        return self.discipline.select(ready, self.models, self._plan)
 
     async def _dispatch(self, state: ModelState, plan: BatchPlan) -> None:
-        """Admit (deadlines, edf laxity), execute on the device thread, record, deliver."""
+        """Admit (deadlines, the discipline's margin), execute on the device thread, then
+        settle the batch (``_run_batch``)."""
         now = self.clock()
         taken = self._take(state, plan, now)
         if taken is None:
             return
         try:
-            await self._execute(state, plan, taken, now)
+            loads = self.cache.loads if self.cache is not None and self.tracing is not None else 0
+            args = (state, plan, [r.arrays for r in taken], [r.rows for r in taken], self.clock)
+            try:
+                executed = await self._device_call(state, execute_plan, *args, self.cache)
+            except BaseException as exc:  # the device thread's; ``_run_batch`` raises it again
+                executed = exc
+            self._run_batch(state, plan, taken, now, inline=False, executed=executed, loads=loads)
         finally:  # whatever happened, no waiter is left hanging on a RUNNING request
             for r in taken:
                 finish(r, error=Internal(f"execution of model '{state.name}' was interrupted"))
@@ -563,9 +382,7 @@ class DispatchLoop:
         """The plan's requests off the queue, marked RUNNING; None when some had expired (they
         are answered DEADLINE_EXCEEDED and the rest stay queued, to be planned again)."""
         taken = [state.queue[i] for i in range(plan.take)]
-        margin = 0
-        if self.discipline == "edf":
-            margin = laxity_margin_ns(state.cost.get((plan.variant, plan.batch_key)))
+        margin = self.discipline.admission_margin_ns(state, plan)
         expired = [r for r in taken if deadline_expired(r.deadline_ns, now, margin)]
         if expired:
             for r in expired:
@@ -605,34 +422,45 @@ class DispatchLoop:
         resident = getattr(state.entry, "weights_resident", None)
         return resident is None or bool(resident())
 
-    async def _execute(
-        self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
-    ) -> None:
-        args = (state, plan, [r.arrays for r in taken], [r.rows for r in taken], self.clock)
-        loads = self.cache.loads if self.cache is not None and self.tracing is not None else 0
-        try:
-            elapsed_ns, slices = await self._device_call(state, execute_plan, *args, self.cache)
-        except Exception as exc:
-            self._fail_batch(state, plan, taken, exc)
-            return
-        finally:
-            if self.tracing is not None:
-                self._trace_execution(self.tracing, state, plan, taken, now, "device", loads)
-        self._deliver(state, plan, taken, now, elapsed_ns, slices)
+    # ---------------------------------------------------------------- the batch runner
 
-    def _run_batch_inline(
-        self, state: ModelState, plan: BatchPlan, taken: list[QueuedRequest], now: int
+    def _run_batch(
+        self,
+        state: ModelState,
+        plan: BatchPlan,
+        taken: list[QueuedRequest],
+        now: int,
+        *,
+        inline: bool,
+        executed: Executed | BaseException | None = None,
+        loads: int = -1,
     ) -> None:
-        """Execute a batch on the calling (loop) thread, then deliver or fail it."""
+        """The one rule for an admitted batch, wherever it executed.
+
+        Rules:
+        1. ``inline``: execute it here, on the loop's thread (the direct lane); otherwise
+           ``executed`` is what the device thread returned or raised.
+        2. An execution that raised answers every request in it (``_fail_batch``); one that
+           returned is recorded and each request gets its slice (``_deliver``).
+        3. Either way a batch that served a traced request is a span (``_trace_execution``;
+           ``loads``: the cache's load count before a device execution, -1 inline).
+        """
         try:
-            arrays, rows = [r.arrays for r in taken], [r.rows for r in taken]
-            elapsed_ns, slices = execute_plan(state, plan, arrays, rows, self.clock, self.cache)
+            if inline:
+                arrays, rows = [r.arrays for r in taken], [r.rows for r in taken]
+                elapsed_ns, slices = execute_plan(state, plan, arrays, rows, self.clock, self.cache)
+            elif isinstance(executed, BaseException):
+                raise executed
+            else:
+                assert executed is not None, "a device batch settled without its execution"
+                elapsed_ns, slices = executed
         except Exception as exc:
             self._fail_batch(state, plan, taken, exc)
             return
         finally:
             if self.tracing is not None:
-                self._trace_execution(self.tracing, state, plan, taken, now, "inline", -1)
+                thread = "inline" if inline else "device"
+                self._trace_execution(self.tracing, state, plan, taken, now, thread, loads)
         self._deliver(state, plan, taken, now, elapsed_ns, slices)
 
     def _trace_execution(
@@ -719,27 +547,4 @@ class DispatchLoop:
             finish(r)
 
 
-def _programs(states: dict[str, ModelState]) -> Callable[[str], Sequence[Program]]:
-    """The probe's view of the models: every compiled (variant, key) with zero inputs."""
-
-    def programs(name: str) -> list[Program]:
-        state = states.get(name)
-        if state is None:
-            return []
-        entry = state.entry
-
-        def run(
-            variant: int | None, key: int
-        ) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-            return lambda inputs: entry.execute(variant, key, inputs)
-
-        return [
-            ((variant, key), state.layout.zero_inputs(variant, key), run(variant, key))
-            for variant, keys in state.layout.keys.items()
-            for key in keys
-        ]
-
-    return programs
-
-
-__all__ = ["SHUTTING_DOWN", "DispatchLoop", "Phase"]
+__all__ = ["DIRECT_LANE_MAX_BYTES", "DispatchLoop", "Executed", "Phase"]

@@ -30,8 +30,8 @@ from kserve_trio.serving.http import HttpRequest, error_response
 from kserve_trio.serving.ipc import KIND_INFER, KIND_REST, KIND_STREAM, KIND_UNARY
 from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
 from kserve_trio.worker import control_service, service
+from kserve_trio.worker.admission import SHUTTING_DOWN
 from kserve_trio.worker.control_service import ControlService
-from kserve_trio.worker.dispatch import SHUTTING_DOWN
 from kserve_trio.worker.rest import WorkerRest
 from kserve_trio.worker.service import InferenceService
 

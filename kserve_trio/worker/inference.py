@@ -9,7 +9,7 @@ one place that calls the ModelInfer codec (``decode_infer_request`` / ``encode_i
 
 A request's path, each step once:
 
-1. admission (``serving.admission.Admission``, built by ``worker_admission``): a worker that
+1. admission (``serving.admission.Admission``, built by ``worker/admission.py``): a worker that
    is shutting down answers UNAVAILABLE; one at its concurrency cap answers RESOURCE_EXHAUSTED
    and counts the shed request;
 2. the request's bounds (``core.request_bounds.check_infer_request``: names, counts of inputs,
@@ -30,7 +30,7 @@ A request's path, each step once:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
@@ -55,7 +55,6 @@ from kserve_trio.core.request_bounds import (
 )
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.serving.admission import Admission
-from kserve_trio.worker.dispatch import SHUTTING_DOWN
 from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle
 from kserve_trio.worker.scheduler import RequestTrace
@@ -94,28 +93,6 @@ class ResponseEncoder(Protocol[_Reply]):
         model_version: str = "",
         zero_copy: bool = False,
     ) -> _Reply: ...
-
-
-def worker_admission(
-    max_concurrent_requests: int,
-    *,
-    on_shed: Callable[[], None],
-    max_inflight_bytes: int = 0,
-    max_inflight_bytes_per_connection: int = 0,
-) -> Admission:
-    """The worker's admission: a fixed cap (``endpoints.max_concurrent_requests``, 0 = none),
-    refused RESOURCE_EXHAUSTED past it (a stream's messages wait instead) and UNAVAILABLE once
-    shutting down; its ``bytes`` cap the request bytes in flight (``limits.max_inflight_bytes``,
-    0 = none) and what one connection's arriving messages may hold of them
-    (``limits.max_inflight_bytes_per_connection``)."""
-    return Admission(
-        lambda: max_concurrent_requests,
-        shutting_down=SHUTTING_DOWN,
-        over_cap=lambda cap: f"server is at its concurrency cap ({cap} requests in flight)",
-        on_shed=on_shed,
-        max_inflight_bytes=max_inflight_bytes,
-        max_inflight_bytes_per_connection=max_inflight_bytes_per_connection,
-    )
 
 
 def check_requested_outputs(
@@ -505,5 +482,4 @@ __all__ = [
     "ResponseEncoder",
     "check_requested_outputs",
     "validate_request",
-    "worker_admission",
 ]

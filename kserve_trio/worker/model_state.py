@@ -3,9 +3,9 @@
 This module owns the scheduler's data: ``ModelEntry`` (what it runs), ``ModelState`` (one
 model's queue, policy, learned costs and counters), the queued items (``QueuedRequest``,
 ``DeviceUnit``) with their one-shot outcome (``finish``), and the bookkeeping on them that needs
-no event loop: recording a batch (``record_batch``), decaying the recent-compute EMA (``decay``)
-and the observability snapshot (``model_metrics``). The dispatch loop (``worker/dispatch.py``)
-(its model table methods included) mutates these; nothing here does I/O.
+no event loop: recording a batch (``record_batch``) and the observability snapshot
+(``model_metrics``). The model admin (``worker/scheduler.py``) and the dispatch loop
+(``worker/dispatch.py``) mutate these; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from kserve_trio.core.errors import Internal
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.runtime.weight_cache import ManagedModel
-from kserve_trio.worker.disciplines import decay_ema, update_cost
+from kserve_trio.worker.disciplines import decay, decay_ema, update_cost
 from kserve_trio.worker.hooks import Hook
 from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.planner import BatchPlan
@@ -262,12 +262,6 @@ def finish(item: QueuedRequest | DeviceUnit, *, error: BaseException | None = No
     item.done.set()
 
 
-def decay(state: ModelState, now_ns: int, halflife_seconds: float) -> None:
-    """Bring the model's recent-compute EMA forward to ``now_ns``."""
-    state.ema = decay_ema(state.ema, (now_ns - state.ema_ns) / 1e9, halflife_seconds)
-    state.ema_ns = now_ns
-
-
 def record_batch(
     state: ModelState,
     plan: BatchPlan,
@@ -364,7 +358,6 @@ __all__ = [
     "ModelState",
     "QueuedRequest",
     "RequestTrace",
-    "decay",
     "finish",
     "model_metrics",
     "nearest_rank",

@@ -9,10 +9,11 @@ the queues or the per-model state runs on the event loop thread, so no lock is n
 device thread only sees the arrays and the model entry of the unit it runs.
 
 The pieces: ``worker/model_state.py`` (what is kept per model, the queued items, the metrics
-snapshot), ``worker/dispatch.py`` (the loop, its lifecycle and the discipline's choice of the
-next batch, and the changes to the model table), the pure rules in ``worker/disciplines.py``
-(the disciplines' arithmetic), ``worker/planner.py`` (the batch plan) and ``worker/layout.py``
-(what a request is to the plan), and ``worker/device.py`` (what runs on the device thread).
+snapshot), ``worker/model_table.py`` (which state serves each name; this class is its only
+writer), ``worker/dispatch.py`` (the loop, its lifecycle, the device units and the batch
+runner), ``worker/disciplines.py`` (the discipline, chosen once here, and its pure rules),
+``worker/planner.py`` (the batch plan) and ``worker/layout.py`` (what a request is to the plan),
+and ``worker/device.py`` (what runs on the device thread).
 
 A *unit* of device work is either a planned batch of one model or an arbitrary callable
 (``run_on_device``: meta models, control operations); callables are served before the
@@ -26,6 +27,8 @@ a unit there too, so the device thread is the single residency mutator.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.to_thread
+import numpy as np
 
 from kserve_trio.core.errors import (
     DeadlineExceeded,
@@ -45,11 +49,14 @@ from kserve_trio.core.errors import (
     ServingError,
     Unavailable,
 )
+from kserve_trio.core.logging import get_logger
 from kserve_trio.core.manifest import Manifest
 from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.runtime.weight_cache import NEEDS_CACHE, ProbeResult
-from kserve_trio.worker.dispatch import DispatchLoop
+from kserve_trio.runtime.weight_cache import NEEDS_CACHE, ProbeResult, Program
+from kserve_trio.worker.disciplines import discipline_for
+from kserve_trio.worker.dispatch import DispatchLoop, Phase
 from kserve_trio.worker.hooks import Hook
+from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.model_state import (
     CostKey,
     DeviceUnit,
@@ -59,14 +66,18 @@ from kserve_trio.worker.model_state import (
     ModelState,
     QueuedRequest,
     RequestTrace,
+    finish,
     model_metrics,
     same_io,
 )
+from kserve_trio.worker.model_table import ModelTable
 
 if TYPE_CHECKING:
     from kserve_trio.core.config import ResidencyState, SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.tracing import Tracing
+
+log = get_logger("kserve_trio.worker.scheduler")
 
 
 class Scheduler:
@@ -92,7 +103,10 @@ class Scheduler:
         self._hook_threads = hook_threads
         self._hook_limiter: anyio.CapacityLimiter | None = None
         self._timeout_ns = int(config.dispatch_timeout_seconds * 1e9)
-        self._loop = DispatchLoop(config, warmup=warmup, clock=clock, cache=cache)
+        self._models = ModelTable()
+        discipline = discipline_for(config, clock)
+        self._warmup = warmup and discipline.warms_models
+        self._loop = DispatchLoop(self._models, discipline, config, clock=clock, cache=cache)
 
     def trace_executions(self, tracing: Tracing) -> None:
         """Make each execution that serves a traced request a span (``Tracing.batch``)."""
@@ -114,6 +128,10 @@ class Scheduler:
         await self._loop.stop()
 
     # ---------------------------------------------------------------- models
+    # The only changes to the model table. Each keeps it consistent with the weight cache
+    # (every residency change runs on the device thread, through ``DispatchLoop.cache_op``)
+    # and with the requests in flight: a running execution finishes on the version it started
+    # on, queued requests move to a replacement or are answered.
 
     async def add_model(
         self,
@@ -131,11 +149,43 @@ class Scheduler:
         instead). With a weight cache the model is admitted there first, at the residency
         floor its ``scheduler.models`` block sets, as a device unit.
         """
-        await self._loop.add_model(entry, preprocess=preprocess, postprocess=postprocess, warm=warm)
+        self._loop.refuse_if_stopping()
+        name = entry.name
+        if name in self._models:
+            raise FailedPrecondition(f"model '{name}' is already loaded")
+        overrides = self._config.models.get(name)
+        state = ModelState.build(
+            entry,
+            weight=overrides.weight if overrides is not None else 1.0,
+            max_batch_size=overrides.max_batch_size if overrides is not None else None,
+            preprocess=preprocess,
+            postprocess=postprocess,
+            now_ns=self._clock(),
+            cached=self._cache is not None,
+        )
+        self._models.put(state)
+        if self._cache is not None:
+            floor = overrides.residency if overrides is not None else None
+            try:
+                await self._loop.cache_op(self._cache.admit, state.managed_entry, floor)
+            except BaseException:
+                self._models.discard(name, state)
+                raise
+        if self._warmup and warm:
+            await self._loop.warm_when_running(state)
 
     async def remove_model(self, name: str) -> None:
         """Unload: queued requests get NOT_FOUND; returns once no execution of it is running."""
-        await self._loop.remove_model(name)
+        state = self._models.pop(name)
+        if state is None:
+            raise NotFound(f"unknown model: {name}")
+        state.removed = True
+        while state.queue:
+            finish(state.queue.popleft(), error=NotFound(f"model '{name}' was unloaded"))
+        self._loop.drop_warmup(state)
+        await self._loop.wait_idle(state)
+        if self._cache is not None:  # device buffers freed, host copy released
+            await self._loop.cache_op(self._cache.release, name, state.managed_entry)
 
     async def replace_model(
         self, entry: ModelEntry, *, preprocess: Hook | None = None, postprocess: Hook | None = None
@@ -151,28 +201,76 @@ class Scheduler:
         3. The live fair weight carries over; learned costs start afresh (the new version is
            warmed like a new model).
         """
-        await self._loop.replace_model(entry, preprocess=preprocess, postprocess=postprocess)
+        name = entry.name
+        old = self._models.get(name)
+        if old is None:
+            await self.add_model(entry, preprocess=preprocess, postprocess=postprocess, warm=True)
+            return
+        self._loop.refuse_if_stopping()
+        overrides = self._config.models.get(name)
+        new = ModelState.build(
+            entry,
+            weight=old.weight,
+            max_batch_size=overrides.max_batch_size if overrides is not None else None,
+            preprocess=preprocess,
+            postprocess=postprocess,
+            now_ns=self._clock(),
+            cached=self._cache is not None,
+        )
+        if self._warmup and self._loop.phase is Phase.RUNNING and self._cache is None:
+            await self._loop.warm(new)
+        await self._loop.wait_idle(old)
+        old.removed = True
+        old.replaced_by = new
+        if same_io(old, new):
+            new.queue, old.queue = old.queue, collections.deque()
+        else:
+            while old.queue:
+                finish(
+                    old.queue.popleft(), error=Unavailable(f"model '{name}' was reloaded; retry")
+                )
+        self._models.put(new)
+        self._loop.wake()
+        if self._cache is not None:
+            # Queued before any batch of the new version can run (units go first): the old
+            # version's tiers are released and the new one admitted at the old floor.
+            await self._loop.cache_op(self._cache.replace, new.managed_entry)
+            if self._warmup and self._loop.phase is Phase.RUNNING:
+                await self._loop.warm(new)
 
     def rename_model(self, old: str, new: str) -> None:
         """Rekey a loaded model (a renamed bundle directory): no recompilation, queued requests
         keep their place. The new name's configured policy applies when it has one."""
-        self._loop.rename_model(old, new)
+        if new in self._models:
+            raise FailedPrecondition(f"cannot rename '{old}' to '{new}': '{new}' is loaded")
+        state = self._models.pop(old)
+        if state is None:
+            raise NotFound(f"unknown model: {old}")
+        if self._cache is not None:
+            try:
+                self._cache.rename(old, new)
+            except BaseException:
+                self._models.put(state)
+                raise
+        state.name = new
+        with contextlib.suppress(AttributeError):
+            state.entry.name = new
+        state.layout = ModelLayout.build(new, state.entry.manifest, state.layout.keys)
+        overrides = self._config.models.get(new)
+        if overrides is not None:
+            state.weight = overrides.weight
+            state.max_batch_size = overrides.max_batch_size
+        self._models.put(state)
 
     def has_model(self, name: str) -> bool:
-        return name in self._loop.models
+        return name in self._models
 
     def model_names(self) -> list[str]:
-        return sorted(self._loop.models)
-
-    def _model(self, name: str) -> ModelState:
-        state = self._loop.models.get(name)
-        if state is None:
-            raise NotFound(f"unknown model: {name}")
-        return state
+        return self._models.names()
 
     def set_policy(self, name: str, *, weight: float | None = None) -> None:
         """Change a model's live policy; ``weight`` (> 0) is consulted by the fair discipline."""
-        state = self._model(name)
+        state = self._models.require(name)
         if weight is not None:
             if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
                 raise InvalidArgument(
@@ -182,15 +280,14 @@ class Scheduler:
 
     def cost_estimates(self, name: str) -> dict[CostKey, float]:
         """Learned seconds per (variant, batch key) of a model (warmup-seeded under fair)."""
-        return dict(self._model(name).cost)
+        return dict(self._models.require(name).cost)
 
     def scheduler_metrics(self) -> dict[str, ModelMetrics]:
         """Per-model observability snapshot."""
         now = self._clock()
         halflife = self._config.ema_halflife_seconds
         return {
-            name: model_metrics(s, now, halflife, self._cache)
-            for name, s in sorted(self._loop.models.items())
+            name: model_metrics(s, now, halflife, self._cache) for name, s in self._models.by_name()
         }
 
     # ---------------------------------------------------------------- residency
@@ -217,7 +314,20 @@ class Scheduler:
     async def probe_weights(self) -> ProbeResult | None:
         """The cache's startup isolation probe over every model's compiled programs;
         the measured times seed the learned costs like a warmup. None without a cache."""
-        return await self._loop.probe_weights()
+        cache = self._cache
+        if cache is None or not cache.enabled:
+            return None
+        programs = _programs(self._models.snapshot())
+        result: ProbeResult = await self._loop.cache_op(cache.probe, programs)
+        for name, costs in result.costs.items():
+            state = self._models.get(name)
+            if state is not None:
+                for key, cost in costs.items():
+                    state.cost.setdefault(key, cost)
+        for name, failures in result.failures.items():
+            for failure in failures:
+                log.warning("probe_failed", model=name, detail=failure)
+        return result
 
     # ---------------------------------------------------------------- requests
 
@@ -227,7 +337,7 @@ class Scheduler:
         NOT_FOUND ``unknown model: m``; INVALID_ARGUMENT ``model 'm' accepts at most N rows per
         request (got R)`` or an unknown shape variant. Inputs are the client-facing tensors.
         """
-        self._model(name).layout.check_wire(inputs)
+        self._models.require(name).layout.check_wire(inputs)
 
     async def infer(
         self,
@@ -256,7 +366,7 @@ class Scheduler:
         caller's input arrays (they may be views of shared memory the caller releases).
         """
         self._loop.require_running()
-        state = self._model(name)
+        state = self._models.require(name)
         if self._cache is not None:
             self._cache.check_servable(name)  # explicit mode: FAILED_PRECONDITION, not queued
         if deadline_ns and self._clock() >= deadline_ns:
@@ -279,7 +389,7 @@ class Scheduler:
             and state.layout.wire_is_executable,
         )
         self._loop.require_running()
-        state = self._current(name, state)
+        state = self._models.current(name, state)
         self._check_depth(state)
         now = self._clock()
         if deadline_ns and now >= deadline_ns:
@@ -313,24 +423,6 @@ class Scheduler:
             if trace is not None:
                 trace.postprocess_at_ns, trace.postprocess_ns = t0, self._clock() - t0
         return outputs
-
-    def _current(self, name: str, state: ModelState) -> ModelState:
-        """The live state for a request prepared against ``state`` (which may have been swapped).
-
-        A reload with an unchanged I/O spec hands the request to the new version; any other
-        reload answers UNAVAILABLE (retry); an unload answers NOT_FOUND.
-        """
-        live = self._loop.models.get(name)
-        if live is state:
-            return state
-        nxt = state.replaced_by
-        while nxt is not None and nxt is not live:
-            nxt = nxt.replaced_by
-        if live is not None and nxt is live:
-            if same_io(state, live):
-                return live
-            raise Unavailable(f"model '{name}' was reloaded; retry")
-        raise NotFound(f"model '{name}' was unloaded")
 
     def _check_depth(self, state: ModelState) -> None:
         depth = self._config.max_queue_depth
@@ -402,6 +494,29 @@ class Scheduler:
         """
         self._loop.require_running()
         return await self._loop.submit(DeviceUnit(fn, args))
+
+
+def _programs(states: dict[str, ModelState]) -> Callable[[str], Sequence[Program]]:
+    """The probe's view of the models: every compiled (variant, key) with zero inputs."""
+
+    def programs(name: str) -> list[Program]:
+        state = states.get(name)
+        if state is None:
+            return []
+        entry = state.entry
+
+        def run(
+            variant: int | None, key: int
+        ) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+            return lambda inputs: entry.execute(variant, key, inputs)
+
+        return [
+            ((variant, key), state.layout.zero_inputs(variant, key), run(variant, key))
+            for variant, keys in state.layout.keys.items()
+            for key in keys
+        ]
+
+    return programs
 
 
 __all__ = ["ModelEntry", "ModelMetrics", "RequestTrace", "Scheduler"]

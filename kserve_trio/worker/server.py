@@ -134,10 +134,11 @@ async def serve_async(
     from kserve_trio.serving.process_tuning import run_idle_trim
     from kserve_trio.serving.restricted import restrict
     from kserve_trio.serving.tls import server_ssl_context
+    from kserve_trio.worker.admission import worker_admission
     from kserve_trio.worker.control_service import ControlService
     from kserve_trio.worker.forwarded import ForwardedRpcs
     from kserve_trio.worker.frontends import FrontendProcesses
-    from kserve_trio.worker.inference import InferenceCore, worker_admission
+    from kserve_trio.worker.inference import InferenceCore
     from kserve_trio.worker.metrics import WorkerMetrics, gpu_label
     from kserve_trio.worker.observer import RequestObserver
     from kserve_trio.worker.registry import load_repository

@@ -31,7 +31,7 @@ from kserve_trio.core.stream_answers import stream_error, stream_reply
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession, parse_message, status_of
 from kserve_trio.serving.trace_settings import caller_context
-from kserve_trio.worker.dispatch import SHUTTING_DOWN
+from kserve_trio.worker.admission import SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import Admission

@@ -8,13 +8,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from kserve_trio.core.errors import InvalidArgument
+from kserve_trio.core.config import SchedulerConfig, SchedulingDiscipline
+from kserve_trio.core.errors import InvalidArgument, NotFound, Unavailable
 from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.worker.disciplines import (
     DEFAULT_COST_SECONDS,
     Candidate,
+    Edf,
+    Fair,
+    Fifo,
     deadline_expired,
     decay_ema,
+    discipline_for,
     effective_cost,
     fair_priority,
     laxity_margin_ns,
@@ -24,8 +29,14 @@ from kserve_trio.worker.disciplines import (
     update_cost,
 )
 from kserve_trio.worker.layout import ModelLayout
-from kserve_trio.worker.mock_backend import mock_manifest, tensor
-from kserve_trio.worker.model_state import nearest_rank, wait_percentiles
+from kserve_trio.worker.mock_backend import mock_manifest, scale_model, tensor
+from kserve_trio.worker.model_state import (
+    ModelState,
+    QueuedRequest,
+    nearest_rank,
+    wait_percentiles,
+)
+from kserve_trio.worker.model_table import ModelTable
 from kserve_trio.worker.planner import BatchPlan, coalesce_inputs, plan_batch, slice_outputs
 
 # ----------------------------------------------------------------------------- fair priority
@@ -271,6 +282,117 @@ def test_deadline_admission_and_edf_laxity():
     assert deadline_expired(1_000_000_000, 996_000_000, margin)
     assert not deadline_expired(1_000_000_000, 994_000_000, margin)
     assert laxity_margin_ns(None) == int(DEFAULT_COST_SECONDS * 1e9)
+
+
+# ----------------------------------------------------------------------------- discipline objects
+
+
+def _state(
+    name: str, *enqueued_and_deadline: tuple[int, int], batch_sizes: tuple[int, ...] = (1, 4, 8)
+) -> ModelState:
+    state = ModelState.build(
+        scale_model(name, batch_sizes=batch_sizes),
+        weight=1.0,
+        max_batch_size=None,
+        preprocess=None,
+        postprocess=None,
+        now_ns=0,
+        cached=False,
+    )
+    for enqueued, deadline in enqueued_and_deadline:
+        x = np.zeros((1, 4), np.float32)
+        state.queue.append(QueuedRequest([x], None, 1, enqueued, deadline, ""))
+    return state
+
+
+def _table(*states: ModelState) -> ModelTable:
+    table = ModelTable()
+    for state in states:
+        table.put(state)
+    return table
+
+
+def _plan_front(state: ModelState) -> BatchPlan:
+    return BatchPlan(None, 1, 1, 1, coalesced=False)
+
+
+@pytest.mark.parametrize(
+    ("configured", "kind", "warms"),
+    [
+        (SchedulingDiscipline.FAIR, Fair, True),
+        (SchedulingDiscipline.FIFO, Fifo, False),
+        (SchedulingDiscipline.EDF, Edf, False),
+    ],
+)
+def test_the_configured_discipline_is_one_object_and_only_fair_warms(configured, kind, warms):
+    discipline = discipline_for(SchedulerConfig(discipline=configured), lambda: 0)
+    assert type(discipline) is kind and discipline.name == configured.value
+    assert discipline.warms_models is warms
+
+
+def test_fifo_and_edf_objects_pick_among_the_ready_models_and_plan_only_the_chosen():
+    a = _state("a", (5, 0))
+    b = _state("b", (7, 100))
+    table = _table(a, b)
+    planned: list[str] = []
+
+    def plan(state: ModelState) -> BatchPlan:
+        planned.append(state.name)
+        return _plan_front(state)
+
+    picked = Fifo().select([a, b], table, plan)
+    assert picked is not None and picked[0] is a and planned == ["a"]
+    picked = Edf().select([a, b], table, plan)
+    assert picked is not None and picked[0] is b and planned == ["a", "b"]
+
+
+def test_the_fair_object_prices_every_ready_model_and_decays_every_loaded_one():
+    busy, idle, loaded = _state("busy", (1, 0)), _state("idle", (2, 0)), _state("loaded")
+    busy.ema, busy.ema_ns = 1.0, 0
+    loaded.ema, loaded.ema_ns = 1.0, 0
+    halflife = SchedulerConfig().ema_halflife_seconds
+    now = int(halflife * 1e9)
+    planned: list[str] = []
+
+    def plan(state: ModelState) -> BatchPlan:
+        planned.append(state.name)
+        return _plan_front(state)
+
+    fair = Fair(SchedulerConfig(), lambda: now)
+    picked = fair.select([busy, idle], _table(busy, idle, loaded), plan)
+    assert picked is not None and picked[0] is idle  # the one that used less than its share
+    assert planned == ["busy", "idle"]
+    assert (busy.ema, loaded.ema) == (pytest.approx(0.5), pytest.approx(0.5))
+    assert busy.ema_ns == loaded.ema_ns == now
+
+
+def test_only_edf_admits_a_batch_with_its_learned_cost_as_margin():
+    state = _state("a")
+    plan = _plan_front(state)
+    state.cost[(plan.variant, plan.batch_key)] = 0.005
+    assert Edf().admission_margin_ns(state, plan) == 5_000_000
+    assert Fifo().admission_margin_ns(state, plan) == 0
+    assert Fair(SchedulerConfig(), lambda: 0).admission_margin_ns(state, plan) == 0
+
+
+def test_the_model_table_sends_a_request_to_the_version_that_replaced_its_own():
+    old = _state("m")
+    table = _table(old, _state("n", (1, 0)))
+    assert [s.name for s in table.ready()] == ["n"] and table.names() == ["m", "n"]
+    new = _state("m")
+    old.replaced_by = new
+    table.put(new)
+    assert table.current("m", old) is new
+    changed = _state("m", batch_sizes=(1, 2))
+    new.replaced_by = changed
+    table.put(changed)
+    with pytest.raises(Unavailable, match="was reloaded; retry"):
+        table.current("m", old)
+    table.pop("m")
+    with pytest.raises(NotFound, match="was unloaded"):
+        table.current("m", old)
+    with pytest.raises(NotFound, match="unknown model: m"):
+        table.require("m")
 
 
 # ----------------------------------------------------------------------------- coalescing
