@@ -1,7 +1,7 @@
 """``TraceControl``: a process whose configuration has tracing off builds its tracer at the first
 TraceSetting change that traces, once however many such changes arrive together, and tells every
-subscriber; other changes, and refused ones, build nothing; before a tracer exists the caller's
-context is never read."""
+subscriber; other changes, and refused ones, build nothing (``trace_mode`` naming the one mode
+is accepted); before a tracer exists the caller's context is never read."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ async def test_changes_that_do_not_trace_or_are_refused_build_nothing():
     control = _control()
     reply = await control.answer(_request("mlp", trace_rate=["5"], trace_level=["OFF"]))
     assert reply.settings["trace_rate"].value == ["5"]
+    # trace_mode is read-only, and naming the one mode along with other settings is accepted.
+    reply = await control.answer(_request(trace_mode=["opentelemetry"], trace_count=["3"]))
+    assert reply.settings["trace_count"].value == ["3"]
     with pytest.raises(InvalidArgument):  # all or nothing: the valid level is not applied
         await control.answer(_request(trace_level=["TIMESTAMPS"], trace_rate=["0"]))
     assert control.tracer is None
