@@ -9,8 +9,11 @@ it (``HELLO``):
 - a unary RPC (``bytes_unary``): its plain message to the device, the reply bytes back, the
   reply compressed as the request was; a failure is the device's status and message;
 - ModelInfer the same way, with the caller's W3C context (``traceparent`` and ``tracestate``,
-  ``caller_context``) carried along when the worker traces (``tracing.level``; otherwise the
-  headers are never read), so the device process's span continues the caller's trace;
+  ``caller_context``) carried along when the worker traces or can be made to (``tracing.level``,
+  or the ``tracing`` extra installed: a TraceSetting change turns tracing on in the device
+  process, which no front end hears of, so a front end carries a context the caller sent
+  whether or not it is used; without the extra the headers are never read), so the device
+  process's span continues the caller's trace;
 - ModelStreamInfer: the stream engine (``StreamSession``) runs here, each message is served by
   the device process as one request and answered with the stream's answer message; an answer
   over the send cap is replaced by an error answer naming the request's model and id, which the
@@ -91,7 +94,7 @@ class ForwardedStream:
         self.closing = closing
         self.shutting_down = shutting_down
         self.traced = traced
-        """The worker traces: each message carries the stream's trace context."""
+        """The worker traces or can: each message carries the stream's trace context."""
 
     async def __call__(self, call: Call) -> None:
         session = StreamSession(
@@ -121,7 +124,7 @@ def forwarded_methods(
     traced: bool = False,
 ) -> dict[str, Method]:
     """The front end's method table: every RPC the device process listed (``traced``: the
-    worker traces, so ModelInfer carries the caller's trace context)."""
+    worker traces or can be turned on, so ModelInfer carries the caller's trace context)."""
     methods: dict[str, Method] = {}
     for path, rpc, shape, reason in rpcs:
         if shape == "infer" and traced:

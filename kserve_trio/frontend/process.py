@@ -45,6 +45,7 @@ from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 from kserve_trio.serving.grpc import GrpcServer
 from kserve_trio.serving.ipc import EDGE, HELLO, READY, Arena, Channel
 from kserve_trio.serving.process_tuning import run_idle_trim
+from kserve_trio.serving.trace_control import tracing_installed
 
 log = get_logger("kserve_trio.frontend")
 
@@ -125,7 +126,7 @@ class Frontend:
                     limits,
                     self.closing,
                     self.shutting_down,
-                    traced=config.tracing.on,
+                    traced=config.tracing.on or tracing_installed(),
                 ),
                 restrictions,
             ),

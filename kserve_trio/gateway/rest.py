@@ -77,7 +77,7 @@ class GatewayRest:
             self.upstream,
             self.limits.max_recv_bytes,
             max_json_depth,
-            tracing=service.tracing,
+            tracing=service.trace_control,
         )
         self._rpcs = service.fleet_rpcs()
 

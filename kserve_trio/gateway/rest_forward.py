@@ -71,6 +71,7 @@ from kserve_trio.serving.rest_routes import (
 from kserve_trio.serving.trace_settings import caller_context
 
 if TYPE_CHECKING:
+    from kserve_trio.serving.trace_control import TraceControl
     from kserve_trio.serving.tracing import RequestSpan, Tracing
 
 MODEL_RPCS = frozenset({"ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig"})
@@ -253,12 +254,18 @@ class ModelRequests:
         upstream: RestUpstream,
         max_recv_bytes: int,
         max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
-        tracing: Tracing | None = None,
+        tracing: TraceControl | None = None,
     ) -> None:
         self.forwarder = forwarder
         self.upstream = upstream
         self.max_recv_bytes = max_recv_bytes
         self.max_json_depth = max_json_depth
+        self.tracing: Tracing | None = None
+        """The gateway's tracer once built (at start-up, or turned on live)."""
+        if tracing is not None:
+            tracing.when_started(self._trace_with)
+
+    def _trace_with(self, tracing: Tracing) -> None:
         self.tracing = tracing
 
     async def answer(self, call: RestCall, request: HttpRequest) -> HttpResponse:

@@ -43,7 +43,7 @@ import functools
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -104,11 +104,7 @@ from kserve_trio.serving.fd_budget import FdBudget, open_file_limit
 from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings
 from kserve_trio.serving.process_tuning import run_idle_trim
 from kserve_trio.serving.restricted import restrict
-from kserve_trio.serving.trace_settings import TraceSettings
-
-if TYPE_CHECKING:
-    from kserve_trio.core.config import TracingConfig
-    from kserve_trio.serving.tracing import Tracing
+from kserve_trio.serving.trace_control import TraceControl
 
 DRAIN_SECONDS = 5.0
 """How long a stopping gateway lets requests in flight finish (the node supervisor allows it
@@ -158,7 +154,10 @@ class Gateway:
             policy=self.policy,
             workers=lambda: self.pool.clients.keys(),
         )
-        self.tracing = _open_tracing(config.tracing, self.metrics)
+        self.tracing = TraceControl(
+            config.tracing, role="gateway", metric_prefix="gateway", registry=self.metrics.registry
+        )
+        self.tracing.open_configured()  # OpenTelemetry is imported only here, or once turned on
         self.gates = RegisterGates()
         self.shm = ShmFanout(
             targets=lambda: self.prober.routable_clients(),
@@ -205,9 +204,6 @@ class Gateway:
             ),
             ready=self.has_routable_worker,
             tracing=self.tracing,
-            trace_settings=self.tracing.settings
-            if self.tracing is not None
-            else TraceSettings(config.tracing),
         )
         self.admin = AdminEndpoints(
             metrics=self.metrics, pool=self.pool, state=self.state, ready=self.ready
@@ -426,6 +422,7 @@ async def serve_gateway_async(
     finally:
         with anyio.CancelScope(shield=True):
             await gateway.pool.aclose()
+            await anyio.to_thread.run_sync(gateway.tracing.close)  # the last spans (bounded)
     _log.info("gateway_down", address=f"{grpc_host}:{grpc_port}")
 
 
@@ -502,16 +499,6 @@ def stop(gateway: RunningGateway, timeout: float = 30.0) -> None:
     gateway._loop.stop(timeout, f"gateway {gateway.address}")
     if gateway._loop.error is not None:
         raise gateway._loop.error
-
-
-def _open_tracing(config: TracingConfig, metrics: GatewayMetrics) -> Tracing | None:
-    """The gateway's tracer when ``tracing.level`` is ``timestamps``, else None; OpenTelemetry is imported only
-    here, only then."""
-    if not config.on:
-        return None
-    from kserve_trio.serving.tracing import open_tracing
-
-    return open_tracing(config, role="gateway", metric_prefix="gateway", registry=metrics.registry)
 
 
 __all__ = [

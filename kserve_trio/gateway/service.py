@@ -24,8 +24,9 @@ Where each answer comes from:
   ``client_shared_memory`` off all three are UNAVAILABLE, and IsSameIPCNamespace answers no
   without asking a worker for a key the gateway's policy would not register.
 - LogSettings: the gateway process's own logging (read, or changed all or nothing).
-- TraceSetting: read, the gateway's own trace settings; changed, the gateway's and every
-  routable worker's (``Fleet.trace_setting``).
+- TraceSetting: read, the gateway's own trace settings; changed, the gateway's (a change that
+  turns tracing on builds its tracer first, ``TraceControl``) and every routable worker's
+  (``Fleet.trace_setting``), each of which turns its own on likewise.
 - CUDA shared memory and the per-worker ControlService RPCs answer
   UNIMPLEMENTED by name.
 
@@ -69,8 +70,8 @@ from kserve_trio.serving.grpc import (
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.message_check import check_bounds, scan_bounds
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
-from kserve_trio.serving.trace_settings import TraceSettings, caller_context
-from kserve_trio.serving.trace_settings import answer as answer_trace_setting
+from kserve_trio.serving.trace_control import TraceControl
+from kserve_trio.serving.trace_settings import caller_context
 
 if TYPE_CHECKING:
     from kserve_trio.serving.tracing import Tracing
@@ -136,19 +137,26 @@ class GatewayService:
         limits: Limits,
         ready: Callable[[], bool],
         placement_managed: bool = False,
-        tracing: Tracing | None = None,
-        trace_settings: TraceSettings | None = None,
+        tracing: TraceControl | None = None,
     ) -> None:
         self.placement_managed = placement_managed
-        self.tracing = tracing
-        self.trace_settings = trace_settings or TraceSettings(TracingConfig())
+        self.trace_control = tracing or TraceControl(
+            TracingConfig(), role="gateway", metric_prefix="gateway"
+        )
+        """The gateway's trace settings, and its tracer once built (at start-up, or live)."""
+        self.tracing: Tracing | None = None
+        """The tracer ModelInfer goes through (None: tracing never turned on)."""
         self.forwarder = forwarder
         self.shm = shm
         self.fleet = fleet
         self.admission = admission
         self.limits = limits
         self._ready = ready
-        self.stream_infer = StreamInfer(forwarder, admission, tracing)
+        self.stream_infer = StreamInfer(forwarder, admission, self.trace_control)
+        self.trace_control.when_started(self._trace_with)
+
+    def _trace_with(self, tracing: Tracing) -> None:
+        self.tracing = tracing
 
     def fleet_rpcs(self) -> dict[str, FleetRpc]:
         """Every RPC but ModelInfer and ModelStreamInfer by its name, as both transports serve
@@ -230,9 +238,9 @@ class GatewayService:
         to the gateway's own and is fanned out to every routable worker (``Fleet``), so one
         call sets what the whole fleet traces. Answered with the gateway's settings."""
         request = _parse(pb.TraceSettingRequest, data, "TraceSetting", self.limits.edge)
+        reply = await self.trace_control.answer(request)  # a turn-on builds the tracer first
         if not request.settings:
-            return bytes(answer_trace_setting(self.trace_settings, request))
-        reply = answer_trace_setting(self.trace_settings, request)
+            return bytes(reply)
         await self.fleet.trace_setting(data, request.model_name, deadline)
         return bytes(reply)
 

@@ -38,6 +38,7 @@ from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
 from kserve_trio.serving.trace_settings import caller_context
 
 if TYPE_CHECKING:
+    from kserve_trio.serving.trace_control import TraceControl
     from kserve_trio.serving.tracing import Tracing
 
 
@@ -48,10 +49,16 @@ class StreamInfer:
     rpc = "ModelStreamInfer"
 
     def __init__(
-        self, forwarder: Forwarder, admission: Admission, tracing: Tracing | None = None
+        self, forwarder: Forwarder, admission: Admission, tracing: TraceControl | None = None
     ) -> None:
         self.forwarder = forwarder
         self.admission = admission
+        self.tracing: Tracing | None = None
+        """The gateway's tracer once built (at start-up, or turned on live)."""
+        if tracing is not None:
+            tracing.when_started(self._trace_with)
+
+    def _trace_with(self, tracing: Tracing) -> None:
         self.tracing = tracing
 
     async def __call__(self, call: Call) -> None:

@@ -1,6 +1,7 @@
 """Triton's TraceSetting RPC in our terms: the trace settings of one process (global, and per
-model where a model has its own), the per-request sampling decision they make, and the RPC
-itself (``answer``), which the worker and the gateway serve for their own process.
+model where a model has its own), the per-request sampling decision they make, and the RPC's
+messages (what a request changes, what a reply says). ``trace_control.TraceControl`` serves the
+RPC for the worker and the gateway with these, building the tracer when a change turns tracing on.
 
 Triton's vocabulary, every value a list of strings:
 
@@ -18,9 +19,10 @@ Triton's vocabulary, every value a list of strings:
 can not be updated through network protocol") and, as in Triton's OpenTelemetry mode, is not
 among the answered keys; ``trace_config`` is INVALID_ARGUMENT (the exporter is the
 configuration's ``tracing`` block). A setting sent without a value is cleared: a model's falls
-back to the global one, a global one to the configuration. A change is all or nothing. Settings
-other than ``OFF`` need ``tracing.level: timestamps`` in the configuration (the exporter is
-built at start-up): otherwise FAILED_PRECONDITION.
+back to the global one, a global one to the configuration. A change is all or nothing. A
+``trace_level`` other than ``OFF`` works whatever the configuration says, as in Triton: on a
+server started with ``tracing.level: off`` it turns tracing on live (``turns_on``; the exporter
+then posts to the configuration's ``tracing.endpoint``).
 
 This module imports nothing of OpenTelemetry: it is used whether tracing is on or off.
 """
@@ -31,8 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kserve_trio.core.config import TracingConfig
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, Unimplemented
-from kserve_trio.core.logging import get_logger
+from kserve_trio.core.errors import InvalidArgument, Unimplemented
 from kserve_trio.proto import inference as pb
 
 TRACEPARENT = "traceparent"
@@ -63,6 +64,8 @@ _NUMBERS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}
 
 Changes = Mapping[str, Sequence[str] | None]
 """A request's settings: name -> its values, or None to clear it."""
+Parsed = Mapping[str, str | int | None]
+"""A request's settings checked and in our types (``parse_changes``): None clears one."""
 
 
 @dataclass
@@ -148,23 +151,19 @@ class TraceSettings:
             scope.count -= 1
         return True
 
-    def update(self, model: str, changes: Changes) -> TraceSetting:
-        """Apply a request's changes to ``model``'s scope (``""``: global), all or nothing, and
-        return the settings now in force there."""
-        parsed = {key: _parse(key, values) for key, values in changes.items()}
-        level = parsed.get("trace_level")
-        if level not in (None, LEVEL_OFF) and not self.config.on:
-            raise FailedPrecondition(
-                "tracing is off in this server's configuration (tracing.level: off); "
-                "trace_level can only be OFF"
-            )
+    def update(self, model: str, parsed: Parsed) -> TraceSetting:
+        """Apply a request's changes (``parse_changes``: already checked, so nothing here can
+        fail half-way) to ``model``'s scope (``""``: global) and return the settings now in
+        force there."""
         if model:
             scope = self._models.setdefault(model, _Scope())
         else:
             scope = self._global
         configured = self._configured()
         for key, value in parsed.items():
-            attr = _ATTRS[key]
+            attr = _ATTRS.get(key)
+            if attr is None:  # trace_mode: read-only, accepted when it names our mode
+                continue
             if value is None and not model:
                 value = getattr(configured, attr)
             setattr(scope, attr, value)
@@ -222,6 +221,18 @@ def _parse(key: str, values: Sequence[str] | None) -> str | int | None:
     return number
 
 
+def parse_changes(changes: Changes) -> dict[str, str | int | None]:
+    """Every setting of a request checked and parsed, before any is applied (a change is all
+    or nothing); the first bad one is raised, naming its key."""
+    return {key: _parse(key, values) for key, values in changes.items()}
+
+
+def turns_on(parsed: Parsed) -> bool:
+    """The change sets a ``trace_level`` that traces (only an explicit level can: a cleared
+    one falls back to a level that was already in force somewhere)."""
+    return parsed.get("trace_level") not in (None, LEVEL_OFF)
+
+
 def requested_changes(request: pb.TraceSettingRequest) -> dict[str, list[str] | None]:
     """The request's settings as plain values; a setting with no values clears it."""
     return {key: (list(v.value) or None) for key, v in request.settings.items()}
@@ -241,21 +252,6 @@ def settings_reply(setting: TraceSetting) -> pb.TraceSettingResponse:
     )
 
 
-def answer(settings: TraceSettings, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
-    """The RPC: change what the request names for its model (or globally), logged, and answer
-    with every setting in force there; a request without settings only reads them."""
-    changes = requested_changes(request)
-    if not changes:
-        return settings_reply(settings.effective(request.model_name))
-    setting = settings.update(request.model_name, changes)
-    get_logger("kserve_trio.tracing").info(
-        "trace_settings_updated",
-        model=request.model_name or None,
-        **{k: ",".join(v) if v else "<cleared>" for k, v in changes.items()},
-    )
-    return settings_reply(setting)
-
-
 __all__ = [
     "LEVEL_OFF",
     "LEVEL_TIMESTAMPS",
@@ -264,10 +260,12 @@ __all__ = [
     "TRACE_FILE_REFUSED",
     "TRACE_MODE",
     "Changes",
+    "Parsed",
     "TraceSetting",
     "TraceSettings",
-    "answer",
     "caller_context",
+    "parse_changes",
     "requested_changes",
     "settings_reply",
+    "turns_on",
 ]

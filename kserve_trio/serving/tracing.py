@@ -2,9 +2,10 @@
 behind a bounded ``BatchSpanProcessor``, the W3C ``traceparent`` / ``tracestate`` in and out,
 and the spans a request makes.
 
-Only a process whose configuration sets ``tracing.level: timestamps`` imports this module
-(``open_tracing`` is called from the servers' start-up, behind that one test), so a server
-without tracing loads nothing of OpenTelemetry and a request pays one ``is None`` branch.
+Only a process that traces imports this module: ``trace_control.TraceControl`` calls
+``open_tracing`` at start-up when the configuration sets ``tracing.level: timestamps``, or
+when a TraceSetting change first turns tracing on live. Until then a server loads nothing of
+OpenTelemetry and a request pays one ``is None`` branch.
 
 Spans are made in two ways, each where it is cheapest:
 
@@ -273,8 +274,9 @@ class Tracing:
         role: str,
         metric_prefix: str,
         registry: CollectorRegistry | None = None,
+        settings: TraceSettings | None = None,
     ) -> None:
-        self.settings = TraceSettings(config)
+        self.settings = settings if settings is not None else TraceSettings(config)
         self._export_timeout = config.export_timeout_seconds
         self._provider = TracerProvider(resource=process_resource(config, role))
         exporter = OTLPSpanExporter(
@@ -396,9 +398,13 @@ def open_tracing(
     role: str,
     metric_prefix: str,
     registry: CollectorRegistry | None = None,
+    settings: TraceSettings | None = None,
 ) -> Tracing:
-    """The process's ``Tracing`` (module docstring)."""
-    return Tracing(config, role=role, metric_prefix=metric_prefix, registry=registry)
+    """The process's ``Tracing`` (module docstring); ``settings``: the ones the TraceSetting
+    RPC changed before the tracer existed (a live turn-on), else new ones from ``config``."""
+    return Tracing(
+        config, role=role, metric_prefix=metric_prefix, registry=registry, settings=settings
+    )
 
 
 __all__ = [

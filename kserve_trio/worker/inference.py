@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from kserve_trio.core.shm import ShmRegistry
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.serving.trace_control import TraceControl
     from kserve_trio.serving.tracing import RequestSpan, Tracing
     from kserve_trio.worker.hooks import Hook
     from kserve_trio.worker.observer import RequestObserver
@@ -127,16 +128,22 @@ class InferenceCore:
         admission: Admission,
         meta_pool: BufferPool | None,
         bounds: RequestBounds = EdgeLimits(),
-        tracing: Tracing | None = None,
+        tracing: TraceControl | None = None,
     ) -> None:
         self._repository = repository
-        self._tracing = tracing
+        self._tracing: Tracing | None = None
+        if tracing is not None:
+            tracing.when_started(self.trace_with)
         self._bounds = bounds
         self._scheduler = repository.scheduler
         self._observer = observer
         self._shm_registry = shm_registry
         self._admission = admission
         self._meta_pool = meta_pool
+
+    def trace_with(self, tracing: Tracing) -> None:
+        """From now on, requests go through ``tracing`` (built at start-up or turned on live)."""
+        self._tracing = tracing
 
     @property
     def traced(self) -> bool:

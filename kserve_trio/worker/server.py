@@ -43,7 +43,6 @@ from kserve_trio.core.config import (
     ResidencyMode,
     ResidencyState,
     ServerConfig,
-    TracingConfig,
     log_config,
 )
 from kserve_trio.core.logging import get_logger
@@ -57,6 +56,7 @@ from kserve_trio.serving.background import (
     serve_until_signal,
     start_in_thread,
 )
+from kserve_trio.serving.trace_control import TraceControl
 from kserve_trio.worker import heartbeat
 
 if TYPE_CHECKING:
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
     from kserve_trio.serving.admission import InflightBytes
     from kserve_trio.serving.edge_stats import EdgeStats
     from kserve_trio.serving.grpc import GrpcServer
-    from kserve_trio.serving.tracing import Tracing
     from kserve_trio.worker.frontends import FrontendProcesses
     from kserve_trio.worker.inference import InferenceCore
     from kserve_trio.worker.metrics import WorkerMetrics
@@ -180,7 +179,10 @@ async def serve_async(
         max_inflight_bytes_per_connection=config.limits.max_inflight_bytes_per_connection,
     )
     edge_stats.inflight_bytes = lambda: admission.bytes.used
-    tracing = _open_tracing(config.tracing, metrics)
+    tracing = TraceControl(
+        config.tracing, role="worker", metric_prefix="worker", registry=metrics.registry
+    )
+    tracing.open_configured()  # OpenTelemetry is imported only here, or once turned on live
     state = WorkerState(
         repository=repository,
         observer=RequestObserver(repository, metrics),
@@ -200,10 +202,9 @@ async def serve_async(
         metrics=metrics,
         cache=cache,
         backend=backend,
+        tracing=tracing,
     )
-    if tracing is not None:
-        state.trace_settings = tracing.settings
-        scheduler.trace_executions(tracing)
+    tracing.when_started(scheduler.trace_executions)
     frontends: FrontendProcesses | None = None
     async with _weights_released(cache, repository), anyio.create_task_group() as tg:
         metrics_port = 0
@@ -326,8 +327,8 @@ async def serve_async(
             with anyio.CancelScope(shield=True):
                 watcher_scope.cancel()
                 await _shutdown(state, scheduler, server)
-                if tracing is not None:  # the spans of the last requests go out (bounded)
-                    await anyio.to_thread.run_sync(tracing.close)
+                # the spans of the last requests go out (bounded; nothing without a tracer)
+                await anyio.to_thread.run_sync(tracing.close)
                 tg.cancel_scope.cancel()
     log.info("server_down", address=running.address)
     heartbeat.fire("down", config)
@@ -477,16 +478,6 @@ def _exposition(metrics: WorkerMetrics, frontends: FrontendProcesses | None) -> 
 def _push_log_settings(frontends: FrontendProcesses | None, settings) -> None:
     if frontends is not None:
         frontends.push_log_settings(settings)
-
-
-def _open_tracing(config: TracingConfig, metrics: WorkerMetrics) -> Tracing | None:
-    """The worker's tracer when ``tracing.level`` is ``timestamps``, else None; OpenTelemetry is imported only
-    here, only then (a worker without tracing loads none of it)."""
-    if not config.on:
-        return None
-    from kserve_trio.serving.tracing import open_tracing
-
-    return open_tracing(config, role="worker", metric_prefix="worker", registry=metrics.registry)
 
 
 async def _shutdown(

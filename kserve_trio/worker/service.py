@@ -42,8 +42,7 @@ from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Method, TypedUnaryFn, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
-from kserve_trio.serving.trace_settings import answer as answer_trace_setting
-from kserve_trio.serving.trace_settings import caller_context
+from kserve_trio.serving.trace_control import tracing_installed
 from kserve_trio.worker.control_service import set_model_residency
 from kserve_trio.worker.inference import InferenceCore, InferReply
 from kserve_trio.worker.state import WorkerState
@@ -101,13 +100,16 @@ class InferenceService:
         mapping = {
             PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
         }
-        if self.core.traced:  # the caller's trace context, read only when tracing is on
+        tracing = self.state.tracing
+        if tracing.tracer is not None or tracing_installed():
+            # Tracing is on or can be turned on live: the caller's trace context, read only
+            # once there is a tracer (``TraceControl.caller_context``).
             mapping[PREFIX + "ModelInfer"] = unary(
                 self.model_infer_traced,
                 pb.ModelInferRequest,
                 lim,
                 "ModelInfer",
-                context=caller_context,
+                context=tracing.caller_context,
             )
         else:
             mapping[PREFIX + "ModelInfer"] = unary(
@@ -224,10 +226,11 @@ class InferenceService:
     async def trace_setting(self, request):
         """Change the trace settings the request names, for its model or globally (all or
         nothing), and answer with every setting in force there; without settings, read them.
-        A model name must be a model's name (NOT_FOUND otherwise)."""
+        A model name must be a model's name (NOT_FOUND otherwise). A change that turns tracing
+        on in a worker started without it builds the tracer first (``TraceControl``)."""
         if request.model_name:
             self.repository.lookup(request.model_name, "")
-        return answer_trace_setting(self.state.trace_settings, request)
+        return await self.state.tracing.answer(request)
 
     def _shm(self) -> ShmRegistry:
         if self.state.shm_registry is None:
@@ -243,7 +246,7 @@ class InferenceService:
     def model_infer_traced(
         self, request: ParsedInferRequest, deadline_ns: int, trace_context: str | None
     ) -> Awaitable[InferReply]:
-        """``model_infer`` with the caller's W3C trace context (tracing on)."""
+        """``model_infer`` with the caller's W3C trace context (None until a tracer exists)."""
         return self.core.infer(
             request, transport_deadline_ns=deadline_ns, trace_context=trace_context
         )

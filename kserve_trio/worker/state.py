@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kserve_trio.core.config import TracingConfig
 from kserve_trio.serving.admission import Admission
 from kserve_trio.serving.grpc import Limits
-from kserve_trio.serving.trace_settings import TraceSettings
+from kserve_trio.serving.trace_control import TraceControl
 from kserve_trio.worker.stream import OpenStreams
 
 if TYPE_CHECKING:
@@ -46,8 +46,10 @@ class WorkerState:
     metrics: WorkerMetrics | None = None
     cache: WeightCache | None = None
     backend: Backend | None = None  # device memory statistics
-    # What TraceSetting reads and changes: the tracer's own settings when tracing is on.
-    trace_settings: TraceSettings = field(default_factory=lambda: TraceSettings(TracingConfig()))
+    # What TraceSetting reads and changes: the trace settings, and the tracer once one is built.
+    tracing: TraceControl = field(
+        default_factory=lambda: TraceControl(TracingConfig(), role="worker", metric_prefix="worker")
+    )
 
     @property
     def scheduler(self) -> Scheduler:

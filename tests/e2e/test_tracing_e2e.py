@@ -3,7 +3,9 @@ configured by its flags and the standard OpenTelemetry variables: the caller's W
 crosses a front end's channel to the device process (gRPC metadata and REST header,
 ``tracestate`` with it), a stream's messages are each a span, TraceSetting is answered through
 either front end, and the worker's JSON log lines of a traced request carry its ``trace_id``
-and ``span_id``; ``worker --help`` names the tracing flags."""
+and ``span_id``; a worker started with tracing off turns it on live through a front end, after
+which every front end carries the caller's context, and off again; ``worker --help`` names the
+tracing flags."""
 
 from __future__ import annotations
 
@@ -182,3 +184,68 @@ def test_the_workers_help_names_its_tracing_flags():
     ).stdout
     for flag in ("--trace-level", "--trace-rate", "--trace-count", "--trace-endpoint"):
         assert flag in out
+
+
+@pytest.fixture(scope="module")
+def untraced_worker(demo_repo, receiver, event_loop_name):
+    """A worker with two front ends started with tracing off (its exporter's endpoint set)."""
+    http_port = free_port()
+    w = WorkerProcess(
+        demo_repo,
+        "--frontend-processes",
+        "2",
+        "--http-port",
+        str(http_port),
+        "--event-loop",
+        event_loop_name,
+        env={
+            "INFERENCE_SERVER_TRACING_ENDPOINT": receiver.url,
+            "INFERENCE_SERVER_TRACING_SCHEDULE_DELAY_SECONDS": "0.05",
+            "INFERENCE_SERVER_TRACING_SERVICE_NAME": "live-worker",
+        },
+    )
+    w.http_port = http_port
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        w.terminate()
+
+
+def test_tracing_turned_on_live_through_a_front_end_reaches_every_front_end(
+    untraced_worker, receiver
+):
+    trace, parent = "e1" * 16, "f2" * 8
+
+    def caller() -> dict[str, str]:  # a dict per call: tritonclient.http adds to the one given
+        return {"traceparent": f"00-{trace}-{parent}-01"}
+
+    def infer(request_id: str, model: str = "mlp") -> None:
+        with grpcclient.InferenceServerClient(untraced_worker.url) as c:  # a new connection
+            c.infer(model, [_input(grpcclient)], request_id=request_id, headers=caller())
+
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{untraced_worker.http_port}")
+    infer("live-cold-0")
+    with grpcclient.InferenceServerClient(untraced_worker.url) as c:
+        on = c.update_trace_settings("mlp", {"trace_level": ["TIMESTAMPS"]}, as_json=True)
+        assert on["settings"]["trace_level"]["value"] == ["TIMESTAMPS"]
+    # Connections spread over both front ends: each carries the caller's context now.
+    for i in range(8):
+        infer(f"live-fe-{i}")
+    rest.infer("mlp", [_input(httpclient)], request_id="live-fe-rest", headers=caller())
+    for request_id in [*(f"live-fe-{i}" for i in range(8)), "live-fe-rest"]:
+        span = _span_of(receiver, request_id)
+        assert (span.trace_id, span.parent_span_id) == (trace, parent)
+        assert span.service == "live-worker"
+    # Off again (the model's setting cleared: the global OFF), over REST.
+    assert rest.update_trace_settings("mlp", {"trace_level": None})["trace_level"] == ["OFF"]
+    for i in range(4):
+        infer(f"live-off-{i}")
+    rest.update_trace_settings("mlp_softmax", {"trace_level": ["TIMESTAMPS"]})
+    try:
+        infer("live-sentinel", "mlp_softmax")  # once its span is in, every earlier one is
+        _span_of(receiver, "live-sentinel")
+    finally:
+        rest.update_trace_settings("mlp_softmax", {"trace_level": None})
+    seen = {s.attributes.get("kserve_trio.request_id") for s in receiver.named("ModelInfer")}
+    assert not {"live-cold-0", *(f"live-off-{i}" for i in range(4))} & seen

@@ -323,27 +323,51 @@ def test_a_stalled_collector_costs_a_bounded_queue_and_the_drops_are_counted(dem
             wait_until(lambda: rx.requests >= 1, 30, "the held export answered")
 
 
-def test_tracing_off_changes_only_to_off_and_imports_no_opentelemetry(demo_repo, tmp_path):
+_OFF_WORKER_SCRIPT = """
+import importlib.abc, json, sys
+if {blocked!r}:
+    class _NoOpenTelemetry(importlib.abc.MetaPathFinder):
+        # The tracing extra as if it were not installed: every import of it fails.
+        def find_spec(self, name, path, target=None):
+            if name.split('.')[0] == 'opentelemetry':
+                raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
+            return None
+    sys.meta_path.insert(0, _NoOpenTelemetry())
+import numpy as np, tritonclient.grpc as g
+from tritonclient.utils import InferenceServerException
+from tests.inprocess import in_process_worker
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith('opentelemetry'))
+tracing = {{'endpoint': {endpoint!r}, 'schedule_delay_seconds': 0.05}}
+with in_process_worker({repo!r}, tracing=tracing) as running:
+    c = g.InferenceServerClient(running.address)
+    x = g.InferInput('input_0', [1, 16], 'FP32')
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    c.infer('mlp_softmax', [x], request_id='off-1', headers={{'traceparent': {traceparent!r}}})
+    out = {{'level': c.get_trace_settings(as_json=True)['settings']['trace_level']['value']}}
+    out['loaded_while_off'] = loaded()
+    try:
+        c.update_trace_settings(settings={{'trace_level': 'TIMESTAMPS'}})
+        out['refused'] = ''
+    except InferenceServerException as e:
+        out['refused'] = str(e)
+    out['level_after'] = c.get_trace_settings(as_json=True)['settings']['trace_level']['value']
+    c.infer('mlp_softmax', [x], request_id='on-1', headers={{'traceparent': {traceparent!r}}})
+    out['loaded_after'] = loaded()
+    c.close()
+print(json.dumps(out))
+"""
+
+
+def _off_worker(demo_repo, tmp_path, receiver: OtlpReceiver, *, blocked: bool) -> dict:
+    """A fresh process serving a worker started with tracing off: a request with a caller's
+    context, then a live turn-on, then another request; what it saw and imported, as JSON.
+    ``blocked``: the process cannot import OpenTelemetry (the extra not installed)."""
     script = tmp_path / "off.py"
     script.write_text(
-        "import sys, json\n"
-        "import numpy as np, tritonclient.grpc as g\n"
-        "from tritonclient.utils import InferenceServerException\n"
-        "from tests.inprocess import in_process_worker\n"
-        f"with in_process_worker({str(demo_repo)!r}) as running:\n"
-        "    c = g.InferenceServerClient(running.address)\n"
-        "    x = g.InferInput('input_0', [1, 16], 'FP32')\n"
-        "    x.set_data_from_numpy(np.ones((1, 16), np.float32))\n"
-        "    c.infer('mlp_softmax', [x], headers={'traceparent': '" + TRACEPARENT + "'})\n"
-        "    level = c.get_trace_settings(as_json=True)['settings']['trace_level']['value']\n"
-        "    try:\n"
-        "        c.update_trace_settings(settings={'trace_level': 'TIMESTAMPS'})\n"
-        "        refused = ''\n"
-        "    except InferenceServerException as e:\n"
-        "        refused = str(e)\n"
-        "    c.close()\n"
-        "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
-        "print(json.dumps({'level': level, 'refused': refused, 'loaded': loaded}))\n"
+        _OFF_WORKER_SCRIPT.format(
+            blocked=blocked, endpoint=receiver.url, repo=str(demo_repo), traceparent=TRACEPARENT
+        )
     )
     out = subprocess.run(
         [sys.executable, str(script)],
@@ -354,10 +378,85 @@ def test_tracing_off_changes_only_to_off_and_imports_no_opentelemetry(demo_repo,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_tracing_off_imports_no_opentelemetry_until_turned_on_live(demo_repo, tmp_path):
+    with otlp_receiver() as rx:
+        result = _off_worker(demo_repo, tmp_path, rx, blocked=False)
+        on = _server_span(rx, "on-1")
     assert result["level"] == ["OFF"]
-    assert "tracing.level" in result["refused"]
-    assert result["loaded"] == []
+    assert result["loaded_while_off"] == []  # a request with a context was served meanwhile
+    assert result["refused"] == ""
+    assert result["level_after"] == ["TIMESTAMPS"]
+    assert "opentelemetry.sdk.trace" in result["loaded_after"]
+    assert on.trace_id == CALLER_TRACE and on.parent_span_id == CALLER_SPAN
+    assert not [
+        s for s in rx.named("ModelInfer") if s.attributes.get("kserve_trio.request_id") == "off-1"
+    ]
+
+
+def test_without_the_tracing_extra_a_turn_on_is_refused_naming_it(demo_repo, tmp_path):
+    with otlp_receiver() as rx:
+        result = _off_worker(demo_repo, tmp_path, rx, blocked=True)
+    assert "FAILED_PRECONDITION" in result["refused"]
+    assert "'tracing' extra" in result["refused"]
+    assert result["level_after"] == ["OFF"]  # nothing of the change was applied
+    assert result["loaded_after"] == []
+
+
+@pytest.fixture(scope="module")
+def untraced_worker(demo_repo, receiver, event_loop_name):
+    """A worker started with tracing off; its exporter's endpoint is set for a live turn-on."""
+    with in_process_worker(
+        demo_repo,
+        endpoints={"port": 0, "http_port": free_port(), "event_loop": event_loop_name},
+        tracing={"level": "off", "endpoint": receiver.url, "schedule_delay_seconds": 0.05},
+    ) as running:
+        yield running
+
+
+def _request_ids(receiver: OtlpReceiver) -> set[object]:
+    return {s.attributes.get("kserve_trio.request_id") for s in receiver.named("ModelInfer")}
+
+
+def test_a_worker_started_with_tracing_off_turns_it_on_live_per_model_and_globally(
+    untraced_worker, receiver
+):
+
+    def caller() -> dict[str, str]:  # a dict per call: tritonclient.http adds to the one given
+        return {"traceparent": f"00-{'a' * 32}-{'b' * 16}-01"}
+
+    rest = _http(untraced_worker)
+    with _grpc(untraced_worker) as c:
+        c.infer("mlp", mlp_inputs(grpcclient), request_id="cold-1", headers=caller())
+        assert _settings(c.get_trace_settings(as_json=True))["trace_level"] == ["OFF"]
+        # One model on, over gRPC: only its requests are traced.
+        on = c.update_trace_settings("mlp_softmax", {"trace_level": ["TIMESTAMPS"]}, as_json=True)
+        assert _settings(on)["trace_level"] == ["TIMESTAMPS"]
+        assert _settings(c.get_trace_settings(as_json=True))["trace_level"] == ["OFF"]
+        c.infer("mlp", mlp_inputs(grpcclient), request_id="cold-2", headers=caller())
+        c.infer("mlp_softmax", [_softmax_input()], request_id="warm-1", headers=caller())
+        warm = _server_span(receiver, "warm-1")
+        assert warm.trace_id == "a" * 32 and warm.parent_span_id == "b" * 16
+        # Globally on, over REST: every model's requests, REST's too.
+        assert rest.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})[
+            "trace_level"
+        ] == ["TIMESTAMPS"]
+        rest.infer("mlp", mlp_inputs(httpclient), request_id="warm-rest", headers=caller())
+        assert _server_span(receiver, "warm-rest").trace_id == "a" * 32
+        # Off again, globally and for the model: nothing is traced.
+        c.update_trace_settings("mlp_softmax", {"trace_level": None})
+        rest.update_trace_settings(settings={"trace_level": ["OFF"]})
+        c.infer("mlp", mlp_inputs(grpcclient), request_id="cold-3", headers=caller())
+        c.infer("mlp_softmax", [_softmax_input()], request_id="cold-4", headers=caller())
+        rest.infer("mlp", mlp_inputs(httpclient), request_id="cold-5", headers=caller())
+        c.update_trace_settings("mlp", {"trace_level": ["TIMESTAMPS"]})
+        try:
+            _sentinel(c, receiver, "cold-sentinel")  # every span ended before it is in
+        finally:
+            c.update_trace_settings("mlp", {"trace_level": None})
+    assert not {f"cold-{i}" for i in range(1, 6)} & _request_ids(receiver)
 
 
 def _ids(receiver: OtlpReceiver, prefix: str) -> dict[str, object]:

@@ -3,10 +3,11 @@
 and the ``--trace-*`` flags that set it from the command line.
 
 One dataclass, ``TracingConfig``, whose field defaults are the one owner of each default. With
-``level: off`` (the default) a server imports no OpenTelemetry module and a request pays one
-branch; with ``timestamps`` requests are traced as ``rate`` and ``count`` say (Triton's
-``--trace-config`` vocabulary, changed live by the TraceSetting RPC) and exported as OTLP/HTTP
-protobuf. The standard OpenTelemetry variables fill what the block leaves empty:
+``level: off`` (the default) a server imports no OpenTelemetry module until a TraceSetting change
+turns tracing on live, and a request pays one branch; with ``timestamps`` requests are traced as
+``rate`` and ``count`` say (Triton's ``--trace-config`` vocabulary, changed live by the
+TraceSetting RPC) and exported as OTLP/HTTP protobuf. The other keys (endpoint, resource, export
+queue) hold for a tracer turned on live too. The standard OpenTelemetry variables fill what the block leaves empty:
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` the endpoint,
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` the resource; a key set here wins.
 docs/observability.md describes the spans.
@@ -36,8 +37,9 @@ class TracingConfig:
     """How one server process traces requests (module docstring)."""
 
     level: str = LEVEL_OFF
-    """``off``: nothing of OpenTelemetry is imported and only ``OFF`` can be set live;
-    ``timestamps``: requests are traced (each phase a span with its times)."""
+    """``off``: nothing is traced and nothing of OpenTelemetry is imported until a TraceSetting
+    change turns tracing on live; ``timestamps``: requests are traced (each phase a span with
+    its times)."""
     rate: int = 1
     """Trace one request in this many (Triton's ``trace_rate``), counted per process; a caller's
     context decides for itself (sampled: traced, sampled out: not)."""
@@ -71,7 +73,7 @@ class TracingConfig:
 
     @property
     def on(self) -> bool:
-        """Whether the process traces at all (builds its exporter at start-up)."""
+        """Whether the process traces from start-up (builds its exporter then)."""
         return self.level == LEVEL_TIMESTAMPS
 
 
