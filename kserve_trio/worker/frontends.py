@@ -48,12 +48,13 @@ from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
 from kserve_trio.core.shm_names import reserved_name
 from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
-from kserve_trio.serving.liveness import watch_liveness
+from kserve_trio.serving.liveness import kill_when_stuck
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
 from kserve_trio.serving.supervisor import (
     ChildProcess,
     Exit,
+    FailedToStart,
     Restart,
     RestartPolicy,
     keep_running,
@@ -72,13 +73,12 @@ RESTART_POLICY = RestartPolicy(
 """Rules 1 and 2: restart for ever, quickly, but never a front end that was not ready once."""
 
 
-class FrontendFailedToStart(RuntimeError):
+class FrontendFailedToStart(FailedToStart):
     """Rule 1: a front end exited before it was ready, on the worker's first start."""
 
-    def __init__(self, index: int, returncode: int) -> None:
-        super().__init__(f"front end {index} exited with status {returncode} at start-up")
+    def __init__(self, index: int, returncode: int | None) -> None:
+        super().__init__(f"front end {index}", returncode)
         self.index = index
-        self.returncode = returncode
 
 
 class _Frontend:
@@ -203,7 +203,7 @@ class FrontendProcesses:
         finally:
             frontend.stopped.set()
         if gave_up is not None:
-            raise FrontendFailedToStart(frontend.index, gave_up.exit.returncode or 0)
+            raise FrontendFailedToStart(frontend.index, gave_up.exit.returncode)
 
     async def _run_once(self, frontend: _Frontend) -> Exit:
         """One process of ``frontend``, from its start until its channel closed and it exited."""
@@ -225,13 +225,7 @@ class FrontendProcesses:
 
     def _restarting(self, frontend: _Frontend, restart: Restart) -> None:
         frontend.restarts += 1
-        log.warning(
-            "frontend_exited",
-            frontend_process=frontend.index,
-            returncode=restart.exit.returncode,
-            uptime_seconds=round(restart.uptime, 3),
-            restart_in_seconds=restart.pause,
-        )
+        log.warning("frontend_exited", frontend_process=frontend.index, **restart.log_fields())
 
     async def _mark_ready(self, frontend: _Frontend, link: FrontendLink) -> None:
         await link.ready.wait()
@@ -242,20 +236,21 @@ class FrontendProcesses:
         """Rule 3 for one process of ``frontend``, from its ``READY`` until its link ends."""
         ep = self.config.endpoints
         await link.ready.wait()
-        await watch_liveness(
-            link.ping, ep.frontend_liveness_interval_seconds, ep.frontend_liveness_misses
-        )
-        if self._stop.is_set():
-            return  # rule 4 owns the end
-        frontend.liveness_kills += 1
-        log.warning(
-            "frontend_unresponsive",
+
+        def killed() -> None:
+            frontend.liveness_kills += 1
+
+        await kill_when_stuck(
+            process,
+            link.ping,
+            ep.frontend_liveness_interval_seconds,
+            ep.frontend_liveness_misses,
+            stopping=self._stop,  # rule 4 owns the end
+            on_kill=killed,
+            log=log,
+            event="frontend_unresponsive",
             frontend_process=frontend.index,
-            pid=process.pid,
-            missed_pings=ep.frontend_liveness_misses,
-            interval_seconds=ep.frontend_liveness_interval_seconds,
         )
-        process.kill()
 
     # ---------------------------------------------------------------- while serving
 

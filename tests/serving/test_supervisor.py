@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -58,15 +59,15 @@ def test_it_gives_up_past_max_failures_and_never_when_zero():
 # --- the loop ----------------------------------------------------------------------------------
 
 
-@pytest.fixture()
-def clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
+def on_mock_clock(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+    """The async ``test`` run on trio with a clock that jumps to the next timer whenever every
+    task waits."""
 
+    def run() -> None:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        anyio.run(test, backend="trio", backend_options={"clock": clock})
 
-@pytest.fixture()
-def anyio_backend(clock: trio.testing.MockClock):
-    """trio on a clock that jumps to the next timer whenever every task waits."""
-    return ("trio", {"clock": clock})
+    return run
 
 
 def scripted(runs: list[tuple[float, Exit]]):
@@ -83,7 +84,7 @@ def scripted(runs: list[tuple[float, Exit]]):
     return run_once, starts
 
 
-@pytest.mark.anyio
+@on_mock_clock
 async def test_each_restart_waits_its_pause_and_is_told_first():
     policy = RestartPolicy(1.0, 30.0, 60.0, max_failures=3)
     run_once, starts = scripted([(0.5, Exit(3))] * 3 + [(0.5, Exit(4))])
@@ -98,7 +99,7 @@ async def test_each_restart_waits_its_pause_and_is_told_first():
     assert gave_up == GaveUp(Exit(4), failures=4, never_up=False)
 
 
-@pytest.mark.anyio
+@on_mock_clock
 async def test_a_long_run_restarts_the_count():
     policy = RestartPolicy(1.0, 30.0, 60.0, max_failures=2)
     run_once, starts = scripted([(0, Exit(1)), (0, Exit(1)), (60, Exit(1)), (0, Exit(1))] * 2)
@@ -108,7 +109,7 @@ async def test_a_long_run_restarts_the_count():
     assert gave_up is not None and gave_up.failures == 3 and len(starts) == 5
 
 
-@pytest.mark.anyio
+@on_mock_clock
 async def test_a_process_that_never_came_up_gives_up_at_once_one_that_did_is_restarted():
     policy = RestartPolicy(0.25, 10.0, 30.0, must_come_up_first=True)
     run_once, starts = scripted([(1, Exit(2, came_up=False))])
@@ -128,7 +129,7 @@ async def test_a_process_that_never_came_up_gives_up_at_once_one_that_did_is_res
     assert len(starts) == 3, "a stop set during a pause starts nothing more"
 
 
-@pytest.mark.anyio
+@on_mock_clock
 async def test_a_stop_during_a_run_ends_the_loop_without_a_restart():
     stop = anyio.Event()
     told: list[Restart] = []
@@ -141,8 +142,8 @@ async def test_a_stop_during_a_run_ends_the_loop_without_a_restart():
     assert told == []
 
 
-@pytest.mark.anyio
-async def test_a_stop_cuts_a_pause_short(clock):
+@on_mock_clock
+async def test_a_stop_cuts_a_pause_short():
     stop = anyio.Event()
     run_once, starts = scripted([(0, Exit(1))] * 20)
 

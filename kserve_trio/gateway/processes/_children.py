@@ -34,10 +34,11 @@ from kserve_trio.core.config import LIVENESS_INTERVAL_SECONDS, LIVENESS_MISSES
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.admin import ScrapeError, fetch
 from kserve_trio.gateway.processes._layout import read_announcement
-from kserve_trio.serving.liveness import watch_liveness
+from kserve_trio.serving.liveness import kill_when_stuck
 from kserve_trio.serving.supervisor import (
     ChildProcess,
     Exit,
+    FailedToStart,
     Restart,
     RestartPolicy,
     keep_running,
@@ -55,13 +56,12 @@ LOOPBACK = "127.0.0.1"
 _log = get_logger("kserve_trio.gateway.processes")
 
 
-class ChildFailedToStart(RuntimeError):
+class ChildFailedToStart(FailedToStart):
     """Rule 2: a child exited before it served, on the gateway's first start."""
 
-    def __init__(self, index: int, returncode: int) -> None:
-        super().__init__(f"gateway process {index} exited with status {returncode} at start-up")
+    def __init__(self, index: int, returncode: int | None) -> None:
+        super().__init__(f"gateway process {index}", returncode)
         self.index = index
-        self.returncode = returncode
 
 
 class GatewayChild:
@@ -108,7 +108,7 @@ class GatewayChild:
             lambda: self._run_once(parent_pid), RESTART_POLICY, self._stop, self._restarting
         )
         if gave_up is not None:
-            raise ChildFailedToStart(self.index, gave_up.exit.returncode or 0)
+            raise ChildFailedToStart(self.index, gave_up.exit.returncode)
 
     async def _run_once(self, parent_pid: int) -> Exit:
         """One process of this child, from its start until it has exited."""
@@ -125,13 +125,7 @@ class GatewayChild:
 
     def _restarting(self, restart: Restart) -> None:
         self.restarts += 1
-        _log.warning(
-            "gateway_process_exited",
-            gateway_process=self.index,
-            returncode=restart.exit.returncode,
-            uptime_seconds=round(restart.uptime, 3),
-            restart_in_seconds=restart.pause,
-        )
+        _log.warning("gateway_process_exited", gateway_process=self.index, **restart.log_fields())
 
     async def _watch(self, process: ChildProcess) -> None:
         """Rules 1 and 4 for one process of this child, until it exits."""
@@ -144,19 +138,21 @@ class GatewayChild:
                 return False
             return status == 200
 
-        await watch_liveness(healthz, self.liveness_interval, self.liveness_misses)
-        if self._stop.is_set():
-            return  # rule 5 owns the end
+        await kill_when_stuck(
+            process,
+            healthz,
+            self.liveness_interval,
+            self.liveness_misses,
+            stopping=self._stop,  # rule 5 owns the end
+            on_kill=self._killed_stuck,
+            log=_log,
+            event="gateway_process_unresponsive",
+            gateway_process=self.index,
+        )
+
+    def _killed_stuck(self) -> None:
         self.liveness_kills += 1
         self.admin_port = None  # the admin port asks it no more
-        _log.warning(
-            "gateway_process_unresponsive",
-            gateway_process=self.index,
-            pid=process.pid,
-            missed_probes=self.liveness_misses,
-            interval_seconds=self.liveness_interval,
-        )
-        process.kill()
 
     async def _wait_announcement(self, pid: int) -> int:
         while True:

@@ -13,7 +13,13 @@ How a supervisor finds a process that is stuck without exiting is ``serving.live
 
 from __future__ import annotations
 
-from kserve_trio.serving.supervisor._keep_running import Exit, GaveUp, Restart, keep_running
+from kserve_trio.serving.supervisor._keep_running import (
+    Exit,
+    FailedToStart,
+    GaveUp,
+    Restart,
+    keep_running,
+)
 from kserve_trio.serving.supervisor._launch import (
     PIPE,
     TRAMPOLINE,
@@ -29,6 +35,7 @@ __all__ = [
     "TRAMPOLINE",
     "ChildProcess",
     "Exit",
+    "FailedToStart",
     "GaveUp",
     "PipeReader",
     "Restart",

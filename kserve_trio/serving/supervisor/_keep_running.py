@@ -38,6 +38,14 @@ class Restart:
     pause: float
     """Seconds until the next start (cut short only by ``stop``)."""
 
+    def log_fields(self) -> dict[str, object]:
+        """What a supervisor's log record of the exit says, beside which process it was."""
+        return {
+            "returncode": self.exit.returncode,
+            "uptime_seconds": round(self.uptime, 3),
+            "restart_in_seconds": self.pause,
+        }
+
 
 @dataclass(frozen=True)
 class GaveUp:
@@ -48,6 +56,15 @@ class GaveUp:
     never_up: bool
     """True: no process of it ever came up (``RestartPolicy.must_come_up_first``); False: it
     failed more than ``max_failures`` times in a row."""
+
+
+class FailedToStart(RuntimeError):
+    """What a supervisor raises for a ``GaveUp`` with ``never_up``: the process exited before
+    it ever came up, so the supervisor's own start fails with its exit status."""
+
+    def __init__(self, what: str, returncode: int | None) -> None:
+        super().__init__(f"{what} exited with status {returncode} at start-up")
+        self.returncode = returncode
 
 
 def _nothing(restart: Restart) -> None:
@@ -91,4 +108,4 @@ async def keep_running(
     return None
 
 
-__all__ = ["Exit", "GaveUp", "Restart", "keep_running"]
+__all__ = ["Exit", "FailedToStart", "GaveUp", "Restart", "keep_running"]
