@@ -17,9 +17,9 @@ heap back once it forwards nothing (``serving.process_tuning``).
 It ends when the device process says ``DRAIN`` (the worker's shutdown: GOAWAY, the calls in
 flight finish within the grace period), on SIGTERM or SIGINT (the same drain), and at once when
 the channel closes: the device process is gone (the kernel closes its end however it ended,
-SIGKILL included), so nothing it was asked will be answered. The parent-death signal is not
-used: it is tied to the thread that started the process, and trio starts processes from worker
-threads that end on their own.
+SIGKILL included), so nothing it was asked will be answered (the parent-death signal its
+launcher asked for, ``serving.supervisor``, comes then too: the same drain, cut short by the
+closing channel).
 """
 
 from __future__ import annotations

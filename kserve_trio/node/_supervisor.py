@@ -17,9 +17,10 @@ cancellation from outside (an embedding program's task group) stops the children
 signal-initiated stop, 1 when a child exhausted the crash-loop budget (the first requested code
 wins); ``supervise`` returns 2 for a configuration error before anything starts.
 
-Children start through ``_trampoline`` (parent-death signal, CPU affinity, then ``exec``) in
-their own session, so a terminal's Ctrl-C reaches only the supervisor, which stops them in
-order, and a SIGKILL reaches a child's whole process group.
+Each child task is ``serving.supervisor.keep_running`` under the node's ``RestartPolicy``
+(``_restart``). Children start by ``serving.supervisor.launch`` (the trampoline: parent-death
+signal, CPU affinity, then ``exec``) in their own session, so a terminal's Ctrl-C reaches only
+the supervisor, which stops them in order, and a SIGKILL reaches a child's whole process group.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
 import sys
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping
 from typing import TextIO
 
 import anyio
@@ -40,21 +39,13 @@ from kserve_trio.core.errors import ConfigError
 from kserve_trio.node._files import check_model_repo, prepare_node
 from kserve_trio.node._logmux import LineSplitter, LogSink
 from kserve_trio.node._plan import ChildSpec, NodePlan
-from kserve_trio.node._restart import RestartBudget
+from kserve_trio.node._restart import restart_policy
 from kserve_trio.node._threads import format_cpus
+from kserve_trio.serving.supervisor import PIPE, ChildProcess, Exit, Restart, keep_running, launch
 
-TRAMPOLINE = str(Path(__file__).with_name("_trampoline.py"))
 DRAIN_SECONDS = 2.0
 """How long a dead child's pipes may still deliver output (a grandchild holding them open
 cannot keep its pumps alive past this)."""
-
-
-def launch_argv(spec: ChildSpec, parent_pid: int, python: str = sys.executable) -> list[str]:
-    """The command that starts ``spec`` through the trampoline."""
-    argv = [python, "-I", "-S", TRAMPOLINE, "--parent", str(parent_pid)]
-    if spec.cpus:
-        argv += ["--cpus", format_cpus(spec.cpus)]
-    return [*argv, "--", *spec.argv]
 
 
 def describe_exit(name: str, returncode: int | None, uptime: float) -> str:
@@ -119,35 +110,36 @@ class _Node:
                     self.kill_now.set()
 
     async def _supervise_child(self, spec: ChildSpec) -> None:
-        """Start, watch and restart one child until the node stops or the budget runs out."""
-        budget = RestartBudget(self.plan.max_restarts)
-        while not self.stopping.is_set():
-            started = anyio.current_time()
-            await self._run_once(spec)
-            if self.stopping.is_set():
-                return
-            delay = budget.on_exit(anyio.current_time() - started)
-            if delay is None:
-                self.sink.supervisor(budget.give_up_message(spec.name))
-                self.request_stop(1)
-                return
-            self.sink.supervisor(f"restarting {spec.name} in {delay:g}s")
-            with anyio.move_on_after(delay):
-                await self.stopping.wait()
+        """Start, watch and restart one child until the node stops or the policy gives up."""
+        policy = restart_policy(self.plan.max_restarts)
 
-    async def _run_once(self, spec: ChildSpec) -> None:
+        def restarting(restart: Restart) -> None:
+            self.sink.supervisor(f"restarting {spec.name} in {restart.pause:g}s")
+
+        gave_up = await keep_running(
+            lambda: self._run_once(spec), policy, self.stopping, restarting
+        )
+        if gave_up is not None:
+            self.sink.supervisor(
+                f"{spec.name} failed {gave_up.failures} consecutive times "
+                f"(max {policy.max_failures}); shutting the node down"
+            )
+            self.request_stop(1)
+
+    async def _run_once(self, spec: ChildSpec) -> Exit:
         try:
-            proc = await anyio.open_process(
-                launch_argv(spec, self.parent_pid),
-                env=dict(spec.env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
+            proc = launch(
+                spec.argv,
+                env=spec.env,
+                stdout=PIPE,
+                stderr=PIPE,
+                new_session=True,
+                cpus=format_cpus(spec.cpus) if spec.cpus else "",
+                parent_pid=self.parent_pid,
             )
         except OSError as exc:
             self.sink.supervisor(f"could not start {spec.name}: {exc}")
-            return
+            return Exit(None)
         started = anyio.current_time()
         self.sink.supervisor(f"started {spec.name} (pid {proc.pid})")
         try:
@@ -164,55 +156,36 @@ class _Node:
             with anyio.CancelScope(shield=True):
                 if proc.returncode is None:  # cancelled from outside: stop it before leaving
                     await self._terminate(spec, proc)
-                await proc.aclose()
+            proc.close()
             self.sink.supervisor(
                 describe_exit(spec.name, proc.returncode, anyio.current_time() - started)
             )
+        return Exit(proc.returncode)
 
-    async def _pump(self, name: str, stream: anyio.abc.ByteReceiveStream) -> None:
+    async def _pump(self, name: str, stream: AsyncIterator[bytes]) -> None:
         splitter = LineSplitter()
         try:
             async for chunk in stream:
                 for line in splitter.feed(chunk):
                     self.sink.child_bytes(name, line)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
         finally:
             for line in splitter.flush():
                 self.sink.child_bytes(name, line)
 
-    async def _stop_when_asked(self, spec: ChildSpec, proc: anyio.abc.Process) -> None:
+    async def _stop_when_asked(self, spec: ChildSpec, proc: ChildProcess) -> None:
         await self.stopping.wait()
         await self._terminate(spec, proc)
 
-    async def _terminate(self, spec: ChildSpec, proc: anyio.abc.Process) -> None:
+    async def _terminate(self, spec: ChildSpec, proc: ChildProcess) -> None:
         """SIGTERM, up to ``spec.grace`` seconds (cut short by a second signal), SIGKILL."""
-        if proc.returncode is not None:
-            return
-        try:
-            proc.terminate()
-        except ProcessLookupError:
-            return
-        with anyio.move_on_after(spec.grace):
-            async with anyio.create_task_group() as tg:
 
-                async def cut_short() -> None:
-                    await self.kill_now.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(cut_short)
-                await proc.wait()
-                tg.cancel_scope.cancel()
-        if proc.returncode is None:
+        def killing() -> None:
             if not self.kill_now.is_set():
                 self.sink.supervisor(
                     f"{spec.name} did not exit within {spec.grace:g}s; sending SIGKILL"
                 )
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
-            await proc.wait()
+
+        await proc.stop(spec.grace, sooner=self.kill_now, on_kill=killing)
 
 
 async def run_plan(
@@ -273,4 +246,4 @@ def supervise(
             rdir.cleanup()
 
 
-__all__ = ["DRAIN_SECONDS", "TRAMPOLINE", "describe_exit", "launch_argv", "run_plan", "supervise"]
+__all__ = ["DRAIN_SECONDS", "describe_exit", "run_plan", "supervise"]

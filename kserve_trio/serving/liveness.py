@@ -1,4 +1,5 @@
-"""``watch_liveness``: how a supervisor finds that one of its serving processes is stuck.
+"""``watch_liveness``: how a supervisor finds that one of its serving processes is stuck, and
+``kill_when_stuck``: what it does then.
 
 A process that is stopped (SIGSTOP) or whose event loop never comes back keeps its listening
 socket: the kernel goes on handing it new connections, which time out, and since it does not
@@ -12,8 +13,11 @@ loop then restarts it as after any other exit.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
+
+from kserve_trio.serving.supervisor import ChildProcess
 
 
 async def watch_liveness(
@@ -44,4 +48,27 @@ async def watch_liveness(
         await anyio.sleep_until(deadline)
 
 
-__all__ = ["watch_liveness"]
+async def kill_when_stuck(
+    process: ChildProcess,
+    probe: Callable[[], Awaitable[bool]],
+    interval: float,
+    misses: int,
+    *,
+    stopping: anyio.Event,
+    on_kill: Callable[[], None],
+    log: Any,
+    event: str,
+    **labels: object,
+) -> None:
+    """``watch_liveness`` for ``process``; once it ends, unless its supervisor is already
+    stopping it (that stop owns the end): ``on_kill()`` (the caller counts the kill), the
+    warning ``event`` with ``labels``, the pid and the rule that caught it, and SIGKILL."""
+    await watch_liveness(probe, interval, misses)
+    if stopping.is_set():
+        return
+    on_kill()
+    log.warning(event, **labels, pid=process.pid, missed_probes=misses, interval_seconds=interval)
+    process.kill()
+
+
+__all__ = ["kill_when_stuck", "watch_liveness"]

@@ -4,17 +4,18 @@ from its device process.
 The device process reserves the gRPC and REST addresses first (``serving.ports``: bound with
 SO_REUSEPORT, never listening, so port 0 resolves once and the port stays reserved while a
 front end restarts), then starts each front end by exec (``python -m kserve_trio frontend``,
-``subprocess.Popen`` from a worker thread: vfork and exec, never a fork that runs Python in a
-copy of a process whose XLA threads exist), handing it its end of a new socket pair and
-two new memfd arenas (``serving.ipc``) through ``pass_fds``. The front end binds the same
+``serving.supervisor.launch``: no Python runs in a forked copy of this process), handing it its
+end of a new socket pair and two new memfd arenas (``serving.ipc``) through ``pass_fds``. The front end binds the same
 addresses and listens, so the kernel spreads new connections over the front ends.
 
-Rules:
+Rules (``serving.supervisor.keep_running`` runs each front end):
 
 1. the worker is up once every front end said ``READY``; a front end that exits before it
    was ever ready fails the worker's start with its exit status;
-2. a front end that exits later (crashed, killed) is restarted after the back-off the
-   gateway's processes get too (``serving.restart_backoff``); its requests in flight were cancelled with its
+2. a front end that exits later (crashed, killed) is restarted after a back-off
+   (``RESTART_POLICY``: ``min(0.25 * 2 ** (k - 1), 10)`` seconds for the ``k``-th consecutive
+   failure, ``k`` counting again from 1 after a front end stayed up 30 s, as for the gateway's
+   processes), for ever; its requests in flight were cancelled with its
    link (its clients' connections died with it, UNAVAILABLE), the other front ends go on;
 3. a front end that is ready but stuck (stopped, or its event loop blocked) is found by its
    liveness ping (``serving.liveness``: a ``PING`` over its channel every
@@ -33,11 +34,9 @@ ended.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -49,10 +48,18 @@ from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
 from kserve_trio.core.shm_names import reserved_name
 from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
-from kserve_trio.serving.liveness import watch_liveness
+from kserve_trio.serving.liveness import kill_when_stuck
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
-from kserve_trio.serving.restart_backoff import RestartBackoff
+from kserve_trio.serving.supervisor import (
+    ChildProcess,
+    Exit,
+    FailedToStart,
+    Restart,
+    RestartPolicy,
+    keep_running,
+    launch,
+)
 from kserve_trio.worker.forwarded import ForwardedRpcs
 from kserve_trio.worker.frontend_link import FrontendLink
 
@@ -60,15 +67,18 @@ log = get_logger("kserve_trio.worker.frontends")
 
 KILL_AFTER_SECONDS = 1.0
 """How long past the drain's grace a front end may take to exit before it is killed."""
+RESTART_POLICY = RestartPolicy(
+    first_pause=0.25, max_pause=10.0, stable_after=30.0, must_come_up_first=True
+)
+"""Rules 1 and 2: restart for ever, quickly, but never a front end that was not ready once."""
 
 
-class FrontendFailedToStart(RuntimeError):
+class FrontendFailedToStart(FailedToStart):
     """Rule 1: a front end exited before it was ready, on the worker's first start."""
 
-    def __init__(self, index: int, returncode: int) -> None:
-        super().__init__(f"front end {index} exited with status {returncode} at start-up")
+    def __init__(self, index: int, returncode: int | None) -> None:
+        super().__init__(f"front end {index}", returncode)
         self.index = index
-        self.returncode = returncode
 
 
 class _Frontend:
@@ -76,9 +86,8 @@ class _Frontend:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.process: subprocess.Popen | None = None
+        self.process: ChildProcess | None = None
         self.link: FrontendLink | None = None
-        self.ever_ready = False
         self.restarts = 0
         self.liveness_kills = 0
         """Times a process of this front end was killed for missing its liveness pings."""
@@ -103,8 +112,7 @@ class FrontendProcesses:
         self.port = 0
         self.http_port = 0
         self._reserved: list[ReservedPort] = []
-        self._stopping = False
-        self._stop_requested = anyio.Event()
+        self._stop = anyio.Event()
 
     # ---------------------------------------------------------------- start and run
 
@@ -152,7 +160,7 @@ class FrontendProcesses:
             level,
         ]
 
-    async def _start(self, frontend: _Frontend) -> tuple[subprocess.Popen, FrontendLink]:
+    async def _start(self, frontend: _Frontend) -> tuple[ChildProcess, FrontendLink]:
         """One front end's process, its channel and arenas (module docstring)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds: list[int] = []
@@ -163,14 +171,7 @@ class FrontendProcesses:
                 fds.append(Arena.create_fd(name))
             arenas = [Arena(fd, ARENA_BYTES) for fd in fds]
             argv = self._argv(theirs.fileno(), *fds)
-            process = await anyio.to_thread.run_sync(
-                functools.partial(
-                    subprocess.Popen,
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    pass_fds=(theirs.fileno(), *fds),
-                )
-            )
+            process = launch(argv, pass_fds=(theirs.fileno(), *fds))
         except BaseException:
             ours.close()
             raise
@@ -193,78 +194,63 @@ class FrontendProcesses:
     async def _keep_running(self, frontend: _Frontend) -> None:
         """Rules 1 to 3 for one front end, until ``shutdown``."""
         try:
-            await self._keep_running_until_stopped(frontend)
+            gave_up = await keep_running(
+                lambda: self._run_once(frontend),
+                RESTART_POLICY,
+                self._stop,
+                lambda restart: self._restarting(frontend, restart),
+            )
         finally:
             frontend.stopped.set()
+        if gave_up is not None:
+            raise FrontendFailedToStart(frontend.index, gave_up.exit.returncode)
 
-    async def _keep_running_until_stopped(self, frontend: _Frontend) -> None:
-        backoff = RestartBackoff()
-        while not self._stopping:
-            started = anyio.current_time()
-            process, link = await self._start(frontend)
-            frontend.process, frontend.link = process, link
-            log.info("frontend_started", frontend_process=frontend.index, pid=process.pid)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._mark_ready, frontend, link)
-                tg.start_soon(self._watch, frontend, process, link)
-                await link.serve()  # until the front end's end of the channel closes
-                tg.cancel_scope.cancel()
-            returncode = await self._reap(process)
-            frontend.served_before += link.served
-            frontend.process, frontend.link = None, None
-            if self._stopping:
-                break
-            if not frontend.ever_ready:
-                raise FrontendFailedToStart(frontend.index, returncode)
-            uptime = anyio.current_time() - started
-            pause = backoff.after_exit(uptime)
-            frontend.restarts += 1
-            log.warning(
-                "frontend_exited",
-                frontend_process=frontend.index,
-                returncode=returncode,
-                uptime_seconds=round(uptime, 3),
-                restart_in_seconds=pause,
-            )
-            with anyio.move_on_after(pause):
-                await self._stop_requested.wait()
+    async def _run_once(self, frontend: _Frontend) -> Exit:
+        """One process of ``frontend``, from its start until its channel closed and it exited."""
+        process, link = await self._start(frontend)
+        frontend.process, frontend.link = process, link
+        if self._stop.is_set():  # the shutdown came while it was being started
+            link.channel.send((DRAIN,))
+        log.info("frontend_started", frontend_process=frontend.index, pid=process.pid)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._mark_ready, frontend, link)
+            tg.start_soon(self._watch, frontend, process, link)
+            await link.serve()  # until the front end's end of the channel closes
+            tg.cancel_scope.cancel()
+        # the exit status of a front end whose channel closed (killed if it lingers)
+        returncode = await process.stop(KILL_AFTER_SECONDS, ask=None)
+        frontend.served_before += link.served
+        frontend.process, frontend.link = None, None
+        return Exit(returncode, came_up=link.ready.is_set())
+
+    def _restarting(self, frontend: _Frontend, restart: Restart) -> None:
+        frontend.restarts += 1
+        log.warning("frontend_exited", frontend_process=frontend.index, **restart.log_fields())
 
     async def _mark_ready(self, frontend: _Frontend, link: FrontendLink) -> None:
         await link.ready.wait()
-        frontend.ever_ready = True
         frontend.ready.set()
         log.info("frontend_ready", frontend_process=frontend.index, port=link.ports[0])
 
-    async def _watch(
-        self, frontend: _Frontend, process: subprocess.Popen, link: FrontendLink
-    ) -> None:
+    async def _watch(self, frontend: _Frontend, process: ChildProcess, link: FrontendLink) -> None:
         """Rule 3 for one process of ``frontend``, from its ``READY`` until its link ends."""
         ep = self.config.endpoints
         await link.ready.wait()
-        await watch_liveness(
-            link.ping, ep.frontend_liveness_interval_seconds, ep.frontend_liveness_misses
-        )
-        if self._stopping:
-            return  # rule 4 owns the end
-        frontend.liveness_kills += 1
-        log.warning(
-            "frontend_unresponsive",
-            frontend_process=frontend.index,
-            pid=process.pid,
-            missed_pings=ep.frontend_liveness_misses,
-            interval_seconds=ep.frontend_liveness_interval_seconds,
-        )
-        process.kill()
 
-    async def _reap(self, process: subprocess.Popen) -> int:
-        """The exit status of a front end whose channel closed (killed if it lingers)."""
-        with anyio.CancelScope(shield=True):
-            try:
-                returncode = await _wait(process, KILL_AFTER_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                returncode = await _wait(process, None)
-        return returncode
+        def killed() -> None:
+            frontend.liveness_kills += 1
+
+        await kill_when_stuck(
+            process,
+            link.ping,
+            ep.frontend_liveness_interval_seconds,
+            ep.frontend_liveness_misses,
+            stopping=self._stop,  # rule 4 owns the end
+            on_kill=killed,
+            log=log,
+            event="frontend_unresponsive",
+            frontend_process=frontend.index,
+        )
 
     # ---------------------------------------------------------------- while serving
 
@@ -313,9 +299,8 @@ class FrontendProcesses:
     async def shutdown(self, grace: float) -> int:
         """Rule 4 (shielded: it runs while the worker is being cancelled); returns the number
         of front ends that had to be killed."""
-        self._stopping = True
-        self._stop_requested.set()
-        killed = 0
+        self._stop.set()
+        killed: list[int] = []
         with anyio.CancelScope(shield=True):
             for frontend in self.frontends:
                 if frontend.link is not None:
@@ -325,21 +310,16 @@ class FrontendProcesses:
                 process = frontend.process
                 if process is None:
                     continue
-                try:
-                    left = max(0.0, wait_until - time.monotonic()) + KILL_AFTER_SECONDS
-                    await _wait(process, left)
-                except subprocess.TimeoutExpired:
-                    log.warning("frontend_killed", frontend_process=frontend.index, pid=process.pid)
-                    process.kill()
-                    killed += 1
+                left = max(0.0, wait_until - time.monotonic()) + KILL_AFTER_SECONDS
+
+                def kill(frontend: _Frontend = frontend, pid: int = process.pid) -> None:
+                    log.warning("frontend_killed", frontend_process=frontend.index, pid=pid)
+                    killed.append(frontend.index)
+
+                await process.stop(left, ask=None, on_kill=kill)
             for frontend in self.frontends:  # their links end with them
                 await frontend.stopped.wait()
-        return killed
-
-
-async def _wait(process: subprocess.Popen, timeout: float | None) -> int:
-    """``process.wait(timeout)`` off the event loop (``TimeoutExpired`` past it)."""
-    return await anyio.to_thread.run_sync(functools.partial(process.wait, timeout))
+        return len(killed)
 
 
 __all__ = ["FrontendFailedToStart", "FrontendProcesses"]

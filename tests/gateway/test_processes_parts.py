@@ -26,6 +26,7 @@ from kserve_trio.gateway.config import (
     load_gateway_config,
 )
 from kserve_trio.gateway.processes._admin import routing_intersection
+from kserve_trio.gateway.processes._children import RESTART_POLICY
 from kserve_trio.gateway.processes._layout import (
     ProcessRole,
     create_runtime_dir,
@@ -37,7 +38,6 @@ from kserve_trio.gateway.processes._parent import child_env, child_raw_config
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import reserve_port
-from kserve_trio.serving.restart_backoff import RestartBackoff, backoff_seconds
 
 G = "KSERVE_TRIO_GATEWAY_"
 
@@ -270,11 +270,12 @@ def test_the_last_process_of_a_gateway_out_removes_its_runtime_directory(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_restart_backoff_doubles_from_a_quarter_second_to_ten():
-    assert [backoff_seconds(k) for k in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
-    backoff = RestartBackoff()
-    assert [backoff.after_exit(1.0) for _ in range(3)] == [0.25, 0.5, 1.0]
-    assert backoff.after_exit(30.0) == 0.25, "a child that stayed up starts counting again"
+def test_restart_backoff_doubles_from_a_quarter_second_to_ten_for_ever():
+    policy = RESTART_POLICY
+    assert [policy.pause(k) for k in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
+    assert policy.failures_after(3, 30.0) == 1, "a child that stayed up starts counting again"
+    assert not any(policy.gives_up(k) for k in range(1, 100))
+    assert policy.must_come_up_first, "a child that never came up fails the gateway"
 
 
 def test_routing_lists_what_every_process_routes():

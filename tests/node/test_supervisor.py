@@ -19,7 +19,7 @@ import pytest
 
 from kserve_trio.node import ChildSpec, NodePlan, run_plan
 from kserve_trio.node._logmux import LogSink
-from kserve_trio.node._supervisor import describe_exit, launch_argv
+from kserve_trio.node._supervisor import describe_exit
 from tests.node.conftest import alive
 
 HERE = Path(__file__).resolve().parent
@@ -273,13 +273,3 @@ def test_the_child_is_pinned_and_runs_its_own_command_with_its_environment(fake_
     assert b"PROBE_VAR=42" in environ
     node.proc.send_signal(signal.SIGTERM)
     assert node.proc.wait(timeout=20) == 0
-
-
-def test_launch_argv_goes_through_the_trampoline():
-    spec = ChildSpec("w", "worker", ("prog", "--flag"), {}, 1.0, (0, 1, 2, 5))
-    argv = launch_argv(spec, 123, python="/py")
-    assert argv[:3] == ["/py", "-I", "-S"]
-    assert argv[3].endswith("kserve_trio/node/_trampoline.py")
-    assert argv[4:] == ["--parent", "123", "--cpus", "0-2,5", "--", "prog", "--flag"]
-    unpinned = launch_argv(ChildSpec("w", "worker", ("prog",), {}, 1.0), 1, python="/py")
-    assert "--cpus" not in unpinned

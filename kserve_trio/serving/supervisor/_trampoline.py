@@ -1,8 +1,8 @@
 """The first code a supervised child runs: tie it to the supervisor's life, pin it, exec.
 
-anyio starts processes without a ``preexec_fn``, so the supervisor starts each child as
-``python -I -S _trampoline.py --parent PID [--cpus LIST] -- COMMAND...``. This script (run by
-path, standard library only, so it starts in a few milliseconds) then:
+``launch`` starts every child as ``python -I -S _trampoline.py --parent PID [--cpus LIST] --
+COMMAND...`` (why a child's set-up runs here and not between fork and exec: ``_launch``). This
+script (run by path, standard library only, so it starts in a few milliseconds) then:
 
 1. asks the kernel for ``SIGTERM`` when the supervisor dies (``prctl(PR_SET_PDEATHSIG)``; it
    survives ``exec``), so no child outlives a supervisor that was killed outright;
