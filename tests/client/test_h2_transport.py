@@ -33,6 +33,7 @@ from tests.client.echo_server import (
     grpc_frame,
     ok_reply,
 )
+from tests.waiting import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -196,12 +197,14 @@ async def test_unary_round_trips_small_and_empty_messages(echo):
 @pytest.mark.anyio
 async def test_metadata_and_deadline_reach_the_server(echo):
     async with transport(echo.port) as t:
+        started = time.monotonic()
         reply = await t.unary(
-            "/test.Echo/Metadata", b"", Raw, timeout=2.5, metadata={"X-Request-Tag": "abc"}
+            "/test.Echo/Metadata", b"", Raw, timeout=20.5, metadata={"X-Request-Tag": "abc"}
         )
+        took = time.monotonic() - started
         seen = json.loads(reply)
         assert seen["metadata"]["x-request-tag"] == "abc"
-        assert 2.0 < seen["deadline"] <= 2.5
+        assert 20.5 - took <= seen["deadline"] <= 20.5  # short only by the call's own time
         reply = await t.unary("/test.Echo/Metadata", b"", Raw)
         assert json.loads(reply)["deadline"] is None
 
@@ -224,12 +227,12 @@ async def test_server_status_and_percent_encoded_message_come_back(echo):
 
 @pytest.mark.anyio
 async def test_deadline_exceeded_resets_the_stream_and_keeps_the_connection(echo):
-    before = echo.service.cancelled
+    before, calls_before = echo.service.cancelled, echo.service.calls
     async with transport(echo.port) as t:
         started = time.monotonic()
         with pytest.raises(RpcError) as info:
-            await t.unary(ECHO, b"x", Raw, timeout=0.2, metadata={"x-sleep": "5"})
-        assert time.monotonic() - started < 4  # the deadline ended it, not the 5 s handler
+            await t.unary(ECHO, b"x", Raw, timeout=0.2, metadata={"x-sleep": "60"})
+        assert time.monotonic() - started < 30  # the deadline ended it, not the 60 s handler
         assert info.value.status is StatusCode.DEADLINE_EXCEEDED
         assert info.value.message == (
             f"deadline of 0.200s exceeded calling Echo on 127.0.0.1:{echo.port}"
@@ -237,9 +240,10 @@ async def test_deadline_exceeded_resets_the_stream_and_keeps_the_connection(echo
         conn = t._conn
         assert await t.unary(ECHO, b"after", Raw, timeout=5) == b"after"
         assert t._conn is conn
-    with anyio.fail_after(5):
-        while echo.service.cancelled == before:  # the server saw RST_STREAM and cancelled
-            await anyio.sleep(0.01)
+    # the late call's handler, if the server started it before the reset came (a loaded
+    # machine may not have), is cancelled: none is left running
+    started_late = echo.service.calls - calls_before - 1
+    await until(lambda: echo.service.cancelled - before == started_late, what="handler cancelled")
 
 
 @pytest.mark.anyio
@@ -255,15 +259,14 @@ async def test_a_non_positive_timeout_fails_before_sending(echo):
 
 @pytest.mark.anyio
 async def test_outer_cancellation_resets_the_stream(echo):
-    before = echo.service.cancelled
+    before, calls_before = echo.service.cancelled, echo.service.calls
     async with transport(echo.port) as t:
-        with anyio.move_on_after(0.2) as scope:
-            await t.unary(ECHO, b"x", Raw, metadata={"x-sleep": "5"})
-        assert scope.cancelled_caught
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: t.unary(ECHO, b"x", Raw, metadata={"x-sleep": "60"}))
+            await until(lambda: echo.service.calls > calls_before, what="the call on the server")
+            tg.cancel_scope.cancel()
         assert await t.unary(ECHO, b"next", Raw, timeout=5) == b"next"
-    with anyio.fail_after(5):
-        while echo.service.cancelled == before:
-            await anyio.sleep(0.01)
+    await until(lambda: echo.service.cancelled > before, what="the server's handler cancelled")
 
 
 @pytest.mark.anyio
@@ -698,7 +701,7 @@ def test_failures_report_their_status_and_message(echo):
 
         meta = {"x-status": "5", "x-message": "model 'm' 100% missing"}
         await record(echo.port, lambda t: t.unary(ECHO, b"x", Raw, metadata=meta))
-        slow = {"x-sleep": "3"}
+        slow = {"x-sleep": "60"}
         await record(echo.port, lambda t: t.unary(ECHO, b"x", Raw, timeout=0.2, metadata=slow))
         await record(echo.port, lambda t: t.unary(ECHO, b"x", Raw, timeout=0))
         await record(echo.port, lambda t: t.unary(ECHO, b"x" * 11, Raw), max_send_message_length=10)

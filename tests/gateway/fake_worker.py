@@ -10,7 +10,7 @@ It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
   failing with ``register_fail_with``;
 - ``ModelInfer``: the request bytes back, prefixed with ``b"reply:"`` (so a test sees that the
   gateway returns the worker's bytes untouched), after ``infer_delay`` or the ``x-sleep``
-  metadata; ``x-status``/``x-message`` metadata make it fail with that status. With ``echo``
+  metadata, and once ``infer_gate`` (when one is set) opens; ``x-status``/``x-message`` metadata make it fail with that status. With ``echo``
   set it answers a real ``ModelInferResponse`` instead: the model, the id, and each input back
   as an output of the same name (what tritonclient can read), with a ``worker`` parameter
   naming the fake's ``name``.
@@ -74,6 +74,9 @@ class FakeWorker(ThreadedGrpcServer):
         self.index_delay = 0.0
         self.indexed = 0
         self.infer_delay = 0.0
+        self.infer_gate: threading.Event | None = None
+        """Set to an unset Event, it holds every ModelInfer until the test sets it: a call
+        that stays in flight for as long as the test needs, never for a guessed time."""
         self.fail_with: tuple[int, str] | None = None  # every ModelInfer fails with this
         self.regions: dict[str, str] = {}  # registered region name -> key
         self.register_fail_with: tuple[int, str] | None = None
@@ -250,6 +253,8 @@ class FakeWorker(ThreadedGrpcServer):
             delay = float(meta.get("x-sleep", self.infer_delay))
             if delay:
                 await anyio.sleep(delay)
+            while self.infer_gate is not None and not self.infer_gate.is_set():
+                await anyio.sleep(0.005)
         except anyio.get_cancelled_exc_class():
             with self._lock:
                 self.cancelled += 1

@@ -341,7 +341,7 @@ def test_a_client_leaving_a_stream_cancels_its_requests_on_the_workers():
 def test_the_inbound_cap_without_a_queue_sheds_resource_exhausted():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.0
+        a.infer_gate = gate = threading.Event()  # the first call holds the one slot till set
         grpc = GatewayGrpcConfig(  # no queue: shed at once
             max_concurrent_requests_per_worker=1, max_queued_requests_per_worker=0
         )
@@ -362,6 +362,7 @@ def test_the_inbound_cap_without_a_queue_sheds_resource_exhausted():
                 client(gw).infer("m", [tensor(x)])
             assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
             assert "admission cap (1 requests in flight" in info.value.message()
+            gate.set()
             first.join()
             assert not isinstance(results.get(), Exception)
             _, text = admin(gw, "/metrics")
@@ -386,7 +387,7 @@ def test_readyz_waits_for_the_grpc_port_not_only_for_a_worker():
 def test_stop_drains_refuses_new_requests_and_lets_in_flight_ones_finish():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.5
+        a.infer_gate = gate = threading.Event()  # in flight until the drain has been seen
         cfg = GatewayConfig(
             listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
             endpoints=(f"{a.host}:{a.port}",),
@@ -407,6 +408,7 @@ def test_stop_drains_refuses_new_requests_and_lets_in_flight_ones_finish():
             client(gw).infer("m", [tensor(x)])
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert "gateway is shutting down" in info.value.message()
+        gate.set()
         flight.join(10)
         stopper.join(10)
         assert results.get().get_response().model_name == "m"  # finished, not cut off
@@ -483,7 +485,7 @@ def test_the_admin_metrics_merge_the_workers_expositions(tmp_path):
 def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.0
+        a.infer_gate = gate = threading.Event()  # in flight until the drain has begun
         cfg = GatewayConfig(
             listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
             endpoints=(f"{a.host}:{a.port}",),
@@ -497,6 +499,8 @@ def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
         wait_until(lambda: a.in_flight == 1)
         stopper = threading.Thread(target=stop, args=(gw,))
         stopper.start()
+        wait_until(lambda: gw.gateway.admission.draining)
+        gate.set()
         result, error = answers.get(timeout=10)
         assert error is None and result.get_response().id == "in-flight"  # answered first
         result, error = answers.get(timeout=10)  # then the stream ends, UNAVAILABLE
