@@ -30,6 +30,7 @@ from kserve_trio.core.buffer_pool import (
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import PoolAcquireTimeout
 from kserve_trio.core.shm import ShmRegistry
+from tests.waiting import wait_until
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -440,8 +441,8 @@ def test_blocking_waiter_blocks_until_release_and_times_out():
     got: list[PoolSlot] = []
     t = threading.Thread(target=lambda: got.append(pool.acquire_blocking(2)))
     t.start()
-    time.sleep(0.05)
-    assert got == [] and pool.waiting() == 1
+    wait_until(lambda: pool.waiting() == 1, what="the thread queued for two slots")
+    assert got == []
     release(held)
     t.join(2)
     assert got and got[0].span == 2
@@ -456,7 +457,6 @@ async def test_blocking_and_async_waiters_share_one_fifo():
     def thread_big() -> None:
         slot = pool.acquire_blocking(2)
         order.append("thread")
-        time.sleep(0.02)
         release(slot)
 
     async def task_small() -> None:

@@ -28,6 +28,7 @@ from kserve_trio.serving.http import (
 from kserve_trio.serving.http._client import encode_request
 from kserve_trio.serving.http._connection import Connection
 from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PKI)
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -242,10 +243,17 @@ async def test_a_server_closing_a_keep_alive_connection_between_requests_costs_n
     async with listening(handle) as port, HttpClient() as client:
         assert (await client.request(HOST, port, "GET", "/a")).body == b"ok"
         await closed.wait()
-        await anyio.sleep(0.05)  # the FIN reaches the client's socket
+        await until(lambda: idle_and_stale(client, port), what="the FIN at the client's socket")
         assert (await client.request(HOST, port, "GET", "/b")).body == b"ok"
     assert peer.connections == 2
     assert [r.path for r in peer.requests] == ["/a", "/b"]
+
+
+def idle_and_stale(client: HttpClient, port: int) -> bool:
+    """Whether ``client``'s one idle connection to ``port`` has seen its server close or reset
+    it (what the client's no-wait poll finds before it reuses a connection)."""
+    (connection,) = client._hosts[(HOST, port)].idle
+    return connection.stale()
 
 
 def _reset(stream: anyio.abc.ByteStream) -> None:
@@ -270,7 +278,7 @@ async def test_a_server_resetting_a_keep_alive_connection_between_requests_costs
     async with listening(handle) as port, HttpClient() as client:
         await client.request(HOST, port, "GET", "/a")
         await reset.wait()
-        await anyio.sleep(0.05)
+        await until(lambda: idle_and_stale(client, port), what="the RST at the client's socket")
         assert (await client.request(HOST, port, "GET", "/b")).body == b"ok"
     assert peer.connections == 2
     assert [r.path for r in peer.requests] == ["/a", "/b"]
