@@ -3,7 +3,8 @@ loop, bound to any loopback address (127.0.0.1, 127.0.0.2, ...), for the worker-
 
 It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
 
-- ``ServerReady``: ``ready`` (after ``probe_delay`` seconds);
+- ``ServerReady``: ``ready`` (after ``probe_delay`` seconds, and once ``probe_gate``, when one
+  is set, opens);
 - ``RepositoryIndex``: ``models``, each READY (after ``index_delay``; ``indexed`` counts calls);
 - ``ModelControlStatus``: ``control``;
 - ``SystemSharedMemoryRegister`` / ``Unregister``: kept in ``regions`` (name -> key), or
@@ -71,6 +72,9 @@ class FakeWorker(ThreadedGrpcServer):
         self.port = 0
         self.ready = True
         self.probe_delay = 0.0
+        self.probe_gate: threading.Event | None = None
+        """Set to an unset Event, it holds every ServerReady (and so the prober's round) until
+        the test sets it."""
         self.index_delay = 0.0
         self.indexed = 0
         self.infer_delay = 0.0
@@ -116,6 +120,8 @@ class FakeWorker(ThreadedGrpcServer):
             self.probes += 1
         if self.probe_delay:
             await anyio.sleep(self.probe_delay)
+        while self.probe_gate is not None and not self.probe_gate.is_set():
+            await anyio.sleep(0.005)
         return bytes(pb.ServerReadyResponse(ready=self.ready))
 
     async def _index(self, call: Call, message: RawMessage) -> bytes:

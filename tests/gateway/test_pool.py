@@ -195,10 +195,10 @@ async def test_probes_read_readiness(worker):
 async def test_probes_bypass_the_stream_slots(worker):
     client = client_for(worker, streams=1)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: client.call_raw(INFER, b"busy", metadata={"x-sleep": "2"}))
+        tg.start_soon(lambda: client.call_raw(INFER, b"busy", metadata={"x-sleep": "60"}))
         await until(lambda: worker.in_flight == 1)
-        with anyio.fail_after(1.5):
-            outcome, _ = await client.probe(timeout=2)
+        with anyio.fail_after(30):  # a probe queued for the stream would wait out the 60 s
+            outcome, _ = await client.probe(timeout=30)
         tg.cancel_scope.cancel()  # the busy call has served its purpose
     assert outcome is READY
     await client.aclose()
@@ -207,7 +207,7 @@ async def test_probes_bypass_the_stream_slots(worker):
 async def test_a_timed_out_probe_resets_the_connection(worker):
     client = client_for(worker)
     await client.probe(timeout=2)
-    worker.probe_delay = 1.0
+    worker.probe_delay = 60.0  # far past the 0.2 s timeout, however loaded the machine
     outcome, step = await client.probe(timeout=0.2)
     assert outcome is TIMED_OUT and step.reset_channel and client.resets == 1
     worker.probe_delay = 0.0
@@ -241,7 +241,7 @@ async def test_control_calls_parse_their_reply_and_a_timeout_resets(worker):
     assert reply.models[0].requests_served == 3
     worker.stop()
     with FakeWorker() as slow:
-        slow.probe_delay = 1.0
+        slow.probe_delay = 60.0  # far past the 0.2 s timeout, however loaded the machine
         slow_client = client_for(slow)
         with pytest.raises(RpcError) as info:
             await slow_client.call(
