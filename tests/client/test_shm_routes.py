@@ -111,7 +111,7 @@ async def test_unimplemented_probe_is_inline_for_auto_and_registers_anyway_for_o
 
 
 async def test_other_probe_errors_propagate(server):
-    server.probe_stall = 5.0
+    server.probe_stall = 60.0  # far past the 0.2 s deadline, however loaded the machine
     with pytest.raises(RpcError) as info:
         await run_io(model_for(server, deadline=0.2))
     assert info.value.status is StatusCode.DEADLINE_EXCEEDED
