@@ -319,7 +319,8 @@ def test_shutdown_answers_the_queued_requests_and_ends_the_stream_unavailable(de
         with pytest.raises(grpc.RpcError) as info:
             next(answers)
         stopper.join(30)
-        assert not stopper.is_alive() and time.monotonic() - started < 5.0
+        # well within stop's 30 s timeout: the drain ended with the execution, not at the bound
+        assert not stopper.is_alive() and time.monotonic() - started < 20.0
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert info.value.details() == "server is shutting down"
         assert {a.error_message for a in got} == {"server is shutting down"}
