@@ -20,6 +20,7 @@ from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin, RoutingSta
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.fake_worker import FakeWorker
 from tests.gateway.test_discovery import FakeDns
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -195,9 +196,7 @@ async def test_request_refresh_scans_in_the_background_task():
         async with anyio.create_task_group() as tg:
             tg.start_soon(refresher.run)
             refresher.request_refresh()
-            with anyio.fail_after(5):
-                while refresher.state.table.replicas("later") == ():
-                    await anyio.sleep(0.02)
+            await until(lambda: refresher.state.table.replicas("later"), what="'later' routed")
             tg.cancel_scope.cancel()
         assert "m" not in refresher.state.table.models
         await prober.pool.aclose()
@@ -243,9 +242,8 @@ async def test_run_starts_after_the_first_round_and_wake_runs_one_early():
             assert prober.rounds == 1 and prober.refresher.state.table.replicas("m")
             a.models = ["next"]
             prober.wake()
-            with anyio.fail_after(5):  # long before the 30 s interval
-                while not prober.refresher.state.table.replicas("next"):
-                    await anyio.sleep(0.02)
+            # long before the 30 s interval
+            await until(lambda: prober.refresher.state.table.replicas("next"), what="'next' routed")
             assert prober.rounds == 2
             tg.cancel_scope.cancel()
         await prober.pool.aclose()
