@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -33,9 +34,22 @@ from tests.client.echo_server import (
     grpc_frame,
     ok_reply,
 )
-from tests.waiting import until
+from tests.waiting import until, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def when_in_flight(t: H2Transport, action: Callable[[], object]) -> threading.Thread:
+    """Run ``action`` on a thread once ``t`` has a call in flight on its connection (a fixed
+    delay can fire before the call has started, on a loaded machine)."""
+
+    def run() -> None:
+        wait_until(lambda: t._conn is not None and t._conn.calls, what="a call in flight")
+        action()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 @pytest.fixture(autouse=True, params=ENGINES)
@@ -352,13 +366,12 @@ async def test_nothing_listening_is_unavailable():
 async def test_close_from_another_thread_fails_the_call_in_flight(echo):
     async with transport(echo.port) as t:
         assert await t.unary(ECHO, b"warm", Raw) == b"warm"
-        timer = threading.Timer(0.2, t.close)
-        timer.start()
+        closer = when_in_flight(t, t.close)
         started = time.monotonic()
         with pytest.raises(RpcError) as info:
-            await t.unary(ECHO, b"x", Raw, timeout=10, metadata={"x-sleep": "5"})
-        timer.join()
-        assert time.monotonic() - started < 5
+            await t.unary(ECHO, b"x", Raw, timeout=60, metadata={"x-sleep": "60"})
+        closer.join()
+        assert time.monotonic() - started < 30  # the close ended it, not the 60 s handler
         assert info.value.status is StatusCode.UNAVAILABLE
         assert await t.unary(ECHO, b"reconnected", Raw, timeout=5) == b"reconnected"
 
@@ -415,9 +428,9 @@ async def test_a_server_dying_mid_call_is_unavailable():
     try:
         async with transport(port) as t:
             assert await t.unary(ECHO, b"warm", Raw, timeout=5) == b"warm"
-            threading.Timer(0.3, proc.kill).start()
+            when_in_flight(t, proc.kill)
             with pytest.raises(RpcError) as info:
-                await t.unary(ECHO, b"x", Raw, timeout=10, metadata={"x-sleep": "5"})
+                await t.unary(ECHO, b"x", Raw, timeout=60, metadata={"x-sleep": "60"})
             assert info.value.status is StatusCode.UNAVAILABLE
             assert info.value.message in (
                 f"connection to 127.0.0.1:{port} was closed by the server",
@@ -746,17 +759,16 @@ def test_close_from_another_thread_on_uvloop(echo):
     async def main():
         async with transport(echo.port) as t:
             assert await t.unary(ECHO, b"warm", Raw) == b"warm"
-            timer = threading.Timer(0.2, t.close)
-            timer.start()
+            closer = when_in_flight(t, t.close)
             with pytest.raises(RpcError) as info:
-                await t.unary(ECHO, b"x", Raw, timeout=10, metadata={"x-sleep": "5"})
-            timer.join()
+                await t.unary(ECHO, b"x", Raw, timeout=60, metadata={"x-sleep": "60"})
+            closer.join()
             assert info.value.status is StatusCode.UNAVAILABLE
             assert await t.unary(ECHO, b"again", Raw, timeout=5) == b"again"
 
     started = time.monotonic()
     anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # the close ended it, not the 60 s handler
 
 
 # --------------------------------------------------------------------------------------------
