@@ -664,7 +664,7 @@ async def test_refused_stream_is_retried_once_then_reported():
 @pytest.mark.anyio
 async def test_the_peers_stream_limit_is_respected():
     def slow(c, r, s, body):
-        time.sleep(0.02)
+        time.sleep(0.02)  # widens the window in which a second stream would overlap the first
         return ok_reply(body[5:])
 
     settings = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}

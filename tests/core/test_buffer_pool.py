@@ -332,7 +332,7 @@ async def test_no_overlapping_ranges_under_contention():
                     overlaps.append(f"{i}:{lo}-{hi} vs {other}:{olo}-{ohi}")
             live[i] = (lo, hi)
             pool.view(lo, slot.capacity)[:] = bytes([i]) * slot.capacity
-            await anyio.sleep(rng.random() / 1000)
+            await anyio.sleep(rng.random() / 1000)  # random holds: random interleavings
             assert bytes(pool.view(lo, slot.capacity)) == bytes([i]) * slot.capacity
             del live[i]
             release(slot)
@@ -408,7 +408,7 @@ def test_blocking_acquire_from_threads():
                         f"{lo}-{hi} vs {a}-{b}" for a, b in live.values() if lo < b and a < hi
                     )
                     live[i] = (lo, hi)
-                time.sleep(rng.random() / 2000)
+                time.sleep(rng.random() / 2000)  # random holds: random interleavings
                 with lock:
                     del live[i]
                 release(slot)
