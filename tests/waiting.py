@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import anyio
+
 T = TypeVar("T")
 
 POLL_SECONDS = 0.01
@@ -23,4 +25,15 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, what: str = ""
     return value
 
 
-__all__ = ["wait_until"]
+async def until(condition: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
+    """``wait_until`` for a test on an event loop: polls between turns of the loop, so the
+    tasks that make ``condition`` hold run meanwhile."""
+    deadline = anyio.current_time() + timeout
+    while not (value := condition()):
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what or 'the condition'}")
+        await anyio.sleep(POLL_SECONDS)
+    return value
+
+
+__all__ = ["until", "wait_until"]

@@ -85,11 +85,18 @@ class _OneChunkIO:
 
 
 async def _drive_level(
-    cfg: BenchConfig, concurrency: int, call: Callable[[], Awaitable[None]], out=sys.stderr
+    cfg: BenchConfig,
+    concurrency: int,
+    call: Callable[[], Awaitable[None]],
+    out=sys.stderr,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Window:
+    """One level's measured window (after its warm-up). ``clock`` is the one the schedule,
+    latencies and window run on: its tests pass the event loop's, on trio's ``MockClock``."""
+
     async def measure(window: Window, seconds: float, show: bool) -> None:
-        end = time.perf_counter() + seconds
-        started = time.perf_counter()
+        end = clock() + seconds
+        started = clock()
 
         async def once(t0: float) -> None:
             try:
@@ -97,17 +104,17 @@ async def _drive_level(
             except Exception as exc:
                 window.errors[status_name(exc)] += 1
             else:
-                window.latencies.append(time.perf_counter() - t0)
+                window.latencies.append(clock() - t0)
 
         async def closed_worker() -> None:
-            while time.perf_counter() < end:
-                await once(time.perf_counter())
+            while clock() < end:
+                await once(clock())
 
         async def ticker() -> None:
             while True:
                 await anyio.sleep(0.25)
                 if show:
-                    out.write("\r" + progress_line(cfg, window, time.perf_counter() - started))
+                    out.write("\r" + progress_line(cfg, window, clock() - started))
                     out.flush()
 
         async with anyio.create_task_group() as tg:
@@ -121,7 +128,7 @@ async def _drive_level(
                         due = started + i * period
                         if due >= end:
                             break
-                        delay = due - time.perf_counter()
+                        delay = due - clock()
                         if delay > 0:
                             await anyio.sleep(delay)
                         if gate.value == 0:
@@ -145,9 +152,9 @@ async def _drive_level(
     if cfg.warmup > 0:
         await measure(Window(concurrency), cfg.warmup, False)
     window = Window(concurrency)
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0 = time.process_time(), clock()
     await measure(window, cfg.duration, cfg.progress)
-    window.seconds = time.perf_counter() - t0
+    window.seconds = clock() - t0
     window.cpu_seconds = time.process_time() - cpu0
     if cfg.progress:
         out.write("\r" + progress_line(cfg, window, window.seconds) + "\n")

@@ -8,10 +8,12 @@ import struct
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Awaitable
 
 import anyio
 import numpy as np
 import pytest
+from trio.testing import MockClock
 
 from kserve_trio.bench import (
     BenchConfig,
@@ -100,7 +102,11 @@ def test_synthetic_inputs_follow_the_spec():
 
 
 @pytest.mark.anyio
-async def test_a_level_counts_ok_errors_and_late_starts():
+@pytest.mark.parametrize("anyio_backend", [("trio", {"clock": MockClock(autojump_threshold=0)})])
+async def test_a_level_counts_ok_errors_and_late_starts(anyio_backend):
+    # on trio's MockClock (it jumps to the next timer whenever every task waits) and the loop's
+    # clock as the level's: a 1 ms call takes 1 ms and the schedule is exact, however loaded
+    # the machine
     calls = 0
 
     async def call():
@@ -111,17 +117,21 @@ async def test_a_level_counts_ok_errors_and_late_starts():
         if n % 4 == 0:
             raise RpcError(StatusCode.RESOURCE_EXHAUSTED, "shed")
 
+    def drive(cfg: BenchConfig, concurrency: int, call) -> Awaitable[Window]:
+        return _drive_level(cfg, concurrency, call, clock=anyio.current_time)
+
     cfg = BenchConfig("h:1", "m", duration=0.3, warmup=0.0, progress=False)
-    w = await _drive_level(cfg, 2, call)
+    w = await drive(cfg, 2, call)
     assert w.errors["RESOURCE_EXHAUSTED"] == calls // 4
     assert len(w.latencies) == calls - calls // 4
-    assert 0.29 < w.seconds < 0.6
+    assert w.seconds == pytest.approx(0.3, abs=0.002)
+    assert calls == pytest.approx(2 * 300, abs=2)  # two closed loops of 1 ms calls
 
     calls = 0
     rated = BenchConfig("h:1", "m", duration=0.5, warmup=0.0, rate=40, progress=False)
-    w = await _drive_level(rated, 1, call)
-    assert 18 <= calls <= 21  # 40/s for 0.5 s
-    assert w.late < calls // 2  # a 1 ms call rarely outlasts the 25 ms period (a loaded box may)
+    w = await drive(rated, 1, call)
+    assert calls == 20  # 40/s for 0.5 s
+    assert w.late == 0  # a 1 ms call never outlasts the 25 ms period
 
     async def slow_call():
         nonlocal calls
@@ -129,7 +139,7 @@ async def test_a_level_counts_ok_errors_and_late_starts():
         await anyio.sleep(0.06)  # outlasts the 25 ms period: the one slot is busy at every start
 
     calls = 0
-    w = await _drive_level(rated, 1, slow_call)
+    w = await drive(rated, 1, slow_call)
     assert calls >= 2 and w.late == calls - 1  # every start after the first found it busy
 
 

@@ -46,7 +46,7 @@ from kserve_trio.core.errors import StatusCode
 from kserve_trio.worker.server import serve, stop
 from tests.device_hold import hold_device
 from tests.e2e import reference as ref
-from tests.waiting import wait_until
+from tests.waiting import until, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -424,8 +424,7 @@ def test_worker_restarted_mid_stream_re_registers_and_the_stream_completes(
     box: dict = {}
 
     async def restart_when_streaming():
-        while len(io.chunks) < 50:
-            await anyio.sleep(0.005)
+        await until(lambda: len(io.chunks) >= 50, 60, "50 chunks decoded")
         box["decoded_at_stop"] = len(io.chunks)
         await anyio.to_thread.run_sync(stop, first)
         box["second"] = await anyio.to_thread.run_sync(lambda: start(demo_repo, port=port))

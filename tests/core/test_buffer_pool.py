@@ -30,6 +30,7 @@ from kserve_trio.core.buffer_pool import (
 from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import PoolAcquireTimeout
 from kserve_trio.core.shm import ShmRegistry
+from tests.waiting import until, wait_until
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -191,9 +192,7 @@ async def test_span_waiter_blocks_until_adjacent_run_frees():
         await settle()
         assert got == [] and pool.waiting() == 1  # two free slots, not adjacent
         release(held[1])
-        with anyio.fail_after(2):
-            while not got:
-                await anyio.sleep(0.001)
+        await until(lambda: got)
     assert (got[0].index, got[0].span) == (1, 2)
     assert pool.waiting() == 0
 
@@ -218,9 +217,7 @@ async def test_fifo_large_waiter_not_starved():
         # three slots are free, yet the span-1 callers queue behind the head
         assert order == [] and pool.waiting() == 4 and pool.free_slots() == 3
         release(first)
-        with anyio.fail_after(2):
-            while "big" not in order:
-                await anyio.sleep(0.001)
+        await until(lambda: "big" in order)
         await settle()
         assert order == ["big"]
         release(slots["big"])
@@ -255,10 +252,9 @@ async def test_cancelled_waiter_is_dequeued_and_next_proceeds():
         await settle()
         assert got == []
         box[0].cancel()
-        with anyio.fail_after(2):
+        with anyio.fail_after(10):
             await cancelled.wait()
-            while not got:
-                await anyio.sleep(0.001)
+        await until(lambda: got)
     assert got[0].index == 1 and pool.waiting() == 0
     release(b)
     release(got[0])
@@ -336,7 +332,7 @@ async def test_no_overlapping_ranges_under_contention():
                     overlaps.append(f"{i}:{lo}-{hi} vs {other}:{olo}-{ohi}")
             live[i] = (lo, hi)
             pool.view(lo, slot.capacity)[:] = bytes([i]) * slot.capacity
-            await anyio.sleep(rng.random() / 1000)
+            await anyio.sleep(rng.random() / 1000)  # random holds: random interleavings
             assert bytes(pool.view(lo, slot.capacity)) == bytes([i]) * slot.capacity
             del live[i]
             release(slot)
@@ -412,7 +408,7 @@ def test_blocking_acquire_from_threads():
                         f"{lo}-{hi} vs {a}-{b}" for a, b in live.values() if lo < b and a < hi
                     )
                     live[i] = (lo, hi)
-                time.sleep(rng.random() / 2000)
+                time.sleep(rng.random() / 2000)  # random holds: random interleavings
                 with lock:
                     del live[i]
                 release(slot)
@@ -440,8 +436,8 @@ def test_blocking_waiter_blocks_until_release_and_times_out():
     got: list[PoolSlot] = []
     t = threading.Thread(target=lambda: got.append(pool.acquire_blocking(2)))
     t.start()
-    time.sleep(0.05)
-    assert got == [] and pool.waiting() == 1
+    wait_until(lambda: pool.waiting() == 1, what="the thread queued for two slots")
+    assert got == []
     release(held)
     t.join(2)
     assert got and got[0].span == 2
@@ -456,7 +452,6 @@ async def test_blocking_and_async_waiters_share_one_fifo():
     def thread_big() -> None:
         slot = pool.acquire_blocking(2)
         order.append("thread")
-        time.sleep(0.02)
         release(slot)
 
     async def task_small() -> None:
@@ -467,8 +462,7 @@ async def test_blocking_and_async_waiters_share_one_fifo():
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, thread_big)
-            while pool.waiting() < 1:
-                await anyio.sleep(0.001)
+            await until(lambda: pool.waiting() >= 1)
             tg.start_soon(task_small)
             await settle()
             assert pool.waiting() == 2

@@ -17,7 +17,6 @@ import pathlib
 import queue
 import shutil
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -30,7 +29,9 @@ from kserve_trio.client import InferInput, InferOutput, KServeModel, infer_sync,
 from kserve_trio.export.demo import tokenize_sum_reference, write_demo_repository
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess
+from tests.gate_model import Gate, add_gate_model
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +78,12 @@ def repo(demo_repo, tmp_path_factory):
     return features_repository(tmp_path_factory.mktemp("features") / "models", demo_repo)
 
 
+@pytest.fixture(scope="module")
+def gate(repo) -> Gate:
+    """The ``gate`` model in ``repo``: a request that holds the device until the test opens it."""
+    return add_gate_model(repo)
+
+
 @pytest.fixture(autouse=True)
 def fresh_client():
     kserve_shutdown()
@@ -85,7 +92,7 @@ def fresh_client():
 
 
 @pytest.fixture(scope="module")
-def worker(repo):
+def worker(repo, gate):
     metrics_port = free_port()
     w = WorkerProcess(repo, "--metrics-port", str(metrics_port))
     w.metrics_port = metrics_port
@@ -160,44 +167,36 @@ def test_twenty_streamed_requests_with_interleaved_failures(worker, repo):
         c.stop_stream()
 
 
-def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker):
+def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(worker, gate):
     served_before = sample(worker, "worker_requests_served_total", "mlp")
     cancelled_before = sample(worker, "worker_requests_total", "mlp", status="CANCELLED")
     holder = grpcclient.InferenceServerClient(worker.url)
     seconds = grpcclient.InferInput("seconds", [1, 1], "FP32")
-    seconds.set_data_from_numpy(np.full((1, 1), 3.0, np.float32))
-    hold = threading.Thread(target=holder.infer, args=("sleepy", [seconds]), daemon=True)
-    hold.start()  # the device thread sleeps 3 s: mlp requests queue behind it
-    deadline = time.monotonic() + 10.0
-    while not (  # admitted and taken off its queue: the device thread is in it
-        sample(worker, "worker_inflight_requests") >= 1
-        and sample(worker, "worker_queue_depth", "sleepy") == 0
-    ):
-        assert time.monotonic() < deadline, "the sleepy request never reached the device"
-        time.sleep(0.02)
-    c = grpcclient.InferenceServerClient(worker.url)
-    c.start_stream(callback=lambda result, error: None)
-    for i in range(10):
-        c.async_stream_infer("mlp", [mlp_input(np.full((1, 16), i, np.float32))])
-    deadline = time.monotonic() + 2.0
-    while sample(worker, "worker_queue_depth", "mlp") < 10 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sample(worker, "worker_queue_depth", "mlp") == 10
-    c.stop_stream(cancel_requests=True)  # the client goes away with ten requests queued
-    deadline = time.monotonic() + 1.0
-    while sample(worker, "worker_queue_depth", "mlp") > 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sample(worker, "worker_queue_depth", "mlp") == 0
-    assert hold.is_alive()  # emptied while the device was still busy
-    assert sample(worker, "worker_requests_total", "mlp", status="CANCELLED") == (
-        cancelled_before + 10
-    )
-    hold.join(10)
+    seconds.set_data_from_numpy(np.zeros((1, 1), np.float32))
+    hold = threading.Thread(target=holder.infer, args=("gate", [seconds]), daemon=True)
+    hold.start()  # the device thread runs it until the gate opens: mlp requests queue behind it
+    try:
+        gate.wait_started()
+        c = grpcclient.InferenceServerClient(worker.url)
+        c.start_stream(callback=lambda result, error: None)
+        for i in range(10):
+            c.async_stream_infer("mlp", [mlp_input(np.full((1, 16), i, np.float32))])
+        wait_until(lambda: sample(worker, "worker_queue_depth", "mlp") == 10, what="10 queued")
+        c.stop_stream(cancel_requests=True)  # the client goes away with ten requests queued
+        wait_until(lambda: sample(worker, "worker_queue_depth", "mlp") == 0, what="queue emptied")
+        assert gate.holding()  # emptied while the device was still busy
+        assert sample(worker, "worker_requests_total", "mlp", status="CANCELLED") == (
+            cancelled_before + 10
+        )
+    finally:
+        gate.open()
+    hold.join(30)
     assert not hold.is_alive()
-    assert sample(worker, "worker_requests_served_total", "mlp") == served_before  # never ran
     out = grpcclient.InferenceServerClient(worker.url).infer(
         "mlp", [mlp_input(np.ones((1, 16), np.float32))]
     )
+    # a request still queued would have run before this one or in its batch: none did
+    assert sample(worker, "worker_requests_served_total", "mlp") == served_before + 1
     assert out.as_numpy("output").shape == (1, 8)  # and the worker serves on
 
 
@@ -234,13 +233,12 @@ def log_lines_after(worker, mark: int) -> list[str]:
 def wait_for_log_line(worker, mark: int, needle: str, timeout: float = 10.0) -> list[str]:
     """The worker's log lines after ``mark`` once one of them holds ``needle`` (the worker logs
     a request after answering it, so the line may trail the reply)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def lines_once_there() -> list[str] | None:
         lines = log_lines_after(worker, mark)
-        if any(needle in line for line in lines):
-            return lines
-        assert time.monotonic() < deadline, f"no log line with {needle!r} after the mark"
-        time.sleep(0.02)
+        return lines if any(needle in line for line in lines) else None
+
+    return wait_until(lines_once_there, timeout, f"a log line with {needle!r} after the mark")
 
 
 def test_log_settings_round_trip_and_change_what_the_worker_logs(worker):

@@ -255,7 +255,7 @@ def test_shrinking_and_regrowing_during_inference_never_crashes(demo_worker, dem
                 frac = rng.choice((0, 1, 2))
                 rin.truncate(IN_BYTES * frac // 2)
                 rout.truncate(OUT_BYTES * frac // 2)
-                time.sleep(rng.uniform(0, 0.002))
+                time.sleep(rng.uniform(0, 0.002))  # random timing: the hostile resizer
 
         t = threading.Thread(target=resize)
         t.start()
@@ -315,7 +315,7 @@ async def cancelled_burst(url: str, rin: Region, rout: Region, rows: int) -> dic
     try:
         for _ in range(8):
             tasks = [asyncio.ensure_future(one()) for _ in range(40)]
-            await asyncio.sleep(rng.uniform(0.001, 0.005))
+            await asyncio.sleep(rng.uniform(0.001, 0.005))  # cancel at random points
             for task in tasks[::3]:
                 task.cancel()
             for res in await asyncio.gather(*tasks, return_exceptions=True):

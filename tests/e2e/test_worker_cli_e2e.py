@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -12,6 +14,10 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import reference as ref
+from tests.e2e.test_protocol_features_e2e import sample
+from tests.gate_model import add_gate_model
+from tests.ports import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -122,12 +128,33 @@ def test_aio_client_concurrent_inference(demo_worker, demo_repo):
     asyncio.run(main())
 
 
-def test_sigterm_with_32_requests_in_flight_exits_cleanly(demo_repo):
+def test_sigterm_with_32_requests_in_flight_exits_cleanly(demo_repo, tmp_path):
     from tests.e2e.conftest import WorkerProcess
 
-    worker = WorkerProcess(demo_repo)
+    repo = tmp_path / "models"
+    repo.mkdir()
+    shutil.copytree(demo_repo / "cnn", repo / "cnn")
+    gate = add_gate_model(repo)  # holds the device: the 32 requests wait in its queue
+    metrics_port = free_port()
+    worker = WorkerProcess(repo, "--metrics-port", str(metrics_port))
+    worker.metrics_port = metrics_port
     worker.wait_ready()
     outcomes: list[str] = []
+    seconds = grpcclient.InferInput("seconds", [1, 1], "FP32")
+    seconds.set_data_from_numpy(np.zeros((1, 1), np.float32))
+    holder = grpcclient.InferenceServerClient(worker.url)
+    held: list[str] = []
+
+    def hold() -> None:
+        try:
+            holder.infer("gate", [seconds])
+            held.append("OK")
+        except InferenceServerException as exc:
+            held.append(str(exc.status()))
+
+    hold_thread = threading.Thread(target=hold, daemon=True)
+    hold_thread.start()
+    gate.wait_started()
 
     async def load():
         client = aioclient.InferenceServerClient(worker.url)
@@ -144,22 +171,30 @@ def test_sigterm_with_32_requests_in_flight_exits_cleanly(demo_repo):
                     return exc.status()
 
             tasks = [asyncio.create_task(one(i)) for i in range(32)]
-            await asyncio.sleep(0.3)
+            all_queued = lambda: sample(worker, "worker_queue_depth", "cnn") == 32  # noqa: E731
+            await asyncio.to_thread(wait_until, all_queued, 60, "the 32 requests queued")
             children = _children(worker.proc.pid)
             t0 = asyncio.get_running_loop().time()
             worker.proc.send_signal(__import__("signal").SIGTERM)
-            results = await asyncio.gather(*tasks)
+            # the queued ones are answered while the device is still held
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            gate.open()  # the drain waits for the execution on the device
             code = await asyncio.to_thread(worker.proc.wait, 10)
             return results, code, asyncio.get_running_loop().time() - t0, children
         finally:
             await client.close()
 
-    results, code, elapsed, children = asyncio.run(load())
+    try:
+        results, code, elapsed, children = asyncio.run(load())
+    finally:
+        gate.open()
+        hold_thread.join(30)
     outcomes.extend(results)
     worker.terminate()
     assert code == 0, worker.logs()[-3000:]
     assert elapsed < 5.0
-    assert set(outcomes) <= {"OK", "StatusCode.UNAVAILABLE"}, set(outcomes)
+    assert outcomes == ["StatusCode.UNAVAILABLE"] * 32  # queued at the signal: answered, not run
+    assert held == ["OK"]  # the one on the device finished
     assert children == []  # the worker never forks helpers
     assert '"server_down"' in worker.logs()
 

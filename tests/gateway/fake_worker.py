@@ -3,14 +3,15 @@ loop, bound to any loopback address (127.0.0.1, 127.0.0.2, ...), for the worker-
 
 It answers the RPCs the gateway's pool makes, with raw-bytes handlers:
 
-- ``ServerReady``: ``ready`` (after ``probe_delay`` seconds);
+- ``ServerReady``: ``ready`` (after ``probe_delay`` seconds, and once ``probe_gate``, when one
+  is set, opens);
 - ``RepositoryIndex``: ``models``, each READY (after ``index_delay``; ``indexed`` counts calls);
 - ``ModelControlStatus``: ``control``;
 - ``SystemSharedMemoryRegister`` / ``Unregister``: kept in ``regions`` (name -> key), or
   failing with ``register_fail_with``;
 - ``ModelInfer``: the request bytes back, prefixed with ``b"reply:"`` (so a test sees that the
   gateway returns the worker's bytes untouched), after ``infer_delay`` or the ``x-sleep``
-  metadata; ``x-status``/``x-message`` metadata make it fail with that status. With ``echo``
+  metadata, and once ``infer_gate`` (when one is set) opens; ``x-status``/``x-message`` metadata make it fail with that status. With ``echo``
   set it answers a real ``ModelInferResponse`` instead: the model, the id, and each input back
   as an output of the same name (what tritonclient can read), with a ``worker`` parameter
   naming the fake's ``name``.
@@ -71,9 +72,15 @@ class FakeWorker(ThreadedGrpcServer):
         self.port = 0
         self.ready = True
         self.probe_delay = 0.0
+        self.probe_gate: threading.Event | None = None
+        """Set to an unset Event, it holds every ServerReady (and so the prober's round) until
+        the test sets it."""
         self.index_delay = 0.0
         self.indexed = 0
         self.infer_delay = 0.0
+        self.infer_gate: threading.Event | None = None
+        """Set to an unset Event, it holds every ModelInfer until the test sets it: a call
+        that stays in flight for as long as the test needs, never for a guessed time."""
         self.fail_with: tuple[int, str] | None = None  # every ModelInfer fails with this
         self.regions: dict[str, str] = {}  # registered region name -> key
         self.register_fail_with: tuple[int, str] | None = None
@@ -113,6 +120,8 @@ class FakeWorker(ThreadedGrpcServer):
             self.probes += 1
         if self.probe_delay:
             await anyio.sleep(self.probe_delay)
+        while self.probe_gate is not None and not self.probe_gate.is_set():
+            await anyio.sleep(0.005)
         return bytes(pb.ServerReadyResponse(ready=self.ready))
 
     async def _index(self, call: Call, message: RawMessage) -> bytes:
@@ -250,6 +259,8 @@ class FakeWorker(ThreadedGrpcServer):
             delay = float(meta.get("x-sleep", self.infer_delay))
             if delay:
                 await anyio.sleep(delay)
+            while self.infer_gate is not None and not self.infer_gate.is_set():
+                await anyio.sleep(0.005)
         except anyio.get_cancelled_exc_class():
             with self._lock:
                 self.cancelled += 1

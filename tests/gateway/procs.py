@@ -15,6 +15,7 @@ import urllib.request
 
 import tritonclient.grpc as grpcclient
 
+from tests.gate_model import Gate, add_gate_model
 from tests.ports import free_port
 
 
@@ -176,13 +177,26 @@ class Gateway(Proc):
         return grpcclient.InferenceServerClient(self.url, **kw)
 
 
-def sleepy_worker(work: pathlib.Path) -> Worker:
-    """A worker on a repository of the one ``sleepy`` model (it sleeps as long as its input
-    says), under ``work``: the model a test holds a slot or a connection with."""
+def sleepy_repository(work: pathlib.Path) -> pathlib.Path:
+    """A repository of the one ``sleepy`` model (it sleeps as long as its input says) under
+    ``work``."""
     from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, SLEEPY_MODEL_PY
 
     repo = work / "models"
     (repo / "sleepy").mkdir(parents=True)
     (repo / "sleepy" / "model.py").write_text(SLEEPY_MODEL_PY)
     (repo / "sleepy" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
-    return Worker(repo, "127.0.0.1", free_port(), models="sleepy")
+    return repo
+
+
+def sleepy_worker(work: pathlib.Path) -> Worker:
+    """A worker on ``sleepy_repository(work)``: the model a test holds a connection with."""
+    return Worker(sleepy_repository(work), "127.0.0.1", free_port(), models="sleepy")
+
+
+def gated_sleepy_worker(work: pathlib.Path) -> tuple[Worker, Gate]:
+    """A worker on ``sleepy`` and the ``gate`` model, with the gate: the model a test holds the
+    worker's device (and so a slot) with for as long as it needs, never for a guessed time."""
+    repo = sleepy_repository(work)
+    gate = add_gate_model(repo)
+    return Worker(repo, "127.0.0.1", free_port(), models="sleepy:gate"), gate

@@ -54,7 +54,7 @@ async def test_scrape_reads_the_exposition_and_closes_the_connection():
 async def test_scrape_failures_say_why(monkeypatch):
     async def answer(request: HttpRequest) -> HttpResponse:
         if request.headers.get("host", "").endswith(str(slow_port)):
-            await anyio.sleep(5)
+            await anyio.sleep(60)  # far past the 0.2 s timeout: cancelled when the test ends
         return HttpResponse(503, b"not ready", "text/plain")
 
     slow_port = -1

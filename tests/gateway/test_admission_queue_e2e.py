@@ -1,5 +1,5 @@
-"""The gateway's admission queue end to end: a CLI worker serving the blocking ``sleepy`` model
-behind the gateway CLI (on uvloop and on trio), driven by the stock tritonclient.
+"""The gateway's admission queue end to end: a CLI worker serving the blocking ``sleepy`` and
+``gate`` models behind the gateway CLI (on uvloop and on trio), driven by the stock tritonclient.
 
 A burst far over the admission cap waits in the queue and is served whole; past the queue a
 request is shed RESOURCE_EXHAUSTED; a queued request whose deadline passes is
@@ -16,24 +16,22 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.gateway.procs import Gateway, sleepy_worker
+from tests.gate_model import Gate
+from tests.gateway.procs import Gateway, gated_sleepy_worker
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"
 BURST = 200
-HOLD_SECONDS = 8.0
-"""How long the request holding the one slot sleeps on the worker: the rest of the test runs
-while it holds it (each step waits on the gateway's gauges, never on this time)."""
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("admission_queue")
-    worker = sleepy_worker(work)
+    worker, gate = gated_sleepy_worker(work)
     try:
         worker.wait_ready()
-        yield types.SimpleNamespace(worker=worker, work=work)
+        yield types.SimpleNamespace(worker=worker, work=work, gate=gate)
     finally:
         worker.stop()
 
@@ -93,10 +91,11 @@ def test_past_the_queue_a_call_is_shed_and_a_deadline_in_the_queue_is_deadline_e
         },
     )
     results: queue.Queue = queue.Queue()
+    gate: Gate = fleet.gate
 
-    def call(name: str, seconds: float) -> None:
+    def call(name: str, model: str) -> None:
         try:
-            gw.client().infer("sleepy", sleepy(seconds), client_timeout=120)
+            gw.client().infer(model, sleepy(), client_timeout=120)
             results.put((name, None))
         except InferenceServerException as exc:
             results.put((name, exc))
@@ -104,9 +103,10 @@ def test_past_the_queue_a_call_is_shed_and_a_deadline_in_the_queue_is_deadline_e
     threads = []
     try:
         c = gw.client()
-        holder = threading.Thread(target=call, args=("holder", HOLD_SECONDS))
-        holder.start()
+        holder = threading.Thread(target=call, args=("holder", "gate"))
+        holder.start()  # holds the one slot until the gate opens
         threads.append(holder)
+        gate.wait_started()
         wait_until(lambda: gauge(gw, "gateway_inflight_requests") == 1, 30, "the slot taken")
 
         with pytest.raises(InferenceServerException) as info:  # waits, and its deadline passes
@@ -115,7 +115,7 @@ def test_past_the_queue_a_call_is_shed_and_a_deadline_in_the_queue_is_deadline_e
         wait_until(lambda: gauge(gw, "gateway_queued_requests") == 0, 30, "the queue left")
         assert gauge(gw, "gateway_inflight_requests") == 1  # the holder still holds the slot
 
-        waiter = threading.Thread(target=call, args=("waiter", 0.0))
+        waiter = threading.Thread(target=call, args=("waiter", "sleepy"))
         waiter.start()
         threads.append(waiter)
         wait_until(lambda: gauge(gw, "gateway_queued_requests") == 1, 30, "the waiter queued")
@@ -125,12 +125,14 @@ def test_past_the_queue_a_call_is_shed_and_a_deadline_in_the_queue_is_deadline_e
         assert "its queue is full (1 requests waiting" in info.value.message()
         assert gauge(gw, "gateway_requests_shed_total") == 1
 
+        gate.open()
         for t in threads:
             t.join(120)
         outcomes = dict(results.get(timeout=1) for _ in threads)
         assert outcomes == {"holder": None, "waiter": None}  # both served in the end
         assert gauge(gw, "gateway_queued_requests") == 0
     finally:
+        gate.open()
         for t in threads:
             t.join(120)
         assert gw.stop() == 0, gw.logs()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
 import urllib.request
 
 import anyio
@@ -33,6 +34,7 @@ from kserve_trio.proto import reactant_control as rc
 from tests.gateway.procs import Gateway as GatewayProc
 from tests.gateway.test_prober import fleet
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 LPT = SchedulingMode.LPT_PACKING
@@ -253,15 +255,30 @@ def test_repack_waits_coalesces_and_counts(lpt):
     gateway, workers = lpt
     fails(gateway, "Repack", rc.RepackRequest(wait_seconds=-1), StatusCode.INVALID_ARGUMENT, ">=")
     before = status(gateway).repack
+    # a round held at its probes: the three requests all arrive before its tick
+    gate = threading.Event()
+    probes = [w.probes for w in workers]
     for w in workers:
-        w.probe_delay = 0.3  # a slow round: the three requests all arrive before its tick
-    try:
-        replies = anyio.run(
-            _calls, gateway.address, [("Repack", rc.RepackRequest(wait_seconds=10))] * 3
+        w.probe_gate = gate
+    replies: list = []
+    repacks = threading.Thread(
+        target=lambda: replies.extend(
+            anyio.run(_calls, gateway.address, [("Repack", rc.RepackRequest(wait_seconds=30))] * 3)
         )
+    )
+    try:
+        # a probe that began after the gate closed: its round (the next to tick) is held
+        held = lambda: any(w.probes > n for w, n in zip(workers, probes, strict=True))  # noqa: E731
+        wait_until(held, what="a held round")
+        repacks.start()
+        requested = before.operator_repacks_requested + 3
+        wait_until(lambda: status(gateway).repack.operator_repacks_requested == requested)
     finally:
+        gate.set()
         for w in workers:
-            w.probe_delay = 0.0
+            w.probe_gate = None
+        if repacks.ident is not None:  # started
+            repacks.join(60)
     assert all(r.completed for r in replies), replies
     assert sorted(r.sequence for r in replies) == [
         before.operator_repacks_requested + i for i in (1, 2, 3)

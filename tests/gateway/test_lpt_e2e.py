@@ -25,6 +25,7 @@ from kserve_trio.client.transport import Endpoint
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.procs import Gateway, Worker
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 G = "KSERVE_TRIO_GATEWAY_"
@@ -115,6 +116,14 @@ def compact_calls(gw: Gateway) -> dict[str, int]:
     return {w: int(float(n)) for w, n in re.findall(pattern, text)}
 
 
+def tick_after(gw: Gateway, after: float) -> float | None:
+    """The wall-clock time of the scheduler's last tick (a prober round) if it came after
+    ``after``."""
+    status = control(gw.url, "GetSchedulingStatus", rc.GetSchedulingStatusRequest())
+    tick = status.repack.last_tick_unix_seconds
+    return tick if tick > after else None
+
+
 def test_placement_follows_traffic_and_an_all_replicas_override(fleet):
     gw, (a, b) = fleet.gw, fleet.workers
     labels = sorted(w.url for w in fleet.workers)
@@ -129,7 +138,10 @@ def test_placement_follows_traffic_and_an_all_replicas_override(fleet):
         for _ in range(n):
             client.infer(model, inputs(model))
 
-    time.sleep(2.5)  # two prober rounds poll the workers' counters
+    # two prober rounds poll the workers' counters after the traffic
+    traffic_end = time.time()
+    first = wait_until(lambda: tick_after(gw, traffic_end), 60, "a prober round")
+    wait_until(lambda: tick_after(gw, first), 60, "a second prober round")
     reply = control(gw.url, "Repack", rc.RepackRequest(wait_seconds=20))
     assert reply.completed and reply.completed_sequence >= reply.sequence, reply
     assert reply.repack.last_trigger == "operator"
@@ -176,14 +188,16 @@ def test_placement_follows_traffic_and_an_all_replicas_override(fleet):
     assert [r.weight for r in mlp.replicas] == [0.5, 0.5]
     changed = {w for m in MODELS for w in set(placed[m]) ^ set(now[m])}
     assert other in changed
+
     # compaction reached exactly the workers whose assignment changed
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    def compacted() -> bool:  # the gateway's series and the workers' own logs
         calls = compact_calls(gw)
-        if all(calls.get(w, 0) > calls_before.get(w, 0) for w in changed):
-            break
-        time.sleep(0.1)
-    time.sleep(0.5)
+        return all(calls.get(w, 0) > calls_before.get(w, 0) for w in changed) and all(
+            compactions(w) > worker_logs[w.url] for w in (a, b) if w.url in changed
+        )
+
+    wait_until(compacted, 30, "the compactions of the changed workers")
+    time.sleep(0.5)  # an absence: a compaction no unchanged worker may get, looked for a while
     calls = compact_calls(gw)
     for label in labels:
         grew = calls.get(label, 0) - calls_before.get(label, 0)

@@ -27,6 +27,7 @@ from kserve_trio.gateway.tls import public_ssl_context
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.fake_worker import INFER, FakeWorker
 from tests.gateway.test_discovery import FakeDns
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 READY, NOT_READY, FAILED, TIMED_OUT = (
@@ -101,19 +102,17 @@ async def test_raw_bytes_travel_unchanged_both_ways(worker):
 
 async def test_the_clients_deadline_is_forwarded_exactly(worker):
     client = client_for(worker)
-    await client.call_raw(INFER, b"x", deadline=anyio.current_time() + 0.25)
+    started = anyio.current_time()
+    await client.call_raw(INFER, b"x", deadline=started + 20.25)
+    took = anyio.current_time() - started
     await client.call_raw(INFER, b"y")  # no deadline: the request timeout
+    took_default = anyio.current_time() - started - took
     short, default = worker.deadlines
-    assert 0.15 < short <= 0.25  # not rounded up to whole seconds
-    assert 59.0 < default <= 60.0
+    # what the worker has left is short of what was given by the call's own time at most, and
+    # never more (a timeout rounded up to whole seconds would be)
+    assert 20.25 - took <= short <= 20.25
+    assert 60.0 - took_default <= default <= 60.0
     await client.aclose()
-
-
-async def until(condition, timeout: float = 5.0) -> None:
-    """Wait for ``condition()`` (polling), failing after ``timeout`` seconds."""
-    with anyio.fail_after(timeout):
-        while not condition():
-            await anyio.sleep(0.01)
 
 
 async def test_in_flight_calls_per_worker_are_bounded(worker):
@@ -132,7 +131,8 @@ async def test_in_flight_calls_per_worker_are_bounded(worker):
 async def test_waiting_for_a_slot_counts_against_the_deadline(worker):
     client = client_for(worker, streams=1)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: client.call_raw(INFER, b"slow", metadata={"x-sleep": "1"}))
+        # the slow call holds the one stream until the test cancels it
+        tg.start_soon(lambda: client.call_raw(INFER, b"slow", metadata={"x-sleep": "60"}))
         await until(lambda: worker.in_flight == 1)
         with pytest.raises(RpcError) as info:
             await client.call_raw(INFER, b"late", deadline=anyio.current_time() + 0.1)
@@ -160,7 +160,7 @@ async def test_a_worker_deadline_is_deadline_exceeded_and_a_gone_worker_unavaila
     client = client_for(worker)
     with pytest.raises(RpcError) as info:
         await client.call_raw(
-            INFER, b"x", deadline=anyio.current_time() + 0.1, metadata={"x-sleep": "1"}
+            INFER, b"x", deadline=anyio.current_time() + 0.1, metadata={"x-sleep": "60"}
         )
     assert info.value.status is StatusCode.DEADLINE_EXCEEDED
     worker.stop()
@@ -172,11 +172,11 @@ async def test_a_worker_deadline_is_deadline_exceeded_and_a_gone_worker_unavaila
 
 async def test_a_cancelled_call_is_cancelled_on_the_worker(worker):
     client = client_for(worker)
-    with anyio.move_on_after(0.2):
-        await client.call_raw(INFER, b"x", metadata={"x-sleep": "5"})
-    with anyio.fail_after(5):
-        while worker.cancelled == 0:
-            await anyio.sleep(0.02)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: client.call_raw(INFER, b"x", metadata={"x-sleep": "60"}))
+        await until(lambda: worker.in_flight == 1, what="the call on the worker")
+        tg.cancel_scope.cancel()
+    await until(lambda: worker.cancelled, what="the worker's handler cancelled")
     assert worker.cancelled == 1 and client.in_flight == 0
     assert await client.call_raw(INFER, b"next") == b"reply:next"  # the connection lives on
     await client.aclose()
@@ -195,10 +195,10 @@ async def test_probes_read_readiness(worker):
 async def test_probes_bypass_the_stream_slots(worker):
     client = client_for(worker, streams=1)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: client.call_raw(INFER, b"busy", metadata={"x-sleep": "2"}))
+        tg.start_soon(lambda: client.call_raw(INFER, b"busy", metadata={"x-sleep": "60"}))
         await until(lambda: worker.in_flight == 1)
-        with anyio.fail_after(1.5):
-            outcome, _ = await client.probe(timeout=2)
+        with anyio.fail_after(30):  # a probe queued for the stream would wait out the 60 s
+            outcome, _ = await client.probe(timeout=30)
         tg.cancel_scope.cancel()  # the busy call has served its purpose
     assert outcome is READY
     await client.aclose()
@@ -207,7 +207,7 @@ async def test_probes_bypass_the_stream_slots(worker):
 async def test_a_timed_out_probe_resets_the_connection(worker):
     client = client_for(worker)
     await client.probe(timeout=2)
-    worker.probe_delay = 1.0
+    worker.probe_delay = 60.0  # far past the 0.2 s timeout, however loaded the machine
     outcome, step = await client.probe(timeout=0.2)
     assert outcome is TIMED_OUT and step.reset_channel and client.resets == 1
     worker.probe_delay = 0.0
@@ -241,7 +241,7 @@ async def test_control_calls_parse_their_reply_and_a_timeout_resets(worker):
     assert reply.models[0].requests_served == 3
     worker.stop()
     with FakeWorker() as slow:
-        slow.probe_delay = 1.0
+        slow.probe_delay = 60.0  # far past the 0.2 s timeout, however loaded the machine
         slow_client = client_for(slow)
         with pytest.raises(RpcError) as info:
             await slow_client.call(

@@ -20,6 +20,7 @@ from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin, RoutingSta
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.fake_worker import FakeWorker
 from tests.gateway.test_discovery import FakeDns
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -195,9 +196,7 @@ async def test_request_refresh_scans_in_the_background_task():
         async with anyio.create_task_group() as tg:
             tg.start_soon(refresher.run)
             refresher.request_refresh()
-            with anyio.fail_after(5):
-                while refresher.state.table.replicas("later") == ():
-                    await anyio.sleep(0.02)
+            await until(lambda: refresher.state.table.replicas("later"), what="'later' routed")
             tg.cancel_scope.cancel()
         assert "m" not in refresher.state.table.models
         await prober.pool.aclose()
@@ -208,8 +207,8 @@ async def test_an_unreachable_worker_contributes_nothing_to_a_scan():
         la, _ = labels_of([a, b])
         prober, _, _ = make_prober([a, b], watchdog=0.3)
         await prober.round()
-        b.index_delay = 2.0  # answers probes, but its index is too slow this time
-        with anyio.fail_after(2):
+        b.index_delay = 60.0  # answers probes, but its index is too slow this time
+        with anyio.fail_after(30):  # the scan gave up on b long before its index came
             await prober.refresher.scan()
         assert prober.refresher.state.table.models == {"m": (la,)}
         await prober.pool.aclose()
@@ -221,7 +220,7 @@ async def test_a_fleet_that_stops_answering_is_never_a_wedge_and_is_taken_back()
         await prober.round()
         state = prober.refresher.state
         assert state.table.models == {"m": tuple(labels_of([a]))}
-        a.probe_delay = 1.0
+        a.probe_delay = 60.0  # far past the 0.2 s probe timeout, however loaded the machine
         for _ in range(4):  # round after round of timeouts: the prober goes on
             report = await prober.round()
             assert report.outcomes == {labels_of([a])[0]: ProbeOutcome.TIMED_OUT}
@@ -243,9 +242,8 @@ async def test_run_starts_after_the_first_round_and_wake_runs_one_early():
             assert prober.rounds == 1 and prober.refresher.state.table.replicas("m")
             a.models = ["next"]
             prober.wake()
-            with anyio.fail_after(5):  # long before the 30 s interval
-                while not prober.refresher.state.table.replicas("next"):
-                    await anyio.sleep(0.02)
+            # long before the 30 s interval
+            await until(lambda: prober.refresher.state.table.replicas("next"), what="'next' routed")
             assert prober.rounds == 2
             tg.cancel_scope.cancel()
         await prober.pool.aclose()

@@ -111,7 +111,7 @@ def test_worker_statuses_reach_the_rest_client_mapped_and_unavailable_fails_over
 def test_the_inbound_cap_without_a_queue_sheds_429_over_rest():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.0
+        a.infer_gate = gate = threading.Event()  # the first call holds the one slot till set
         grpc = GatewayGrpcConfig(  # no queue: shed at once
             max_concurrent_requests_per_worker=1, max_queued_requests_per_worker=0
         )
@@ -123,6 +123,7 @@ def test_the_inbound_cap_without_a_queue_sheds_429_over_rest():
             wait_until(lambda: a.in_flight == 1)
             status, message = status_of(lambda: client(gw).infer("m", [tensor(x)]))
             assert status == "429" and "admission cap (1 requests in flight" in message
+            gate.set()
             first.join()
             np.testing.assert_array_equal(results.get().as_numpy("x"), x)
 
@@ -130,7 +131,7 @@ def test_the_inbound_cap_without_a_queue_sheds_429_over_rest():
 def test_a_drain_answers_503_and_the_request_in_flight_finishes():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.5
+        a.infer_gate = gate = threading.Event()  # in flight until the drain has been seen
         gw = serve_gateway(config([a]), blocking=False)
         x = np.ones((1, 4), np.float32)
         results: queue.Queue = queue.Queue()
@@ -146,6 +147,7 @@ def test_a_drain_answers_503_and_the_request_in_flight_finishes():
         assert (err.value.code, json.loads(err.value.read())) == (503, {"ready": False})
         status, message = status_of(lambda: client(gw).infer("m", [tensor(x)]))
         assert status == "503" and "gateway is shutting down" in message
+        gate.set()
         flight.join(10)
         stopper.join(10)
         np.testing.assert_array_equal(results.get().as_numpy("x"), x)  # finished, not cut off

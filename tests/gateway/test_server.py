@@ -341,7 +341,7 @@ def test_a_client_leaving_a_stream_cancels_its_requests_on_the_workers():
 def test_the_inbound_cap_without_a_queue_sheds_resource_exhausted():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.0
+        a.infer_gate = gate = threading.Event()  # the first call holds the one slot till set
         grpc = GatewayGrpcConfig(  # no queue: shed at once
             max_concurrent_requests_per_worker=1, max_queued_requests_per_worker=0
         )
@@ -362,6 +362,7 @@ def test_the_inbound_cap_without_a_queue_sheds_resource_exhausted():
                 client(gw).infer("m", [tensor(x)])
             assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
             assert "admission cap (1 requests in flight" in info.value.message()
+            gate.set()
             first.join()
             assert not isinstance(results.get(), Exception)
             _, text = admin(gw, "/metrics")
@@ -386,7 +387,7 @@ def test_readyz_waits_for_the_grpc_port_not_only_for_a_worker():
 def test_stop_drains_refuses_new_requests_and_lets_in_flight_ones_finish():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.5
+        a.infer_gate = gate = threading.Event()  # in flight until the drain has been seen
         cfg = GatewayConfig(
             listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
             endpoints=(f"{a.host}:{a.port}",),
@@ -407,6 +408,7 @@ def test_stop_drains_refuses_new_requests_and_lets_in_flight_ones_finish():
             client(gw).infer("m", [tensor(x)])
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert "gateway is shutting down" in info.value.message()
+        gate.set()
         flight.join(10)
         stopper.join(10)
         assert results.get().get_response().model_name == "m"  # finished, not cut off
@@ -483,7 +485,7 @@ def test_the_admin_metrics_merge_the_workers_expositions(tmp_path):
 def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
     with fleet(1) as (a,):
         a.echo = True
-        a.infer_delay = 1.0
+        a.infer_gate = gate = threading.Event()  # in flight until the drain has begun
         cfg = GatewayConfig(
             listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0"),
             endpoints=(f"{a.host}:{a.port}",),
@@ -497,6 +499,8 @@ def test_a_stream_open_at_shutdown_gets_its_answers_then_ends_unavailable():
         wait_until(lambda: a.in_flight == 1)
         stopper = threading.Thread(target=stop, args=(gw,))
         stopper.start()
+        wait_until(lambda: gw.gateway.admission.draining)
+        gate.set()
         result, error = answers.get(timeout=10)
         assert error is None and result.get_response().id == "in-flight"  # answered first
         result, error = answers.get(timeout=10)  # then the stream ends, UNAVAILABLE
@@ -521,15 +525,26 @@ def test_startup_waits_for_a_ready_worker_within_the_bound():
 
         gw, took = start(0.6)  # nobody becomes ready: it serves anyway after the wait
         try:
-            assert 0.5 <= took < 3.0
+            assert 0.5 <= took < 10.0
             assert not client(gw).is_server_ready()
             assert admin(gw, "/readyz") == (503, "not ready")
         finally:
             stop(gw)
-        threading.Timer(0.7, lambda: setattr(a, "ready", True)).start()
+        became_ready: list[float] = []
+        probes = a.probes
+
+        def ready_once_probed() -> None:  # the gateway is in its wait: it has asked already
+            wait_until(lambda: a.probes > probes, what="the gateway probing the unready worker")
+            became_ready.append(time.monotonic())
+            a.ready = True
+
+        readying = threading.Thread(target=ready_once_probed, daemon=True)
+        readying.start()
         gw, took = start(30.0)  # ready during the wait: it opens its ports then, not at 30 s
+        opened = time.monotonic()
         try:
-            assert 0.6 <= took < 5.0
+            readying.join(30)
+            assert became_ready and became_ready[0] <= opened and took < 20.0
             assert client(gw).is_server_ready()
         finally:
             stop(gw)

@@ -28,6 +28,7 @@ from kserve_trio.serving.http import (
 from kserve_trio.serving.http._client import encode_request
 from kserve_trio.serving.http._connection import Connection
 from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PKI)
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -192,6 +193,8 @@ async def test_a_body_split_over_many_writes_is_read_whole():
     async def handle(stream: anyio.abc.ByteStream) -> None:
         async with stream:
             await read_head(stream)
+            # pauses between the writes make them separate segments for the client to join
+            # (the reply does not depend on them); then the connection stays open a while
             await stream.send(b"HTTP/1.1 200 OK\r\nContent-")
             await anyio.sleep(0.01)
             await stream.send(b"Length: 10\r\n\r\n01234")
@@ -242,10 +245,17 @@ async def test_a_server_closing_a_keep_alive_connection_between_requests_costs_n
     async with listening(handle) as port, HttpClient() as client:
         assert (await client.request(HOST, port, "GET", "/a")).body == b"ok"
         await closed.wait()
-        await anyio.sleep(0.05)  # the FIN reaches the client's socket
+        await until(lambda: idle_and_stale(client, port), what="the FIN at the client's socket")
         assert (await client.request(HOST, port, "GET", "/b")).body == b"ok"
     assert peer.connections == 2
     assert [r.path for r in peer.requests] == ["/a", "/b"]
+
+
+def idle_and_stale(client: HttpClient, port: int) -> bool:
+    """Whether ``client``'s one idle connection to ``port`` has seen its server close or reset
+    it (what the client's no-wait poll finds before it reuses a connection)."""
+    (connection,) = client._hosts[(HOST, port)].idle
+    return connection.stale()
 
 
 def _reset(stream: anyio.abc.ByteStream) -> None:
@@ -270,7 +280,7 @@ async def test_a_server_resetting_a_keep_alive_connection_between_requests_costs
     async with listening(handle) as port, HttpClient() as client:
         await client.request(HOST, port, "GET", "/a")
         await reset.wait()
-        await anyio.sleep(0.05)
+        await until(lambda: idle_and_stale(client, port), what="the RST at the client's socket")
         assert (await client.request(HOST, port, "GET", "/b")).body == b"ok"
     assert peer.connections == 2
     assert [r.path for r in peer.requests] == ["/a", "/b"]
@@ -402,7 +412,7 @@ async def test_at_most_per_host_connections_and_the_rest_wait_their_turn():
             with anyio.fail_after(5):
                 while inflight < 2:
                     await anyio.sleep(0.01)
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # an absence, looked for a while: no third connection opens
             assert inflight == 2 and client.open_connections(HOST, port) == 2
             # a seventh request finds no free connection within its timeout
             with pytest.raises(TimeoutError):
@@ -424,7 +434,7 @@ async def test_each_host_has_its_own_limit():
 async def test_an_idle_connection_past_its_age_is_closed_not_reused():
     async with served() as (port, peer), HttpClient(idle_seconds=0.05) as client:
         await client.request(HOST, port, "GET", "/")
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.1)  # real time past the 0.05 s idle age: the age is what is tested
         await client.request(HOST, port, "GET", "/")
         assert peer.connections == 2
 

@@ -295,7 +295,7 @@ def test_a_connection_waiting_for_bytes_past_the_idle_limit_is_closed(server):
     with connect(server.port) as idle, connect(server.port) as stalled:
         stalled.sendall(b"GET /x HTTP/1.1\r\nHost: h\r\n")  # a head that never ends
         assert closed(idle) and closed(stalled)
-    assert IDLE <= time.monotonic() - t0 < IDLE * 3
+    assert IDLE <= time.monotonic() - t0 < IDLE * 10  # at the limit, not long before
     with connect(server.port) as sock:  # a slow answer is not cut, and keep-alive goes on
         sock.sendall(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
         assert read_response(sock)[0] == 200

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -33,6 +32,7 @@ from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.server import RunningServer, serve, stop
 from tests.device_hold import hold_device
 from tests.e2e import reference as ref
+from tests.waiting import wait_until
 
 HOOKS_PY = """
 import numpy as np
@@ -230,14 +230,13 @@ def test_a_cancelled_shm_request_releases_its_leases_once(server, monkeypatch):
         inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
         inp.set_shared_memory(name, x.nbytes)
         call = c.async_infer("mlp", [inp], callback=lambda result, error: None)
-        deadline = time.monotonic() + 5
-        while not leased and time.monotonic() < deadline:  # decoded and queued
-            time.sleep(0.01)
+        wait_until(lambda: leased, what="the request decoded and queued")
         assert leased == [0]
         call.cancel()
-        while requests_with_status(server, "CANCELLED") == cancelled_before:
-            assert time.monotonic() < deadline, "the cancelled request was never recorded"
-            time.sleep(0.01)
+        wait_until(
+            lambda: requests_with_status(server, "CANCELLED") != cancelled_before,
+            what="the cancelled request recorded",
+        )
         blocker.release()
         assert dict(released) == {0: 1}
         assert requests_with_status(server, "CANCELLED") == cancelled_before + 1

@@ -17,6 +17,7 @@ import pytest
 
 from kserve_trio.worker.device import DeviceThread, _Job
 from kserve_trio.worker.switches import HANDBACKS
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -108,8 +109,7 @@ async def test_close_runs_the_jobs_already_queued_then_ends_the_thread(handback)
         assert await anyio.to_thread.run_sync(started.wait, WAIT)  # the device is held
         for i in range(1, 4):
             tg.start_soon(run, lambda i=i: i)
-        while device._jobs.qsize() < 3:  # (trio starts tasks in no fixed order)
-            await anyio.sleep(0.001)
+        await until(lambda: device._jobs.qsize() >= 3)  # (trio starts tasks in no fixed order)
         tg.start_soon(device.close)
         release.set()
     assert sorted(results) == [0, 1, 2, 3]
@@ -136,8 +136,7 @@ async def test_jobs_finished_while_the_loop_was_busy_come_back_with_one_wake_up(
 
             for i in range(5):
                 tg.start_soon(one, i)
-            while device._jobs.qsize() < 4:  # all five handed over (one running)
-                await anyio.sleep(0.001)
+            await until(lambda: device._jobs.qsize() >= 4)  # all five handed over (one running)
             # Hold the loop's thread while the device thread finishes all five: none of their
             # wake-ups can run meanwhile, so the first one posted carries them all.
             gate.set()

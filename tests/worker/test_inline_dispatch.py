@@ -20,6 +20,7 @@ from kserve_trio.core.tensor import NamedTensor
 from kserve_trio.worker.mock_backend import scale_model
 from kserve_trio.worker.scheduler import Scheduler
 from kserve_trio.worker.switches import INLINE_ENV
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -109,8 +110,7 @@ async def test_an_idle_loop_lets_a_tiny_request_run_in_its_own_task(monkeypatch)
             async with anyio.create_task_group() as burst:
                 x = NamedTensor.from_array("x", np.ones((1, 4), np.float32))
                 burst.start_soon(sched.infer, "slow", [x])
-                while not loop._inflight:  # the slow batch holds the device thread
-                    await anyio.sleep(0.001)
+                await until(lambda: loop._inflight, what="the slow batch on the device thread")
                 for i in range(4):
                     burst.start_soon(one, i)
             assert sorted(results) == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ from kserve_trio.serving.admin_http import route
 from kserve_trio.worker.metrics import LATENCY_BUCKETS, gpu_label, inject_labels
 from kserve_trio.worker.observer import UNKNOWN_MODEL
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 def test_inject_labels_adds_constant_labels_to_samples_only():
@@ -135,8 +136,15 @@ def test_readyz_turns_ready_only_after_every_model_compiled(demo_repo, tmp_path)
     repo.mkdir()
     shutil.copytree(demo_repo / "mlp", repo / "mlp")
     shutil.copytree(demo_repo / "mlp_softmax", repo / "slow")
+    go = tmp_path / "go"  # "slow" loads once the probe has seen the worker up and not ready
     code = (repo / "slow" / "model.py").read_text()
-    (repo / "slow" / "model.py").write_text("import time\ntime.sleep(2.0)\n" + code)
+    hold = (
+        "import pathlib, time\n"
+        "_give_up = time.monotonic() + 60\n"
+        f"while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < _give_up:\n"
+        "    time.sleep(0.01)\n"
+    )
+    (repo / "slow" / "model.py").write_text(hold + code)
     port = free_port()
     seen: list[tuple[int, int]] = []
     done = threading.Event()
@@ -147,7 +155,9 @@ def test_readyz_turns_ready_only_after_every_model_compiled(demo_repo, tmp_path)
                 seen.append((_get(port, "/healthz")[0], _get(port, "/readyz")[0]))
             except OSError:
                 pass
-            time.sleep(0.05)
+            if (200, 503) in seen:
+                go.touch()
+            time.sleep(0.05)  # the poll's period
 
     t = threading.Thread(target=probe)
     t.start()
@@ -159,7 +169,7 @@ def test_readyz_turns_ready_only_after_every_model_compiled(demo_repo, tmp_path)
         endpoints={"port": 0, "metrics_port": port},
     )
     try:
-        time.sleep(0.3)
+        wait_until(lambda: (200, 200) in seen, 30, "/readyz ready")
     finally:
         done.set()
         t.join()

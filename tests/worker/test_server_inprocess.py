@@ -323,7 +323,8 @@ def test_shutdown_answers_queued_requests_unavailable(demo_repo):
     wait_until(lambda: len(results) == 4, 30, "the queued requests answered by the drain")
     blocker.release()  # the drain lets the execution on the device finish
     stopper.join(30)
-    assert not stopper.is_alive() and time.monotonic() - t0 < 6.0
+    # well within stop's 30 s timeout: the drain ended with the execution, not at the bound
+    assert not stopper.is_alive() and time.monotonic() - t0 < 20.0
     for t in threads:
         t.join(5)
     assert results and set(results) <= {"OK", "StatusCode.UNAVAILABLE"}

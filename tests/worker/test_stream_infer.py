@@ -182,13 +182,11 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(server):
     assert wait_until(lambda: mlp_metrics(server).queue_depth == 6)
     assert server.state.streams.count == 1 and server.state.inflight == 6
     answers.cancel()  # RST_STREAM while six requests wait for the device
-    # dequeued at once, while the device is still busy
-    assert wait_until(lambda: mlp_metrics(server).queue_depth == 0, timeout=1.0)
-    assert wait_until(lambda: server.state.inflight == 0 and server.state.streams.count == 0, 1.0)
+    # dequeued while the device is still busy (the hold outlasts any wait below)
+    assert wait_until(lambda: mlp_metrics(server).queue_depth == 0)
+    assert wait_until(lambda: server.state.inflight == 0 and server.state.streams.count == 0)
     assert blocker.is_alive()
     blocker.release()
-    time.sleep(0.3)  # what the device thread would run next, were anything left queued
-    assert mlp_metrics(server).requests_served == before.requests_served  # never executed
     stats = server.state.observer.stats_of("mlp")
     assert stats.fail.count >= 6
     feed.close()
@@ -197,6 +195,8 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_queued(server):
     inp = grpcclient.InferInput("input_0", [1, 16], "FP32")
     inp.set_data_from_numpy(np.ones((1, 16), np.float32))
     assert c.infer("mlp", [inp]).as_numpy("output").shape == (1, 8)
+    # a request still queued would have run before this one or in its batch: none did
+    assert mlp_metrics(server).requests_served == before.requests_served + 1
 
 
 def messages(body: bytes) -> list[tuple[int, bytes]]:
@@ -319,7 +319,8 @@ def test_shutdown_answers_the_queued_requests_and_ends_the_stream_unavailable(de
         with pytest.raises(grpc.RpcError) as info:
             next(answers)
         stopper.join(30)
-        assert not stopper.is_alive() and time.monotonic() - started < 5.0
+        # well within stop's 30 s timeout: the drain ended with the execution, not at the bound
+        assert not stopper.is_alive() and time.monotonic() - started < 20.0
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert info.value.details() == "server is shutting down"
         assert {a.error_message for a in got} == {"server is shutting down"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -36,6 +36,7 @@ from kserve_trio.serving.grpc import (
     stream,
 )
 from tests.serving.grpc.h2_peer import MAX_STREAM_ID, Peer, grpc_frame
+from tests.waiting import until  # server state the client cannot read off the wire
 
 pytestmark = pytest.mark.anyio
 
@@ -171,12 +172,6 @@ async def healthy(port: int) -> None:
     """A fresh connection is served."""
     async with Peer.connect(port) as peer:
         await echo_ok(peer)
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait for a condition on server state the client cannot read off the wire."""
-    while not condition():
-        await anyio.sleep(0.01)
 
 
 # ------------------------------------------------------------------------------ arrival
