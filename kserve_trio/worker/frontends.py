@@ -40,7 +40,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 
 import anyio
 import anyio.abc
@@ -48,13 +47,20 @@ import anyio.abc
 from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
 from kserve_trio.core.shm_names import reserved_name
-from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
+from kserve_trio.serving.ipc import (
+    ARENA_BYTES,
+    Arena,
+    Channel,
+    Drain,
+    FrontendLink,
+    Hello,
+    Log,
+)
 from kserve_trio.serving.liveness import watch_liveness
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
 from kserve_trio.serving.restart_backoff import RestartBackoff
 from kserve_trio.worker.forwarded import ForwardedRpcs
-from kserve_trio.worker.frontend_link import FrontendLink
 
 log = get_logger("kserve_trio.worker.frontends")
 
@@ -181,13 +187,8 @@ class FrontendProcesses:
         channel = Channel(await anyio.abc.SocketStream.from_socket(ours))
         link = FrontendLink(frontend.index, channel, arenas[0], arenas[1], self.rpcs)
         ep = dataclasses.replace(self.config.endpoints, port=self.port, http_port=self.http_port)
-        hello = {
-            "config": dataclasses.replace(self.config, endpoints=ep),
-            "index": frontend.index,
-            "rpcs": self.rpcs.listing(),
-            "shutting_down": self.rpcs.shutting_down,
-        }
-        channel.send((HELLO, hello))
+        config = dataclasses.replace(self.config, endpoints=ep)
+        channel.send(Hello(config, frontend.index, self.rpcs.listing(), self.rpcs.shutting_down))
         return process, link
 
     async def _keep_running(self, frontend: _Frontend) -> None:
@@ -272,7 +273,7 @@ class FrontendProcesses:
         """Every front end takes the log settings the device process now has."""
         for frontend in self.frontends:
             if frontend.link is not None:
-                frontend.link.channel.send((LOG, asdict(settings)))
+                frontend.link.channel.send(Log(settings))
 
     def expositions(self) -> list[str]:
         """What the worker's ``/metrics`` adds for its front ends: the requests each forwarded
@@ -319,7 +320,7 @@ class FrontendProcesses:
         with anyio.CancelScope(shield=True):
             for frontend in self.frontends:
                 if frontend.link is not None:
-                    frontend.link.channel.send((DRAIN,))
+                    frontend.link.channel.send(Drain())
             wait_until = time.monotonic() + (grace if math.isfinite(grace) else 3600.0)
             for frontend in self.frontends:
                 process = frontend.process
