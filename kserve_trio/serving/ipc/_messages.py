@@ -28,12 +28,15 @@ A ``Payload`` is bytes carried in the frame itself, or a ``Slot`` of the sender'
 
 Each class pickles as itself and its fields' values (``_pickled_by_fields``): the default
 pickling of a slotted dataclass goes through ``copyreg`` and a ``__setstate__`` per object and
-costs several times the message's own fields; this keeps a message within a few microseconds
-of a plain tuple's.
+costs several times the message's own fields. The classes a request and its answer are made of
+also have a pickle extension code (``_EXTENSION_CODES``, from the range pickle leaves to
+applications), so a frame names each in two bytes and the reader finds it without an import
+lookup. Together they keep a message within a few microseconds of a plain tuple's.
 """
 
 from __future__ import annotations
 
+import copyreg
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from operator import attrgetter
@@ -263,6 +266,30 @@ class Drain:
 class Ping:
     seq: int
 
+
+_EXTENSION_CODES: dict[type, int] = {
+    cls: code
+    for code, cls in enumerate(
+        (
+            Request,
+            Done,
+            Slot,
+            UnaryCall,
+            InferCall,
+            StreamCall,
+            RestCall,
+            StreamOrigin,
+            RestHead,
+            Cancel,
+            Free,
+            Ping,
+            Pong,
+        ),
+        start=240,  # 240-255: pickle's codes for private use
+    )
+}
+for _cls, _code in _EXTENSION_CODES.items():
+    copyreg.add_extension(_cls.__module__, _cls.__qualname__, _code)
 
 ToDevice = Ready | Request | Cancel | Free | Edge | Pong
 """What a front end sends."""
