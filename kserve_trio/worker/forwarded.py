@@ -42,7 +42,7 @@ from kserve_trio.serving.ipc import (
     StreamOrigin,
     UnaryCall,
 )
-from kserve_trio.serving.rpc_codec import TypedRpc, parse_message
+from kserve_trio.serving.rpc_codec import TypedRpc, parse_message, reply_pieces
 from kserve_trio.serving.surface import UNIMPLEMENTED_RPCS
 from kserve_trio.worker import control_service, service
 from kserve_trio.worker.control_service import ControlService
@@ -51,7 +51,8 @@ from kserve_trio.worker.rest import WorkerRest
 from kserve_trio.worker.service import InferenceService
 
 Handler = Callable[[Any, Buffer, int], Awaitable[Reply]]
-"""One call class's handler: the call, its message, its deadline."""
+"""One call class's handler: the call (of the class it is listed under), its message, its
+deadline."""
 
 
 class ForwardedRpcs:
@@ -128,7 +129,7 @@ class ForwardedRpcs:
             )
         finally:
             admission.release_inference()
-        return Reply(TypedRpc.encode(answer), StreamOrigin(model, request_id))
+        return Reply(reply_pieces(answer)[0], StreamOrigin(model, request_id))
 
     async def _serve_unary(self, call: UnaryCall, data: Buffer, deadline_ns: int) -> Reply:
         rpc = self._unary.get(call.rpc)

@@ -44,7 +44,7 @@ from kserve_trio.serving.ipc._messages import (
 )
 from kserve_trio.serving.rpc_codec import status_of
 
-log = get_logger("kserve_trio.worker.frontends")
+log = get_logger("kserve_trio.serving.ipc")
 
 CANCELLED_TEXT = "cancelled by the client"
 
@@ -118,6 +118,7 @@ class FrontendLink:
                 requests=self.served,
                 frames_sent=self.channel.frames_sent,
                 messages_sent=self.channel.messages_sent,
+                inline_replies=self.inline_replies,
             )
             self._calls.clear()
             self._requests.close()
