@@ -2,11 +2,12 @@
 device process, never by hand).
 
 It inherits three descriptors from the device process: its end of the channel's socket pair
-and the two arenas (``serving.ipc``). The first message on the channel is ``Hello``: the
-worker's resolved configuration, this front end's index and the RPCs to forward. The front end then
-binds the worker's gRPC (and REST) address with SO_REUSEPORT and listens, beside the other
-front ends (the device process holds the same addresses bound and never listens, so port 0
-resolved once and the port stays reserved across a restart), says ``Ready`` and serves.
+and the two arenas (``serving.ipc``). The first message on the channel is ``Hello``
+(``read_hello``): the worker's resolved configuration, this front end's index and the RPCs to
+forward. The front end then binds the worker's gRPC (and REST) address with SO_REUSEPORT and
+listens, beside the other front ends (the device process holds the same addresses bound and
+never listens, so port 0 resolved once and the port stays reserved across a restart), says
+``Ready`` and serves.
 
 Its own, per process: the edge limits (connections, streams, bytes in flight, deadlines; they
 protect this process's memory), TLS, restricted protocols, the edge counters (sent to the
