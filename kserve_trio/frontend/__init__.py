@@ -2,7 +2,7 @@
 
 A front end serves the worker's gRPC and REST ports beside its siblings (SO_REUSEPORT) and
 hands every request to the worker's device process over the node-local channel
-(``serving.ipc``): ``process`` is the process (its start, drain and end), ``forwarding`` the
-method table and REST app that forward, ``link`` the channel's front-end side. It imports
+(``serving.ipc``, whose ``DeviceLink`` is the channel's front-end side): ``process`` is the
+process (its start, drain and end), ``forwarding`` the method table and REST app that forward. It imports
 neither jax nor the worker: the device process is the only one that holds models.
 """

@@ -21,10 +21,10 @@ def configure_parser(parser: argparse.ArgumentParser):
 
 def run(args: argparse.Namespace) -> int:
     from kserve_trio.core.logging import configure_logging
-    from kserve_trio.frontend.process import Frontend, read_hello
+    from kserve_trio.frontend.process import Frontend
     from kserve_trio.serving.background import run_loop
     from kserve_trio.serving.fd_budget import raise_open_file_limit
-    from kserve_trio.serving.ipc import Arena
+    from kserve_trio.serving.ipc import Arena, ChannelClosed, read_hello
 
     configure_logging(args.log_format, args.log_level)
     raise_open_file_limit()
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         os.close(fd)  # the mapping holds its own descriptor
     try:
         hello = read_hello(sock)
-    except ConnectionError as exc:
+    except (ChannelClosed, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     frontend = Frontend(hello, sock, *arenas)

@@ -4,22 +4,24 @@ The front end owns the client's connection and everything the edge checks there 
 gRPC framing, message caps and decompression, restricted protocols, REST's HTTP/1.1 and body
 caps); the device process owns what the request means. So every RPC has one implementation,
 the device process's, and a front end knows the RPCs only by the list the device process sent
-it (``HELLO``):
+it (``Hello``):
 
-- a unary RPC (``bytes_unary``): its plain message to the device, the reply bytes back, the
-  reply compressed as the request was; a failure is the device's status and message;
-- ModelInfer the same way, with the caller's W3C context (``traceparent`` and ``tracestate``,
-  ``caller_context``) carried along when the worker traces or can be made to (``tracing.level``,
-  or the ``tracing`` extra installed: a TraceSetting change turns tracing on in the device
-  process, which no front end hears of, so a front end carries a context the caller sent
-  whether or not it is used; without the extra the headers are never read), so the device
-  process's span continues the caller's trace;
+- a unary RPC (``bytes_unary``, a ``UnaryCall``): its plain message to the device, the reply
+  bytes back, the reply compressed as the request was; a failure is the device's status and
+  message;
+- ModelInfer the same way (an ``InferCall``), with the caller's W3C context (``traceparent``
+  and ``tracestate``, ``caller_context``) carried along as the call's ``trace_context`` when the
+  worker traces or can be made to (``tracing.level``, or the ``tracing`` extra installed: a
+  TraceSetting change turns tracing on in the device process, which no front end hears of, so a
+  front end carries a context the caller sent whether or not it is used; without the extra the
+  headers are never read), so the device process's span continues the caller's trace;
 - ModelStreamInfer: the stream engine (``StreamSession``) runs here, each message is served by
-  the device process as one request and answered with the stream's answer message; an answer
-  over the send cap is replaced by an error answer naming the request's model and id, which the
-  device sent along;
-- REST: the parsed HTTP request (method, path, query, headers, body) to the device process's
-  REST adapter, its HTTP reply back.
+  the device process as one request (a ``StreamCall``) and answered with the stream's answer
+  message; an answer over the send cap is replaced by an error answer naming the request's
+  model and id, which the device sent along (``StreamOrigin``);
+- REST: the parsed HTTP request (a ``RestCall``: method, path, query, headers; the body as its
+  message) to the device process's REST adapter, its HTTP reply back (the body, and its
+  ``RestHead``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import anyio
 
 from kserve_trio.core.errors import ServingError
 from kserve_trio.core.stream_answers import stream_error
-from kserve_trio.frontend.link import DeviceLink
 from kserve_trio.serving.grpc import (
     Call,
     GrpcError,
@@ -44,24 +45,35 @@ from kserve_trio.serving.grpc import (
     unimplemented,
 )
 from kserve_trio.serving.http import HttpRequest, HttpResponse
-from kserve_trio.serving.ipc import KIND_INFER, KIND_REST, KIND_STREAM, KIND_UNARY
+from kserve_trio.serving.ipc import (
+    Answer,
+    DeviceLink,
+    ForwardedRpc,
+    InferCall,
+    RestCall,
+    RestHead,
+    RpcShape,
+    StreamCall,
+    StreamOrigin,
+    UnaryCall,
+)
 from kserve_trio.serving.trace_settings import caller_context
 
-RpcEntry = tuple[str, str, str, str]
-"""``(path, rpc, shape, reason)`` as the device process lists its RPCs: ``shape`` is
-``unary``, ``infer``, ``stream`` or ``unimplemented`` (then ``reason`` says why)."""
+_UNTRACED_INFER = InferCall()
 
-_KINDS = {"unary": KIND_UNARY, "infer": KIND_INFER}
+
+def _reply(answer: Answer) -> bytes:
+    """The reply of an answer, or its status raised."""
+    if answer.status:
+        raise GrpcError(answer.status, answer.message)
+    return answer.reply
 
 
 def _forward(
-    link: DeviceLink, kind: int, rpc: str | None
+    link: DeviceLink, call: UnaryCall | InferCall
 ) -> Callable[[bytes | bytearray, int], Awaitable[bytes]]:
     async def serve(data: bytes | bytearray, deadline_ns: int) -> bytes:
-        status, message, reply, _ = await link.request(kind, rpc, data, deadline_ns)
-        if status:
-            raise GrpcError(status, message)
-        return reply
+        return _reply(await link.request(call, data, deadline_ns))
 
     return serve
 
@@ -70,10 +82,8 @@ def _forward_infer(
     link: DeviceLink,
 ) -> Callable[[bytes | bytearray, int, str | None], Awaitable[bytes]]:
     async def serve(data: bytes | bytearray, deadline_ns: int, context: str | None) -> bytes:
-        status, message, reply, _ = await link.request(KIND_INFER, context, data, deadline_ns)
-        if status:
-            raise GrpcError(status, message)
-        return reply
+        call = InferCall(context) if context is not None else _UNTRACED_INFER
+        return _reply(await link.request(call, data, deadline_ns))
 
     return serve
 
@@ -108,15 +118,17 @@ class ForwardedStream:
         except ServingError as exc:
             return stream_error(exc.message), stream_error
         context = caller_context(call.header) if self.traced else None
-        _, _, answer, (model, request_id) = await self.link.request(
-            KIND_STREAM, context, data, call.deadline_ns
-        )
-        return answer, lambda why: stream_error(why, model, request_id)
+        answer = await self.link.request(StreamCall(context), data, call.deadline_ns)
+        origin = answer.detail
+        if not isinstance(origin, StreamOrigin):  # the device process could not serve it
+            why = answer.message or "the stream message was not answered"
+            return stream_error(why), stream_error
+        return answer.reply, lambda why: stream_error(why, origin.model, origin.request_id)
 
 
 def forwarded_methods(
     link: DeviceLink,
-    rpcs: Sequence[RpcEntry],
+    rpcs: Sequence[ForwardedRpc],
     limits: Limits,
     closing: anyio.Event,
     shutting_down: str,
@@ -126,21 +138,23 @@ def forwarded_methods(
     """The front end's method table: every RPC the device process listed (``traced``: the
     worker traces or can be turned on, so ModelInfer carries the caller's trace context)."""
     methods: dict[str, Method] = {}
-    for path, rpc, shape, reason in rpcs:
-        if shape == "infer" and traced:
-            methods[path] = bytes_unary_with_header(
-                _forward_infer(link), limits, rpc, caller_context
-            )
-        elif shape == "stream":
-            methods[path] = stream(
-                ForwardedStream(link, rpc, closing, shutting_down, traced), limits, rpc
-            )
-        elif shape == "unimplemented":
-            methods[path] = unimplemented(rpc, reason, limits)
-        else:
-            # ModelInfer's slot for the RPC name carries the trace context: none here.
-            name = None if shape == "infer" else rpc
-            methods[path] = bytes_unary(_forward(link, _KINDS[shape], name), limits, rpc)
+    for entry in rpcs:
+        path, rpc = entry.path, entry.rpc
+        match entry.shape:
+            case RpcShape.INFER if traced:
+                methods[path] = bytes_unary_with_header(
+                    _forward_infer(link), limits, rpc, caller_context
+                )
+            case RpcShape.INFER:
+                methods[path] = bytes_unary(_forward(link, _UNTRACED_INFER), limits, rpc)
+            case RpcShape.STREAM:
+                methods[path] = stream(
+                    ForwardedStream(link, rpc, closing, shutting_down, traced), limits, rpc
+                )
+            case RpcShape.UNIMPLEMENTED:
+                methods[path] = unimplemented(rpc, entry.reason, limits)
+            case RpcShape.UNARY:
+                methods[path] = bytes_unary(_forward(link, UnaryCall(rpc)), limits, rpc)
     return methods
 
 
@@ -151,11 +165,12 @@ class ForwardedRest:
         self.link = link
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
-        head = (request.method, request.path, request.query, request.headers)
-        _, _, body, (status, content_type, headers) = await self.link.request(
-            KIND_REST, head, request.body, 0
-        )
-        return HttpResponse(status, body, content_type, headers)
+        call = RestCall(request.method, request.path, request.query, request.headers)
+        answer = await self.link.request(call, request.body, 0)
+        head = answer.detail
+        if not isinstance(head, RestHead):  # the device process could not serve it
+            raise GrpcError(answer.status, answer.message)
+        return HttpResponse(head.status, answer.reply, head.content_type, head.headers)
 
 
-__all__ = ["ForwardedRest", "ForwardedStream", "RpcEntry", "forwarded_methods"]
+__all__ = ["ForwardedRest", "ForwardedStream", "forwarded_methods"]

@@ -2,11 +2,12 @@
 device process, never by hand).
 
 It inherits three descriptors from the device process: its end of the channel's socket pair
-and the two arenas (``serving.ipc``). The first frame on the channel is ``HELLO``: the worker's
-resolved configuration, this front end's index and the RPCs to forward. The front end then
-binds the worker's gRPC (and REST) address with SO_REUSEPORT and listens, beside the other
-front ends (the device process holds the same addresses bound and never listens, so port 0
-resolved once and the port stays reserved across a restart), says ``READY`` and serves.
+and the two arenas (``serving.ipc``). The first message on the channel is ``Hello``
+(``read_hello``): the worker's resolved configuration, this front end's index and the RPCs to
+forward. The front end then binds the worker's gRPC (and REST) address with SO_REUSEPORT and
+listens, beside the other front ends (the device process holds the same addresses bound and
+never listens, so port 0 resolved once and the port stays reserved across a restart), says
+``Ready`` and serves.
 
 Its own, per process: the edge limits (connections, streams, bytes in flight, deadlines; they
 protect this process's memory), TLS, restricted protocols, the edge counters (sent to the
@@ -14,7 +15,7 @@ device process as an exposition when they changed, at most once a ``EDGE_PUSH_SE
 the worker's ``/metrics`` shows them per front end), and the idle trim that gives its freed
 heap back once it forwards nothing (``serving.process_tuning``).
 
-It ends when the device process says ``DRAIN`` (the worker's shutdown: GOAWAY, the calls in
+It ends when the device process says ``Drain`` (the worker's shutdown: GOAWAY, the calls in
 flight finish within the grace period), on SIGTERM or SIGINT (the same drain), and at once when
 the channel closes: the device process is gone (the kernel closes its end however it ended,
 SIGKILL included), so nothing it was asked will be answered (the parent-death signal its
@@ -25,25 +26,22 @@ closing channel).
 from __future__ import annotations
 
 import functools
-import pickle
 import socket
 import ssl
-import struct
-from typing import Any
+from dataclasses import asdict
 
 import anyio
 import anyio.abc
 
 from kserve_trio.core.config import ServerConfig
-from kserve_trio.core.logging import get_logger
+from kserve_trio.core.logging import LogSettings, get_logger
 from kserve_trio.core.restricted import Restrictions
 from kserve_trio.frontend.forwarding import ForwardedRest, forwarded_methods
-from kserve_trio.frontend.link import DeviceLink
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.background import shutdown_signals
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 from kserve_trio.serving.grpc import GrpcServer
-from kserve_trio.serving.ipc import EDGE, HELLO, READY, Arena, Channel
+from kserve_trio.serving.ipc import Arena, Channel, DeviceLink, Edge, Hello, Ready
 from kserve_trio.serving.process_tuning import run_idle_trim
 from kserve_trio.serving.trace_control import tracing_installed
 
@@ -56,36 +54,14 @@ DRAIN_SECONDS = 5.0
 """The grace a drain gives the calls in flight (the worker's own drain waits this long too)."""
 
 
-def read_hello(sock: socket.socket) -> dict[str, Any]:
-    """The first frame, read before any event loop runs (it says which loop to run)."""
-
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the device process closed the channel before HELLO")
-            data += chunk
-        return data
-
-    (n,) = struct.unpack(">I", exactly(4))
-    batch = pickle.loads(exactly(n))
-    op, hello = batch[0]
-    if op != HELLO:
-        raise ConnectionError(f"the device process's first message is not HELLO ({op})")
-    return hello
-
-
 class Frontend:
     """One front end's servers and its link (module docstring)."""
 
-    def __init__(
-        self, hello: dict[str, Any], sock: socket.socket, requests: Arena, replies: Arena
-    ) -> None:
-        self.config: ServerConfig = hello["config"]
-        self.index: int = hello["index"]
-        self.rpcs = hello["rpcs"]
-        self.shutting_down: str = hello["shutting_down"]
+    def __init__(self, hello: Hello, sock: socket.socket, requests: Arena, replies: Arena) -> None:
+        self.config: ServerConfig = hello.config
+        self.index = hello.index
+        self.rpcs = hello.rpcs
+        self.shutting_down = hello.shutting_down
         self.sock = sock
         self.requests = requests
         self.replies = replies
@@ -146,7 +122,7 @@ class Frontend:
                 http_port = await tg.start(
                     self._serve_rest, rest_scope, link, ssl_context, cap, inflight
                 )
-            channel.send((READY, port, http_port))
+            channel.send(Ready(port, http_port))
             log.info("frontend_up", index=self.index, port=port, http_port=http_port or None)
             tg.start_soon(self._push_edge, channel)
             tg.start_soon(run_idle_trim, lambda: link.served)
@@ -217,16 +193,16 @@ class Frontend:
         while True:
             text = generate_latest(registry)
             if text != last:
-                channel.send((EDGE, text.decode()))
+                channel.send(Edge(text.decode()))
                 last = text
             await anyio.sleep(EDGE_PUSH_SECONDS)
 
 
-def _apply_log_settings(settings: dict[str, Any]) -> None:
+def _apply_log_settings(settings: LogSettings) -> None:
     """The device process's log settings, now in force here too."""
     from kserve_trio.core.logging import update_log_settings
 
-    update_log_settings(settings)
+    update_log_settings(asdict(settings))
 
 
-__all__ = ["DRAIN_SECONDS", "EDGE_PUSH_SECONDS", "Frontend", "read_hello"]
+__all__ = ["DRAIN_SECONDS", "EDGE_PUSH_SECONDS", "Frontend"]

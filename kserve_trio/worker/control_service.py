@@ -28,7 +28,8 @@ from kserve_trio.runtime.weight_cache import (
     least_resident,
     residency_target,
 )
-from kserve_trio.serving.grpc import Method, TypedUnaryFn, unary
+from kserve_trio.serving.grpc import Method, unary
+from kserve_trio.serving.rpc_codec import TypedRpc
 from kserve_trio.worker.registry import unknown_model
 
 if TYPE_CHECKING:
@@ -234,19 +235,20 @@ class ControlService:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
 
-    def typed_rpcs(self) -> dict[str, tuple[TypedUnaryFn, type]]:
-        """The RPCs by name: handler and request message."""
+    def typed_rpcs(self) -> dict[str, TypedRpc]:
+        """The RPCs by name, each with its parse and encode."""
         return {
-            "ModelControlStatus": (self.model_control_status, pb.ModelControlStatusRequest),
-            "SetModelResidency": (self.set_model_residency, pb.SetModelResidencyRequest),
-            "SetModelPolicy": (self.set_model_policy, pb.SetModelPolicyRequest),
-            "CompactMemory": (self.compact_memory, pb.CompactMemoryRequest),
+            "ModelControlStatus": TypedRpc(self.model_control_status, pb.ModelControlStatusRequest),
+            "SetModelResidency": TypedRpc(self.set_model_residency, pb.SetModelResidencyRequest),
+            "SetModelPolicy": TypedRpc(self.set_model_policy, pb.SetModelPolicyRequest),
+            "CompactMemory": TypedRpc(self.compact_memory, pb.CompactMemoryRequest),
         }
 
     def methods(self) -> dict[str, Method]:
         lim = self.state.limits
         return {
-            PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
+            PREFIX + rpc: unary(m.handler, m.request_type, lim, rpc)
+            for rpc, m in self.typed_rpcs().items()
         }
 
     async def model_control_status(self, request):

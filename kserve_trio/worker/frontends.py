@@ -22,7 +22,7 @@ Rules (``serving.supervisor.keep_running`` runs each front end):
    ``endpoints.frontend_liveness_interval_seconds``; ``endpoints.frontend_liveness_misses``
    unanswered in a row) and killed (SIGKILL: a stuck process cannot drain), so its listening
    socket leaves the set the kernel hands new connections to; rule 2 restarts it;
-4. ``shutdown(grace)``: every front end is told ``DRAIN`` (GOAWAY, the calls in flight finish
+4. ``shutdown(grace)``: every front end is told ``Drain`` (GOAWAY, the calls in flight finish
    within the grace) and exits; one still running after the grace and a second is killed; then
    the reserved addresses are released. No restart follows.
 
@@ -39,7 +39,6 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict
 
 import anyio
 import anyio.abc
@@ -47,7 +46,15 @@ import anyio.abc
 from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
 from kserve_trio.core.shm_names import reserved_name
-from kserve_trio.serving.ipc import ARENA_BYTES, DRAIN, HELLO, LOG, Arena, Channel
+from kserve_trio.serving.ipc import (
+    ARENA_BYTES,
+    Arena,
+    Channel,
+    Drain,
+    FrontendLink,
+    Hello,
+    Log,
+)
 from kserve_trio.serving.liveness import kill_when_stuck
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import ReservedPort, reserve_port
@@ -61,7 +68,6 @@ from kserve_trio.serving.supervisor import (
     launch,
 )
 from kserve_trio.worker.forwarded import ForwardedRpcs
-from kserve_trio.worker.frontend_link import FrontendLink
 
 log = get_logger("kserve_trio.worker.frontends")
 
@@ -182,13 +188,8 @@ class FrontendProcesses:
         channel = Channel(await anyio.abc.SocketStream.from_socket(ours))
         link = FrontendLink(frontend.index, channel, arenas[0], arenas[1], self.rpcs)
         ep = dataclasses.replace(self.config.endpoints, port=self.port, http_port=self.http_port)
-        hello = {
-            "config": dataclasses.replace(self.config, endpoints=ep),
-            "index": frontend.index,
-            "rpcs": self.rpcs.listing(),
-            "shutting_down": self.rpcs.shutting_down,
-        }
-        channel.send((HELLO, hello))
+        config = dataclasses.replace(self.config, endpoints=ep)
+        channel.send(Hello(config, frontend.index, self.rpcs.listing(), self.rpcs.shutting_down))
         return process, link
 
     async def _keep_running(self, frontend: _Frontend) -> None:
@@ -210,7 +211,7 @@ class FrontendProcesses:
         process, link = await self._start(frontend)
         frontend.process, frontend.link = process, link
         if self._stop.is_set():  # the shutdown came while it was being started
-            link.channel.send((DRAIN,))
+            link.channel.send(Drain())
         log.info("frontend_started", frontend_process=frontend.index, pid=process.pid)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._mark_ready, frontend, link)
@@ -258,7 +259,7 @@ class FrontendProcesses:
         """Every front end takes the log settings the device process now has."""
         for frontend in self.frontends:
             if frontend.link is not None:
-                frontend.link.channel.send((LOG, asdict(settings)))
+                frontend.link.channel.send(Log(settings))
 
     def expositions(self) -> list[str]:
         """What the worker's ``/metrics`` adds for its front ends: the requests each forwarded
@@ -304,7 +305,7 @@ class FrontendProcesses:
         with anyio.CancelScope(shield=True):
             for frontend in self.frontends:
                 if frontend.link is not None:
-                    frontend.link.channel.send((DRAIN,))
+                    frontend.link.channel.send(Drain())
             wait_until = time.monotonic() + (grace if math.isfinite(grace) else 3600.0)
             for frontend in self.frontends:
                 process = frontend.process

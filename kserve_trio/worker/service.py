@@ -39,8 +39,9 @@ from kserve_trio.core.request_bounds import check_model_name
 from kserve_trio.core.shm import ShmRegistry
 from kserve_trio.core.shm_names import check_key
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc import Method, TypedUnaryFn, stream, unary, unimplemented
+from kserve_trio.serving.grpc import Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
+from kserve_trio.serving.rpc_codec import TypedRpc
 from kserve_trio.serving.surface import EXTENSIONS, SERVER_NAME, UNIMPLEMENTED_RPCS
 from kserve_trio.serving.trace_control import tracing_installed
 from kserve_trio.worker.control_service import set_model_residency
@@ -67,38 +68,47 @@ class InferenceService:
         self.core = core
         self.stream_infer = StreamInfer(core, state.streams, state.admission)
 
-    def typed_rpcs(self) -> dict[str, tuple[TypedUnaryFn, type]]:
-        """The typed unary RPCs by name: handler and request message (ModelInfer and
+    def typed_rpcs(self) -> dict[str, TypedRpc]:
+        """The typed unary RPCs by name, each with its parse and encode (ModelInfer and
         ModelStreamInfer are served apart: ``methods``)."""
         return {
-            "ServerLive": (self.server_live, pb.ServerLiveRequest),
-            "ServerReady": (self.server_ready, pb.ServerReadyRequest),
-            "ModelReady": (self.model_ready, pb.ModelReadyRequest),
-            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
-            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
-            "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
-            "ModelConfig": (self.model_config, pb.ModelConfigRequest),
-            "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest),
-            "SystemSharedMemoryStatus": (self.shm_status, pb.SystemSharedMemoryStatusRequest),
-            "SystemSharedMemoryRegister": (self.shm_register, pb.SystemSharedMemoryRegisterRequest),
-            "SystemSharedMemoryUnregister": (
+            "ServerLive": TypedRpc(self.server_live, pb.ServerLiveRequest),
+            "ServerReady": TypedRpc(self.server_ready, pb.ServerReadyRequest),
+            "ModelReady": TypedRpc(self.model_ready, pb.ModelReadyRequest),
+            "ServerMetadata": TypedRpc(self.server_metadata, pb.ServerMetadataRequest),
+            "ModelMetadata": TypedRpc(self.model_metadata, pb.ModelMetadataRequest),
+            "RepositoryIndex": TypedRpc(self.repository_index, pb.RepositoryIndexRequest),
+            "ModelConfig": TypedRpc(self.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": TypedRpc(self.model_statistics, pb.ModelStatisticsRequest),
+            "SystemSharedMemoryStatus": TypedRpc(
+                self.shm_status, pb.SystemSharedMemoryStatusRequest
+            ),
+            "SystemSharedMemoryRegister": TypedRpc(
+                self.shm_register, pb.SystemSharedMemoryRegisterRequest
+            ),
+            "SystemSharedMemoryUnregister": TypedRpc(
                 self.shm_unregister,
                 pb.SystemSharedMemoryUnregisterRequest,
             ),
-            "IsSameIPCNamespace": (self.is_same_ipc_namespace, pb.IsSameIpcNamespaceRequest),
-            "RepositoryModelLoad": (self.repository_model_load, pb.RepositoryModelLoadRequest),
-            "RepositoryModelUnload": (
+            "IsSameIPCNamespace": TypedRpc(
+                self.is_same_ipc_namespace, pb.IsSameIpcNamespaceRequest
+            ),
+            "RepositoryModelLoad": TypedRpc(
+                self.repository_model_load, pb.RepositoryModelLoadRequest
+            ),
+            "RepositoryModelUnload": TypedRpc(
                 self.repository_model_unload,
                 pb.RepositoryModelUnloadRequest,
             ),
-            "LogSettings": (self.log_settings, pb.LogSettingsRequest),
-            "TraceSetting": (self.trace_setting, pb.TraceSettingRequest),
+            "LogSettings": TypedRpc(self.log_settings, pb.LogSettingsRequest),
+            "TraceSetting": TypedRpc(self.trace_setting, pb.TraceSettingRequest),
         }
 
     def methods(self) -> dict[str, Method]:
         lim = self.state.limits
         mapping = {
-            PREFIX + rpc: unary(fn, req, lim, rpc) for rpc, (fn, req) in self.typed_rpcs().items()
+            PREFIX + rpc: unary(m.handler, m.request_type, lim, rpc)
+            for rpc, m in self.typed_rpcs().items()
         }
         tracing = self.state.tracing
         if tracing.tracer is not None or tracing_installed():

@@ -29,7 +29,8 @@ from kserve_trio.core.errors import ServingError
 from kserve_trio.core.infer_wire import WirePieces
 from kserve_trio.core.stream_answers import stream_error, stream_reply
 from kserve_trio.proto import inference as pb
-from kserve_trio.serving.grpc import Call, RawMessage, StreamSession, parse_message, status_of
+from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
+from kserve_trio.serving.rpc_codec import parse_message, status_of
 from kserve_trio.serving.trace_settings import caller_context
 from kserve_trio.worker.admission import SHUTTING_DOWN
 

@@ -26,7 +26,7 @@ from kserve_trio.core.infer_wire import (
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Limits, Method, ServerSettings, unary
 from kserve_trio.serving.grpc._call import JOIN_BYTES
-from kserve_trio.serving.grpc._messages import reply_pieces
+from kserve_trio.serving.rpc_codec import reply_pieces
 from tests.threaded_grpc import ThreadedGrpcServer
 
 PREFIX = "/inference.GRPCInferenceService/"

@@ -17,7 +17,7 @@ from kserve_trio.core.wire import len_field
 from kserve_trio.gateway.peek import peek_routing
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
-from kserve_trio.serving.grpc import parse_message
+from kserve_trio.serving.rpc_codec import parse_message
 
 LIMITS = EdgeLimits()
 MILLION_EMPTY = b"\x0a\x00" * (1 << 20)  # field 1, empty, a million times (2 MiB)

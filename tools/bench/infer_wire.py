@@ -65,7 +65,11 @@ def _round(tree: str) -> dict:
 
     try:  # the server layer of this tree: serving.grpc, or the older grpc_adapter
         from kserve_trio.serving.grpc._call import JOIN_BYTES
-        from kserve_trio.serving.grpc._messages import parse_message
+
+        try:  # the transport-neutral codec, or where it lived before
+            from kserve_trio.serving.rpc_codec import parse_message
+        except ImportError:
+            from kserve_trio.serving.grpc._messages import parse_message  # type: ignore
 
         def segments(pieces: list) -> list:
             return pieces

@@ -16,8 +16,10 @@ it: how calls are opened, read, answered, timed out, cancelled and drained.
   ``unimplemented`` (``_methods``).
 - ``StreamSession``: the request/answer stream engine of ModelStreamInfer, shared by the
   worker and the gateway (``_stream_session``).
-- ``Limits``, ``RawMessage``, ``parse_message``, ``reply_pieces`` (``_messages``).
-- ``GrpcError`` and ``status_of``: the one exception-to-status mapping (``_status``).
+- ``Limits``, ``RawMessage`` (``_messages``); a message's parse and a reply's pieces are
+  transport-neutral (``serving.rpc_codec``).
+- ``GrpcError``: a status a handler chose (``_status``); ``rpc_codec.status_of`` is the one
+  exception-to-status mapping.
 - ``ServerSettings``, ``engine_settings`` and the HTTP/2 defaults (``_settings``).
 - ``header_problem``: the request-header checks (``_headers``).
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 from kserve_trio.serving.grpc._call import Call, CallClosed, CallState
 from kserve_trio.serving.grpc._connection import ServerConnection, Transport
 from kserve_trio.serving.grpc._headers import header_problem
-from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message, reply_pieces
+from kserve_trio.serving.grpc._messages import Limits, RawMessage
 from kserve_trio.serving.grpc._methods import (
     BytesUnaryFn,
     DeadlineUnaryFn,
@@ -37,7 +39,6 @@ from kserve_trio.serving.grpc._methods import (
     Method,
     RawStreamFn,
     RawUnaryFn,
-    TypedUnaryFn,
     bytes_unary,
     bytes_unary_with_header,
     raw_unary,
@@ -52,7 +53,7 @@ from kserve_trio.serving.grpc._settings import (
     ServerSettings,
     engine_settings,
 )
-from kserve_trio.serving.grpc._status import GrpcError, status_of
+from kserve_trio.serving.grpc._status import GrpcError
 from kserve_trio.serving.grpc._stream_session import MAX_OUTSTANDING, StreamSession
 
 __all__ = [
@@ -78,15 +79,11 @@ __all__ = [
     "ServerSettings",
     "StreamSession",
     "Transport",
-    "TypedUnaryFn",
     "bytes_unary",
     "bytes_unary_with_header",
     "engine_settings",
     "header_problem",
-    "parse_message",
     "raw_unary",
-    "reply_pieces",
-    "status_of",
     "stream",
     "unary",
     "unimplemented",

@@ -89,12 +89,8 @@ from kserve_trio.core.errors import (
 )
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.grpc._headers import Headers, header_value
-from kserve_trio.serving.grpc._messages import (
-    Limits,
-    RawMessage,
-    reply_encoding,
-    reply_pieces,
-)
+from kserve_trio.serving.grpc._messages import Limits, RawMessage, reply_encoding
+from kserve_trio.serving.rpc_codec import reply_pieces
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import ConnectionShare, InflightBytes

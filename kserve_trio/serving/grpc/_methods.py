@@ -30,7 +30,8 @@ from typing import Any, cast
 from kserve_trio.core import compression
 from kserve_trio.core.errors import InvalidArgument, Unimplemented
 from kserve_trio.serving.grpc._call import Call
-from kserve_trio.serving.grpc._messages import Limits, RawMessage, parse_message
+from kserve_trio.serving.grpc._messages import Limits, RawMessage
+from kserve_trio.serving.rpc_codec import TypedUnaryFn, parse_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,6 @@ async def _one_message(call: Call) -> RawMessage:
     return message
 
 
-TypedUnaryFn = Callable[[Any], Awaitable[Any]]
 DeadlineUnaryFn = Callable[[Any, int], Awaitable[Any]]
 HeaderUnaryFn = Callable[[Any, int, str | None], Awaitable[Any]]
 HeaderReader = Callable[[Callable[[str], str | None]], str | None]
@@ -167,7 +167,6 @@ __all__ = [
     "Method",
     "RawStreamFn",
     "RawUnaryFn",
-    "TypedUnaryFn",
     "bytes_unary",
     "bytes_unary_with_header",
     "raw_unary",

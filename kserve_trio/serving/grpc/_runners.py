@@ -32,7 +32,7 @@ from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.grpc._call import Call, CallEvent, CallState
 from kserve_trio.serving.grpc._methods import Method
-from kserve_trio.serving.grpc._status import status_of
+from kserve_trio.serving.rpc_codec import status_of
 
 log = get_logger("kserve_trio.serving.grpc")
 

@@ -46,7 +46,7 @@ from kserve_trio.core.logging import get_logger
 from kserve_trio.serving.admission import Admission
 from kserve_trio.serving.grpc._call import Call
 from kserve_trio.serving.grpc._messages import RawMessage
-from kserve_trio.serving.grpc._status import status_of
+from kserve_trio.serving.rpc_codec import status_of
 
 log = get_logger("kserve_trio.serving.grpc")
 

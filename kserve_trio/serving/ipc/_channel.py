@@ -1,6 +1,8 @@
 """``Channel``: batches of messages over one Unix stream socket, one frame per batch.
 
-A frame is a 4-byte big-endian length and a pickled list of messages. ``send`` only queues a
+A frame is a 4-byte big-endian length and a pickled list of messages (``_messages``; each
+pickles as its class and its fields' values). ``first_batch`` reads the first frame off the
+socket before any event loop runs (a front end's ``Hello`` says which loop to run). ``send`` only queues a
 message; the writer task writes everything queued since its last write as one frame, so under
 load the channel costs one write and one read per batch of requests (or replies), not per
 request, and a message queued while a write is in progress joins the next frame. Both ends wait
@@ -14,12 +16,14 @@ client bytes never reach ``pickle.loads`` (they travel as opaque ``bytes`` insid
 from __future__ import annotations
 
 import pickle
+import socket
 import struct
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 import anyio.abc
+
+from kserve_trio.serving.ipc._messages import Message
 
 _HEADER = struct.Struct(">I")
 _READ_BYTES = 1 << 20
@@ -34,12 +38,12 @@ class Channel:
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self._stream = stream
-        self._outbox: list[Any] = []
+        self._outbox: list[Message] = []
         self._wake = anyio.Event()
         self.frames_sent = 0
         self.messages_sent = 0
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Message) -> None:
         """Queue ``message`` for the next frame (never blocks)."""
         self._outbox.append(message)
         if len(self._outbox) == 1:
@@ -62,7 +66,7 @@ class Channel:
             self.frames_sent += 1
             self.messages_sent += len(batch)
 
-    async def batches(self) -> AsyncIterator[list[Any]]:
+    async def batches(self) -> AsyncIterator[list[Message]]:
         """Every batch the peer sends, in order, until it closes its end."""
         stream = self._stream
         buffer = bytearray()
@@ -81,7 +85,7 @@ class Channel:
                 end = start + header + n
                 if end > len(buffer):
                     break
-                batch = pickle.loads(memoryview(buffer)[start + header : end])
+                batch = _decode(memoryview(buffer)[start + header : end])
                 start = end
                 yield batch
             if start:
@@ -92,4 +96,25 @@ class Channel:
             await self._stream.aclose()
 
 
-__all__ = ["Channel", "ChannelClosed"]
+def first_batch(sock: socket.socket) -> list[Message]:
+    """The first frame on a blocking ``sock``, read before any event loop runs;
+    ``ChannelClosed`` when the peer closes first."""
+
+    def exactly(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ChannelClosed("the peer closed the channel before its first frame")
+            data += chunk
+        return bytes(data)
+
+    (n,) = _HEADER.unpack(exactly(_HEADER.size))
+    return _decode(exactly(n))
+
+
+def _decode(frame: bytes | memoryview) -> list[Message]:
+    return pickle.loads(frame)
+
+
+__all__ = ["Channel", "ChannelClosed", "first_batch"]
