@@ -19,7 +19,8 @@ applies discovery's ``WorkerDiff``; the request path (``request_path``) and lpt_
 (``placement``) stand on this package, never the reverse. ``addresses`` stays beside
 ``config`` at the gateway's top level, under both: the configuration parses ``host:port`` with
 it. What a worker call carries on a caller's behalf (``caller_headers``) is also at the top:
-the pool reads it, the request path sets it.
+the pool reads it, the request path sets it; so is ``metrics``, which the prober records into
+(it names ``RoutingPolicy`` as a type only).
 """
 
 from kserve_trio.gateway.fleet.discovery import (
