@@ -30,8 +30,8 @@ def test_lpt_packing_loads_fewer_weights_than_round_robin_on_a_small_fleet():
 
 def test_the_simulator_uses_the_gateway_policies_not_copies():
     sim = load_sim()
+    from kserve_trio.gateway.fleet.routing import LeastOutstanding, RoundRobin
     from kserve_trio.gateway.placement.policy import LptPacking
-    from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin
 
     models = {m.name: m for m in sim.make_models(5, random.Random(0))}
     assert isinstance(sim.make_policy("round_robin", models), RoundRobin)

@@ -8,18 +8,27 @@ a ``RunningGateway``, which ``stop`` drains and shuts down), ``GatewayConfig`` a
 ``async resolve(host, port) -> [address, ...]``), and ``RoutingPolicy``, the interface every
 routing mode implements. The operator's guide is ``docs/gateway.md``.
 
-Inside: ``config`` (the configuration), ``addresses`` (``host:port``), ``discovery`` (endpoints
-entries to workers), ``pool`` (worker connections and their health), ``prober`` (the rounds and
-the route refresher), ``routing`` (the routing table and policies), ``routing_metadata``
-(per-model costs from the workers' control plane), ``peek`` (routing fields of raw requests),
-``forward`` (the ModelInfer request path), ``shm_fanout`` (shared-memory registration across the
-workers), ``fanout`` and ``aggregate`` (the RPCs answered by every worker, and their pure
-merges), ``stream`` (ModelStreamInfer), ``admission`` (the inbound cap and drain), ``service``
-(the gRPC surface), ``admin`` (the admin HTTP endpoints), ``metrics`` and ``metrics_merge``
-(``/metrics``), ``tls`` (the public and worker-side TLS contexts), ``watchdog`` (the wedge rule:
-the event loop stalling), ``server`` (the task tree,
-``serve_gateway``) and ``cli`` (``python -m kserve_trio gateway``). lpt_packing lives in the
-``placement`` package, behind its one face (its docstring names the parts).
+Inside, in layers (each imports only those below it; the faced packages through their
+``__init__``):
+
+- the basics every part stands on: ``config`` (the configuration), ``addresses``
+  (``host:port``, which the configuration parses with), ``tls`` (the public and worker-side TLS
+  contexts), ``metrics`` (``/metrics``; the prober and the request path record into it) and
+  ``caller_headers`` (what a worker call carries on a client's behalf: the request path sets
+  it, the fleet's pool reads it);
+- ``fleet/``: the workers (discovery, the pool of connections and their health, the prober
+  and the route refresher, the routing table and policies, the per-model routing metadata);
+- ``admin`` (the admin HTTP endpoints) and ``processes/`` (the parent of several gateway
+  processes, and the layout they share: each child's role, the files written atomically),
+  on the fleet;
+- ``placement/`` (lpt_packing: packing models onto workers and routing to the placement; its
+  multi-process part uses the processes' layout) and ``request_path/`` (peek, admission,
+  forward, stream, the fan-outs, the shared-memory fan-out, the gRPC service and the REST
+  surface), neither importing the other; each package's docstring names its parts;
+- the top: ``shm_record`` (shared-memory registrations of several gateway processes, one
+  file: the request path's registrations in the processes' layout), ``watchdog`` (the wedge
+  rule: the event loop stalling; only the server uses it), ``server`` (the composition root:
+  the task tree, ``serve_gateway``) and ``cli`` (``python -m kserve_trio gateway``).
 
 It never imports jax, ``kserve_trio.runtime`` or ``kserve_trio.worker``: it stands on ``core``,
 ``serving`` and the client transport only.
@@ -33,8 +42,7 @@ from kserve_trio.gateway.config import (
     WorkBasis,
     load_gateway_config,
 )
-from kserve_trio.gateway.discovery import Resolver, hosts_file_resolver, system_resolver
-from kserve_trio.gateway.routing import RoutingPolicy
+from kserve_trio.gateway.fleet import Resolver, RoutingPolicy, hosts_file_resolver, system_resolver
 from kserve_trio.gateway.server import RunningGateway, serve_gateway, stop
 
 __all__ = [

@@ -21,9 +21,8 @@ import anyio
 
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.addresses import format_host_port
+from kserve_trio.gateway.fleet import RoutingState, WorkerPool
 from kserve_trio.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from kserve_trio.gateway.pool import WorkerPool
-from kserve_trio.gateway.routing import RoutingState
 from kserve_trio.serving.admin_http import Route
 from kserve_trio.serving.http import HttpClient, HttpClientError
 from kserve_trio.serving.metrics_merge import ExpositionError, add_worker_label, merge_expositions

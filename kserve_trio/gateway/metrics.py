@@ -20,7 +20,7 @@ Under lpt_packing the scheduler's series join the same registry (``add_collector
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -31,8 +31,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from kserve_trio.core.errors import ServingError, StatusCode
-from kserve_trio.gateway.routing import RoutingPolicy
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
+
+if TYPE_CHECKING:
+    # A type only: the fleet's prober records into these metrics, so the fleet is above them.
+    from kserve_trio.gateway.fleet import RoutingPolicy
 
 LATENCY_BUCKETS = tuple(0.00025 * 2**k for k in range(18))
 """250 us to about 33 s, doubling: the added latency of a hop is sub-millisecond."""

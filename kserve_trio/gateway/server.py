@@ -53,7 +53,6 @@ import anyio.lowlevel
 from kserve_trio.core.logging import get_logger
 from kserve_trio.core.restricted import Restrictions
 from kserve_trio.gateway.admin import AdminEndpoints
-from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import pass_caller_headers
 from kserve_trio.gateway.config import (
     GatewayConfig,
@@ -61,14 +60,17 @@ from kserve_trio.gateway.config import (
     load_gateway_config,
     log_gateway_config,
 )
-from kserve_trio.gateway.discovery import (
+from kserve_trio.gateway.fleet import (
     Discovery,
+    PoolSettings,
+    Prober,
     Resolver,
+    RoutingState,
+    WorkerPool,
     hosts_file_resolver,
+    make_policy,
     system_resolver,
 )
-from kserve_trio.gateway.fanout import Fleet
-from kserve_trio.gateway.forward import Forwarder, RegisterGates
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.placement import (
     Compactor,
@@ -80,13 +82,16 @@ from kserve_trio.gateway.placement import (
     LptScheduler,
     shared_lpt,
 )
-from kserve_trio.gateway.pool import PoolSettings, WorkerPool
-from kserve_trio.gateway.prober import Prober
 from kserve_trio.gateway.processes._layout import ProcessRole
-from kserve_trio.gateway.rest import serve_rest
-from kserve_trio.gateway.routing import RoutingState, make_policy
-from kserve_trio.gateway.service import GatewayService
-from kserve_trio.gateway.shm_fanout import ShmFanout
+from kserve_trio.gateway.request_path import (
+    Admission,
+    Fleet,
+    Forwarder,
+    GatewayService,
+    RegisterGates,
+    ShmFanout,
+    serve_rest,
+)
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.gateway.tls import public_ssl_context
 from kserve_trio.gateway.watchdog import LoopWatchdog, exit_wedged, wedge_limit

@@ -32,7 +32,7 @@ from pathlib import Path
 import anyio
 
 from kserve_trio.gateway.processes._layout import write_atomically
-from kserve_trio.gateway.shm_fanout import ShmRegistrations
+from kserve_trio.gateway.request_path import ShmRegistrations
 
 LOCK_POLL_SECONDS = 0.005
 

@@ -11,7 +11,7 @@ import pytest
 
 from kserve_trio.core.node import worker_raw_config
 from kserve_trio.gateway.config import load_gateway_config
-from kserve_trio.gateway.routing import make_policy
+from kserve_trio.gateway.fleet.routing import make_policy
 from kserve_trio.node._probe import probe_targets
 from tests.deploy import rules
 from tests.deploy.manifests import (

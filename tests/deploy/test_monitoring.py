@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.config import SchedulingConfig, SchedulingMode, load_gateway_config
+from kserve_trio.gateway.fleet.routing import build_routing_table, make_policy
 from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.gateway.placement.metrics import LptCollector
 from kserve_trio.gateway.placement.policy import LptPacking
 from kserve_trio.gateway.placement.scheduler import LptScheduler
-from kserve_trio.gateway.routing import build_routing_table, make_policy
 from kserve_trio.proto import reactant_control as rc
 from kserve_trio.worker import metrics as worker_metrics
 from tests.deploy.manifests import DEPLOY, find, load_yaml_file, pod_spec, port_numbers

@@ -10,11 +10,11 @@ from trio.testing import MockClock
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import ResourceExhausted, StatusCode, Unavailable
-from kserve_trio.gateway import aggregate
-from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
-from kserve_trio.gateway.discovery import hosts_file_resolver, parse_hosts
-from kserve_trio.gateway.service import forwarded_metadata
-from kserve_trio.gateway.stream import stream_error, stream_response
+from kserve_trio.gateway.fleet.discovery import hosts_file_resolver, parse_hosts
+from kserve_trio.gateway.request_path import aggregate
+from kserve_trio.gateway.request_path.admission import SHUTTING_DOWN, Admission
+from kserve_trio.gateway.request_path.service import forwarded_metadata
+from kserve_trio.gateway.request_path.stream import stream_error, stream_response
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 

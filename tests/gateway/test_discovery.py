@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from kserve_trio.gateway.config import GatewayConfig
-from kserve_trio.gateway.discovery import (
+from kserve_trio.gateway.fleet.discovery import (
     Discovery,
     WorkerDiff,
     WorkerSpec,

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import DeadlineExceeded, InvalidArgument, NotFound, StatusCode
 from kserve_trio.gateway.config import WorkBasis
-from kserve_trio.gateway.forward import Forwarder
-from kserve_trio.gateway.routing import LeastOutstanding
+from kserve_trio.gateway.fleet.routing import LeastOutstanding
+from kserve_trio.gateway.request_path.forward import Forwarder
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.test_prober import fleet, labels_of, make_prober

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kserve_trio.gateway.config import FillMode, WorkBasis
+from kserve_trio.gateway.fleet.routing import RoutingTable
+from kserve_trio.gateway.fleet.routing_metadata import ModelCost, RoutingMetadata
 from kserve_trio.gateway.placement.assignment import compute_assignment
 from kserve_trio.gateway.placement.policy import FillSettings, LptPacking
-from kserve_trio.gateway.routing import RoutingTable
-from kserve_trio.gateway.routing_metadata import ModelCost, RoutingMetadata
 
 W = ("w0", "w1", "w2")
 

@@ -15,6 +15,8 @@ from kserve_trio.gateway.config import (
     SchedulingConfig,
     SchedulingMode,
 )
+from kserve_trio.gateway.fleet.routing import build_routing_table
+from kserve_trio.gateway.fleet.routing_metadata import aggregate_poll, fold_poll
 from kserve_trio.gateway.placement.assignment import Assignment, Placement
 from kserve_trio.gateway.placement.compaction import compaction_jobs
 from kserve_trio.gateway.placement.control import (
@@ -30,8 +32,6 @@ from kserve_trio.gateway.placement.scheduler import (
     LptStartupError,
     check_preconditions,
 )
-from kserve_trio.gateway.routing import build_routing_table
-from kserve_trio.gateway.routing_metadata import aggregate_poll, fold_poll
 from kserve_trio.proto import reactant_control as rc
 
 LPT = SchedulingMode.LPT_PACKING

@@ -7,8 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.config import WorkBasis
+from kserve_trio.gateway.fleet.routing import LeastOutstanding, RoundRobin, build_routing_table
 from kserve_trio.gateway.metrics import LATENCY_BUCKETS, GatewayMetrics, status_label
-from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin, build_routing_table
 
 
 def parsed(metrics: GatewayMetrics) -> dict:

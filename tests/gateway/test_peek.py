@@ -13,7 +13,11 @@ from tritonclient.grpc import service_pb2 as sp
 
 from kserve_trio.core.errors import InvalidArgument
 from kserve_trio.core.wire import encode_varint, len_field
-from kserve_trio.gateway.peek import PeekedRequest, peek_infer_request, peek_region_name
+from kserve_trio.gateway.request_path.peek import (
+    PeekedRequest,
+    peek_infer_request,
+    peek_region_name,
+)
 from kserve_trio.proto import inference as pb
 
 INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)

@@ -11,8 +11,8 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import DeadlineExceeded, StatusCode
 from kserve_trio.gateway.config import GatewayConfig, WorkerClientConfig, WorkerTlsConfig
-from kserve_trio.gateway.discovery import Discovery, WorkerDiff, WorkerSpec
-from kserve_trio.gateway.pool import (
+from kserve_trio.gateway.fleet.discovery import Discovery, WorkerDiff, WorkerSpec
+from kserve_trio.gateway.fleet.pool import (
     HealthStep,
     PoolSettings,
     ProbeOutcome,

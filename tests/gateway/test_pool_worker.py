@@ -15,23 +15,23 @@ from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint, method_path
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.config import WorkBasis
-from kserve_trio.gateway.discovery import Discovery
-from kserve_trio.gateway.peek import peek_infer_request
-from kserve_trio.gateway.pool import (
+from kserve_trio.gateway.fleet.discovery import Discovery
+from kserve_trio.gateway.fleet.pool import (
     PROBE_TIMEOUT_SECONDS,
     PoolSettings,
     ProbeOutcome,
     RawReply,
     WorkerPool,
 )
-from kserve_trio.gateway.routing import (
+from kserve_trio.gateway.fleet.routing import (
     Failover,
     LeastOutstanding,
     build_routing_table,
     failover_action,
     ready_model_names,
 )
-from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, aggregate_poll, fold_poll
+from kserve_trio.gateway.fleet.routing_metadata import EMPTY_METADATA, aggregate_poll, fold_poll
+from kserve_trio.gateway.request_path.peek import peek_infer_request
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 from kserve_trio.worker.server import serve, stop

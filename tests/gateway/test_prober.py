@@ -12,11 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kserve_trio.core.errors import NotFound, Unavailable
 from kserve_trio.gateway.config import WorkBasis
-from kserve_trio.gateway.discovery import Discovery
+from kserve_trio.gateway.fleet.discovery import Discovery
+from kserve_trio.gateway.fleet.pool import PoolSettings, ProbeOutcome, WorkerPool
+from kserve_trio.gateway.fleet.prober import Prober, RouteRefresher
+from kserve_trio.gateway.fleet.routing import LeastOutstanding, RoundRobin, RoutingState
 from kserve_trio.gateway.metrics import GatewayMetrics
-from kserve_trio.gateway.pool import PoolSettings, ProbeOutcome, WorkerPool
-from kserve_trio.gateway.prober import Prober, RouteRefresher
-from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin, RoutingState
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway.fake_worker import FakeWorker
 from tests.gateway.test_discovery import FakeDns

@@ -21,7 +21,7 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.gateway.pool import RawReply
+from kserve_trio.gateway.fleet.pool import RawReply
 from kserve_trio.serving.grpc import Call, GrpcServer, Limits, Method, RawMessage, raw_unary, stream
 from tests.worker.raw_h2 import RawReply as RawH2Reply
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call

@@ -15,8 +15,8 @@ import pytest
 
 from kserve_trio.core.errors import ConfigError, StatusCode
 from kserve_trio.gateway.config import gateway_config_to_raw, load_gateway_config
-from kserve_trio.gateway.discovery import Discovery, expand_workers
-from kserve_trio.gateway.rest_forward import (
+from kserve_trio.gateway.fleet.discovery import Discovery, expand_workers
+from kserve_trio.gateway.request_path.rest_forward import (
     forwarded_headers,
     peek_shape,
     reply_headers,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.gateway.config import SchedulingConfig, SchedulingMode, WorkBasis
-from kserve_trio.gateway.routing import (
+from kserve_trio.gateway.fleet.routing import (
     EMPTY_TABLE,
     Failover,
     LeastOutstanding,
@@ -28,7 +28,7 @@ from kserve_trio.gateway.routing import (
     quantize,
     ready_model_names,
 )
-from kserve_trio.gateway.routing_metadata import ModelCost, RoutingMetadata
+from kserve_trio.gateway.fleet.routing_metadata import ModelCost, RoutingMetadata
 from kserve_trio.proto import inference as pb
 
 TABLE = build_routing_table({"w2": ["m", "only2"], "w0": ["m"], "w1": ["m", "m"]})

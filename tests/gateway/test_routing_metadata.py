@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kserve_trio.gateway.routing_metadata import (
+from kserve_trio.gateway.fleet.routing_metadata import (
     EMPTY_METADATA,
     Counters,
     ModelCost,

@@ -12,8 +12,8 @@ import pytest
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
 from kserve_trio.core.shm_names import RESERVED_RULE, ClientShmPolicy
-from kserve_trio.gateway.forward import RegisterGates
-from kserve_trio.gateway.shm_fanout import ShmFanout, ShmRegistrations
+from kserve_trio.gateway.request_path.forward import RegisterGates
+from kserve_trio.gateway.request_path.shm_fanout import ShmFanout, ShmRegistrations
 from kserve_trio.proto import inference as pb
 from tests.gateway.test_forward import counts
 from tests.gateway.test_prober import fleet, labels_of, make_prober

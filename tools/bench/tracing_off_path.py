@@ -142,7 +142,8 @@ def build_sites() -> list[Site]:
     def forward_plain(data: object, deadline_ns: int) -> None:
         return None
 
-    # Forwarder.infer's attempt closure (gateway/forward.py), with and without its span part.
+    # Forwarder.infer's attempt closure (gateway/request_path/forward.py), with and without
+    # its span part.
     def gateway_infer_traced(span: object = None) -> object:
         def attempt(client: object, attempt_deadline: float) -> object:
             if span is not None:
@@ -242,19 +243,19 @@ def build_sites() -> list[Site]:
         ),
         Site(
             "gateway.model_infer.branch",
-            "gateway/service.py model_infer; gateway/stream.py _one",
+            "gateway/request_path/service.py model_infer; gateway/request_path/stream.py _one",
             lambda: gateway.tracing is not None,
             _nothing,
         ),
         Site(
             "gateway.forward.closure",
-            "gateway/forward.py Forwarder.infer (attempt closure)",
+            "gateway/request_path/forward.py Forwarder.infer (attempt closure)",
             gateway_infer_traced,
             gateway_infer_plain,
         ),
         Site(
             "gateway.rest.branch",
-            "gateway/rest_forward.py ModelRequests._infer / attempt",
+            "gateway/request_path/rest_forward.py ModelRequests._infer / attempt",
             lambda: gateway.tracing is None and trace_arg is None,
             _nothing,
         ),

@@ -33,9 +33,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kserve_trio.gateway.config import WorkBasis
+from kserve_trio.gateway.fleet import (
+    LeastOutstanding,
+    ModelCost,
+    RoundRobin,
+    RoutingMetadata,
+    RoutingTable,
+)
 from kserve_trio.gateway.placement import LptPacking, compute_assignment
-from kserve_trio.gateway.routing import LeastOutstanding, RoundRobin, RoutingTable
-from kserve_trio.gateway.routing_metadata import ModelCost, RoutingMetadata
 
 LOAD_FIXED_S = 0.0005
 LOAD_BYTES_PER_S = 0.5e9  # 128 MB in 256 ms, the measured host-to-device load on this box

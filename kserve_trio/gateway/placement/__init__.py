@@ -14,6 +14,10 @@ they decide:
 - ``control``: ``GatewayControl``, the GatewayControlService (status, overrides, repack);
 - ``metrics``: the placement's Prometheus series;
 - ``multiprocess``: one placement for several gateway processes (one places, the others follow).
+
+It stands on the fleet (``gateway/fleet/``: the pool, the routing table, the prober's timeouts,
+the routing metadata), beside the request path (``gateway/request_path/``), which it never
+imports.
 """
 
 from kserve_trio.gateway.placement.assignment import Assignment, Placement, compute_assignment

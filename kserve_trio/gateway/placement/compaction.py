@@ -19,8 +19,8 @@ import anyio
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.config import CompactionMode
+from kserve_trio.gateway.fleet import WorkerClient, compact_timeout
 from kserve_trio.gateway.placement.assignment import Assignment
-from kserve_trio.gateway.pool import WorkerClient, compact_timeout
 from kserve_trio.proto import reactant_control as rc
 
 COMPACT_MEMORY = "/reactant_control.ControlService/CompactMemory"

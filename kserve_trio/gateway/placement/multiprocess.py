@@ -50,13 +50,11 @@ from kserve_trio.core.config import EdgeLimits, FrozenMap
 from kserve_trio.core.errors import Unavailable
 from kserve_trio.core.logging import get_logger
 from kserve_trio.gateway.config import GatewayConfig, build_gateway_config, gateway_config_to_raw
-from kserve_trio.gateway.discovery import WorkerSpec
+from kserve_trio.gateway.fleet import PoolSettings, RoutingMetadata, WorkerClient, WorkerSpec
 from kserve_trio.gateway.placement.assignment import Assignment, Placement
 from kserve_trio.gateway.placement.control import GatewayControl
 from kserve_trio.gateway.placement.scheduler import LptScheduler, RepackReport
-from kserve_trio.gateway.pool import PoolSettings, WorkerClient
 from kserve_trio.gateway.processes._layout import ProcessRole, write_atomically
-from kserve_trio.gateway.routing_metadata import RoutingMetadata
 from kserve_trio.serving.grpc import (
     Call,
     GrpcServer,

@@ -35,10 +35,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kserve_trio.gateway.config import FillMode, FillPolicy, WorkBasis
+from kserve_trio.gateway.fleet import (
+    EMPTY_METADATA,
+    Reservation,
+    RoutingMetadata,
+    RoutingTable,
+    Selection,
+    quantize,
+)
 from kserve_trio.gateway.placement.assignment import Assignment
 from kserve_trio.gateway.placement.fill import FillState, fill_quantum
-from kserve_trio.gateway.routing import Reservation, RoutingTable, Selection, quantize
-from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, RoutingMetadata
 
 
 @dataclass(frozen=True)

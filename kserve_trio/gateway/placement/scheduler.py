@@ -70,6 +70,16 @@ from kserve_trio.gateway.config import (
     ModelPlacementConfig,
     SchedulingConfig,
 )
+from kserve_trio.gateway.fleet import (
+    MODEL_CONTROL_STATUS,
+    PROBE_TIMEOUT_SECONDS,
+    WATCHDOG_SECONDS,
+    FleetPoll,
+    RoutingMetadata,
+    WorkerClient,
+    aggregate_poll,
+    ewma,
+)
 from kserve_trio.gateway.placement.assignment import (
     Assignment,
     Placement,
@@ -79,9 +89,6 @@ from kserve_trio.gateway.placement.assignment import (
 )
 from kserve_trio.gateway.placement.compaction import Compactor, compaction_jobs
 from kserve_trio.gateway.placement.policy import FillSettings, LptPacking
-from kserve_trio.gateway.pool import PROBE_TIMEOUT_SECONDS, WorkerClient
-from kserve_trio.gateway.prober import MODEL_CONTROL_STATUS, WATCHDOG_SECONDS
-from kserve_trio.gateway.routing_metadata import FleetPoll, RoutingMetadata, aggregate_poll, ewma
 from kserve_trio.proto import reactant_control as rc
 
 STARTUP_POLL_SECONDS = 10.0

@@ -30,10 +30,10 @@ import anyio
 
 from kserve_trio.core.errors import ServingError
 from kserve_trio.core.stream_answers import stream_error, stream_response
-from kserve_trio.gateway.admission import SHUTTING_DOWN, Admission
 from kserve_trio.gateway.caller_headers import grpc_headers
-from kserve_trio.gateway.forward import Forwarder
-from kserve_trio.gateway.peek import PeekedRequest
+from kserve_trio.gateway.request_path.admission import SHUTTING_DOWN, Admission
+from kserve_trio.gateway.request_path.forward import Forwarder
+from kserve_trio.gateway.request_path.peek import PeekedRequest
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
 from kserve_trio.serving.trace_settings import caller_context
 

@@ -56,17 +56,19 @@ from kserve_trio.client.transport import method_path
 from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import ServingError
 from kserve_trio.core.request_bounds import RequestBounds, check_name
-from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
-from kserve_trio.gateway.peek import PeekedRequest, peek_routing
-from kserve_trio.gateway.pool import WorkerClient, WorkerPool, forward_deadline
-from kserve_trio.gateway.prober import RouteRefresher
-from kserve_trio.gateway.routing import (
+from kserve_trio.gateway.fleet import (
     Failover,
+    RouteRefresher,
     RoutingPolicy,
     RoutingState,
+    WorkerClient,
+    WorkerPool,
     failover_action,
+    forward_deadline,
     no_ready_replica,
 )
+from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
+from kserve_trio.gateway.request_path.peek import PeekedRequest, peek_routing
 
 if TYPE_CHECKING:
     from kserve_trio.serving.tracing import RequestSpan

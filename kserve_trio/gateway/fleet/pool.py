@@ -34,7 +34,7 @@ from kserve_trio.core.errors import DeadlineExceeded, StatusCode
 from kserve_trio.core.restricted import parse_header
 from kserve_trio.gateway.caller_headers import passed_on
 from kserve_trio.gateway.config import GatewayConfig
-from kserve_trio.gateway.discovery import WorkerDiff, WorkerSpec
+from kserve_trio.gateway.fleet.discovery import WorkerDiff, WorkerSpec
 from kserve_trio.gateway.tls import worker_ssl_context
 from kserve_trio.http2 import DEFAULT_ENGINE
 from kserve_trio.proto import inference as pb

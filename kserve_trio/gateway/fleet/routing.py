@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from kserve_trio.core.errors import NotFound, ServingError, StatusCode, Unavailable
 from kserve_trio.core.request_bounds import shown
 from kserve_trio.gateway.config import SchedulingConfig, SchedulingMode, WorkBasis
-from kserve_trio.gateway.routing_metadata import EMPTY_METADATA, RoutingMetadata
+from kserve_trio.gateway.fleet.routing_metadata import EMPTY_METADATA, RoutingMetadata
 from kserve_trio.proto import inference as pb
 
 QUANTUM = 1e-9

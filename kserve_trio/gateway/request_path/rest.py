@@ -31,8 +31,8 @@ from kserve_trio.core.request_bounds import check_path_names
 from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH
 from kserve_trio.core.restricted import Restrictions, group_of
 from kserve_trio.gateway.caller_headers import passing_on, rest_headers
-from kserve_trio.gateway.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
-from kserve_trio.gateway.service import GatewayService
+from kserve_trio.gateway.request_path.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
+from kserve_trio.gateway.request_path.service import GatewayService
 from kserve_trio.serving.accept import ListenError
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeStats

@@ -49,13 +49,13 @@ import kserve_trio
 from kserve_trio.core.config import EdgeLimits, TracingConfig
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, ServingError
 from kserve_trio.core.request_bounds import check_model_name
-from kserve_trio.gateway import aggregate
-from kserve_trio.gateway.admission import Admission
 from kserve_trio.gateway.caller_headers import grpc_headers
-from kserve_trio.gateway.fanout import Fleet
-from kserve_trio.gateway.forward import Forwarder
-from kserve_trio.gateway.shm_fanout import ShmFanout
-from kserve_trio.gateway.stream import StreamInfer
+from kserve_trio.gateway.request_path import aggregate
+from kserve_trio.gateway.request_path.admission import Admission
+from kserve_trio.gateway.request_path.fanout import Fleet
+from kserve_trio.gateway.request_path.forward import Forwarder
+from kserve_trio.gateway.request_path.shm_fanout import ShmFanout
+from kserve_trio.gateway.request_path.stream import StreamInfer
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import (
     Call,

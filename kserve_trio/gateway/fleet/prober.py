@@ -35,27 +35,27 @@ import anyio.abc
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.logging import get_logger
-from kserve_trio.gateway.discovery import Discovery, WorkerDiff
-from kserve_trio.gateway.metrics import GatewayMetrics
-from kserve_trio.gateway.pool import (
+from kserve_trio.gateway.fleet.discovery import Discovery, WorkerDiff
+from kserve_trio.gateway.fleet.pool import (
     PROBE_TIMEOUT_SECONDS,
     ProbeOutcome,
     WorkerClient,
     WorkerPool,
 )
-from kserve_trio.gateway.routing import (
+from kserve_trio.gateway.fleet.routing import (
     RoutingPolicy,
     RoutingState,
     RoutingTable,
     build_routing_table,
     ready_model_names,
 )
-from kserve_trio.gateway.routing_metadata import (
+from kserve_trio.gateway.fleet.routing_metadata import (
     EMPTY_METADATA,
     RoutingMetadata,
     aggregate_poll,
     fold_poll,
 )
+from kserve_trio.gateway.metrics import GatewayMetrics
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 

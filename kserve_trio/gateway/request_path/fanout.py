@@ -32,10 +32,15 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.errors import NotFound, ServingError, StatusCode
 from kserve_trio.core.logging import get_logger
-from kserve_trio.gateway import aggregate
+from kserve_trio.gateway.fleet import (
+    PROBE_TIMEOUT_SECONDS,
+    RawReply,
+    RouteRefresher,
+    WorkerClient,
+    compact_timeout,
+)
 from kserve_trio.gateway.metrics import GatewayMetrics
-from kserve_trio.gateway.pool import PROBE_TIMEOUT_SECONDS, RawReply, WorkerClient, compact_timeout
-from kserve_trio.gateway.prober import RouteRefresher
+from kserve_trio.gateway.request_path import aggregate
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 

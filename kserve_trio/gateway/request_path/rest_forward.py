@@ -46,9 +46,9 @@ from kserve_trio.core import rest_codec
 from kserve_trio.core.errors import Internal, InvalidArgument, ServingError, StatusCode
 from kserve_trio.core.infer_wire import parse_infer_response
 from kserve_trio.gateway.caller_headers import rest_headers
-from kserve_trio.gateway.forward import MODEL_INFER, Forwarder
-from kserve_trio.gateway.peek import PeekedRequest
-from kserve_trio.gateway.pool import WorkerClient
+from kserve_trio.gateway.fleet import WorkerClient
+from kserve_trio.gateway.request_path.forward import MODEL_INFER, Forwarder
+from kserve_trio.gateway.request_path.peek import PeekedRequest
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.http import (
     JSON_TYPE,
