@@ -12,6 +12,8 @@ on trio (one process set per kind and loop, shared by the module's tests).
   lane) is charged all it sent, the others at most their share (plus one read on REST) and are
   read no further, with no error, while other clients are served; once the rest is sent every
   message is answered and the gauge is back to 0.
+- *Answers beside deadlines*: valid calls in flight beside calls with a 1 ms deadline on one
+  connection are each answered OK with their message (never OK with none).
 - *REST framing*: an endless chunk extension is 400 at once and costs little CPU, a 100 KB one
   is 400, both counted; HTTP/1.1's Host, absolute-form and pipelining rules hold and an h2c
   upgrade (``curl --http2``) is answered in HTTP/1.1 (``rest_peer.http11_rules_hold``).
@@ -352,6 +354,54 @@ async def test_connections_past_their_share_are_read_no_further_and_all_get_thro
     assert seen <= lanes * PART + (4 - lanes) * (SHARE + READ), (seen, target.serving)
     assert sorted(outcomes) == ["REST 200 [1, 8]"] * 2 + ["gRPC 0 1"] * 2
     await anyio.to_thread.run_sync(settles, target, 0, "every message answered")
+
+
+# ------------------------------------------------------------------ answers and deadlines
+
+VALID_CALLS = 400
+"""Calls with no deadline the deadline test sees answered."""
+IN_FLIGHT, EXPIRING = 16, 4
+
+
+@pytest.mark.timeout(120)
+async def test_valid_calls_beside_expiring_ones_are_each_answered_with_their_message(
+    target: Target,
+):
+    """One connection keeps IN_FLIGHT mlp calls with no deadline in flight beside EXPIRING
+    ones with a 1 ms ``grpc-timeout``, each replaced as it ends: every call without a deadline
+    is answered OK with its one reply message, every expiring one DEADLINE_EXCEEDED or OK with
+    its message; never OK with no message (a deadline or reset landing on a reused call task
+    once did that)."""
+    body = grpc_frame(mlp_request_bytes(1))
+    async with Peer.connect(target.grpc_port) as peer:
+        await peer.until(lambda: peer.conn.outbound_flow_control_window > MiB)
+        kinds: dict[int, str] = {}
+
+        def call(kind: str) -> None:
+            deadline = (("grpc-timeout", "1m"),) if kind == "expiring" else ()
+            sid = peer.open(INFER, deadline)
+            peer.conn.send_data(sid, body, end_stream=True)
+            kinds[sid] = kind
+
+        for kind in ["valid"] * IN_FLIGHT + ["expiring"] * EXPIRING:
+            call(kind)
+        await peer.flush()
+        wrong: list[tuple[str, int | None, str, int]] = []
+        answered = 0
+        with anyio.fail_after(BOUND * 2):
+            while answered < VALID_CALLS:
+                assert await peer.receive(), "the server closed the connection"
+                for sid in [sid for sid in kinds if peer.replies[sid].done]:
+                    kind, reply = kinds.pop(sid), peer.replies.pop(sid)
+                    outcome = (kind, reply.status, reply.message, len(reply.messages))
+                    served = outcome[1:] == (0, "", 1)
+                    late = kind == "expiring" and (reply.status, len(reply.messages)) == (4, 0)
+                    answered += kind == "valid"
+                    if not (served or late):
+                        wrong.append(outcome)
+                    call(kind)
+                await peer.flush()
+    assert wrong == []
 
 
 # ------------------------------------------------------------------------ REST framing
