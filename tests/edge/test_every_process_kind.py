@@ -7,6 +7,8 @@ on trio (one process set per kind and loop, shared by the module's tests).
   of body), all held open, while tritonclient and a REST client keep being served with no
   error; the bytes-in-flight gauge shows the announcers hold what arrived (a byte per REST
   body), not what they announced; a ``Content-Length`` past the body cap is 413 at once.
+- *A body past the bytes in flight*: a REST body that does not fit beside one held is 429 with
+  the gRPC refusal's message and counted, small requests are served, the gauge comes back.
 - *A connection's share*: gRPC and REST connections each send most of a message larger than
   their share (``limits.max_inflight_bytes_per_connection``); one per serving process (the
   lane) is charged all it sent, the others at most their share (plus one read on REST) and are
@@ -40,6 +42,8 @@ import http.client
 import itertools
 import json
 import pathlib
+import re
+import select
 import socket
 import threading
 import time
@@ -274,6 +278,61 @@ async def test_silent_announcers_hold_what_arrived_and_every_other_client_is_ser
         message = f"received message larger than max ({MESSAGE_CAP + 1} vs. {MESSAGE_CAP})"
         assert json.loads(body) == {"error": message}
     await anyio.to_thread.run_sync(settles, target, 0, "the announcers gone")
+
+
+HOLD = INFLIGHT - (64 << 10)
+"""What a holder sends of a body it announces larger: all the bytes in flight but room for a
+small request."""
+REFUSED = re.compile(
+    rf"server is at its in-flight bytes cap \(\d+ of {INFLIGHT} bytes of requests in flight; "
+    r"this message needs \d+\)"
+)
+"""The gRPC refusal's message, its figures those of the piece that did not fit."""
+
+
+def held_or_refused(target: Target, sock: socket.socket, held: int) -> Callable[[], str]:
+    """ "refused" once the server answers on ``sock``, "held" once the gauge is at ``held``."""
+
+    def verdict() -> str:
+        if select.select([sock], [], [], 0)[0]:
+            return "refused"
+        return "held" if target.inflight() >= held else ""
+
+    return verdict
+
+
+@pytest.mark.timeout(120)
+def test_a_body_past_the_bytes_in_flight_is_429_and_its_bytes_come_back(target: Target):
+    """Connections each announce a body larger than the bytes in flight and send HOLD of it,
+    one after the other: the first on each serving process is charged what it sent (it takes
+    the lane), and the first to land on a process already held is refused 429 with the gRPC
+    refusal's message and counted, while small requests are served; once the holders leave
+    mid-body the gauge is back to 0."""
+
+    def refused() -> float:
+        return target.metric("refused_requests_total", reason="inflight_bytes")
+
+    settles(target, 0, "the gauge at 0 before")
+    counted = refused()
+    with contextlib.ExitStack() as stack:
+        holders = 0
+        while True:
+            assert holders <= target.serving, "a body past the bytes in flight was taken"
+            sock = socket.create_connection(("127.0.0.1", target.http_port), timeout=BOUND)
+            stack.enter_context(sock)
+            with contextlib.suppress(OSError):  # a refused one is not read to its end
+                sock.sendall(rest_head(INFLIGHT + MiB) + b" " * HOLD)
+            verdict = held_or_refused(target, sock, (holders + 1) * HOLD)
+            if wait_until(verdict, BOUND, "charged or refused") == "refused":
+                break
+            holders += 1
+        status, body = read_reply(sock, time.monotonic() + BOUND)
+        assert status == 429 and REFUSED.fullmatch(json.loads(body)["error"]), body
+        assert holders >= 1
+        assert target.served() == ["OK", "OK"]  # beside the held bytes
+    settles(target, 0, "the holders left mid-body")
+    wait_until(lambda: refused() == counted + 1, BOUND, "the refusal counted")
+    assert target.served() == ["OK", "OK"]
 
 
 WHOLE = 7 * MiB // 4

@@ -26,7 +26,7 @@ bodies; ``_Parsed`` adds what the parser leaves open):
    ``InflightBytes``, the budget gRPC messages count in, as its bytes arrive, never at the
    ``Content-Length`` its head announces (a client announcing a large body and sending a byte
    holds a byte), an inflated one also as it grows (``HttpRequest.charge``), and given back
-   once its request is answered or the connection ends. A piece that does not fit is answered
+   once its request is answered or refused, or the connection ends. A piece that does not fit is answered
    429 with the gRPC refusal's message and the connection closes as in rule 2; one request
    alone is always admitted. While its body arrives it counts in the connection's share
    (``admission.ConnectionShare``, ``limits.max_inflight_bytes_per_connection``): at the share
@@ -419,8 +419,19 @@ class _Parsed:
         raise _Stop
 
     def _refuse_too_large(self, size: int) -> NoReturn:
-        self.body.take()
+        self._drop_body()
         self._refuse(413, too_large(size, self.max_body).message, "body_too_large")
+
+    def _drop_body(self) -> None:
+        """A refused body goes now, and what it was charged with it (rule 2a): the connection
+        lingers before it closes, and bytes no longer held must not keep others out."""
+        self.body.take()
+        if self.charged:
+            if self.share is not None:
+                self.share.give(self.charged)
+            assert self.charges is not None
+            self.charges.release(self.charged)
+            self.charged = 0
 
     # ------------------------------------------------------------------ the parser's callbacks
 
@@ -482,7 +493,7 @@ class _Parsed:
         try:
             self.charges.charge(n, self.charged)
         except ResourceExhausted as exc:
-            self.body.take()  # what was kept of it goes now
+            self._drop_body()
             self._refuse(*error_of(exc))  # counted by the charges
         self.charged += n
 
