@@ -22,13 +22,17 @@ on trio (one process set per kind and loop, shared by the module's tests).
 - *A reset flood that reconnects*: a peer address that floods rapid resets and reconnects
   after each GOAWAY meets a stricter judge (probation), while a client from another address is
   served between the rounds; a peer opening connections past its rate has them closed at once.
+- *Idle connections at the cap*: bare connections past every serving process's cap, on the gRPC
+  and the REST port in turn, have the longest-idle ones closed and a new client is served.
 
 Each server has 8 MiB of bytes in flight with a 256 KiB share per connection, a 32 MiB message
 cap (the announcers together announce 32 times the budget), a 30 s receive deadline (so the
-announcers stay for the whole test), a premature-reset window of 128 streams and 50 new
-connections a second per peer address. Every client that is not an attacker comes from
-127.0.0.1; the attackers from 127.0.0.2 (reset floods) and 127.0.0.3 (connection bursts), so
-what the ledger holds against them never touches the other tests.
+announcers stay for the whole test), a premature-reset window of 128 streams, 50 new
+connections a second per peer address and 256 connections per port (60 s to finish a
+handshake). Every client that is not an
+attacker comes from 127.0.0.1; the attackers from 127.0.0.2 (reset floods), 127.0.0.3
+(connection bursts) and 127.0.1.x (idle connections, fewer from each than its rate), so what the
+ledger holds against them never touches the other tests.
 
 A front end has its own budget, lane and peer ledger, and the kernel picks which front end
 (SO_REUSEPORT) a connection lands on: the bounds here hold for any spread of the connections
@@ -80,6 +84,7 @@ MESSAGE_CAP = 32 * MiB
 RECEIVE_SECONDS = 30.0
 RESET_WINDOW = 128
 PEER_RATE = 50
+MAX_CONNECTIONS = 256
 ANNOUNCERS = 4
 """Connections of each kind; each gRPC one opens 4 streams."""
 FLOODER, BURSTER = "127.0.0.2", "127.0.0.3"
@@ -162,6 +167,8 @@ def limits(prefix: str) -> dict[str, str]:
         f"{prefix}LIMITS_MESSAGE_RECEIVE_SECONDS": str(RECEIVE_SECONDS),
         f"{prefix}LIMITS_PREMATURE_RESET_MIN_STREAMS": str(RESET_WINDOW),
         f"{prefix}LIMITS_MAX_CONNECTIONS_PER_PEER_PER_SECOND": str(PEER_RATE),
+        f"{prefix}LIMITS_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        f"{prefix}LIMITS_HANDSHAKE_SECONDS": "60",
         f"{prefix}GRPC_MAX_RECV_MSG_BYTES": str(MESSAGE_CAP),
     }
 
@@ -575,3 +582,45 @@ def test_a_peer_opening_connections_past_its_rate_has_them_closed_at_once(target
     assert kept <= target.serving * PEER_RATE * (1 + took), (kept, took)
     assert kept < BURST, took
     wait_until(lambda: refused() == counted + BURST - kept, BOUND, "the refusals counted")
+
+
+IDLE_PER_PEER = 40
+"""Idle connections opened from each 127.0.1.x address (within its rate)."""
+PAST_THE_CAP = 32
+
+
+@pytest.mark.timeout(120)
+def test_idle_connections_past_the_cap_make_room_for_a_new_client(target: Target):
+    """On the gRPC port and then the REST one: bare TCP connections, PAST_THE_CAP more than
+    every serving process's cap holds, opened from many addresses: at least PAST_THE_CAP of
+    them are closed by the server (the longest idle evicted for a newer one, or one refused at
+    once while EVICTING_MAX evicted ones still close), and a client from 127.0.0.1, gRPC and
+    REST, is served beside the rest."""
+
+    def closed(reason: str) -> float:
+        return target.metric("refused_connections_total", reason=reason)
+
+    def served_soon() -> bool:
+        """Served (a port whose last evicted connections are still closing may refuse one)."""
+        try:
+            return target.served() == ["OK", "OK"]
+        except (AssertionError, OSError):
+            return False
+
+    for port in (target.grpc_port, target.http_port):
+        evicted, refused = closed("evicted_idle"), closed("max_connections")
+        with contextlib.ExitStack() as stack:
+            for n in range(target.serving * MAX_CONNECTIONS + PAST_THE_CAP):
+                sock = stack.enter_context(socket.socket())
+                sock.bind((f"127.0.1.{1 + n // IDLE_PER_PEER}", 0))
+                sock.connect(("127.0.0.1", port))
+            wait_until(
+                lambda e=evicted, r=refused: (
+                    closed("evicted_idle") > e
+                    and closed("evicted_idle") + closed("max_connections") >= e + r + PAST_THE_CAP
+                ),
+                BOUND,
+                "room made at the cap",
+            )
+            # before any of them meets its handshake deadline (60 s): only eviction makes room
+            wait_until(served_soon, BOUND, "a new client served at the cap")
