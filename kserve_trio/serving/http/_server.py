@@ -423,8 +423,9 @@ class _Parsed:
         self._refuse(413, too_large(size, self.max_body).message, "body_too_large")
 
     def _drop_body(self) -> None:
-        """A refused body goes now, and what it was charged with it (rule 2a): the connection
-        lingers before it closes, and bytes no longer held must not keep others out."""
+        """*Bytes in flight*: a refused body goes now, and what it was charged with it (the
+        connection lingers before it closes, and bytes no longer held must not keep others
+        out)."""
         self.body.take()
         if self.charged:
             if self.share is not None:
