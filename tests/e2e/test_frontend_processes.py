@@ -475,13 +475,18 @@ def state(pid: int) -> str:
         return ""
 
 
-def test_a_stopped_front_end_is_killed_and_replaced_then_every_new_connection_is_served(repo):
+@pytest.mark.parametrize("event_loop", ["uvloop", "trio"])
+def test_a_stopped_front_end_is_killed_and_replaced_then_every_new_connection_is_served(
+    repo, event_loop
+):
     """SIGSTOP front end 0: its listening socket keeps taking connections until its missed
     liveness pings get it killed (SIGKILL) and restarted; then every new connection, gRPC and
-    REST, is served."""
-    w = start_worker(repo, env=LIVENESS_ENV)
+    REST, is served. On both event loops (a front end answers the pings on the worker's)."""
+    w = start_worker(repo, "--event-loop", event_loop, env=LIVENESS_ENV)
     try:
         w.wait_ready()
+        up = wait_until(lambda: log_events(w, "server_up"), 60, "server_up in the log")
+        assert up[0]["event_loop"] == event_loop
         old = frontend_pids(w)[0]
         os.kill(old, signal.SIGSTOP)
         try:

@@ -269,6 +269,40 @@ async def test_a_connection_past_its_share_waits_for_the_lane_and_both_messages_
 
 
 @pytest.mark.timeout(60)
+async def test_a_message_whole_before_its_connection_gets_the_lane_is_served_whole():
+    """A unary call past its connection's share sends all of its message and the end of its
+    stream while another connection holds the lane: the server has read all of it when the
+    lane frees, and the call is served the whole message (the end of the stream that came
+    while the charge waited was once taken for a truncated message)."""
+    share = 2 * MiB
+    whole = 4 * MiB
+
+    async def test(s: Served) -> None:
+        budget = s.handlers.budget
+        body = grpc_frame(b"f" * whole)
+        async with Peer.connect(s.port) as first, Peer.connect(s.port) as second:
+            for peer in (first, second):
+                await opened(peer)
+            one = first.open("/t.T/Echo")
+            await first.send_body(one, body[: 3 * MiB], end=False)
+            await polled(lambda: budget.lane is not None and budget.used >= 3 * MiB - 5)
+            two = second.open("/t.T/Echo")
+            await second.send_body(two, body)  # all of it, and the end of the stream
+            await second.ping(b"read all")  # acknowledged once every frame before it was read
+            assert not second.replies[two].done and budget.lane is not None
+            await first.send_body(one, body[3 * MiB :])
+            assert (await first.wait(one)).messages == [b"f" * whole]
+            reply = await second.wait(two)
+            assert (reply.status, reply.messages) == (0, [b"f" * whole]), reply.message
+        await polled(lambda: budget.used == 0 and budget.lane is None)
+
+    edge = dataclasses.replace(
+        EDGE, message_receive_seconds=BOUND, max_connection_buffer_bytes=16 * MiB
+    )
+    await serve(test, budget_bytes=16 * MiB, share_bytes=share, edge=edge)
+
+
+@pytest.mark.timeout(60)
 def test_a_bomb_inflates_in_bounded_steps_and_is_refused_past_its_cap():
     cap = 16 * MiB
     inflater = compression.Inflater(zero_bomb(256 * MiB, "gzip"), "gzip", cap)

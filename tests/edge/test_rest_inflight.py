@@ -12,21 +12,15 @@ requests pipelined before a refused body are answered first; a request without a
 small one, is served as before; a connection at its share is read no further, with no error,
 until the lane frees.
 
-End to end: a CLI worker (``INFERENCE_SERVER_ENDPOINTS_HTTP_PORT``, a 1 MiB
-``INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES``) and a CLI gateway (``KSERVE_TRIO_GATEWAY_LISTEN_
-HTTP``, the same budget) each refuse a second large body 429 while a first one holds the bytes,
-count it (``<prefix>_edge_refused_requests{reason="inflight_bytes"}``), and their
-``<prefix>_edge_inflight_bytes`` gauge returns to 0.
+The same against the CLI processes (a worker, a worker with front ends and a gateway, on uvloop
+and trio) is in ``test_every_process_kind``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import re
-import socket
-import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 
@@ -39,9 +33,6 @@ from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 from kserve_trio.serving.rest_routes import request_body
-from tests.edge.rest_peer import good_infer_body, metric, read_reply, request, worker_metrics
-from tests.gateway.procs import Gateway, Worker
-from tests.ports import free_port
 
 KIB = 1 << 10
 BUDGET = 1024 * KIB
@@ -185,11 +176,11 @@ async def test_a_body_is_charged_as_it_arrives_and_one_past_the_budget_is_429(se
     assert REFUSED.fullmatch(refusal(HELD, LARGE))  # the pattern is the budget's message
     assert status == 429 and REFUSED.fullmatch(body["error"]), body
     assert served.stats.refused_requests["inflight_bytes"] == 1
-    await second.aclose()
-    await served.until(lambda: served.inflight.used == HELD, "the refused body given back")
-
+    # given back with the refusal, while the refused connection still lingers
+    assert served.inflight.used == HELD
     small_status, small = await whole(served, b"x" * 100)  # a small body fits beside it
     assert (small_status, small) == (200, {"body": 100})
+    await second.aclose()
 
     await first.send(bytes(LARGE - HELD))
     assert await reply(first) == (200, {"body": LARGE})
@@ -349,102 +340,3 @@ async def test_a_connection_at_its_share_is_read_no_further_until_the_lane_frees
         await stream.aclose()
     await shared.drained()
     assert budget.lane is None and shared.stats.refused_requests["inflight_bytes"] == 0
-
-
-# ------------------------------------------------------------- a CLI worker and a gateway
-
-CLI_BUDGET = 1 << 20
-CLI_LARGE = 768 * KIB
-
-
-def gauge(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise AssertionError(f"no {name} in the exposition")
-
-
-def refuses_and_gives_back(http_port: int, exposition: Callable[[], str], prefix: str) -> None:
-    """Against a CLI process with a ``CLI_BUDGET`` of bytes in flight: one client holds a
-    ``CLI_LARGE`` inference body mostly sent (``HELD``), a second one is 429 with the gRPC refusal's message
-    and counted, a small inference is served meanwhile, and once the first client leaves
-    mid-body the ``<prefix>_edge_inflight_bytes`` gauge is 0 again (also after one more
-    inference)."""
-
-    def settles(value: float, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while (seen := gauge(exposition(), f"{prefix}_edge_inflight_bytes")) != value:
-            assert time.monotonic() < deadline, (seen, value)
-            time.sleep(0.02)
-
-    def small_inference() -> None:
-        status, body = request(http_port, "POST", "/v2/models/mlp/infer", good_infer_body())
-        assert status == 200, body
-
-    infer_head = (
-        "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {CLI_LARGE}\r\n\r\n"
-    ).encode()
-    refused = f"{prefix}_edge_refused_requests_total"
-    counted = metric(exposition(), refused, "inflight_bytes")
-    with socket.create_connection(("127.0.0.1", http_port), timeout=30) as first:
-        first.sendall(infer_head + b" " * HELD)
-        settles(HELD)  # what arrived, not what the head announced
-        with socket.create_connection(("127.0.0.1", http_port), timeout=30) as second:
-            with contextlib.suppress(OSError):  # refused before all of it is read
-                second.sendall(infer_head + b" " * CLI_LARGE)
-            status, data = read_reply(second, time.monotonic() + 30)
-        assert status == 429, data
-        assert REFUSED.fullmatch(json.loads(data)["error"]), data
-        assert metric(exposition(), refused, "inflight_bytes") == counted + 1
-        small_inference()  # beside the held bytes
-    settles(0)  # the first client left mid-body
-    small_inference()
-    settles(0)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_cli_worker_refuses_a_body_past_its_inflight_bytes_and_gives_them_back(demo_repo):
-    http_port = free_port()
-    worker = Worker(
-        demo_repo,
-        "127.0.0.1",
-        free_port(),
-        metrics_port=free_port(),
-        env={
-            "INFERENCE_SERVER_ENDPOINTS_HTTP_PORT": str(http_port),
-            "INFERENCE_SERVER_LIMITS_MAX_INFLIGHT_BYTES": str(CLI_BUDGET),
-        },
-    )
-    try:
-        worker.wait_ready()
-        refuses_and_gives_back(http_port, lambda: worker_metrics(worker), "worker")
-        assert worker.alive(), worker.logs()
-    finally:
-        assert worker.stop() == 0, worker.logs()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_cli_gateway_refuses_a_body_past_its_inflight_bytes_and_gives_them_back(
-    demo_repo, tmp_path
-):
-    worker = Worker(demo_repo, "127.0.0.1", free_port())
-    gateway = None
-    try:
-        worker.wait_ready()
-        http_port = free_port()
-        env = {
-            "KSERVE_TRIO_GATEWAY_WORKERS": worker.url,
-            "KSERVE_TRIO_GATEWAY_LISTEN_HTTP": f"127.0.0.1:{http_port}",
-            "KSERVE_TRIO_GATEWAY_LIMITS_MAX_INFLIGHT_BYTES": str(CLI_BUDGET),
-        }
-        gateway = Gateway(tmp_path, env)
-        gateway.wait_ready()
-        refuses_and_gives_back(http_port, lambda: gateway.admin("/metrics")[1], "gateway")
-        assert gateway.alive(), gateway.logs()
-    finally:
-        if gateway is not None:
-            assert gateway.stop() == 0, gateway.logs()
-        worker.stop()

@@ -251,15 +251,19 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_a_stopped_process_is_left_out_of_the_admin_port_then_replaced(e2e):
+@pytest.mark.parametrize("event_loop", ["uvloop", "trio"])
+def test_a_stopped_process_is_left_out_of_the_admin_port_then_replaced(e2e, event_loop):
     """SIGSTOP child 1: while it is stopped the parent's /readyz, /routing and /metrics answer
     within the client's 2 s from child 0 alone (200, child 1 left out); its missed liveness
-    probes get it killed and restarted, and new connections are served."""
+    probes get it killed and restarted, and new connections are served. On both event loops
+    (the children answer the liveness probes on theirs)."""
     env = {G + "WORKERS": f"workers.test:{e2e.port}", G + "HOSTS_FILE": str(e2e.hosts), **LIVENESS}
-    gw = TwoProcesses(e2e.work, env)
+    gw = TwoProcesses(e2e.work, env, "--event-loop", event_loop)
     try:
         gw.wait_ready()
         pids = wait_until(lambda: len(gw.children()) == 2 and gw.children(), 30, "both up")
+        loops = [e["event_loop"] for e in gw.events("gateway_up") if "event_loop" in e]
+        assert loops == [event_loop] * 2, loops  # each child's
         old = pids[1]
         os.kill(old, signal.SIGSTOP)
         try:

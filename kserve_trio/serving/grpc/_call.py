@@ -406,6 +406,8 @@ class Call:
         while self._buffered < n:
             if charged:
                 await self._charge_arrived(n, wait)
+                if self._buffered >= n:
+                    break  # the rest (and maybe the stream's end) came while the charge waited
             if self.inbound_done or self.state is CallState.RESET:
                 return None
             self._need = n

@@ -26,9 +26,9 @@ bodies; ``_Parsed`` adds what the parser leaves open):
    ``InflightBytes``, the budget gRPC messages count in, as its bytes arrive, never at the
    ``Content-Length`` its head announces (a client announcing a large body and sending a byte
    holds a byte), an inflated one also as it grows (``HttpRequest.charge``), and given back
-   once its request is answered or the connection ends. A piece that does not fit is answered
-   429 with the gRPC refusal's message and the connection closes as in *caps*; one request
-   alone is always admitted. While its body arrives it counts in the connection's share
+   once its request is answered or refused, or the connection ends. A piece that does not fit
+   is answered 429 with the gRPC refusal's message and the connection closes as in *caps*; one
+   request alone is always admitted. While its body arrives it counts in the connection's share
    (``admission.ConnectionShare``, ``limits.max_inflight_bytes_per_connection``): at the share
    the connection is not read (backpressure) until it may take the lane;
 2b. *Chunk framing*: the parser skips a chunk's extensions (``5;name=value``) and the zeros
@@ -423,8 +423,20 @@ class _Parsed:
         raise _Stop
 
     def _refuse_too_large(self, size: int) -> NoReturn:
-        self.body.take()
+        self._drop_body()
         self._refuse(413, too_large(size, self.max_body).message, "body_too_large")
+
+    def _drop_body(self) -> None:
+        """*Bytes in flight*: a refused body goes now, and what it was charged with it (the
+        connection lingers before it closes, and bytes no longer held must not keep others
+        out)."""
+        self.body.take()
+        if self.charged:
+            if self.share is not None:
+                self.share.give(self.charged)
+            assert self.charges is not None
+            self.charges.release(self.charged)
+            self.charged = 0
 
     # ------------------------------------------------------------------ the parser's callbacks
 
@@ -486,7 +498,7 @@ class _Parsed:
         try:
             self.charges.charge(n, self.charged)
         except ResourceExhausted as exc:
-            self.body.take()  # what was kept of it goes now
+            self._drop_body()
             self._refuse(*error_of(exc))  # counted by the charges
         self.charged += n
 
