@@ -12,8 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kserve_trio.core import codec
-from kserve_trio.core.codec import (
+from kserve_trio.core.bundles.manifest import parse_manifest, parse_tensor_spec
+from kserve_trio.core.errors import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    UnregisteredRegionError,
+)
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.codec import (
     INT64_MAX,
     TIMEOUT_NS_PARAM,
     InferRequest,
@@ -30,23 +37,16 @@ from kserve_trio.core.codec import (
     encode_model_metadata,
     encode_repository_index,
 )
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.errors import (
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    UnregisteredRegionError,
-)
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol.infer_wire import (
     InferRequestMessage,
     WirePieces,
     parse_infer_request,
     parse_infer_response,
 )
-from kserve_trio.core.manifest import parse_manifest, parse_tensor_spec
-from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.core.validation import validate_inputs
+from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
+from kserve_trio.worker.validation import validate_inputs
 
 WIRE_DTYPES = [d for d in DType if d.has_wire]
 TYPED_DTYPES = [d for d in WIRE_DTYPES if d.contents_field is not None]

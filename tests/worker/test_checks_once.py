@@ -23,10 +23,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.core import codec, validation
-from kserve_trio.core.manifest import TensorSpec
+from kserve_trio.core.bundles.manifest import TensorSpec
+from kserve_trio.core.protocol import codec
 from kserve_trio.runtime import model as runtime_model
-from kserve_trio.worker import inference, layout, registry
+from kserve_trio.worker import inference, layout, registry, validation
 from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.server import RunningServer, serve, stop
@@ -36,7 +36,7 @@ from tests.waiting import wait_until
 
 HOOKS_PY = """
 import numpy as np
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def pre(inputs):
     (x,) = inputs
