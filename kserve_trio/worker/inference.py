@@ -17,7 +17,7 @@ A request's path, each step once:
 3. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
    NOT_FOUND), before any payload is decoded;
 4. decode (shared-memory inputs are leased here; a repeated input name is refused here);
-5. one validation pass (``validate_request``): input names, dtypes, ranks, fixed dims, and
+5. one validation pass (``validation.validate_request``): input names, dtypes, ranks, fixed dims, and
    the requested outputs, against the model's client-facing specs;
 6. the effective deadline: the smallest of the request's own (parameters) and the transport's;
 7. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 import numpy as np
 from anyio import get_cancelled_exc_class
 
-from kserve_trio.core.bundles.manifest import Manifest, TensorSpec
+from kserve_trio.core.bundles.manifest import Manifest
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     Internal,
@@ -95,26 +95,6 @@ class ResponseEncoder(Protocol[_Reply]):
         model_version: str = "",
         zero_copy: bool = False,
     ) -> _Reply: ...
-
-
-def check_requested_outputs(
-    model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
-) -> None:
-    """Refuse an unknown requested output before any device work is spent on the request
-    (``validation.no_such_output``)."""
-    known = {spec.name for spec in specs}
-    for out in requested:
-        if out.name not in known:
-            raise validation.no_such_output(model_name, out.name, known)
-
-
-def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
-    """The request's one validation pass against the model's client-facing specs: its inputs
-    (``worker.validation.validate_inputs``), then the outputs it asks for, if any."""
-    manifest = bundle.manifest
-    validation.validate_inputs(bundle.name, manifest.wire_inputs, request.inputs)
-    if request.requested_outputs:
-        check_requested_outputs(bundle.name, manifest.wire_outputs, request.requested_outputs)
 
 
 class InferenceCore:
@@ -232,7 +212,7 @@ class InferenceCore:
                 bundle = self._repository.lookup(request.model_name, request.model_version)
                 decoded = codec.decode_infer_request(request, registry)
                 try:
-                    validate_request(bundle, decoded)
+                    validation.validate_request(bundle, decoded)
                     deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
                     if bundle.is_meta:
                         outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
@@ -488,6 +468,4 @@ __all__ = [
     "InferReply",
     "InferenceCore",
     "ResponseEncoder",
-    "check_requested_outputs",
-    "validate_request",
 ]

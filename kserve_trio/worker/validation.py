@@ -1,18 +1,24 @@
-"""Request input validation against a model's client-facing specs.
+"""A request's one validation pass against a model's client-facing specs, in the worker.
 
 This module owns the one check between decode and scheduling: do the decoded input tensors match
-what the model declares? Shapes and dim indices are row-major, so a message's
-``dim i`` is the 0-based wire/numpy axis.
+what the model declares, and does the model have every output the request asks for? It lives
+beside its one user (``worker/inference.py``); the response encoder's own refusal of an unknown
+output is the codec's ``no_such_output``, the one wording of that error. Shapes and dim indices
+are row-major, so a message's ``dim i`` is the 0-based wire/numpy axis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kserve_trio.core.bundles.manifest import DimKind, TensorSpec
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.protocol.request_bounds import shown
+from kserve_trio.core.protocol import codec
 from kserve_trio.core.tensors.tensor import NamedTensor
+
+if TYPE_CHECKING:
+    from kserve_trio.worker.registry import ModelBundle
 
 
 def validate_inputs(
@@ -59,13 +65,24 @@ def validate_inputs(
             raise InvalidArgument(f"model '{model_name}' requires input '{spec.name}'")
 
 
-def no_such_output(model_name: str, name: str, outputs: Iterable[str]) -> InvalidArgument:
-    """The one error for a requested output the model does not have, whoever finds it (the
-    worker before any device work, the response encoder for any other caller):
-    ``model 'm' has no output 'x' (outputs: a, b)``."""
-    return InvalidArgument(
-        f"model '{model_name}' has no output {shown(name)} (outputs: {', '.join(sorted(outputs))})"
-    )
+def check_requested_outputs(
+    model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
+) -> None:
+    """Refuse an unknown requested output before any device work is spent on the request
+    (``codec.no_such_output``)."""
+    known = {spec.name for spec in specs}
+    for out in requested:
+        if out.name not in known:
+            raise codec.no_such_output(model_name, out.name, known)
+
+
+def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
+    """The request's one validation pass against the model's client-facing specs: its inputs
+    (``validate_inputs``), then the outputs it asks for, if any."""
+    manifest = bundle.manifest
+    validate_inputs(bundle.name, manifest.wire_inputs, request.inputs)
+    if request.requested_outputs:
+        check_requested_outputs(bundle.name, manifest.wire_outputs, request.requested_outputs)
 
 
 def _wire(t: NamedTensor | TensorSpec) -> str:
@@ -73,4 +90,4 @@ def _wire(t: NamedTensor | TensorSpec) -> str:
     return t.dtype.wire if t.dtype.has_wire else t.dtype.token
 
 
-__all__ = ["no_such_output", "validate_inputs"]
+__all__ = ["check_requested_outputs", "validate_inputs", "validate_request"]

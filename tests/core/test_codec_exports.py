@@ -30,6 +30,7 @@ EXPECTED = {
     "encode_repository_index",
     "in_shared_memory",
     "int64_param",
+    "no_such_output",
     "raw_output_indices",
     "response_outputs",
     "shm_params",

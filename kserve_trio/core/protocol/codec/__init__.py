@@ -46,7 +46,11 @@ from kserve_trio.core.protocol.codec._params import (
     string_param,
 )
 from kserve_trio.core.protocol.codec._request import InferRequest, decode_infer_request
-from kserve_trio.core.protocol.codec._response import encode_infer_response, response_outputs
+from kserve_trio.core.protocol.codec._response import (
+    encode_infer_response,
+    no_such_output,
+    response_outputs,
+)
 from kserve_trio.core.protocol.codec._tensors import MAX_RANK, MAX_TENSOR_BYTES
 from kserve_trio.core.protocol.codec._types import (
     BUNDLE_VERSION,
@@ -81,6 +85,7 @@ __all__ = [
     "encode_repository_index",
     "in_shared_memory",
     "int64_param",
+    "no_such_output",
     "raw_output_indices",
     "response_outputs",
     "shm_params",

@@ -7,7 +7,7 @@ stays the output array's own buffer, and nothing is built only to be taken apart
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -20,9 +20,18 @@ from kserve_trio.core.protocol.infer_wire import (
     WirePieces,
     infer_response_pieces,
 )
+from kserve_trio.core.protocol.request_bounds import shown
 from kserve_trio.core.protocol.wire import byte_view
 from kserve_trio.core.tensors.tensor import NamedTensor
-from kserve_trio.worker.validation import no_such_output
+
+
+def no_such_output(model_name: str, name: str, outputs: Iterable[str]) -> InvalidArgument:
+    """The one error for a requested output the model does not have, whoever finds it (the
+    worker before any device work, the response encoder for any other caller):
+    ``model 'm' has no output 'x' (outputs: a, b)``."""
+    return InvalidArgument(
+        f"model '{model_name}' has no output {shown(name)} (outputs: {', '.join(sorted(outputs))})"
+    )
 
 
 def encode_infer_response(
@@ -44,7 +53,7 @@ def encode_infer_response(
     Rules:
     1. *Every output by default*: ``requested`` empty or None: every output, in model order, inline.
     2. *Requested outputs*: otherwise exactly the requested outputs in request order; a name the
-       model does not produce raises ``validation.no_such_output`` before anything is written.
+       model does not produce raises ``no_such_output`` before anything is written.
     3. *Shared-memory outputs*: an output requested into shared memory must fit its ``byte_size``
        (else ``InvalidArgument`` naming both numbers); it is written through ``registry.write`` and
        its response tensor carries the three shm parameters with ``shared_memory_byte_size`` = the
