@@ -20,7 +20,7 @@ GATE_MODEL_PY = """\
 import pathlib
 import time
 
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 GATE = pathlib.Path({gate!r})
 

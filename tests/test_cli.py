@@ -58,8 +58,8 @@ def test_the_worker_flags_of_client_shared_memory():
 
     import pytest
 
-    from kserve_trio.core.config import build_config, validate_config
     from kserve_trio.core.errors import ConfigError
+    from kserve_trio.core.process.config import build_config, validate_config
     from kserve_trio.worker.cli import configure_parser, overrides_from_args
 
     parser = argparse.ArgumentParser()

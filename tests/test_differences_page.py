@@ -19,7 +19,7 @@ def test_the_differences_page_is_linked_from_the_readme_and_starts_with_its_head
 
 
 def test_the_page_names_every_upstream_variable_that_is_aliased_or_has_no_counterpart():
-    from kserve_trio.core.upstream_env import ALIASED, GATEWAY_PREFIX, UNSUPPORTED
+    from kserve_trio.core.process.upstream_env import ALIASED, GATEWAY_PREFIX, UNSUPPORTED
 
     text = (ROOT / "docs" / "differences.md").read_text()
     assert f"{GATEWAY_PREFIX}*" in text

@@ -2,11 +2,11 @@
 
 No I/O: ``_Call`` accumulates what arrives on one stream (headers, DATA, trailers, a reset) and
 turns it into the reply message or the call's ``RpcError`` (``_Call.message``), reading the
-server's side with the gRPC wire rules of ``core.grpc_wire``. The wording of every error is one
+server's side with the gRPC wire rules of ``core.protocol.grpc_wire``. The wording of every error is one
 vocabulary, whichever server answered. ``h2_transport`` drives it.
 
 A compressed reply (flag 1) is decompressed with the algorithm of the reply's
-``grpc-encoding`` (``core.compression``): the receive cap applies to the length announced on
+``grpc-encoding`` (``core.protocol.compression``): the receive cap applies to the length announced on
 the wire and again to the decompressed size, so a decompression bomb is RESOURCE_EXHAUSTED; a
 reply that does not decompress, or is flagged compressed without an algorithm, is INTERNAL.
 """
@@ -18,9 +18,14 @@ from collections.abc import Iterable
 import anyio
 
 from kserve_trio.client.errors import RpcError
-from kserve_trio.core import compression
 from kserve_trio.core.errors import ServingError, StatusCode
-from kserve_trio.core.grpc_wire import PREFIX, decode_message, status_from_http, status_from_reset
+from kserve_trio.core.protocol import compression
+from kserve_trio.core.protocol.grpc_wire import (
+    PREFIX,
+    decode_message,
+    status_from_http,
+    status_from_reset,
+)
 from kserve_trio.http2 import code_name
 
 

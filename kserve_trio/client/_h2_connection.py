@@ -48,10 +48,10 @@ import anyio.abc
 
 from kserve_trio.client._h2_call import _Call
 from kserve_trio.client.errors import RpcError
-from kserve_trio.core import grpc_wire
-from kserve_trio.core.config import MAX_FRAME_BYTES, WINDOW_BYTES
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.event_loops import asyncio_transport, stream_attribute
+from kserve_trio.core.process.config import MAX_FRAME_BYTES, WINDOW_BYTES
+from kserve_trio.core.process.event_loops import asyncio_transport, stream_attribute
+from kserve_trio.core.protocol import grpc_wire
 from kserve_trio.http2 import (
     MAX_STREAM_ID,
     DataReceived,

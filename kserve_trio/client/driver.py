@@ -6,7 +6,7 @@ A driver cuts ``range(len(io))`` into chunks of at most ``chunk`` items and, per
    server is shared memory, the heap pool otherwise), within the chunk's deadline;
 2. lets ``io.encode_chunk`` stage the inputs in the slot and, on the shared-memory path, carves
    the declared outputs (``output_specs``) after them;
-3. builds the ``ModelInferRequest`` (a ``core.infer_wire`` message, encoded straight from the
+3. builds the ``ModelInferRequest`` (a ``core.protocol.infer_wire`` message, encoded straight from the
    descriptors): inputs in the shared-memory pool by reference (region, offset, size), anything
    else inline in ``raw_input_contents`` as a view of its bytes (copied only into the wire
    message itself); declared outputs by reference into their carved buffers (shm) or by name
@@ -54,9 +54,11 @@ from kserve_trio.client.runtime import (
     Route,
     get_state,
 )
-from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
-from kserve_trio.core.bytes_tensor import encode_bytes_tensor
-from kserve_trio.core.codec import (
+from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.memory.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
+from kserve_trio.core.protocol.bytes_tensor import encode_bytes_tensor
+from kserve_trio.core.protocol.codec import (
     SHM_BYTE_SIZE_PARAM,
     SHM_OFFSET_PARAM,
     SHM_REGION_PARAM,
@@ -64,9 +66,7 @@ from kserve_trio.core.codec import (
     raw_output_indices,
     shm_params,
 )
-from kserve_trio.core.dtypes import dtype_from_wire, dtype_of
-from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol.infer_wire import (
     Buffer,
     InferInputTensor,
     InferOutputTensor,
@@ -74,8 +74,8 @@ from kserve_trio.core.infer_wire import (
     InferRequestMessage,
     InferResponseMessage,
 )
-from kserve_trio.core.logging import get_logger
-from kserve_trio.core.wire import Params, byte_view
+from kserve_trio.core.protocol.wire import Params, byte_view
+from kserve_trio.core.tensors.dtypes import dtype_from_wire, dtype_of
 
 log = get_logger("kserve_trio.client")
 

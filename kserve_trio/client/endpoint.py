@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kserve_trio.core.upstream_env import with_upstream_aliases
+from kserve_trio.core.process.upstream_env import with_upstream_aliases
 from kserve_trio.http2 import DEFAULT_ENGINE, check_engine
 
 DEFAULT_MAX_MESSAGE_BYTES = 512 << 20
@@ -74,7 +74,7 @@ def resolve_message_cap(
     value: int | None, env_var: str, environ: Mapping[str, str] | None = None
 ) -> int:
     """A message cap: the keyword when given, else the environment variable (or its upstream
-    ``REACTANT_*`` alias, ``core.upstream_env``), else 512 MiB.
+    ``REACTANT_*`` alias, ``core.process.upstream_env``), else 512 MiB.
 
     A cap must be a positive integer; a malformed environment value is a ``ValueError`` naming
     the variable rather than a silent default.

@@ -6,8 +6,8 @@ or trio).
 over ``anyio.connect_tcp`` (plus anyio's TLS stream with ALPN ``h2`` for ``grpcs://``), so it
 runs wherever anyio runs. One connection per transport, opened on the first call and reopened
 after a loss; the connection itself (who reads the socket, one flusher at a time) is
-``_h2_connection``'s, the gRPC wire rules ``core.grpc_wire``'s. A ModelInfer request is sent as
-its wire pieces (``core.infer_wire``), its tensors' buffers not joined into a copy, and its
+``_h2_connection``'s, the gRPC wire rules ``core.protocol.grpc_wire``'s. A ModelInfer request is sent as
+its wire pieces (``core.protocol.infer_wire``), its tensors' buffers not joined into a copy, and its
 reply is parsed from a view of the received bytes.
 
 Wire behaviour (gRPC over HTTP/2): HEADERS with ``:method POST``, ``:scheme``, ``:path``,
@@ -49,10 +49,10 @@ from kserve_trio.client._h2_connection import (
 from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
-from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.grpc_wire import format_timeout, metadata_headers
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol import compression
+from kserve_trio.core.protocol.grpc_wire import format_timeout, metadata_headers
+from kserve_trio.core.protocol.infer_wire import (
     InferRequestMessage,
     InferResponseMessage,
     WirePieces,

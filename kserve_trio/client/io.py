@@ -6,12 +6,12 @@ This module owns:
   BF16 included: the bytes travel in ``raw_input_contents``), or, built over a ``pool_view``, a
   hand-made descriptor an ``InferenceIO`` may return from ``encode_chunk``.
 - ``InferOutput(name, response, dtype=None)``: an output of a ``ModelInferResponse`` (the
-  ``core.infer_wire.InferResponseMessage`` a call returns) as a numpy array viewing the received
+  ``core.protocol.infer_wire.InferResponseMessage`` a call returns) as a numpy array viewing the received
   bytes (no copy).
 - ``InferenceIO``: the protocol a dataset implements to be streamed through ``infer_async`` /
   ``infer_sync`` in chunks, and ``OutputSpec``, the outputs it wants read back through shared
   memory.
-- ``scratch`` (from ``core.buffer_pool``) and ``pool_view``: carving a chunk's input buffers from
+- ``scratch`` (from ``core.memory.buffer_pool``) and ``pool_view``: carving a chunk's input buffers from
   its pool slot, and the writable arrays over them.
 - ``with_bounds_checks``: a context in which ``pool_view`` and ``InferOutput`` hand out
   ``CheckedArray`` views that refuse any index outside the tensor's extent (numpy would silently
@@ -32,20 +32,20 @@ from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
 import numpy as np
 
-from kserve_trio.core.buffer_pool import PoolSlot, ScratchBuffer, scratch
-from kserve_trio.core.buffer_pool import pool_view as _core_pool_view
-from kserve_trio.core.bytes_tensor import bytes_tensor_from_values, decode_bytes_tensor
-from kserve_trio.core.codec import (
+from kserve_trio.core.errors import InvalidArgument
+from kserve_trio.core.memory.buffer_pool import PoolSlot, ScratchBuffer, scratch
+from kserve_trio.core.memory.buffer_pool import pool_view as _core_pool_view
+from kserve_trio.core.protocol.bytes_tensor import bytes_tensor_from_values, decode_bytes_tensor
+from kserve_trio.core.protocol.codec import (
     SHM_REGION_PARAM,
     in_shared_memory,
     int64_param,
     raw_output_indices,
     string_param,
 )
-from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
-from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.infer_wire import InferResponseMessage
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.protocol.infer_wire import InferResponseMessage
+from kserve_trio.core.tensors.dtypes import DType, dtype_from_wire, dtype_of
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
 T = TypeVar("T")

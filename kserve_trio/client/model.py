@@ -33,14 +33,14 @@ from kserve_trio.client.transport import (
     parse_url,
     resolve_message_cap,
 )
-from kserve_trio.core.codec import (
+from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.protocol.codec import (
     TIMEOUT_NS_PARAM,
     RequestedOutput,
     deadline_params,
     encode_infer_request,
 )
-from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol.infer_wire import (
     InferRequestMessage,
     InferResponseMessage,
     parse_infer_request,
@@ -369,7 +369,7 @@ async def send_infer(
     """``ModelInfer`` with ``policy`` inside ``deadline`` seconds (or until the absolute
     ``time.monotonic()`` ``deadline_at``); the request's ``reactant_timeout_ns`` is set to each
     attempt's budget (removed when there is none). Each attempt encodes the request once
-    (``core.infer_wire``); the reply is parsed with its payloads as views of the received
+    (``core.protocol.infer_wire``); the reply is parsed with its payloads as views of the received
     bytes."""
     if isinstance(request, pb.ModelInferRequest):
         request = parse_infer_request(bytes(request))

@@ -28,12 +28,12 @@ from kserve_trio.client.io import (
 )
 from kserve_trio.client.loop_thread import refuse_in_event_loop
 from kserve_trio.client.runtime import get_state
-from kserve_trio.core.buffer_pool import BufferPool, ScratchBuffer, pool_offset
-from kserve_trio.core.bundle import MANIFEST_FILE, load_manifest
-from kserve_trio.core.codec import encode_model_metadata
-from kserve_trio.core.dtypes import DType, dtype_from_wire, dtype_of
-from kserve_trio.core.infer_wire import InferOutputTensor, InferResponseMessage
+from kserve_trio.core.bundles.bundle import MANIFEST_FILE, load_manifest
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.memory.buffer_pool import BufferPool, ScratchBuffer, pool_offset
+from kserve_trio.core.protocol.codec import encode_model_metadata
+from kserve_trio.core.protocol.infer_wire import InferOutputTensor, InferResponseMessage
+from kserve_trio.core.tensors.dtypes import DType, dtype_from_wire, dtype_of
 from kserve_trio.proto import inference as pb
 
 log = get_logger("kserve_trio.client")
@@ -212,7 +212,7 @@ def synthetic_response(
     spec: ModelIOSpec, declared: list[OutputSpec], items: int
 ) -> InferResponseMessage:
     """A zero-filled response shaped like ``spec`` for ``items`` items, of the type a real
-    ModelInfer call hands ``decode_chunk`` (``core.infer_wire.InferResponseMessage``).
+    ModelInfer call hands ``decode_chunk`` (``core.protocol.infer_wire.InferResponseMessage``).
 
     The outputs are the declared ones in declared order (explicit-output mode) or else every
     output of the model. A leading ``-1`` is the item count; any other ``-1`` takes the

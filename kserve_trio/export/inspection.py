@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from kserve_trio.core.bundle import (
+from kserve_trio.core.bundles.bundle import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
     discover_modules,
@@ -19,8 +19,8 @@ from kserve_trio.core.bundle import (
     sidecar_path,
     validate_manifest,
 )
+from kserve_trio.core.bundles.manifest import Manifest, TensorSpec
 from kserve_trio.core.errors import BundleError
-from kserve_trio.core.manifest import Manifest, TensorSpec
 from kserve_trio.export.arity import bundle_arity_report
 from kserve_trio.runtime import check_module_signature, entry_signature, read_weights_index
 

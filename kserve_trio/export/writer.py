@@ -5,7 +5,7 @@ server loads: ``manifest.yaml``, ``model[.v{i}][.b{N}].mlir`` portable artifacts
 ``.jaxexport`` sidecar for every module handed over as a ``jax.export.Exported``),
 ``weights.safetensors`` with its ``argument_order``, and ``working_tree.patch`` when the
 provenance carries a git diff. Everything is checked before the first byte is written: the name,
-the layout, the manifest rules (through ``core.manifest``; the file names are ``core.bundle``'s),
+the layout, the manifest rules (through ``core.bundles.manifest``; the file names are ``core.bundles.bundle``'s),
 and every module's entry signature --
 its arity first (the "UNSERVABLE" gate), then each argument's and result's shape and dtype.
 Files are written under temporary names and renamed into place, the manifest last, so a watcher
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.bundle import (
+from kserve_trio.core.bundles.bundle import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     PATCH_FILE,
@@ -32,7 +32,7 @@ from kserve_trio.core.bundle import (
     module_file,
     sidecar_file,
 )
-from kserve_trio.core.manifest import parse_manifest
+from kserve_trio.core.bundles.manifest import parse_manifest
 from kserve_trio.export.iospec import IOSpec
 from kserve_trio.runtime import (
     ModuleFormatError,

@@ -33,9 +33,9 @@ from dataclasses import asdict
 import anyio
 import anyio.abc
 
-from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, get_logger
-from kserve_trio.core.restricted import Restrictions
+from kserve_trio.core.process.config import ServerConfig
+from kserve_trio.core.process.restricted import Restrictions
 from kserve_trio.frontend.forwarding import ForwardedRest, forwarded_methods
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.background import shutdown_signals

@@ -1,6 +1,6 @@
 """The caller's headers a gateway passes on to the workers it calls for that caller.
 
-A worker may restrict protocols (``core.restricted``): its model-repository, shared-memory or
+A worker may restrict protocols (``core.process.restricted``): its model-repository, shared-memory or
 control RPCs need a header the client sends. Through a gateway, the client's call becomes
 one or several worker calls (a forward, a fan-out to every worker); each of them carries the
 caller's custom metadata, so the header the worker wants arrives with every call made on the

@@ -21,10 +21,10 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from kserve_trio.core.config import ENV_OVERRIDES, load_yaml_mapping, parse_env_value
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import load_node_raw
-from kserve_trio.core.upstream_env import with_upstream_aliases
+from kserve_trio.core.process.config import ENV_OVERRIDES, load_yaml_mapping, parse_env_value
+from kserve_trio.core.process.node import load_node_raw
+from kserve_trio.core.process.upstream_env import with_upstream_aliases
 from kserve_trio.node._devices import Machine
 from kserve_trio.node._plan import (
     GATEWAY_FILE_ENV,
@@ -183,7 +183,7 @@ def prepare_node(
 ) -> tuple[NodePlan, RuntimeDir | None]:
     """Read, plan and (``write=True``) write the node's files; the runtime directory is
     ``None`` when nothing needs writing (``write=False``, as the readiness probe plans).
-    Upstream ``REACTANT_*`` names are read as their new names (``core.upstream_env``)."""
+    Upstream ``REACTANT_*`` names are read as their new names (``core.process.upstream_env``)."""
     env = with_upstream_aliases(env)
     node, role = load_node_for_role(node_path, role, env)
     rdir = choose_runtime_dir(runtime_dir, env) if write else None

@@ -14,22 +14,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kserve_trio.core.config import (
+from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.process.config import (
     ENV_PREFIX,
     WORKER_NAME_ENV,
     ServerConfig,
     apply_env_overrides,
     build_config,
 )
-from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import (
+from kserve_trio.core.process.node import (
     ROLES,
     materialize_node,
     validate_node,
     worker_names,
     worker_raw_config,
 )
-from kserve_trio.core.upstream_env import with_upstream_aliases
+from kserve_trio.core.process.upstream_env import with_upstream_aliases
 from kserve_trio.node._devices import (
     Machine,
     check_devices,
@@ -354,7 +354,7 @@ def plan_node(
        child gets ``PYTHONUNBUFFERED=1`` unless the environment sets it;
     5. advisory warnings: unused devices, private host weight copies, unpinned workers.
 
-    Upstream ``REACTANT_*`` names are read as their new names first (``core.upstream_env``),
+    Upstream ``REACTANT_*`` names are read as their new names first (``core.process.upstream_env``),
     and the children inherit only the new names.
     """
     env = with_upstream_aliases(env)

@@ -17,9 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from kserve_trio.core.config import ResidencyState
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.weight_store import WeightStore, weights_digest, weights_file_token
+from kserve_trio.core.process.config import ResidencyState
+from kserve_trio.runtime.weight_store import WeightStore, weights_digest, weights_file_token
 from kserve_trio.runtime.weights import WeightsIndex
 
 log = get_logger("kserve_trio.runtime.weight_cache")

@@ -29,7 +29,7 @@ import numpy as np
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 """Every MLIR bytecode file (a StableHLO portable artifact included) starts with these bytes."""
 
-# MLIR element type spelling -> manifest dtype token (kserve_trio.core.dtypes).
+# MLIR element type spelling -> manifest dtype token (kserve_trio.core.tensors.dtypes).
 _ELEMENT_TOKENS = {
     "i1": "bool",
     "ui8": "u8",
@@ -315,7 +315,7 @@ def rewrite_numerics(
 
 def numpy_dtype(t: TensorType) -> np.dtype:
     """The numpy dtype of a signature entry (``ModuleFormatError`` when it has none)."""
-    from kserve_trio.core.dtypes import dtype_from_token
+    from kserve_trio.core.tensors.dtypes import dtype_from_token
 
     if t.token is None:
         raise ModuleFormatError(f"unsupported tensor type {t.spelling}")

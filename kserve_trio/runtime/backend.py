@@ -253,7 +253,7 @@ class JaxBackend:
 
     @classmethod
     def from_config(cls, runtime_cfg: Any, cache_dir: str = "") -> JaxBackend:
-        """``create`` from a ``RuntimeConfig`` (attribute names as in ``core.config``)."""
+        """``create`` from a ``RuntimeConfig`` (attribute names as in ``core.process.config``)."""
         return cls.create(
             runtime_cfg.backend,
             device_ordinal=runtime_cfg.device_ordinal,

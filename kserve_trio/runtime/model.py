@@ -2,7 +2,7 @@
 
 ``load_compiled_model`` turns a bundle directory into a ``CompiledModel``:
 
-1. validate the manifest and find the modules (``core.bundle``);
+1. validate the manifest and find the modules (``core.bundles.bundle``);
 2. read the ``weights.safetensors`` header (order from ``argument_order``, footprint from the
    header alone) and memory-map the tensors;
 3. for every module, read its entry signature and check it against the manifest and the weights
@@ -26,10 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.bundle import WEIGHTS_FILE, discover_modules, sidecar_path, validate_manifest
+from kserve_trio.core.bundles.bundle import (
+    WEIGHTS_FILE,
+    discover_modules,
+    sidecar_path,
+    validate_manifest,
+)
+from kserve_trio.core.bundles.manifest import DimKind, Manifest, TensorSpec
 from kserve_trio.core.errors import BundleError, FailedPrecondition, Internal
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.manifest import DimKind, Manifest, TensorSpec
 from kserve_trio.runtime import _xla
 from kserve_trio.runtime.backend import Backend, Executable
 from kserve_trio.runtime.weights import WeightsIndex, read_weights_index

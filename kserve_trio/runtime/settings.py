@@ -17,7 +17,7 @@ TF32_MIN_COMPUTE_CAPABILITY = 8.0
 
 
 def numerics_token(value: object) -> str:
-    """``auto``/``f32``/``tf32`` from a string or an enum member (``core.config.NumericsMode``)."""
+    """``auto``/``f32``/``tf32`` from a string or an enum member (``core.process.config.NumericsMode``)."""
     raw = getattr(value, "value", value)
     token = str(raw).strip().lower() if raw is not None else ""
     if token not in NUMERICS_MODES:

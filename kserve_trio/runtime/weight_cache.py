@@ -3,7 +3,7 @@
 Each model's weights live in up to two tiers:
 
 * the **host tier**: the weights materialised into RAM once, through a ``WeightStore``
-  (``core/weight_store.py``: private arrays, or a region shared by the node's workers);
+  (``runtime/weight_store.py``: private arrays, or a region shared by the node's workers);
 * the **device tier**: the weights as device buffers (``CompiledModel.load_weights`` /
   ``free_weights``), either pinned for the process lifetime or held in an LRU under a byte
   budget and evicted on demand.
@@ -34,10 +34,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from kserve_trio.core.config import ResidencyMode, ResidencyState, ServerConfig
 from kserve_trio.core.errors import FailedPrecondition, NotFound, Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.weight_store import PrivateWeightStore, WeightStore, make_weight_store
+from kserve_trio.core.process.config import ResidencyMode, ResidencyState, ServerConfig
 from kserve_trio.runtime._budget import (
     CacheBook,
     EvictionPlan,
@@ -54,6 +53,7 @@ from kserve_trio.runtime._budget import (
 )
 from kserve_trio.runtime._probe import MIN_COST_SECONDS, measure_scratch
 from kserve_trio.runtime._tiers import DeviceMemory, ManagedModel, Record, Tiers
+from kserve_trio.runtime.weight_store import PrivateWeightStore, WeightStore, make_weight_store
 
 log = get_logger("kserve_trio.runtime.weight_cache")
 

@@ -7,7 +7,7 @@ ports are open and drains on exit (``worker.server.serve_async``,
 differ only in which context they enter, so the event loop choice (``EVENT_LOOPS``: uvloop when
 installed, asyncio, or trio), the signal wait and the start/stop handshake with a background
 thread live here once: a server's event loop is chosen and started here, and what differs per
-loop below anyio is ``core.event_loops``'.
+loop below anyio is ``core.process.event_loops``'.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from kserve_trio.core.event_loops import EVENT_LOOPS, uvloop_available
+from kserve_trio.core.process.event_loops import EVENT_LOOPS, uvloop_available
 from kserve_trio.http2 import DEFAULT_ENGINE, ENGINES
 
 T = TypeVar("T")

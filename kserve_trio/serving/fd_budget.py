@@ -13,7 +13,7 @@ The rule (``FdBudget.plan``), for a soft ``RLIMIT_NOFILE`` of ``L``:
   pipes, imports, the metrics scrape's own client), plus per listener one spare (it lets a
   listener accept and close a connection even at EMFILE) and ``EVICTING_MAX`` for the idle
   connections being closed to admit new ones at the cap (``serving.accept``);
-- the worker: ``L // 4`` (at least 16) shared-memory regions (``core.shm.ShmRegistry``) and
+- the worker: ``L // 4`` (at least 16) shared-memory regions (``core.memory.shm.ShmRegistry``) and
   ``L // 16`` for model files;
 - the gateway: ``L // 4`` for its connections to the workers;
 - what is left, split evenly among the process's listeners: each caps its open connections

@@ -9,7 +9,7 @@ fields and maps included) and names the first field whose value does not have it
 type, so the adapter answers INVALID_ARGUMENT instead. It is pure and costs a few microseconds
 for the small control messages it is used on (ModelInfer has its own parser).
 
-Bounds (``core.request_bounds``; the server's ``limits:``): every top-level string field of a
+Bounds (``core.protocol.request_bounds``; the server's ``limits:``): every top-level string field of a
 request, each string of a top-level repeated field and each key of a top-level map is a name
 (model, version, region, key, parameter) and is bounded by ``max_name_bytes``; a top-level map
 holds at most ``max_parameters`` entries, a repeated field at most ``max_tensors``.
@@ -29,8 +29,8 @@ from typing import Any
 
 import betterproto2
 
-from kserve_trio.core.request_bounds import RequestBounds, check_count, check_name
-from kserve_trio.core.wire import _fields
+from kserve_trio.core.protocol.request_bounds import RequestBounds, check_count, check_name
+from kserve_trio.core.protocol.wire import _fields
 
 _INTS = {
     "int32",

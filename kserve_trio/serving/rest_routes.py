@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from kserve_trio.core import compression
 from kserve_trio.core.errors import (
     InvalidArgument,
     NotFound,
@@ -48,9 +47,10 @@ from kserve_trio.core.errors import (
     StatusCode,
     Unimplemented,
 )
-from kserve_trio.core.json_depth import JsonTooDeep
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.rest_codec import DEFAULT_JSON_DEPTH, HEADER_LENGTH, load_json
+from kserve_trio.core.protocol import compression
+from kserve_trio.core.protocol.json_depth import JsonTooDeep
+from kserve_trio.core.protocol.rest_codec import DEFAULT_JSON_DEPTH, HEADER_LENGTH, load_json
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, PayloadTooLarge, inflate_body

@@ -1,4 +1,4 @@
-"""Restricted protocols on a server's gRPC methods (the rules: ``core.restricted``).
+"""Restricted protocols on a server's gRPC methods (the rules: ``core.process.restricted``).
 
 ``restrict(methods, restrictions)`` wraps each method of a restricted group so that a call
 without the group's header ends PERMISSION_DENIED before its message is read; methods of open
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from kserve_trio.core.restricted import Restrictions, group_of
+from kserve_trio.core.process.restricted import Restrictions, group_of
 from kserve_trio.serving.grpc import Call, Method
 
 

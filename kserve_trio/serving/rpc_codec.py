@@ -28,16 +28,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol.infer_wire import (
     Buffer,
     InferRequestMessage,
     InferResponseMessage,
     WirePieces,
     parse_infer_request,
 )
-from kserve_trio.core.logging import get_logger
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.message_check import check_bounds, scan_bounds, wrong_field
 

@@ -1,6 +1,6 @@
 """Server-side TLS: the ``ssl.SSLContext`` our gRPC servers (worker or gateway) listen with.
 
-Built from ``endpoints.tls`` (``core.config.TlsConfig``): no certificate means plaintext (no
+Built from ``endpoints.tls`` (``core.process.config.TlsConfig``): no certificate means plaintext (no
 context); a certificate and key give TLS; a client CA bundle on top requires every client to
 present a certificate that chains to it (mutual TLS: a client without one fails the handshake).
 The context negotiates HTTP/2 through ALPN, since gRPC clients (tritonclient's C-core among
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ssl
 
-from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.process.config import TlsConfig
 
 
 def server_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:

@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kserve_trio.core.config import TracingConfig
 from kserve_trio.core.errors import InvalidArgument, Unimplemented
+from kserve_trio.core.process.config import TracingConfig
 from kserve_trio.proto import inference as pb
 
 TRACEPARENT = "traceparent"

@@ -21,7 +21,7 @@ import anyio.to_thread
 import numpy as np
 
 from kserve_trio.core.errors import Internal
-from kserve_trio.core.event_loops import LoopClosed, thread_poster
+from kserve_trio.core.process.event_loops import LoopClosed, thread_poster
 from kserve_trio.runtime.weight_cache import NotResidentError
 from kserve_trio.worker.disciplines import MIN_COST_SECONDS
 from kserve_trio.worker.layout import ModelLayout
@@ -58,7 +58,7 @@ class DeviceThread:
 
     The hand-back (``handback``, see ``worker/switches.py``): with ``post`` a finished job joins
     ``_finished`` and, unless a wake-up is already pending, one is posted to the loop
-    (``core.event_loops.thread_poster``); the thread goes on to its next job at once, and the
+    (``core.process.event_loops.thread_poster``); the thread goes on to its next job at once, and the
     loop's wake-up sets the events of every job finished by then. With ``block`` the thread
     waits until the loop has run each job's wake-up.
     """

@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kserve_trio.core.errors import NotFound
-from kserve_trio.core.infer_wire import Buffer
 from kserve_trio.core.logging import LogSettings, current_log_settings
+from kserve_trio.core.protocol.infer_wire import Buffer
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.http import HttpRequest, error_response
 from kserve_trio.serving.ipc import (

@@ -43,9 +43,9 @@ import time
 import anyio
 import anyio.abc
 
-from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
-from kserve_trio.core.shm_names import reserved_name
+from kserve_trio.core.memory.shm_names import reserved_name
+from kserve_trio.core.process.config import ServerConfig
 from kserve_trio.serving.ipc import (
     ARENA_BYTES,
     Arena,

@@ -12,12 +12,12 @@ A request's path, each step once:
 1. admission (``serving.admission.Admission``, built by ``worker/admission.py``): a worker that
    is shutting down answers UNAVAILABLE; one at its concurrency cap answers RESOURCE_EXHAUSTED
    and counts the shed request;
-2. the request's bounds (``core.request_bounds.check_infer_request``: names, counts of inputs,
+2. the request's bounds (``core.protocol.request_bounds.check_infer_request``: names, counts of inputs,
    outputs and parameters, raw contents), before anything else reads a name;
 3. lookup in the model repository (empty name INVALID_ARGUMENT, unknown model or version
    NOT_FOUND), before any payload is decoded;
 4. decode (shared-memory inputs are leased here; a repeated input name is refused here);
-5. one validation pass (``validate_request``): input names, dtypes, ranks, fixed dims, and
+5. one validation pass (``validation.validate_request``): input names, dtypes, ranks, fixed dims, and
    the requested outputs, against the model's client-facing specs;
 6. the effective deadline: the smallest of the request's own (parameters) and the transport's;
 7. dispatch: the scheduler (told the inputs are validated, so it does not re-check dtype and
@@ -36,25 +36,26 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 import numpy as np
 from anyio import get_cancelled_exc_class
 
-from kserve_trio.core import codec, validation
-from kserve_trio.core.buffer_pool import BufferPool
-from kserve_trio.core.config import EdgeLimits
+from kserve_trio.core.bundles.manifest import Manifest
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     Internal,
     NotFound,
     ServingError,
 )
-from kserve_trio.core.infer_wire import WirePieces
-from kserve_trio.core.manifest import Manifest, TensorSpec
-from kserve_trio.core.request_bounds import (
+from kserve_trio.core.memory.buffer_pool import BufferPool
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.infer_wire import WirePieces
+from kserve_trio.core.protocol.request_bounds import (
     RequestBounds,
     check_infer_request,
     name_too_long,
     shown,
 )
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.serving.admission import Admission
+from kserve_trio.worker import validation
 from kserve_trio.worker.meta import MetaCall, run_meta
 from kserve_trio.worker.registry import ModelBundle
 from kserve_trio.worker.scheduler import RequestTrace
@@ -62,8 +63,8 @@ from kserve_trio.worker.scheduler import RequestTrace
 if TYPE_CHECKING:
     # The parsed ModelInfer request a transport hands over (the codec reads it; the core
     # itself reads only model_name, model_version and id).
-    from kserve_trio.core.infer_wire import InferRequestMessage as ParsedInferRequest
-    from kserve_trio.core.shm import ShmRegistry
+    from kserve_trio.core.memory.shm import ShmRegistry
+    from kserve_trio.core.protocol.infer_wire import InferRequestMessage as ParsedInferRequest
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.trace_control import TraceControl
@@ -94,26 +95,6 @@ class ResponseEncoder(Protocol[_Reply]):
         model_version: str = "",
         zero_copy: bool = False,
     ) -> _Reply: ...
-
-
-def check_requested_outputs(
-    model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
-) -> None:
-    """Refuse an unknown requested output before any device work is spent on the request
-    (``validation.no_such_output``)."""
-    known = {spec.name for spec in specs}
-    for out in requested:
-        if out.name not in known:
-            raise validation.no_such_output(model_name, out.name, known)
-
-
-def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
-    """The request's one validation pass against the model's client-facing specs: its inputs
-    (``core.validation.validate_inputs``), then the outputs it asks for, if any."""
-    manifest = bundle.manifest
-    validation.validate_inputs(bundle.name, manifest.wire_inputs, request.inputs)
-    if request.requested_outputs:
-        check_requested_outputs(bundle.name, manifest.wire_outputs, request.requested_outputs)
 
 
 class InferenceCore:
@@ -231,7 +212,7 @@ class InferenceCore:
                 bundle = self._repository.lookup(request.model_name, request.model_version)
                 decoded = codec.decode_infer_request(request, registry)
                 try:
-                    validate_request(bundle, decoded)
+                    validation.validate_request(bundle, decoded)
                     deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
                     if bundle.is_meta:
                         outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
@@ -487,6 +468,4 @@ __all__ = [
     "InferReply",
     "InferenceCore",
     "ResponseEncoder",
-    "check_requested_outputs",
-    "validate_request",
 ]

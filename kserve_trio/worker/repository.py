@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.codec import BUNDLE_VERSION
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.request_bounds import require_model_name
+from kserve_trio.core.protocol.codec import BUNDLE_VERSION
+from kserve_trio.core.protocol.request_bounds import require_model_name
 from kserve_trio.worker.registry import (
     LoadFailure,
     ModelBundle,

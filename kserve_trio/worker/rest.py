@@ -8,7 +8,7 @@ gRPC) with the REST encoder in place of the gRPC one; every other RPC is the
 and its HTTP status is the gRPC status mapped (``serving.http``).
 
 REST's own parts: the body is JSON, or JSON plus Triton's binary section
-(``core.rest_codec``), optionally compressed (``Content-Encoding: gzip|deflate``, decompressed
+(``core.protocol.rest_codec``), optionally compressed (``Content-Encoding: gzip|deflate``, decompressed
 under ``grpc.max_recv_msg_bytes``: 413 past it), nested at most ``limits.max_json_depth`` deep
 (400, logged once per request); outputs come back as JSON ``data`` or, on request, binary,
 compressed when the request's ``Accept-Encoding`` asks for gzip or deflate.
@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kserve_trio.core import codec, rest_codec
 from kserve_trio.core.errors import Unimplemented
-from kserve_trio.core.request_bounds import check_path_names
-from kserve_trio.core.restricted import Restrictions, group_of
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.process.restricted import Restrictions, group_of
+from kserve_trio.core.protocol import codec, rest_codec
+from kserve_trio.core.protocol.request_bounds import check_path_names
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
 from kserve_trio.serving.message_check import check_bounds
 from kserve_trio.serving.rest_routes import (

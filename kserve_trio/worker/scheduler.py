@@ -39,6 +39,7 @@ import anyio.abc
 import anyio.to_thread
 import numpy as np
 
+from kserve_trio.core.bundles.manifest import Manifest
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -50,8 +51,7 @@ from kserve_trio.core.errors import (
     Unavailable,
 )
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.manifest import Manifest
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.runtime.weight_cache import NEEDS_CACHE, ProbeResult, Program
 from kserve_trio.worker.disciplines import discipline_for
 from kserve_trio.worker.dispatch import DispatchLoop, Phase
@@ -73,7 +73,7 @@ from kserve_trio.worker.model_state import (
 from kserve_trio.worker.model_table import ModelTable
 
 if TYPE_CHECKING:
-    from kserve_trio.core.config import ResidencyState, SchedulerConfig
+    from kserve_trio.core.process.config import ResidencyState, SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.tracing import Tracing
 
@@ -352,7 +352,7 @@ class Scheduler:
         """Serve one request: preprocess -> queue -> (coalesced) execution -> postprocess.
 
         ``validated_for`` is the manifest whose wire specs the caller has already checked
-        ``inputs`` against (names, dtype, rank, fixed dims: ``core.validation.validate_inputs``).
+        ``inputs`` against (names, dtype, rank, fixed dims: ``worker.validation.validate_inputs``).
         When it is the manifest of the version serving the request and those inputs are the
         executable ones (no preprocess hook, no ``client_inputs``), the dtype and shape checks
         are not repeated; the admission (rows, variant) always runs. A request validated

@@ -37,17 +37,17 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 
-from kserve_trio.core.buffer_pool import BufferPool
-from kserve_trio.core.config import (
+from kserve_trio.core.logging import get_logger
+from kserve_trio.core.memory.buffer_pool import BufferPool
+from kserve_trio.core.memory.shm import ShmRegistry
+from kserve_trio.core.process.config import (
     ModelControlMode,
     ResidencyMode,
     ResidencyState,
     ServerConfig,
     log_config,
 )
-from kserve_trio.core.logging import get_logger
-from kserve_trio.core.node import load_server_config
-from kserve_trio.core.shm import ShmRegistry
+from kserve_trio.core.process.node import load_server_config
 from kserve_trio.serving.background import (
     BackgroundLoop,
     RunningHandle,
@@ -124,7 +124,7 @@ async def serve_async(
     config: ServerConfig, *, backend: WorkerBackend | None = None
 ) -> AsyncIterator[RunningServer]:
     """Run a worker for the duration of the ``async with`` block (the whole nursery tree)."""
-    from kserve_trio.core.restricted import Restrictions
+    from kserve_trio.core.process.restricted import Restrictions
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.admin_http import serve_http
     from kserve_trio.serving.edge_stats import EdgeStats
@@ -435,7 +435,7 @@ async def _serve_rest(
     same service and inference core behind ``worker.rest``; bodies capped like gRPC messages
     and charged to the same bytes in flight (``inflight``, the admission's), connections and
     deadlines under ``config.limits``."""
-    from kserve_trio.core.restricted import Restrictions
+    from kserve_trio.core.process.restricted import Restrictions
     from kserve_trio.serving.accept import ListenError
     from kserve_trio.serving.http import serve_app
     from kserve_trio.worker.rest import WorkerRest

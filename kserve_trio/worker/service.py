@@ -31,13 +31,13 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import kserve_trio
-from kserve_trio.core import codec
-from kserve_trio.core.config import ModelControlMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.request_bounds import check_model_name
-from kserve_trio.core.shm import ShmRegistry
-from kserve_trio.core.shm_names import check_key
+from kserve_trio.core.memory.shm import ShmRegistry
+from kserve_trio.core.memory.shm_names import check_key
+from kserve_trio.core.process.config import ModelControlMode, ResidencyState
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.request_bounds import check_model_name
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
@@ -160,7 +160,7 @@ class InferenceService:
 
     async def shm_status(self, request):
         # Register, Unregister and Status validate names and keys in ShmRegistry
-        # (core/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field; its
+        # (core/memory/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field; its
         # policy answers UNAVAILABLE with client shared memory off and refuses reserved keys.
         regions = self._shm().status(request.name)
         return pb.SystemSharedMemoryStatusResponse(
@@ -202,7 +202,7 @@ class InferenceService:
     async def repository_model_load(self, request):
         """Explicit mode: pin the model's weights to the device (= SetModelResidency
         PINNED_DEVICE); the model is served and ready once this returns. A name that is not a
-        model name (``core.request_bounds.check_model_name``) is INVALID_ARGUMENT first, in
+        model name (``core.protocol.request_bounds.check_model_name``) is INVALID_ARGUMENT first, in
         every mode, as the gateway answers it."""
         check_model_name("RepositoryModelLoad", request.model_name)
         self._require_explicit("RepositoryModelLoad")

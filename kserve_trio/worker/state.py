@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.config import TracingConfig
+from kserve_trio.core.process.config import TracingConfig
 from kserve_trio.serving.admission import Admission
 from kserve_trio.serving.grpc import Limits
 from kserve_trio.serving.trace_control import TraceControl
 from kserve_trio.worker.stream import OpenStreams
 
 if TYPE_CHECKING:
-    from kserve_trio.core.config import ServerConfig
-    from kserve_trio.core.shm import ShmRegistry
+    from kserve_trio.core.memory.shm import ShmRegistry
+    from kserve_trio.core.process.config import ServerConfig
     from kserve_trio.runtime.backend import Backend
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.worker.metrics import WorkerMetrics

@@ -23,8 +23,8 @@ from typing import Any
 
 import anyio
 
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.process.config import EdgeLimits
 from kserve_trio.serving.grpc import (
     Call,
     GrpcError,

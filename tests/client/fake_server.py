@@ -18,13 +18,13 @@ import numpy as np
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import string_param
 from kserve_trio.client.transport import Endpoint
-from kserve_trio.core import codec
-from kserve_trio.core.codec import SHM_REGION_PARAM
-from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import ServingError, StatusCode
-from kserve_trio.core.infer_wire import parse_infer_request
-from kserve_trio.core.shm import ShmRegistry
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.memory.shm import ShmRegistry
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.codec import SHM_REGION_PARAM
+from kserve_trio.core.protocol.infer_wire import parse_infer_request
+from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
 

@@ -15,15 +15,15 @@ from kserve_trio.client.driver import (
 )
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.io import int64_param, string_param
-from kserve_trio.core import codec
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.infer_wire import (
     InferOutputTensor,
     InferRequestedOutput,
     InferResponseMessage,
     parse_infer_request,
     parse_infer_response,
 )
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport, _message_pieces
 from kserve_trio.client.transport import Endpoint
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.infer_wire import InferInputTensor, InferRequestMessage
-from kserve_trio.core.wire import byte_view
+from kserve_trio.core.protocol.infer_wire import InferInputTensor, InferRequestMessage
+from kserve_trio.core.protocol.wire import byte_view
 from tests.client.echo_server import GRPC_OK_HEADERS, EchoServer, Raw, grpc_frame
 
 ECHO = "/test.Echo/Echo"

@@ -22,8 +22,8 @@ import pytest
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport, _Call
 from kserve_trio.client.transport import Endpoint
-from kserve_trio.core import compression
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.protocol import compression
 from kserve_trio.http2 import ENGINES
 from tests.client.echo_server import (
     GRPC_OK_HEADERS,

@@ -21,15 +21,15 @@ from kserve_trio.client import (
 )
 from kserve_trio.client.driver import _shm_params as shm_params
 from kserve_trio.client.io import as_descriptors, bounds_checks_enabled, checked, output_specs
-from kserve_trio.core import codec
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.infer_wire import (
     InferOutputTensor,
     InferResponseMessage,
     parse_infer_request,
     parse_infer_response,
 )
-from kserve_trio.core.wire import TensorContents
+from kserve_trio.core.protocol.wire import TensorContents
+from kserve_trio.core.tensors.dtypes import DType
 
 WIRE_DTYPES = [d for d in DType if d.has_wire]
 

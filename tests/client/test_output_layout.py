@@ -9,8 +9,8 @@ import pytest
 from kserve_trio.client import BufferPool, InferOutput, pool_view, scratch
 from kserve_trio.client.driver import rehydrate
 from kserve_trio.client.errors import RpcError
-from kserve_trio.core import codec
-from kserve_trio.core.infer_wire import InferOutputTensor, InferResponseMessage
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.infer_wire import InferOutputTensor, InferResponseMessage
 
 A = np.array([1, -2], np.int64)
 Y = np.full((2, 3), 2.5, np.float32)

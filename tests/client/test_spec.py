@@ -20,7 +20,7 @@ from kserve_trio.client import (
     validate_io,
 )
 from kserve_trio.client.spec import synthetic_response
-from kserve_trio.core.infer_wire import InferResponseMessage
+from kserve_trio.core.protocol.infer_wire import InferResponseMessage
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -28,8 +28,8 @@ from kserve_trio.client import (
     infer_sync,
 )
 from kserve_trio.client.transport import Endpoint
-from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import ConfigError, StatusCode
+from kserve_trio.core.process.config import TlsConfig
 from kserve_trio.serving.tls import server_ssl_context
 from kserve_trio.worker.server import serve, stop
 from tests.client.echo_server import EchoServer, Raw

@@ -10,9 +10,9 @@ import pytest
 
 from kserve_trio.client import BufferPool, InferInput, pool_view, scratch, subslot
 from kserve_trio.client.driver import build_chunk_request
-from kserve_trio.core import codec
-from kserve_trio.core.buffer_pool import pool_offset
-from kserve_trio.core.infer_wire import parse_infer_request
+from kserve_trio.core.memory.buffer_pool import pool_offset
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.infer_wire import parse_infer_request
 
 
 def sent(*inputs: InferInput) -> dict[str, np.ndarray]:

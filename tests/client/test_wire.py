@@ -15,17 +15,17 @@ from kserve_trio.client import BufferPool, InferInput, InferOutput, RetryPolicy,
 from kserve_trio.client.driver import build_chunk_request
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.model import send_infer
-from kserve_trio.core.codec import (
+from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.protocol.codec import (
     TIMEOUT_NS_PARAM,
     RequestedOutput,
     ShmRef,
     encode_infer_request,
 )
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.infer_wire import InferResponseMessage
-from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.core.wire import Uint64
+from kserve_trio.core.protocol.infer_wire import InferResponseMessage
+from kserve_trio.core.protocol.wire import Uint64
+from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
 names = st.text(max_size=8)

@@ -15,10 +15,10 @@ import tritonclient.grpc as tc
 
 from kserve_trio.client import InferInput, InferOutput, KServeModel, RetryPolicy
 from kserve_trio.client.errors import RpcError
-from kserve_trio.core import codec
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.infer_wire import (
     InferInputTensor,
     InferRequestMessage,
     infer_response_pieces,

@@ -16,7 +16,8 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from kserve_trio.core.buffer_pool import (
+from kserve_trio.core.errors import PoolAcquireTimeout
+from kserve_trio.core.memory.buffer_pool import (
     BufferPool,
     PoolSlot,
     ScratchBuffer,
@@ -27,9 +28,8 @@ from kserve_trio.core.buffer_pool import (
     scratch_nbytes,
     subslot,
 )
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.errors import PoolAcquireTimeout
-from kserve_trio.core.shm import ShmRegistry
+from kserve_trio.core.memory.shm import ShmRegistry
+from kserve_trio.core.tensors.dtypes import DType
 from tests.waiting import until, wait_until
 
 

@@ -1,4 +1,4 @@
-"""core.bytes_tensor and the BYTES rules of the codec and the manifest: Triton's length-prefixed
+"""core.protocol.bytes_tensor and the BYTES rules of the codec and the manifest: Triton's length-prefixed
 encoding against tritonclient's own serializer, each malformation's message, typed and shared
 memory inputs, outputs inline and to shared memory, and ``bytes`` refused on executable tensors.
 """
@@ -13,22 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from kserve_trio.core.bytes_tensor import (
+from kserve_trio.core.bundles.manifest import parse_manifest_text
+from kserve_trio.core.errors import Internal, InvalidArgument, ManifestError
+from kserve_trio.core.protocol.bytes_tensor import (
     bytes_tensor_from_values,
     decode_bytes_tensor,
     encode_bytes_tensor,
 )
-from kserve_trio.core.codec import (
+from kserve_trio.core.protocol.codec import (
     RequestedOutput,
     ShmRef,
     decode_infer_request,
     encode_infer_response,
 )
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.errors import Internal, InvalidArgument, ManifestError
-from kserve_trio.core.infer_wire import parse_infer_request, parse_infer_response
-from kserve_trio.core.manifest import parse_manifest_text
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.protocol.infer_wire import parse_infer_request, parse_infer_response
+from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
 

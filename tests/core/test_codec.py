@@ -12,8 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kserve_trio.core import codec
-from kserve_trio.core.codec import (
+from kserve_trio.core.bundles.manifest import parse_manifest
+from kserve_trio.core.errors import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    UnregisteredRegionError,
+)
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.codec import (
     INT64_MAX,
     TIMEOUT_NS_PARAM,
     InferRequest,
@@ -30,22 +37,14 @@ from kserve_trio.core.codec import (
     encode_model_metadata,
     encode_repository_index,
 )
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.errors import (
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    UnregisteredRegionError,
-)
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol.infer_wire import (
     InferRequestMessage,
     WirePieces,
     parse_infer_request,
     parse_infer_response,
 )
-from kserve_trio.core.manifest import parse_manifest, parse_tensor_spec
-from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.core.validation import validate_inputs
+from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
 WIRE_DTYPES = [d for d in DType if d.has_wire]
@@ -891,64 +890,3 @@ def test_public_surface():
     assert codec.TIMEOUT_NS_PARAM == "reactant_timeout_ns"
     for name in codec.__all__:
         assert hasattr(codec, name), name
-
-
-# --------------------------------------------------------------------------------------------
-# validate_inputs
-
-SPECS = [
-    parse_tensor_spec({"name": "x", "dtype": "f32", "shape": "whn", "dims": {"w": 4, "h": 3}}),
-    parse_tensor_spec({"name": "y", "dtype": "i32", "shape": "l", "dims": {"l": -1}}),
-]
-
-
-def nt(name: str, shape, dtype=np.float32) -> NamedTensor:
-    return NamedTensor.from_array(name, np.zeros(shape, dtype))
-
-
-def validation_error(inputs) -> str:
-    with pytest.raises(InvalidArgument) as info:
-        validate_inputs("m", SPECS, inputs)
-    return str(info.value)
-
-
-def test_validate_accepts_any_batch_and_variable_extent():
-    validate_inputs("m", SPECS, [nt("x", (1, 3, 4)), nt("y", (0,), np.int32)])
-    validate_inputs("m", SPECS, [nt("y", (9,), np.int32), nt("x", (17, 3, 4))])
-
-
-def test_validate_undeclared_input():
-    assert validation_error([nt("x", (1, 3, 4)), nt("z", (1,))]) == (
-        "input 'z' is not declared by model 'm'"
-    )
-
-
-def test_validate_missing_input():
-    assert validation_error([nt("x", (1, 3, 4))]) == "model 'm' requires input 'y'"
-
-
-def test_duplicate_inputs_are_the_decode_rule_only():
-    """One owner per rule: the decode refuses a repeated input name (its test above);
-    validation, which only ever sees decoded inputs, does not check it a second time."""
-    validate_inputs("m", SPECS, [nt("x", (1, 3, 4)), nt("x", (1, 3, 4)), nt("y", (1,), np.int32)])
-
-
-def test_validate_dtype_mismatch():
-    assert validation_error([nt("x", (1, 3, 4), np.float64), nt("y", (2,), np.int32)]) == (
-        "input 'x' of model 'm' has datatype FP64, expected FP32"
-    )
-
-
-def test_validate_rank_mismatch():
-    assert validation_error([nt("x", (3, 4)), nt("y", (2,), np.int32)]) == (
-        "input 'x' of model 'm' has rank 2, expected 3"
-    )
-
-
-def test_validate_fixed_extent_mismatch_uses_row_major_index():
-    assert validation_error([nt("x", (2, 3, 5)), nt("y", (2,), np.int32)]) == (
-        "input 'x' dim 2 has extent 5, expected 4"
-    )
-    assert validation_error([nt("x", (2, 4, 4)), nt("y", (2,), np.int32)]) == (
-        "input 'x' dim 1 has extent 4, expected 3"
-    )

@@ -1,8 +1,8 @@
-"""The public surface of ``kserve_trio.core.codec`` is stated once and pinned here."""
+"""The public surface of ``kserve_trio.core.protocol.codec`` is stated once and pinned here."""
 
 from __future__ import annotations
 
-from kserve_trio.core import codec
+from kserve_trio.core.protocol import codec
 
 EXPECTED = {
     "BUNDLE_VERSION",
@@ -30,6 +30,7 @@ EXPECTED = {
     "encode_repository_index",
     "in_shared_memory",
     "int64_param",
+    "no_such_output",
     "raw_output_indices",
     "response_outputs",
     "shm_params",

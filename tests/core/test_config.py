@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from kserve_trio.core.config import (
+from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.process.config import (
     DEFAULT_GRPC_MSG_BYTES,
     ENV_OVERRIDES,
     LIMIT_FIELDS,
@@ -38,8 +39,7 @@ from kserve_trio.core.config import (
     log_config,
     validate_config,
 )
-from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import load_server_config
+from kserve_trio.core.process.node import load_server_config
 
 
 def yaml_raw(text: str) -> Any:
@@ -1280,7 +1280,7 @@ def test_tls_round_trips_through_config_to_raw(tmp_path):
 
 
 def test_the_config_package_states_its_public_surface_once():
-    import kserve_trio.core.config as config
+    import kserve_trio.core.process.config as config
 
     assert sorted(config.__all__) == sorted(
         [
@@ -1353,11 +1353,11 @@ def test_the_config_package_states_its_public_surface_once():
 
 def test_the_config_package_sits_below_the_node_file_layer():
     """The node file builds on the config package, never the other way round: importing the
-    whole config package loads no ``kserve_trio.core.node``."""
+    whole config package loads no ``kserve_trio.core.process.node``."""
     code = (
-        "import sys, kserve_trio.core.config as c; "
+        "import sys, kserve_trio.core.process.config as c; "
         "c.build_config({}); "
-        "print(sorted(m for m in sys.modules if m.startswith('kserve_trio.core.node')))"
+        "print(sorted(m for m in sys.modules if m.startswith('kserve_trio.core.process.node')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -6,14 +6,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kserve_trio.core.dtypes import (
+from kserve_trio.core.tensors.dtypes import (
     DType,
     dtype_from_token,
     dtype_from_wire,
     dtype_of,
     kserve_string,
 )
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 EXPECTED = [
     ("bool", np.bool_, "BOOL", 1),

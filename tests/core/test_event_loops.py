@@ -1,4 +1,4 @@
-"""The reaches below anyio in ``core/event_loops.py`` that anyio does not make safe itself: a
+"""The reaches below anyio in ``core/process/event_loops.py`` that anyio does not make safe itself: a
 socket attribute of a stream whose transport is gone, and a hand-over to the loop from another
 thread (the device thread's use of it is tested in tests/worker/test_device_thread.py)."""
 
@@ -11,7 +11,7 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 
-from kserve_trio.core.event_loops import (
+from kserve_trio.core.process.event_loops import (
     LoopClosed,
     stream_attribute,
     thread_poster,

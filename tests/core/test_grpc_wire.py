@@ -1,4 +1,4 @@
-"""The gRPC wire rules (``core.grpc_wire``), written once for the server and the client."""
+"""The gRPC wire rules (``core.protocol.grpc_wire``), written once for the server and the client."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.grpc_wire import (
+from kserve_trio.core.protocol.grpc_wire import (
     PREFIX,
     custom_metadata,
     decode_bin,

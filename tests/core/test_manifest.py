@@ -1,4 +1,4 @@
-"""Tests for ``kserve_trio.core.manifest`` and ``kserve_trio.core.bundle``: parsing, the bundle
+"""Tests for ``kserve_trio.core.bundles.manifest`` and ``kserve_trio.core.bundles.bundle``: parsing, the bundle
 validation rules (each provoked with its exact message), the row-major reversal, shape variants,
 module discovery, the bundle file names and the derived batch questions."""
 
@@ -11,15 +11,13 @@ from typing import Any
 
 import pytest
 
-from kserve_trio.core.bundle import (
+from kserve_trio.core.bundles.bundle import (
     bundle_signature_files,
     discover_modules,
     load_manifest,
     validate_manifest,
 )
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.errors import BundleError, InvalidArgument, ManifestError
-from kserve_trio.core.manifest import (
+from kserve_trio.core.bundles.manifest import (
     BatchingSpec,
     Dim,
     DimKind,
@@ -32,6 +30,8 @@ from kserve_trio.core.manifest import (
     request_rows,
     wire_batch_spec,
 )
+from kserve_trio.core.errors import BundleError, InvalidArgument, ManifestError
+from kserve_trio.core.tensors.dtypes import DType
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 P = "manifest 'm' (<manifest>): "
@@ -916,7 +916,7 @@ def test_bundle_signature_files_include_variant_modules(tmp_path: Path) -> None:
 
 
 def test_module_file_names_follow_the_variant_and_batch_rule() -> None:
-    from kserve_trio.core import bundle
+    from kserve_trio.core.bundles import bundle
 
     assert bundle.module_file(None, 0) == "model.mlir"
     assert bundle.module_file(None, 8) == "model.b8.mlir"
@@ -929,7 +929,7 @@ def test_module_file_names_follow_the_variant_and_batch_rule() -> None:
 
 def test_discovery_finds_exactly_the_files_module_file_names(tmp_path: Path) -> None:
     """What a producer names with ``module_file`` is what ``discover_modules`` finds."""
-    from kserve_trio.core.bundle import module_file
+    from kserve_trio.core.bundles.bundle import module_file
 
     raw = base(batching={"compiled_batch_sizes": [1, 4]})
     files = [module_file(None, 1), module_file(None, 4), "weights.safetensors"]
@@ -940,7 +940,7 @@ def test_discovery_finds_exactly_the_files_module_file_names(tmp_path: Path) -> 
 
 
 def test_program_files_and_module_files(tmp_path: Path) -> None:
-    from kserve_trio.core.bundle import is_bundle_dir, is_program_file, module_files
+    from kserve_trio.core.bundles.bundle import is_bundle_dir, is_program_file, module_files
 
     for name in ("model.mlir", "model.v1.b2.mlir", "model.b4.jaxexport"):
         assert is_program_file(name)
@@ -958,8 +958,8 @@ def test_program_files_and_module_files(tmp_path: Path) -> None:
 
 
 def test_manifest_and_bundle_state_their_public_surfaces() -> None:
-    import kserve_trio.core.bundle as bundle
-    import kserve_trio.core.manifest as manifest
+    import kserve_trio.core.bundles.bundle as bundle
+    import kserve_trio.core.bundles.manifest as manifest
 
     assert sorted(manifest.__all__) == [
         "BATCH_LETTERS",
@@ -1008,7 +1008,7 @@ def test_manifest_and_bundle_state_their_public_surfaces() -> None:
 
 
 def test_manifest_text_parses_without_touching_the_filesystem() -> None:
-    from kserve_trio.core.manifest import parse_manifest_text
+    from kserve_trio.core.bundles.manifest import parse_manifest_text
 
     text = "format_version: '2'\nexecutable_inputs: []\nexecutable_outputs: []\n"
     assert parse_manifest_text(text, "net").name == "net"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from kserve_trio.core.config import ResidencyState, validate_config
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import (
+from kserve_trio.core.process.config import ResidencyState, validate_config
+from kserve_trio.core.process.node import (
     load_node,
     load_node_raw,
     materialize_node,
@@ -101,7 +101,7 @@ def test_example_node_file_loads_and_every_worker_validates():
 
 
 def test_example_node_file_shows_every_config_key():
-    from kserve_trio.core.config import SCHEMA
+    from kserve_trio.core.process.config import SCHEMA
 
     text = (REPO_ROOT / "config" / "node.example.yaml").read_text()
     derived = (
@@ -546,7 +546,7 @@ def test_node_server_config_does_not_validate():
 
 
 def test_load_server_config_reads_a_node_file(tmp_path):
-    from kserve_trio.core.node import load_server_config
+    from kserve_trio.core.process.node import load_server_config
 
     path = write(
         tmp_path,

@@ -14,8 +14,9 @@ import tritonclient.grpc as tc
 from tritonclient.grpc import service_pb2 as sp
 
 from kserve_trio.client.io import InferOutput
-from kserve_trio.core import codec
-from kserve_trio.core.codec import (
+from kserve_trio.core.errors import InvalidArgument
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.protocol.codec import (
     MAX_RANK,
     RequestedOutput,
     ShmRef,
@@ -24,8 +25,7 @@ from kserve_trio.core.codec import (
     encode_infer_response,
     raw_output_indices,
 )
-from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 
 X0 = np.arange(4, dtype=np.float32)

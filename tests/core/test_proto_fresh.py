@@ -46,8 +46,20 @@ _ABOVE_CORE = (
     "kserve_trio.gateway",
     "kserve_trio.node",
 )
+_DOMAINS = (
+    "kserve_trio.core.bundles",
+    "kserve_trio.core.memory",
+    "kserve_trio.core.process",
+    "kserve_trio.core.protocol",
+)
 LAYERS = {
     "kserve_trio.core": (*_JAX, "h2.connection", "ngh2", *_ABOVE_CORE),
+    # core's domains import down: tensors < bundles, memory < process < protocol (core/__init__)
+    "kserve_trio.core.tensors": (*_JAX, *_DOMAINS, *_ABOVE_CORE),
+    "kserve_trio.core.bundles": (*_JAX, *_DOMAINS[1:], *_ABOVE_CORE),
+    "kserve_trio.core.memory": (*_JAX, _DOMAINS[0], *_DOMAINS[2:], *_ABOVE_CORE),
+    "kserve_trio.core.process": (*_JAX, _DOMAINS[0], _DOMAINS[3], *_ABOVE_CORE),
+    "kserve_trio.core.protocol": (*_JAX, _DOMAINS[0], *_ABOVE_CORE),
     # the engine seam sits beside core; its engines load only when asked for (one per process)
     "kserve_trio.http2": (*_JAX, "kserve_trio.core", *_ABOVE_CORE),
     "kserve_trio.proto": (*_JAX, "h2.connection", "kserve_trio.core", *_ABOVE_CORE),

@@ -1,4 +1,4 @@
-"""core.rest_codec: REST inference bodies as tritonclient.http writes and reads them.
+"""core.protocol.rest_codec: REST inference bodies as tritonclient.http writes and reads them.
 
 Requests are built by tritonclient.http itself (``generate_request_body``) and parsed here; our
 responses are read back by tritonclient.http (``parse_response_body``). A parsed request is
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from kserve_trio.core import codec, rest_codec
-from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.infer_wire import InferOutputTensor
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.protocol import codec, rest_codec
+from kserve_trio.core.protocol.infer_wire import InferOutputTensor
+from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 
 def triton_body(inputs, outputs=None, **kw):

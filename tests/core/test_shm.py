@@ -18,7 +18,6 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from kserve_trio.core.codec import ShmRegistryLike
 from kserve_trio.core.errors import (
     InvalidArgument,
     ResourceExhausted,
@@ -26,14 +25,15 @@ from kserve_trio.core.errors import (
     Unavailable,
     UnregisteredRegionError,
 )
-from kserve_trio.core.shm import (
+from kserve_trio.core.memory.shm import (
     RegionStatus,
     ShmRegistry,
     ShrunkRegionError,
     posix_name,
     same_ipc_namespace,
 )
-from kserve_trio.core.shm_names import RESERVED_RULE, ClientShmPolicy, reserved_name
+from kserve_trio.core.memory.shm_names import RESERVED_RULE, ClientShmPolicy, reserved_name
+from kserve_trio.core.protocol.codec import ShmRegistryLike
 
 PAGE = mmap.ALLOCATIONGRANULARITY
 

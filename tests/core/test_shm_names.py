@@ -1,4 +1,4 @@
-"""Region-name and key validation (core/shm_names.py): the rules, the messages, and hypothesis
+"""Region-name and key validation (core/memory/shm_names.py): the rules, the messages, and hypothesis
 properties over arbitrary strings (bounded examples); the reserved names of the server's own
 objects and the client shared-memory policy."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
-from kserve_trio.core.shm_names import (
+from kserve_trio.core.memory.shm_names import (
     NAME_MAX,
     REGION_NAME_MAX,
     RESERVED_PREFIX,
@@ -26,7 +26,7 @@ from kserve_trio.core.shm_names import (
     reserved_name,
     shown,
 )
-from kserve_trio.core.weight_store import lock_path, region_name
+from kserve_trio.runtime.weight_store import lock_path, region_name
 
 BOUNDED = settings(max_examples=300, deadline=None)
 

@@ -10,11 +10,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from kserve_trio.client.endpoint import ENV_MAX_RECV, ENV_MAX_SEND, resolve_message_cap
-from kserve_trio.core import upstream_env
-from kserve_trio.core.config import apply_env_overrides
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import choose_worker, load_server_config
-from kserve_trio.core.upstream_env import (
+from kserve_trio.core.process import upstream_env
+from kserve_trio.core.process.config import apply_env_overrides
+from kserve_trio.core.process.node import choose_worker, load_server_config
+from kserve_trio.core.process.upstream_env import (
     UpstreamUse,
     new_name,
     resolve_upstream_env,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as sp
 
-from kserve_trio.core.infer_wire import (
+from kserve_trio.core.protocol.infer_wire import (
     InferInputTensor,
     InferOutputTensor,
     InferRequestedOutput,
@@ -23,7 +23,7 @@ from kserve_trio.core.infer_wire import (
     parse_infer_request,
     parse_infer_response,
 )
-from kserve_trio.core.wire import (
+from kserve_trio.core.protocol.wire import (
     TensorContents,
     Uint64,
     encode_varint,

@@ -17,7 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as sp
 
-from kserve_trio.core.codec import (
+from kserve_trio.core.protocol.codec import (
     RequestedOutput,
     ShmRef,
     decode_infer_request,
@@ -27,8 +27,8 @@ from kserve_trio.core.codec import (
     encode_infer_response,
     encode_repository_index,
 )
-from kserve_trio.core.tensor import NamedTensor
-from kserve_trio.core.wire import Uint64
+from kserve_trio.core.protocol.wire import Uint64
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kserve_trio.__main__ import build_parser
-from kserve_trio.core.config import apply_env_overrides
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.process.config import apply_env_overrides
 from kserve_trio.gateway.config import apply_gateway_env
 from kserve_trio.node import Machine
 from kserve_trio.node._files import prepare_node

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kserve_trio.core.node import worker_raw_config
+from kserve_trio.core.process.node import worker_raw_config
 from kserve_trio.gateway.config import load_gateway_config
 from kserve_trio.gateway.fleet.routing import make_policy
 from kserve_trio.node._probe import probe_targets

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
-from kserve_trio.core import compression
+from kserve_trio.core.protocol import compression
 from tests.e2e import reference
 from tests.serving.bomb import zero_bomb
 from tests.worker.raw_h2 import grpc_frame, raw_grpc_call

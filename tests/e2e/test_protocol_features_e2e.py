@@ -49,7 +49,7 @@ client_outputs:
 SLEEPY_MODEL_PY = """\
 import time
 
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 
 def run(inputs, call):

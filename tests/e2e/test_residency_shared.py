@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from kserve_trio.core.bundle import WEIGHTS_FILE
-from kserve_trio.core.shm_names import SHM_DIR
+from kserve_trio.core.bundles.bundle import WEIGHTS_FILE
+from kserve_trio.core.memory.shm_names import SHM_DIR
 from kserve_trio.runtime.weights import read_weights_index, write_weights
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess

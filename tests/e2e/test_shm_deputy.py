@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.core.shm_names import RESERVED_PREFIX, RESERVED_RULE, SHM_DIR
+from kserve_trio.core.memory.shm_names import RESERVED_PREFIX, RESERVED_RULE, SHM_DIR
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess
 from tests.gateway.procs import Gateway

@@ -30,9 +30,9 @@ from kserve_trio.client import (
 )
 from kserve_trio.client.runtime import Route, get_state, probe_same_namespace
 from kserve_trio.client.transport import default_transport_factory
-from kserve_trio.core import compression as core_compression
-from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.protocol import compression as core_compression
+from kserve_trio.core.tensors.dtypes import DType
 from tests.e2e.triton_peer import PeerStartError, TritonPeer
 
 pytestmark = pytest.mark.slow

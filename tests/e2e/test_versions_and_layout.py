@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.client import InferInput, InferOutput, KServeModel
-from kserve_trio.core.codec import (
+from kserve_trio.core.protocol.codec import (
     RequestedOutput,
     ShmRef,
     decode_infer_response,

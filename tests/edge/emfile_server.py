@@ -16,7 +16,7 @@ import sys
 
 import anyio
 
-from kserve_trio.core.config import EdgeLimits
+from kserve_trio.core.process.config import EdgeLimits
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import GrpcServer, ServerSettings
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app

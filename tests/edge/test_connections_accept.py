@@ -25,7 +25,7 @@ import time
 import anyio
 import pytest
 
-from kserve_trio.core.config import EdgeLimits, TlsConfig
+from kserve_trio.core.process.config import EdgeLimits, TlsConfig
 from kserve_trio.serving.accept import ListenError
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app

@@ -36,7 +36,7 @@ import anyio.abc
 import pytest
 import tritonclient.grpc as grpcclient
 
-from kserve_trio.core.config import EdgeLimits, TlsConfig
+from kserve_trio.core.process.config import EdgeLimits, TlsConfig
 from kserve_trio.serving.accept import EVICTING_MAX, ConnectionCap, Slot
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import GrpcServer, ServerSettings

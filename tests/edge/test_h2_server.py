@@ -28,7 +28,7 @@ import pytest
 from h2.errors import ErrorCodes
 from hyperframe.frame import GoAwayFrame, HeadersFrame, WindowUpdateFrame
 
-from kserve_trio.core.config import EdgeLimits
+from kserve_trio.core.process.config import EdgeLimits
 from kserve_trio.http2 import ENGINES
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc import Call, GrpcServer, Limits, RawMessage, ServerSettings, raw_unary

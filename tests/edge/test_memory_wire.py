@@ -13,9 +13,9 @@ import h2.settings
 import pytest
 from h2.errors import ErrorCodes
 
-from kserve_trio.core import compression
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import ResourceExhausted
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol import compression
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.grpc import (
     Call,

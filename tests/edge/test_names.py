@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.core.infer_wire import InferInputTensor, InferRequestMessage
+from kserve_trio.core.protocol.infer_wire import InferInputTensor, InferRequestMessage
 from tests.edge.edge_procs import Pair, raw_call, rest, worker_and_gateway
 from tests.edge.memory_probe import status_kib
 

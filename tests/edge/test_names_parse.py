@@ -9,11 +9,11 @@ import tracemalloc
 
 import pytest
 
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.infer_wire import InferRequestMessage, parse_infer_request
-from kserve_trio.core.request_bounds import check_infer_request
-from kserve_trio.core.wire import len_field
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol.infer_wire import InferRequestMessage, parse_infer_request
+from kserve_trio.core.protocol.request_bounds import check_infer_request
+from kserve_trio.core.protocol.wire import len_field
 from kserve_trio.gateway.request_path.peek import peek_routing
 from kserve_trio.proto import inference as pb
 from kserve_trio.proto import reactant_control as rc

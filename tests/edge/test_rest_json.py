@@ -14,9 +14,9 @@ import anyio.abc
 import numpy as np
 import pytest
 
-from kserve_trio.core import codec, json_numbers, rest_codec
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.json_depth import JsonTooDeep, check_json_depth, nesting_depth
+from kserve_trio.core.protocol import codec, json_numbers, rest_codec
+from kserve_trio.core.protocol.json_depth import JsonTooDeep, check_json_depth, nesting_depth
 from kserve_trio.serving.http import PayloadTooLarge, inflate_body
 from kserve_trio.serving.http._body import READ_AHEAD_CHUNKS, BodyBuffer, read_ahead_bound
 from kserve_trio.serving.rest_routes import RestCall, grpc_request

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.restricted import Restrictions, group_of, parse_restrictions
+from kserve_trio.core.process.restricted import Restrictions, group_of, parse_restrictions
 from tests.edge.edge_procs import Pair, raw_call, rest, worker_and_gateway
 
 WORKER_KEY = {"admin-key": "s3cret"}
@@ -149,7 +149,7 @@ def test_restriction_specs_parse_like_tritons_flag():
 def test_worker_cli_flag_sets_the_restrictions():
     import argparse
 
-    from kserve_trio.core.config import build_config, validate_config
+    from kserve_trio.core.process.config import build_config, validate_config
     from kserve_trio.worker.cli import configure_parser, overrides_from_args
 
     parser = argparse.ArgumentParser()

@@ -21,8 +21,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.core.grpc_wire import MAX_MESSAGE_BYTES, decode_message, encode_message
-from kserve_trio.core.request_bounds import name_too_long, shown
+from kserve_trio.core.protocol.grpc_wire import MAX_MESSAGE_BYTES, decode_message, encode_message
+from kserve_trio.core.protocol.request_bounds import name_too_long, shown
 from tests.edge.edge_procs import raw_call, worker_and_gateway
 from tests.ports import free_ports
 

@@ -13,8 +13,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from kserve_trio.__main__ import main
-from kserve_trio.core.bundle import validate_manifest
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.bundles.bundle import validate_manifest
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.export import demo
 from kserve_trio.runtime import load_compiled_model, read_weights_index
 

@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kserve_trio.core.dtypes import DType
-from kserve_trio.core.manifest import DimKind, parse_tensor_spec
+from kserve_trio.core.bundles.manifest import DimKind, parse_tensor_spec
+from kserve_trio.core.tensors.dtypes import DType
 from kserve_trio.export.iospec import IOSpec, as_dtype
 
 

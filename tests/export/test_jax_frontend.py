@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ruamel.yaml import YAML
 
-from kserve_trio.core.bundle import validate_manifest
+from kserve_trio.core.bundles.bundle import validate_manifest
 from kserve_trio.export import export_bundle, jax_frontend
 from kserve_trio.runtime import load_compiled_model
 

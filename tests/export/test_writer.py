@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from ruamel.yaml import YAML
 
-from kserve_trio.core.bundle import discover_modules, validate_manifest
+from kserve_trio.core.bundles.bundle import discover_modules, validate_manifest
 from kserve_trio.core.errors import BundleError
 from kserve_trio.export import IOSpec, write_bundle
 from kserve_trio.runtime import load_compiled_model, read_weights_index

@@ -12,8 +12,13 @@ import re
 import pytest
 from ruamel.yaml import YAML
 
-from kserve_trio.core.config import DEFAULT_GRPC_MSG_BYTES, LIMIT_FIELDS, EdgeLimits, TlsConfig
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.process.config import (
+    DEFAULT_GRPC_MSG_BYTES,
+    LIMIT_FIELDS,
+    EdgeLimits,
+    TlsConfig,
+)
 from kserve_trio.gateway.config import (
     ENV_OVERRIDES,
     FILE_ENV,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as sp
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.wire import encode_varint, len_field
+from kserve_trio.core.protocol.wire import encode_varint, len_field
 from kserve_trio.gateway.request_path.peek import (
     PeekedRequest,
     peek_infer_request,

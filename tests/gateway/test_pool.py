@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 from kserve_trio.client.errors import RpcError
-from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import DeadlineExceeded, StatusCode
+from kserve_trio.core.process.config import TlsConfig
 from kserve_trio.gateway.config import GatewayConfig, WorkerClientConfig, WorkerTlsConfig
 from kserve_trio.gateway.fleet.discovery import Discovery, WorkerDiff, WorkerSpec
 from kserve_trio.gateway.fleet.pool import (

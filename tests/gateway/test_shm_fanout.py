@@ -11,7 +11,7 @@ import pytest
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
-from kserve_trio.core.shm_names import RESERVED_RULE, ClientShmPolicy
+from kserve_trio.core.memory.shm_names import RESERVED_RULE, ClientShmPolicy
 from kserve_trio.gateway.request_path.forward import RegisterGates
 from kserve_trio.gateway.request_path.shm_fanout import ShmFanout, ShmRegistrations
 from kserve_trio.proto import inference as pb

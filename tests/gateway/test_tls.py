@@ -9,8 +9,8 @@ import anyio
 import anyio.streams.tls
 import pytest
 
-from kserve_trio.core.config import TlsConfig
 from kserve_trio.core.errors import ConfigError
+from kserve_trio.core.process.config import TlsConfig
 from kserve_trio.gateway.config import WorkerTlsConfig
 from kserve_trio.gateway.tls import public_ssl_context, worker_ssl_context
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import load_node, worker_raw_config
+from kserve_trio.core.process.node import load_node, worker_raw_config
 from kserve_trio.node import Machine
 from kserve_trio.node._files import (
     choose_runtime_dir,

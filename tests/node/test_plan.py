@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.node import validate_node
+from kserve_trio.core.process.node import validate_node
 from kserve_trio.node import GatewaySource, Machine, gateway_launch, plan_node
 from kserve_trio.node._plan import WorkerAddress, parse_listen, public_listen, resolve_role
 
@@ -376,7 +376,7 @@ def test_two_workers_get_rest_ports_from_http_base_port_and_the_gateway_serves_t
 
 
 def test_node_http_ports_are_derived_and_checked():
-    from kserve_trio.core.node import node_server_config
+    from kserve_trio.core.process.node import node_server_config
 
     node = node_of(
         http_base_port=9100, workers=[{"name": "a"}, {"name": "b"}], metrics_base_port=9200

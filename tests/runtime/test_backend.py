@@ -61,7 +61,7 @@ def test_tf32_refuses_hardware_without_tf32():
 
 
 def test_numerics_token_accepts_enums_and_rejects_unknown_modes():
-    from kserve_trio.core.config import NumericsMode
+    from kserve_trio.core.process.config import NumericsMode
 
     assert numerics_token(NumericsMode.F32) == "f32"
     assert numerics_token("TF32") == "tf32"
@@ -157,7 +157,7 @@ def test_cuda_without_gpu_falls_back_or_refuses():
 
 
 def test_from_config_reads_a_runtime_config():
-    from kserve_trio.core.config import NumericsMode, RuntimeConfig
+    from kserve_trio.core.process.config import NumericsMode, RuntimeConfig
 
     cfg = RuntimeConfig(backend="cpu", numerics=NumericsMode.F32, cpu_device_memory_bytes=1 << 20)
     b = JaxBackend.from_config(cfg, "")

@@ -408,7 +408,7 @@ def _sig(args, results):
 
 
 def test_output_variable_axes_are_free_even_when_letters_coincide():
-    from kserve_trio.core.manifest import parse_manifest
+    from kserve_trio.core.bundles.manifest import parse_manifest
     from kserve_trio.runtime.model import check_module_signature
     from kserve_trio.runtime.weights import WeightsIndex
 

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from kserve_trio.core.config import ResidencyMode, ResidencyState
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from kserve_trio.core.shm_names import SHM_DIR
-from kserve_trio.core.weight_store import SharedWeightStore
+from kserve_trio.core.memory.shm_names import SHM_DIR
+from kserve_trio.core.process.config import ResidencyMode, ResidencyState
 from kserve_trio.runtime.weight_cache import (
     NEEDS_CACHE,
     SELF_MANAGED,
@@ -26,6 +25,7 @@ from kserve_trio.runtime.weight_cache import (
     weight_budget,
     weight_cache_stats,
 )
+from kserve_trio.runtime.weight_store import SharedWeightStore
 from kserve_trio.runtime.weights import read_weights_index, write_weights
 
 UNPINNED, SYSTEM, DEVICE = (

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from kserve_trio.core.dtypes import DType
 from kserve_trio.core.errors import BundleError
+from kserve_trio.core.tensors.dtypes import DType
 from kserve_trio.runtime.weights import read_weights_index, write_weights
 
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kserve_trio.core import compression as c
 from kserve_trio.core.errors import InvalidArgument, ResourceExhausted, Unimplemented
+from kserve_trio.core.protocol import compression as c
 from tests.serving.bomb import zero_bomb as _bomb
 
 

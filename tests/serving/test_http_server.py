@@ -13,8 +13,8 @@ import urllib.request
 import anyio
 import pytest
 
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import NotFound
+from kserve_trio.core.process.config import EdgeLimits
 from kserve_trio.serving.admin_http import serve_http
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 

@@ -27,9 +27,9 @@ import anyio
 import anyio.abc
 import pytest
 
-from kserve_trio.core.config import ServerConfig
 from kserve_trio.core.errors import NotFound, StatusCode
 from kserve_trio.core.logging import LogSettings
+from kserve_trio.core.process.config import ServerConfig
 from kserve_trio.serving import ipc
 from kserve_trio.serving.ipc import (
     DEVICE_GONE_TEXT,

@@ -9,8 +9,8 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kserve_trio.core.config import TracingConfig
 from kserve_trio.core.errors import InvalidArgument
+from kserve_trio.core.process.config import TracingConfig
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.trace_control import TraceControl
 

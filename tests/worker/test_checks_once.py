@@ -23,10 +23,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from kserve_trio.core import codec, validation
-from kserve_trio.core.manifest import TensorSpec
+from kserve_trio.core.bundles.manifest import TensorSpec
+from kserve_trio.core.protocol import codec
 from kserve_trio.runtime import model as runtime_model
-from kserve_trio.worker import inference, layout, registry
+from kserve_trio.worker import layout, registry, validation
 from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.server import RunningServer, serve, stop
@@ -36,7 +36,7 @@ from tests.waiting import wait_until
 
 HOOKS_PY = """
 import numpy as np
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def pre(inputs):
     (x,) = inputs
@@ -69,9 +69,9 @@ class Counts:
 def wrap_request_path(counts: Counts) -> None:
     counts.wrap(ModelRepository, "lookup", "lookup")
     counts.wrap(codec, "decode_infer_request", "decode")
-    counts.wrap(inference, "validate_request", "validate_request")
+    counts.wrap(validation, "validate_request", "validate_request")
     counts.wrap(validation, "validate_inputs", "validate_inputs")
-    counts.wrap(inference, "check_requested_outputs", "check_requested_outputs")
+    counts.wrap(validation, "check_requested_outputs", "check_requested_outputs")
     counts.wrap(ModelLayout, "check_wire", "check_wire")
     counts.wrap(ModelLayout, "prepare", "prepare")
     counts.wrap(layout, "check_executable_input", "check_executable_input")

@@ -15,8 +15,8 @@ import anyio
 import numpy as np
 import pytest
 
-from kserve_trio.core.config import SchedulerConfig, SchedulingDiscipline
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.process.config import SchedulerConfig, SchedulingDiscipline
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.worker.mock_backend import scale_model
 from kserve_trio.worker.scheduler import Scheduler
 from kserve_trio.worker.switches import INLINE_ENV

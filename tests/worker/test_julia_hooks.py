@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from kserve_trio.core.bundle import MODEL_JL, bundle_signature_files, validate_manifest
-from kserve_trio.core.config import apply_env_overrides, build_config, config_to_raw
+from kserve_trio.core.bundles.bundle import MODEL_JL, bundle_signature_files, validate_manifest
 from kserve_trio.core.errors import BundleError, ConfigError, ManifestError
+from kserve_trio.core.process.config import apply_env_overrides, build_config, config_to_raw
 from kserve_trio.worker.registry import load_repository
 from tests.e2e import reference as ref
 from tests.inprocess import in_process_worker

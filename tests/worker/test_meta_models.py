@@ -29,7 +29,7 @@ client_outputs:
 CHAIN_MODEL_PY = """
 import time
 import numpy as np
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def run(inputs, call):
     (x,) = inputs
@@ -48,7 +48,7 @@ register_meta_model("chain", run=run)
 """
 
 UNDECLARED_MODEL_PY = """
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def run(inputs, call):
     return call("cnn", inputs)

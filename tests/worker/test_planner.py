@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from kserve_trio.core.config import SchedulerConfig, SchedulingDiscipline
 from kserve_trio.core.errors import InvalidArgument, NotFound, Unavailable
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.process.config import SchedulerConfig, SchedulingDiscipline
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.worker.disciplines import (
     DEFAULT_COST_SECONDS,
     Candidate,

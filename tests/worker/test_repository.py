@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from kserve_trio.core.config import SchedulerConfig
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.process.config import SchedulerConfig
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.worker.registry import load_bundle, load_repository
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.scheduler import Scheduler
@@ -37,7 +37,7 @@ client_outputs:
 """
 
 PIPE_PY = """
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def run(inputs, call):
     out = call("mlp", [NamedTensor.from_array("input_0", inputs[0].data)])

@@ -20,11 +20,11 @@ from tritonclient.utils import InferenceServerException
 from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport
-from kserve_trio.core.config import ResidencyState, SchedulerConfig
-from kserve_trio.core.shm_names import SHM_DIR
-from kserve_trio.core.weight_store import SharedWeightStore
+from kserve_trio.core.memory.shm_names import SHM_DIR
+from kserve_trio.core.process.config import ResidencyState, SchedulerConfig
 from kserve_trio.proto import reactant_control as pb
 from kserve_trio.runtime.weight_cache import NEEDS_CACHE, SELF_MANAGED, WeightCache, weight_budget
+from kserve_trio.runtime.weight_store import SharedWeightStore
 from kserve_trio.worker.scheduler import Scheduler
 from kserve_trio.worker.server import serve, stop
 from tests.e2e import reference as ref
@@ -278,7 +278,7 @@ BOTH_MANIFEST = FRONT_MANIFEST.replace("calls: [mlp]", "calls: [mlp, cnn]")
 
 META_PY = """
 import numpy as np
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def run(inputs, call):
     (x,) = inputs
@@ -517,7 +517,7 @@ async def test_scheduler_releases_and_rekeys_residency(backend_cpu, demo_repo):
 
 
 def _tensor(x):
-    from kserve_trio.core.tensor import NamedTensor
+    from kserve_trio.core.tensors.tensor import NamedTensor
 
     return NamedTensor.from_array("input_0", x)
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from trio.testing import MockClock
 
-from kserve_trio.core.config import ModelSchedConfig, SchedulerConfig, SchedulingDiscipline
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -25,7 +24,8 @@ from kserve_trio.core.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.process.config import ModelSchedConfig, SchedulerConfig, SchedulingDiscipline
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.worker.mock_backend import MockModel, mock_manifest, scale_model, tensor
 from kserve_trio.worker.scheduler import Scheduler
 from tests.waiting import until

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kserve_trio.core import compression
+from kserve_trio.core.protocol import compression
 from kserve_trio.worker.server import serve, stop
 from tests.device_hold import hold_device
 from tests.e2e import reference as ref

@@ -64,7 +64,7 @@ client_outputs:
 
 CHAIN_MODEL_PY = """
 import numpy as np
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 def run(inputs, call):
     (x,) = inputs

@@ -1,5 +1,5 @@
 """The floor of our stack: a KServe V2 ModelInfer that echoes its inputs, on the same codec and
-gRPC layer as the worker (``serving.grpc`` + ``core.codec``), with no scheduler and no device.
+gRPC layer as the worker (``serving.grpc`` + ``core.protocol.codec``), with no scheduler and no device.
 Whatever the worker costs above this is the worker's own.
 
 Model name: any (the benchmarks use ``echo``); each output is the input of the same name
@@ -23,7 +23,7 @@ from kserve_trio.serving.background import EVENT_LOOPS, run_loop
 
 
 async def main(port: int, engine: str) -> None:
-    from kserve_trio.core import codec
+    from kserve_trio.core.protocol import codec
     from kserve_trio.proto import inference as pb
     from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings, unary
 

@@ -59,8 +59,8 @@ def _round(tree: str) -> dict:
     from tritonclient.grpc import service_pb2 as sp
 
     from kserve_trio.client import InferInput, InferOutput
-    from kserve_trio.core import codec
-    from kserve_trio.core.tensor import NamedTensor
+    from kserve_trio.core.protocol import codec
+    from kserve_trio.core.tensors.tensor import NamedTensor
     from kserve_trio.proto import inference as pb
 
     try:  # the server layer of this tree: serving.grpc, or the older grpc_adapter
@@ -83,13 +83,13 @@ def _round(tree: str) -> dict:
 
     assert sys.modules["kserve_trio"].__file__.startswith(tree), "imported the wrong tree"
     try:
-        from kserve_trio.core.infer_wire import InferResponseMessage, WirePieces
+        from kserve_trio.core.protocol.infer_wire import InferResponseMessage, WirePieces
 
         new = True
     except ImportError:
         from kserve_trio.client._wire import EncodedInferRequest, InferResponseReader
 
-        from kserve_trio.core import wire
+        from kserve_trio.core.protocol import wire
 
         new = False
 

@@ -28,16 +28,16 @@ import time
 import anyio.from_thread
 import numpy as np
 
-from kserve_trio.core import codec
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.protocol import codec
+from kserve_trio.core.tensors.tensor import NamedTensor
 from kserve_trio.export.demo import write_demo_repository
 from kserve_trio.worker import service as service_mod
 from kserve_trio.worker.server import serve, stop
 
 try:
-    from kserve_trio.core.infer_wire import parse_infer_request
+    from kserve_trio.core.protocol.infer_wire import parse_infer_request
 except ImportError:  # a commit from before the one ModelInfer wire module
-    from kserve_trio.core.wire import parse_infer_request
+    from kserve_trio.core.protocol.wire import parse_infer_request
 
 
 def _service(state):

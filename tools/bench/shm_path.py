@@ -4,13 +4,13 @@ One "request" is what the worker does for an input and an output in system share
 ``ShmRegistry.read_view`` of the input window, the model call on that input (a jitted ``x + 0``,
 which, like the identity bundle, reads its input and writes a fresh output), and
 ``ShmRegistry.write`` of the output into the client's region. Medians over interleaved rounds,
-per payload size. ``--before FILE`` loads a second ``core/shm.py`` (e.g. from a
+per payload size. ``--before FILE`` loads a second ``core/memory/shm.py`` (e.g. from a
 ``git worktree`` of an older commit) and measures both, interleaved, for an A/B on one box. Each
 payload size's rounds are one point under the clean-run rule of tools/bench/noise.py (others'
 CPU and the load average over the window, this process being the load; a point where others
 used over ``NOISY_CORES`` is measured again, and reported as noisy).
 
-Usage: python tools/bench/shm_path.py [--before /tmp/base/kserve_trio/core/shm.py] [--rounds 3]
+Usage: python tools/bench/shm_path.py [--before /tmp/base/kserve_trio/core/memory/shm.py] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -76,12 +76,12 @@ def one_round(mod: ModuleType, fn, key: str, okey: str, size: int, n: int, out: 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--before", default="", help="an older core/shm.py to compare against")
+    p.add_argument("--before", default="", help="an older core/memory/shm.py to compare against")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     import jax
 
-    from kserve_trio.core import shm as current
+    from kserve_trio.core.memory import shm as current
     from kserve_trio.serving.process_tuning import tune_allocator
 
     tune_allocator()  # as the worker CLI does

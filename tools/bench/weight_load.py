@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from kserve_trio.core.config import ResidencyState
-    from kserve_trio.core.weight_store import SharedWeightStore
+    from kserve_trio.core.process.config import ResidencyState
     from kserve_trio.runtime import JaxBackend
     from kserve_trio.runtime.model import load_compiled_model
     from kserve_trio.runtime.weight_cache import WeightCache
+    from kserve_trio.runtime.weight_store import SharedWeightStore
 
     sizes = [int(s) for s in args.sizes.split(",")]
     arena = 4 * (max(sizes) << 20) + (64 << 20)

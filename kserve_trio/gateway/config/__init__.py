@@ -2,7 +2,7 @@
 ``KSERVE_TRIO_GATEWAY_*`` environment overrides, validation and the one loading entry point.
 
 It follows the worker configuration's conventions and reuses its helpers
-(``kserve_trio.core.config``): the dataclass defaults are the YAML defaults, every value is
+(``kserve_trio.core.process.config``): the dataclass defaults are the YAML defaults, every value is
 type-checked with the same messages, and every error is a ``ConfigError`` naming the YAML path
 of the key. Precedence is defaults < ``gateway.yml`` < environment < command-line overrides.
 

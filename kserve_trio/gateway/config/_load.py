@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kserve_trio.core.config import load_yaml_mapping, merge_given, tracing_to_raw
 from kserve_trio.core.logging import configure_logging, get_logger
-from kserve_trio.core.restricted import redacted
-from kserve_trio.core.upstream_env import with_upstream_aliases
+from kserve_trio.core.process.config import load_yaml_mapping, merge_given, tracing_to_raw
+from kserve_trio.core.process.restricted import redacted
+from kserve_trio.core.process.upstream_env import with_upstream_aliases
 from kserve_trio.gateway.config._env import apply_gateway_env, prober_from_env
 from kserve_trio.gateway.config._schema import (
     LPT_SCHEDULING_KEYS,
@@ -133,7 +133,7 @@ def log_gateway_config(loaded: LoadedGatewayConfig, log: Any = None) -> None:
     """Log the effective configuration, the environment overrides and the warnings."""
     log = log or get_logger(__name__)
     cfg = loaded.config
-    raw = gateway_config_to_raw(cfg)  # credentials redacted (core.restricted.redacted)
+    raw = gateway_config_to_raw(cfg)  # credentials redacted (core.process.restricted.redacted)
     raw["restricted_protocols"] = [redacted(s) for s in cfg.restricted_protocols]
     raw["worker_client"]["headers"] = [redacted(h) for h in cfg.worker_client.headers]
     log.info(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kserve_trio.core.config import (
+from kserve_trio.core.memory.shm_names import ClientShmPolicy
+from kserve_trio.core.process.config import (
     DEFAULT_GRPC_MSG_BYTES,
     LIVENESS_INTERVAL_SECONDS,
     LIVENESS_MISSES,
@@ -16,7 +17,6 @@ from kserve_trio.core.config import (
     TracingConfig,
     parse_enum,
 )
-from kserve_trio.core.shm_names import ClientShmPolicy
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.http2 import DEFAULT_ENGINE
 
@@ -272,7 +272,7 @@ class GatewayConfig:
     ``process_liveness_interval_seconds`` and kills one that misses
     ``process_liveness_misses`` in a row (0: never), to be restarted (``processes._children``).
     ``restricted_protocols`` are the gateway's own ``group[,group...]:key=value`` restrictions
-    (``core.restricted``), on its gRPC and REST ports; none by default.
+    (``core.process.restricted``), on its gRPC and REST ports; none by default.
     ``client_shared_memory`` and ``client_shared_memory_prefixes`` are the worker's switch and
     allow-list of the same names, applied by the gateway before it fans a registration out
     (``shm_policy``).

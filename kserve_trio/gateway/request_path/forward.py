@@ -53,9 +53,9 @@ import anyio
 
 from kserve_trio.client.errors import RpcError, is_stale_registration
 from kserve_trio.client.transport import method_path
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import ServingError
-from kserve_trio.core.request_bounds import RequestBounds, check_name
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol.request_bounds import RequestBounds, check_name
 from kserve_trio.gateway.fleet import (
     Failover,
     RouteRefresher,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.request_bounds import check_count, require_model_name
-from kserve_trio.core.wire import _fields, _varint, signed
+from kserve_trio.core.protocol.request_bounds import check_count, require_model_name
+from kserve_trio.core.protocol.wire import _fields, _varint, signed
 
 _MASK64 = (1 << 64) - 1
 _Span = tuple[int, int]
@@ -78,7 +78,7 @@ def _walk(
 ) -> tuple[tuple[int, int] | None, tuple[int, int] | None, list]:
     """One pass over the top-level fields: the spans of ``model_name``, ``id`` and every
     input tensor (in order). With ``max_tensors``, the walk stops at the first of inputs,
-    requested outputs or raw contents past it (``core.request_bounds.check_count``): a
+    requested outputs or raw contents past it (``core.protocol.request_bounds.check_count``): a
     message of a million empty entries is refused for the price of the limit's worth."""
     model: tuple[int, int] | None = None
     ident: tuple[int, int] | None = None

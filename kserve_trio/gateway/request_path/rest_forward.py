@@ -14,7 +14,7 @@ REST's own (``ModelRequests.attempt``), by one rule:
   ``Accept-Encoding``, custom ones; hop-by-hop ones dropped). Its status, body and headers come
   back unchanged;
 - a worker without one is reached over gRPC: the request is translated to the RPC's message and
-  the reply back to Triton's JSON (``core.rest_codec``, ``serving.rest_routes``), so a fleet
+  the reply back to Triton's JSON (``core.protocol.rest_codec``, ``serving.rest_routes``), so a fleet
   that publishes no REST ports still serves REST.
 
 The failover rules read a worker's REST status as the gRPC status it stands for
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from kserve_trio.client.errors import STALE_REGION_PREFIX, RpcError
-from kserve_trio.core import rest_codec
 from kserve_trio.core.errors import Internal, InvalidArgument, ServingError, StatusCode
-from kserve_trio.core.infer_wire import parse_infer_response
+from kserve_trio.core.protocol import rest_codec
+from kserve_trio.core.protocol.infer_wire import parse_infer_response
 from kserve_trio.gateway.caller_headers import rest_headers
 from kserve_trio.gateway.fleet import WorkerClient
 from kserve_trio.gateway.request_path.forward import MODEL_INFER, Forwarder

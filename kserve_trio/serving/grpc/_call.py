@@ -65,7 +65,7 @@ Sending (``send`` for one message, ``send_last`` for a unary reply and the call'
   ``limits.send_stall_seconds`` resets the stream (RST_STREAM CANCEL), which releases
   everything the call held.
 - *Status*: ``finish`` ends the call with a status: trailers-only when nothing was sent yet,
-  trailers otherwise (``core.grpc_wire.status_trailers``).
+  trailers otherwise (``core.protocol.grpc_wire.status_trailers``).
 """
 
 from __future__ import annotations
@@ -78,8 +78,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import anyio.lowlevel
 
-from kserve_trio.core import compression, grpc_wire
-from kserve_trio.core.config import EdgeLimits
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -88,6 +86,8 @@ from kserve_trio.core.errors import (
     StatusCode,
 )
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol import compression, grpc_wire
 from kserve_trio.serving.grpc._headers import Headers, header_value
 from kserve_trio.serving.grpc._messages import Limits, RawMessage, reply_encoding
 from kserve_trio.serving.rpc_codec import reply_pieces

@@ -59,9 +59,9 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from kserve_trio.core import compression, grpc_wire
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.protocol import compression, grpc_wire
 from kserve_trio.http2 import (
     DataReceived,
     ErrorCode,

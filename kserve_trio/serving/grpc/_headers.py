@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kserve_trio.core import compression, grpc_wire
 from kserve_trio.core.errors import StatusCode
+from kserve_trio.core.protocol import compression, grpc_wire
 
 Headers = Sequence[tuple[str, str]]
 

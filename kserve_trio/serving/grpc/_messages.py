@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.core import compression
-from kserve_trio.core.config import EdgeLimits
+from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.protocol import compression
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import InflightBytes

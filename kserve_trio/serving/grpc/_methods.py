@@ -27,8 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from kserve_trio.core import compression
 from kserve_trio.core.errors import InvalidArgument, Unimplemented
+from kserve_trio.core.protocol import compression
 from kserve_trio.serving.grpc._call import Call
 from kserve_trio.serving.grpc._messages import Limits, RawMessage
 from kserve_trio.serving.rpc_codec import TypedUnaryFn, parse_message

@@ -1,6 +1,6 @@
 """The HTTP/2 and connection settings of our gRPC servers.
 
-- ``limits``: the edge limits (``core.config.EdgeLimits``, the ``limits:`` block of the worker's
+- ``limits``: the edge limits (``core.process.config.EdgeLimits``, the ``limits:`` block of the worker's
   and the gateway's configuration: windows, frame size, streams, header list, handshake and
   idle deadlines, flood and memory bounds). Its defaults are owned there.
 - Keepalive: a PING after ``keepalive_seconds`` without a received frame; no answer within
@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kserve_trio.core.config import MAX_FRAME_BYTES, WINDOW_BYTES, EdgeLimits
 from kserve_trio.core.logging import get_logger
+from kserve_trio.core.process.config import MAX_FRAME_BYTES, WINDOW_BYTES, EdgeLimits
 from kserve_trio.http2 import DEFAULT_ENGINE, EngineSettings
 
 MAX_CONTINUATIONS = 8

@@ -43,8 +43,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
-    from kserve_trio.core.config import ServerConfig
     from kserve_trio.core.logging import LogSettings
+    from kserve_trio.core.process.config import ServerConfig
 
 _T = TypeVar("_T")
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from kserve_trio.core.config import EdgeLimits
+from kserve_trio.core.process.config import EdgeLimits
 from kserve_trio.http2 import (
     ENGINES,
     DataReceived,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kserve_trio.core.config import EdgeLimits
+from kserve_trio.core.process.config import EdgeLimits
 from kserve_trio.serving.grpc._reset_judge import ResetJudge
 
 

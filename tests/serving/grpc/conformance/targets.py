@@ -44,7 +44,7 @@ client_outputs:
 """
 
 ECHO_MODEL_PY = """\
-from kserve_trio.core.tensor import NamedTensor
+from kserve_trio.core.tensors.tensor import NamedTensor
 
 
 def run(inputs, call):
