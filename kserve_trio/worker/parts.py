@@ -7,7 +7,8 @@ builds the dispatch engine, the model repository, the admission, the metrics, th
 the inference core, the RPC services and the servers that will listen: the gRPC server and the
 REST adapter in one process, or the front-end processes (``endpoints.frontend_processes`` > 1).
 It returns them as a ``WorkerParts``; ``worker.server.serve_async`` starts their tasks, loads the
-repository and tears them down.
+repository and tears them down. It is called on the event loop the worker will serve on (the
+servers' cancel scopes belong to it).
 """
 
 from __future__ import annotations
