@@ -20,8 +20,10 @@ def configure_parser(parser: argparse.ArgumentParser):
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: every command's parser is built for ``--help``, and only
+    # this command needs the front end's servers.
     from kserve_trio.core.logging import configure_logging
-    from kserve_trio.frontend.process import Frontend
+    from kserve_trio.frontend.process import serve_frontend
     from kserve_trio.serving.background import run_loop
     from kserve_trio.serving.fd_budget import raise_open_file_limit
     from kserve_trio.serving.ipc import Arena, ChannelClosed, read_hello
@@ -38,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     except (ChannelClosed, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    frontend = Frontend(hello, sock, *arenas)
-    return run_loop(frontend.run, event_loop=frontend.config.endpoints.event_loop or None)
+    return run_loop(
+        serve_frontend, hello, sock, *arenas, event_loop=hello.config.endpoints.event_loop or None
+    )
 
 
 __all__ = ["configure_parser", "run"]

@@ -1,6 +1,9 @@
 """``serve_gateway`` / ``RunningGateway`` / ``stop``: one gateway process as one task tree.
 
-``serve_gateway_async`` is the tree::
+``Gateway`` is the composition root: its constructor builds and wires every part (discovery,
+pool, routing, admission, metrics, tracing, the shared-memory fan-out, prober, forwarder,
+services, placement, the watchdog and the gRPC server) and starts nothing.
+``serve_gateway_async`` starts their tasks; it is the tree::
 
     serve_gateway_async(config)
     └─ task group (root)                 cancel = orderly shutdown
@@ -120,7 +123,8 @@ _log = get_logger("kserve_trio.gateway")
 
 
 class Gateway:
-    """The gateway's parts, wired together; constructing it does no I/O."""
+    """The gateway's composition root: every part, wired together by the constructor (which
+    does no I/O beyond reading the TLS files); ``serve_gateway_async`` starts their tasks."""
 
     def __init__(
         self,
@@ -128,10 +132,21 @@ class Gateway:
         *,
         resolver: Resolver | None = None,
         process: ProcessRole | None = None,
+        on_wedge: Callable[[float], None] = exit_wedged,
     ) -> None:
         self.config = config
         self.process = process
         """Set when this gateway is one of several processes (``gateway.processes``)."""
+        self.watchdog = LoopWatchdog(
+            wedge_limit(config.prober.wedge_exit_rounds, config.prober.health_interval_seconds),
+            on_wedge=on_wedge,
+        )
+        self.ssl_context = public_ssl_context(config.tls)  # a bad certificate fails first
+        listeners = 3 if config.listen.http_address is not None else 2
+        budget = FdBudget.plan(open_file_limit(), listeners=listeners, gateway=True)
+        budget.log("gateway", config.limits.max_connections)
+        self.connection_cap = budget.connection_cap(config.limits.max_connections)
+        self.restrictions = Restrictions.from_specs(config.restricted_protocols)
         hosts = config.prober.hosts_file
         if resolver is None:
             resolver = hosts_file_resolver(hosts) if hosts else system_resolver
@@ -238,6 +253,15 @@ class Gateway:
         """lpt_packing among several processes: process 0 places, the others follow it."""
         if self.scheduler is not None and process is not None:
             self.shared_lpt = shared_lpt(self.scheduler, self.control, process, self.service.limits)
+        self.grpc = GrpcServer(
+            restrict(
+                pass_caller_headers({**self.service.methods(), **self.control_methods()}),
+                self.restrictions,
+            ),
+            ServerSettings(limits=config.limits, http2_engine=config.http2_engine),
+            self.edge_stats,
+            connection_cap=self.connection_cap,
+        )
 
     def control_methods(self) -> dict[str, Any]:
         """GatewayControlService: served here, or forwarded to the placing process."""
@@ -288,21 +312,19 @@ async def _wait_for_a_worker(gateway: Gateway, wait: float) -> None:
             gateway.prober.wake()
 
 
-async def _drain(gateway: Gateway, server: GrpcServer | None) -> None:
-    """Refuse new requests, let those in flight finish (bounded), close the server."""
+async def _drain(gateway: Gateway) -> None:
+    """Refuse new requests, let those in flight finish (bounded), close the gRPC server."""
     admission = gateway.admission
     admission.start_drain()
     busy = admission.busy
     if busy:
         _log.info("gateway_draining", inflight=busy, seconds=DRAIN_SECONDS)
-    if server is None:
-        return
     # The ports keep accepting meanwhile: a new call is answered UNAVAILABLE "gateway is
     # shutting down", which tells a client more than a refused connection.
     deadline = anyio.current_time() + DRAIN_SECONDS
     with anyio.move_on_after(DRAIN_SECONDS):
         await admission.drained(DRAIN_SECONDS)
-    cancelled = await server.shutdown(max(0.0, deadline - anyio.current_time()))
+    cancelled = await gateway.grpc.shutdown(max(0.0, deadline - anyio.current_time()))
     if cancelled:
         _log.warning("gateway_drain_timeout", inflight=admission.busy, cancelled_calls=cancelled)
 
@@ -319,24 +341,18 @@ async def serve_gateway_async(
     ``process``: this gateway is one of several processes; it shares the public ports
     (SO_REUSEPORT) and announces its admin port once it serves. ``on_wedge``: what the loop
     watchdog does when the loop stalls (the process exits 1)."""
-    watchdog = LoopWatchdog(
-        wedge_limit(config.prober.wedge_exit_rounds, config.prober.health_interval_seconds),
-        on_wedge=on_wedge,
-    )
-    ssl_context = public_ssl_context(config.tls)  # a bad certificate fails before any port
-    gateway = Gateway(config, resolver=resolver, process=process)
+    gateway = Gateway(config, resolver=resolver, process=process, on_wedge=on_wedge)
     shared_ports = process is not None
     grpc_host, grpc_port = config.listen.grpc_address
     metrics_host, metrics_port = config.listen.metrics_address
-    listeners = 3 if config.listen.http_address is not None else 2
-    budget = FdBudget.plan(open_file_limit(), listeners=listeners, gateway=True)
-    budget.log("gateway", config.limits.max_connections)
-    cap = budget.connection_cap(config.limits.max_connections)
-    edge = {"limits": config.limits, "stats": gateway.edge_stats, "connection_cap": cap}
-    server: GrpcServer | None = None
+    edge = {
+        "limits": config.limits,
+        "stats": gateway.edge_stats,
+        "connection_cap": gateway.connection_cap,
+    }
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(watchdog.run)
+            await tg.start(gateway.watchdog.run)
             tg.start_soon(gateway.prober.refresher.run)
             tg.start_soon(run_idle_trim, lambda: gateway.admission.admitted)
             await tg.start(gateway.prober.run)
@@ -368,27 +384,22 @@ async def serve_gateway_async(
                         http_host,
                         http_port,
                         gateway.service,
-                        Restrictions.from_specs(config.restricted_protocols),
+                        gateway.restrictions,
                         max_body_bytes=config.grpc.max_recv_msg_bytes,
                         max_json_depth=config.limits.max_json_depth,
-                        ssl_context=ssl_context,
+                        ssl_context=gateway.ssl_context,
                         reuse_port=shared_ports,
                         inflight=gateway.admission.bytes,
                         **edge,
                     )
                 )
-            server = GrpcServer(
-                restrict(
-                    pass_caller_headers({**gateway.service.methods(), **gateway.control_methods()}),
-                    Restrictions.from_specs(config.restricted_protocols),
-                ),
-                ServerSettings(limits=config.limits, http2_engine=config.http2_engine),
-                gateway.edge_stats,
-                connection_cap=cap,
-            )
             bound_grpc = await tg.start(
                 functools.partial(
-                    server.serve, grpc_host, grpc_port, ssl_context, reuse_port=shared_ports
+                    gateway.grpc.serve,
+                    grpc_host,
+                    grpc_port,
+                    gateway.ssl_context,
+                    reuse_port=shared_ports,
                 )
             )
             gateway.listening = True
@@ -420,7 +431,7 @@ async def serve_gateway_async(
             finally:
                 with anyio.CancelScope(shield=True):
                     if not tg.cancel_scope.cancel_called:
-                        await _drain(gateway, server)
+                        await _drain(gateway)
                     tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise _single(group) from None

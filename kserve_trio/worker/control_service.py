@@ -71,22 +71,19 @@ class ControlStatus:
 
 
 def _mode(state: WorkerState) -> ResidencyMode:
-    cfg = state.config
-    return cfg.residency_mode if cfg is not None else ResidencyMode.SELF_MANAGED
+    return state.config.residency_mode
 
 
 def _discipline(state: WorkerState) -> str:
-    cfg = state.config
-    if cfg is None:
-        return "fair"
-    return str(getattr(cfg.scheduler.discipline, "value", cfg.scheduler.discipline)).lower()
+    discipline = state.config.scheduler.discipline
+    return str(getattr(discipline, "value", discipline)).lower()
 
 
 def _residency(
     state: WorkerState, name: str, model: CompiledModel | None
 ) -> tuple[ResidencyState, bool, bool, int]:
     cache = state.cache
-    if cache is not None and cache.has(name):
+    if cache.has(name):
         r = cache.residency(name)
         return r.floor, r.device_resident, r.host_resident, r.weight_nbytes
     resident = bool(model is not None and model.weights_resident())
@@ -165,7 +162,7 @@ def control_status(state: WorkerState) -> ControlStatus:
     return ControlStatus(
         residency_mode=_mode(state).value,
         discipline=_discipline(state),
-        weight_cache_max_bytes=cache.max_bytes if cache is not None else 0,
+        weight_cache_max_bytes=cache.max_bytes,
         models=tuple(rows),
     )
 
@@ -187,7 +184,7 @@ async def set_model_residency(
     if bundle is None:
         raise unknown_model(name)
     cache = state.cache
-    if cache is None or not cache.enabled:
+    if not cache.enabled:
         raise FailedPrecondition(NEEDS_CACHE)
     if not cache.externally_managed:
         raise FailedPrecondition(SELF_MANAGED)
@@ -275,7 +272,7 @@ class ControlService:
     async def compact_memory(self, request):
         reloaded = await self.state.scheduler.compact(list(request.reload_models))
         cache = self.state.cache
-        after = cache.stats().resident_bytes if cache is not None else 0
+        after = cache.stats().resident_bytes
         return pb.CompactMemoryResponse(reloaded_models=reloaded, resident_bytes_after=after)
 
 

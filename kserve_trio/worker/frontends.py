@@ -67,7 +67,10 @@ from kserve_trio.serving.supervisor import (
     keep_running,
     launch,
 )
+from kserve_trio.worker.control_service import ControlService
 from kserve_trio.worker.forwarded import ForwardedRpcs
+from kserve_trio.worker.rest import WorkerRest
+from kserve_trio.worker.service import InferenceService
 
 log = get_logger("kserve_trio.worker.frontends")
 
@@ -111,9 +114,17 @@ class _Frontend:
 class FrontendProcesses:
     """The front ends of one worker (module docstring)."""
 
-    def __init__(self, config: ServerConfig, rpcs: ForwardedRpcs, count: int) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        inference: InferenceService,
+        control: ControlService,
+        rest: WorkerRest | None,
+        count: int,
+    ) -> None:
         self.config = config
-        self.rpcs = rpcs
+        self.rpcs = ForwardedRpcs(inference, control, rest, self.push_log_settings)
+        """What the front ends forward to; a change of log settings it serves reaches them all."""
         self.frontends = [_Frontend(i) for i in range(count)]
         self.port = 0
         self.http_port = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -43,13 +43,13 @@ class ScrapeSource(Protocol):
     def repository(self) -> Sized: ...
 
     @property
-    def config(self) -> ServerConfig | None: ...
+    def config(self) -> ServerConfig: ...
 
     @property
-    def cache(self) -> WeightCache | None: ...
+    def cache(self) -> WeightCache: ...
 
     @property
-    def backend(self) -> Backend | None: ...
+    def backend(self) -> Backend: ...
 
     @property
     def inflight(self) -> int: ...
@@ -63,7 +63,6 @@ class WorkerMetrics:
 
     def __init__(
         self,
-        state_fn: Callable[[], ScrapeSource | None],
         *,
         worker: str = "",
         gpu: str = "",
@@ -99,12 +98,16 @@ class WorkerMetrics:
             ["model"],
             registry=self.registry,
         )
-        self.registry.register(_ScrapeCollector(state_fn))
         self.edge = edge or EdgeStats()
         """What the edge defences of this worker's servers did (exported as worker_edge_*)."""
         self.registry.register(EdgeCollector(self.edge, "worker"))
         self._request_children: dict[tuple[str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
+
+    def collect_from(self, source: ScrapeSource) -> None:
+        """Scrapes read ``source`` (the worker's ``WorkerState``, built after these metrics:
+        its repository counts compilations here)."""
+        self.registry.register(_ScrapeCollector(source))
 
     def observe_request(self, model: str, status: str, seconds: float) -> None:
         """Record one finished ModelInfer call (label children cached: this is the hot path)."""
@@ -127,18 +130,15 @@ class WorkerMetrics:
 class _ScrapeCollector:
     """Pulls scheduler and registry state at scrape time."""
 
-    def __init__(self, state_fn: Callable[[], ScrapeSource | None]) -> None:
-        self._state_fn = state_fn
+    def __init__(self, source: ScrapeSource) -> None:
+        self._source = source
 
     def describe(self):
         return []
 
     def collect(self):
-        state = self._state_fn()
-        if state is None:
-            return
-        sched = state.scheduler
-        metrics = sched.scheduler_metrics() if sched is not None else {}
+        state = self._source
+        metrics = state.scheduler.scheduler_metrics()
         per_model = {
             "dispatch": CounterMetricFamily(
                 "worker_dispatch", "Device executions", labels=["model"]
@@ -207,23 +207,22 @@ class _ScrapeCollector:
             labels=["worker", "device_ordinal", "control_mode", "discipline", "residency_mode"],
         )
         cfg = state.config
-        if cfg is not None:
-            info.add_metric(
-                [
-                    cfg.worker_name or "",
-                    str(cfg.runtime.device_ordinal),
-                    cfg.model_control_mode.value,
-                    cfg.scheduler.discipline.value,
-                    cfg.residency_mode.value,
-                ],
-                1.0,
-            )
+        info.add_metric(
+            [
+                cfg.worker_name or "",
+                str(cfg.runtime.device_ordinal),
+                cfg.model_control_mode.value,
+                cfg.scheduler.discipline.value,
+                cfg.residency_mode.value,
+            ],
+            1.0,
+        )
         yield info
 
 
-def _cache_series(cache: WeightCache | None) -> list:
+def _cache_series(cache: WeightCache) -> list:
     """The weight cache's series, only when the cache is enabled."""
-    if cache is None or not cache.enabled:
+    if not cache.enabled:
         return []
     st = cache.stats()
     loads = CounterMetricFamily("worker_weight_loads", "On-demand weight loads")
@@ -260,9 +259,9 @@ _DEVICE_STATS = (
 )
 
 
-def _device_series(backend: Backend | None) -> list:
+def _device_series(backend: Backend) -> list:
     """Device memory gauges, only when the backend reports an arena (``bytes_limit > 0``)."""
-    if backend is None or not hasattr(backend, "memory_stats"):
+    if not hasattr(backend, "memory_stats"):
         return []
     try:
         stats = backend.memory_stats()

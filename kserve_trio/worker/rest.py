@@ -85,8 +85,7 @@ class WorkerRest:
         self.restrictions = restrictions or Restrictions()
         self.max_recv_bytes = service.state.limits.max_recv_bytes
         self.max_json_depth = max_json_depth
-        metrics = service.state.metrics
-        self.stats = metrics.edge if metrics is not None else None
+        self.stats = service.state.metrics.edge
         self.bounds = service.state.limits.edge
         s = service
         self._rpcs: dict[str, RpcMethod] = {

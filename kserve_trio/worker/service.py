@@ -31,9 +31,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import kserve_trio
-from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.shm import ShmRegistry
 from kserve_trio.core.memory.shm_names import check_key
 from kserve_trio.core.process.config import ModelControlMode, ResidencyState
 from kserve_trio.core.protocol import codec
@@ -143,8 +142,7 @@ class InferenceService:
         )
 
     async def server_metadata(self, request):
-        registry = self.state.shm_registry
-        shm_on = registry is not None and registry.policy.enabled
+        shm_on = self.state.shm_registry.policy.enabled
         extensions = [e for e in EXTENSIONS if e != "system_shared_memory" or shm_on]
         return pb.ServerMetadataResponse(
             name=SERVER_NAME, version=kserve_trio.__version__, extensions=extensions
@@ -162,7 +160,7 @@ class InferenceService:
         # Register, Unregister and Status validate names and keys in ShmRegistry
         # (core/memory/shm_names.py) before any OS call: INVALID_ARGUMENT naming the field; its
         # policy answers UNAVAILABLE with client shared memory off and refuses reserved keys.
-        regions = self._shm().status(request.name)
+        regions = self.state.shm_registry.status(request.name)
         return pb.SystemSharedMemoryStatusResponse(
             regions={
                 name: pb.SystemSharedMemoryStatusResponseRegionStatus(
@@ -173,27 +171,27 @@ class InferenceService:
         )
 
     async def shm_register(self, request):
-        self._shm().register(request.name, request.key, request.offset, request.byte_size)
+        self.state.shm_registry.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
         log.debug("shm_registered", region=request.name, key=request.key, bytes=request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def shm_unregister(self, request):
-        self._shm().unregister(request.name)
+        self.state.shm_registry.unregister(request.name)
         log.debug("shm_unregistered", region=request.name or "<all>")
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def is_same_ipc_namespace(self, request):
         # The name reaches posix_ipc only once it is a valid key (a NUL byte crashes it).
         check_key(request.name, rpc="IsSameIPCNamespace", field="name")
-        registry = self.state.shm_registry
-        same = registry is not None and registry.same_ipc_namespace(request.name)
+        same = self.state.shm_registry.same_ipc_namespace(request.name)
         return pb.IsSameIpcNamespaceResponse(same=same)
 
     # ---- Triton's repository control: residency in explicit mode ------------------------
 
     def _require_explicit(self, rpc: str) -> None:
-        cfg = self.state.config
-        mode = cfg.model_control_mode if cfg is not None else ModelControlMode.STATIC
+        mode = self.state.config.model_control_mode
         if mode is not ModelControlMode.EXPLICIT:
             raise FailedPrecondition(
                 f"{rpc} requires model_control_mode 'explicit' (this worker runs '{mode.value}')"
@@ -241,11 +239,6 @@ class InferenceService:
         if request.model_name:
             self.repository.lookup(request.model_name, "")
         return await self.state.tracing.answer(request)
-
-    def _shm(self) -> ShmRegistry:
-        if self.state.shm_registry is None:
-            raise Unavailable("shared memory is not available on this server")
-        return self.state.shm_registry
 
     def model_infer(self, request: ParsedInferRequest, deadline_ns: int) -> Awaitable[InferReply]:
         """The inference core does the work under the call's deadline; its encoded reply goes

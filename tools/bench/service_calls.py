@@ -40,7 +40,11 @@ except ImportError:  # a commit from before the one ModelInfer wire module
     from kserve_trio.core.protocol.wire import parse_infer_request
 
 
-def _service(state):
+def _service(running):
+    parts = getattr(running, "parts", None)
+    if parts is not None:  # a tree with build_worker: the worker's own service
+        return parts.service
+    state = running.state
     try:
         from kserve_trio.worker.inference import InferenceCore
     except ImportError:  # a commit from before the inference core
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     running = serve(
         None, blocking=False, model_dirs=[root], model_control_mode="static", endpoints={"port": 0}
     )
-    svc = _service(running.state)
+    svc = _service(running)
     x = np.ones((1, 16), np.float32)
     data = bytes(codec.encode_infer_request("mlp", [NamedTensor.from_array("input_0", x)]))
 
