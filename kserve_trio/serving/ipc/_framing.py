@@ -1,19 +1,20 @@
-"""A frame's bytes: the compact encoding of the per-request messages, pickle for the rest.
+"""A frame's bytes: the messages of a request and its answer as plain tuples, pickled.
 
-A frame's body is its messages' records, one after another. Each record begins with a byte
-naming its kind; the messages every request and its answer are made of (``Request``, ``Done``,
-``Cancel``, ``Free``, ``Ping``, ``Pong``) are a ``struct`` header of integers, the lengths of
-their strings (UTF-8) and their strings, then the payload's bytes when it travels in the
-frame; any other message (``Hello``, ``Log``, ``Edge``, ``Ready``, ``Drain``) is a pickle of
-it, length-prefixed. Pickling a ``Request`` costs several times its fields (the class call per
-nested object and pickle's own machinery), and a request crosses the channel two or three
-times on each side, on the path the front ends exist to take CPU off; the compact records
-cost about what the positional tuples the channel spoke before cost.
+A frame's body is one pickled list of records. The messages every request and its answer are
+made of (``Request``, ``Done``, ``Cancel``, ``Free``, ``Ping``, ``Pong``) are each a flat tuple
+of their fields, a kind number first (a nested ``Slot``, call or detail flattened into it); the
+rare messages (``Hello``, ``Log``, ``Edge``, ``Ready``, ``Drain``) are pickled as themselves.
+Pickling the dataclasses themselves costs several times their fields (a Python ``__reduce__``
+per object, a class call per object on the reader's side), and a request crosses the channel
+two or three times on each side, on the path the front ends exist to take CPU off; tuples of
+ints, strings and bytes take pickle's C paths only, as the positional tuples the channel spoke
+before did. The reader turns each record back into its frozen messages through ``maker`` (no
+class call), sharing one ``UnaryCall`` per RPC name and one untraced ``InferCall`` and
+``StreamCall``.
 
-The reader builds the frozen messages through ``maker`` (no class call) and checks every
-length against the frame: a frame that does not parse raises ``MalformedFrame``, never
-anything else, whatever its bytes (``tests/serving/test_ipc_framing.py`` fuzzes it). A message
-the compact record cannot hold (an integer over 64 bits, say) travels pickled instead.
+A frame that does not parse, or whose records are not of the shapes above, raises
+``MalformedFrame``, never anything else, whatever its bytes (``tests/serving/test_ipc_framing.py``
+fuzzes it).
 """
 
 from __future__ import annotations

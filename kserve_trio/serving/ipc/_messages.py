@@ -28,11 +28,9 @@ A ``Payload`` is bytes carried in the frame itself, or a ``Slot`` of the sender'
 
 Each class pickles as itself and its fields' values (``_pickled_by_fields``): the default
 pickling of a slotted dataclass goes through ``copyreg`` and a ``__setstate__`` per object and
-costs several times the message's own fields. The classes a request and its answer are made of
-also have a pickle extension code (``_EXTENSION_CODES``, from the range pickle leaves to
-applications), so a frame names each in two bytes and the reader finds it without an import
-lookup. The frame itself does not use pickle for those (``_framing``); pickle carries the rare
-messages (``Hello``, ``Log``, ``Edge``, ...) and any message the compact encoding cannot hold.
+costs several times the message's own fields. Only the rare messages (``Hello``, ``Log``,
+``Edge``, ``Ready``, ``Drain``) cross the channel pickled as themselves; those of a request and
+its answer cross as plain tuples of their fields (``_framing``).
 
 The per-request classes are also built without the frozen ``__init__`` (``_built_fast``): a
 frozen dataclass sets each field through ``object.__setattr__``, which costs more than the rest
@@ -44,7 +42,6 @@ immutable, matched by class.
 
 from __future__ import annotations
 
-import copyreg
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from enum import StrEnum
@@ -93,7 +90,8 @@ def _built_fast(cls: type[_T]) -> type[_T]:
     ``maker(cls)`` is the same construction without the class call, for the frame's reader."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     assert tuple(names) == cls.__slots__, cls  # type: ignore[attr-defined]
-    twin = type(f"_{cls.__name__}Fields", (), {"__slots__": cls.__slots__})  # type: ignore[attr-defined]
+    slots = cls.__slots__  # type: ignore[attr-defined]
+    twin = type(f"_{cls.__name__}Fields", (), {"__slots__": slots})
     namespace: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
     params = []
     for f in fields(cls):  # type: ignore[arg-type]
@@ -327,30 +325,6 @@ class Drain:
 class Ping:
     seq: int
 
-
-_EXTENSION_CODES: dict[type, int] = {
-    cls: code
-    for code, cls in enumerate(
-        (
-            Request,
-            Done,
-            Slot,
-            UnaryCall,
-            InferCall,
-            StreamCall,
-            RestCall,
-            StreamOrigin,
-            RestHead,
-            Cancel,
-            Free,
-            Ping,
-            Pong,
-        ),
-        start=240,  # 240-255: pickle's codes for private use
-    )
-}
-for _cls, _code in _EXTENSION_CODES.items():
-    copyreg.add_extension(_cls.__module__, _cls.__qualname__, _code)
 
 ToDevice = Ready | Request | Cancel | Free | Edge | Pong
 """What a front end sends."""
