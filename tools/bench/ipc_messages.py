@@ -14,7 +14,7 @@ encodes it and decodes it; the time is thread CPU time per message, the best of 
 samples, the variants alternating sample by sample so load drifts hit all three alike.
 
 Usage:
-    python tools/bench/ipc_messages.py [--repeats 7] [--messages 20000]
+    python tools/bench/ipc_messages.py [--repeats 7] [--messages 20000] [--only Request]
 """
 
 from __future__ import annotations
@@ -137,6 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--messages", type=int, default=20000, help="per sample")
+    parser.add_argument("--only", default="", help="the messages whose name contains this")
     args = parser.parse_args()
     for tuple_build, typed_build in CASES.values():  # both ways carry the same fields
         assert _framing_trip([typed_build(3)]) == [typed_build(3)]
@@ -148,6 +149,8 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for name, (tuple_build, typed_build) in CASES.items():
+        if args.only not in name:
+            continue
         for batch in (_BATCH, 1):
             messages = args.messages if batch > 1 else args.messages // 4
             variants = {
