@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kserve_trio.serving.ipc import Arena, Channel, Ring
+from kserve_trio.serving.ipc import Arena, Channel, Request, Ring, UnaryCall
 
 SIZE = 4096
 
@@ -87,7 +87,7 @@ async def test_batches_arrive_whole_and_in_order(anyio_backend):
     async with anyio.create_task_group() as tg:
         tg.start_soon(left.run_writer)
         for i in range(100):
-            left.send((i, big if i == 50 else b""))
+            left.send(Request(i, UnaryCall("ServerLive"), 0, big if i == 50 else b""))
             if i % 7 == 0:
                 await anyio.sleep(0)
         async for batch in right.batches():
@@ -95,8 +95,8 @@ async def test_batches_arrive_whole_and_in_order(anyio_backend):
             if len(got) == 100:
                 break
         tg.cancel_scope.cancel()
-    assert [m[0] for m in got] == list(range(100))
-    assert got[50][1] == big
+    assert [m.id for m in got] == list(range(100))
+    assert got[50].payload == big
     assert left.frames_sent < 100, "messages queued together share a frame"
     await left.aclose()
     await right.aclose()

@@ -202,26 +202,6 @@ def test_messages_cross_pickle_equal_to_themselves(anyio_backend):
     assert [type(m) for m in batch] == [type(m) for m in messages]
 
 
-def test_a_request_and_its_answer_cross_without_naming_a_module(anyio_backend):
-    """The per-request classes pickle by extension code and field values: no module path in
-    the frame, no import lookup in the reader, a few bytes per message."""
-    batch = [
-        ipc.Request(1, UnaryCall("ServerLive"), 0, ipc.Slot(0, 10)),
-        ipc.Request(2, InferCall(TRACE), 5, b"x"),
-        ipc.Request(3, StreamCall(), 5, b"x"),
-        ipc.Request(4, RestCall("GET", "/v2", "", {}), 0, b""),
-        ipc.Done(1, 0, "", ipc.Slot(0, 10), StreamOrigin("m", "r")),
-        ipc.Done(4, 0, "", b"", RestHead(200, "application/json")),
-        ipc.Cancel(1),
-        ipc.Free((0,)),
-        ipc.Ping(1),
-        ipc.Pong(1),
-    ]
-    frame = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-    assert b"kserve_trio" not in frame
-    assert pickle.loads(frame) == batch
-
-
 def test_a_front_end_reads_its_hello_before_any_event_loop(anyio_backend):
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     hello = Hello(ServerConfig(), 1, (), "bye")
