@@ -48,6 +48,7 @@ from tests.edge.idle_flood import Flood
 from tests.edge.limited_procs import counter, fresh_get, get
 from tests.gateway.procs import Gateway, Proc, Worker
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 BOUND = 20.0
 """Seconds: the bound on every outcome."""
@@ -273,16 +274,23 @@ def target(
 
 def _served_soon(call: Callable[[], object]) -> float:
     """Seconds until ``call()`` succeeds (a port whose last clients are still being closed
-    may refuse a moment)."""
+    may refuse a moment); past BOUND, the last failure is the cause."""
     start = time.monotonic()
-    while True:
+    failures: list[Exception] = []
+
+    def served() -> bool:
         try:
             call()
-            return time.monotonic() - start
-        except Exception:
-            if time.monotonic() - start > BOUND:
-                raise
-            time.sleep(0.05)
+        except Exception as exc:
+            failures.append(exc)
+            return False
+        return True
+
+    try:
+        wait_until(served, BOUND, "served")
+    except AssertionError as exc:
+        raise exc from failures[-1]
+    return time.monotonic() - start
 
 
 async def _handshaken(stack: AsyncExitStack, port: int, n: int) -> list[Attacker]:
