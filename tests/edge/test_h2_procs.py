@@ -12,6 +12,8 @@ The two processes start once for the module; every test attacks both."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
 import re
 import time
@@ -90,8 +92,20 @@ class Target:
         return len(list(pathlib.Path(f"/proc/{self.pid}/fd").iterdir()))
 
     def fds_back_to(self, baseline: int, timeout: float = 15.0) -> None:
-        """Wait until the open descriptors are down to ``baseline``."""
-        wait_until(lambda: self.fds() <= baseline, timeout, f"descriptors back to {baseline}")
+        """Wait until the open descriptors are down to ``baseline``; past ``timeout``, the
+        failure names those still open."""
+        try:
+            wait_until(lambda: self.fds() <= baseline, timeout, f"descriptors back to {baseline}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {sorted(self.fd_targets())}") from None
+
+    def fd_targets(self) -> list[str]:
+        """What each open descriptor is (a socket, a pipe, a file)."""
+        found = []
+        for fd in pathlib.Path(f"/proc/{self.pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                found.append(os.readlink(fd))
+        return found
 
     def counter_sum(self, name: str) -> float:
         """Every labelled series of one ``<prefix>_edge_<name>`` counter, summed."""
