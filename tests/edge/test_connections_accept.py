@@ -20,7 +20,6 @@ import json
 import ssl
 import subprocess
 import sys
-import time
 
 import anyio
 import pytest
@@ -35,6 +34,7 @@ from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PK
 from tests.edge.idle_flood import Flood
 from tests.edge.limited_procs import fresh_get
 from tests.edge.memory_probe import fds as descriptors
+from tests.waiting import wait_until
 
 HEADROOM = 24
 """Descriptors the EMFILE server may open beyond those it holds once listening."""
@@ -58,10 +58,7 @@ def test_out_of_descriptors_a_listener_sheds_the_flood_and_goes_on_serving(loop,
             flood.wait_closed(ATTACKERS - HEADROOM, timeout=20)
             assert proc.poll() is None
             assert descriptors(proc.pid) <= ports["limit"]
-        deadline = time.monotonic() + 20
-        while descriptors(proc.pid) > baseline:
-            assert time.monotonic() < deadline, (descriptors(proc.pid), baseline)
-            time.sleep(0.05)
+        wait_until(lambda: descriptors(proc.pid) <= baseline, 20, "the descriptors back")
         status, body = fresh_get(ports["http"], "/stats")  # and serving again
         assert status == 200
         refused = json.loads(body)

@@ -14,7 +14,6 @@ or ``"max_connections"`` when too many evictions were still closing).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from tests.edge.limited_procs import (
 )
 from tests.edge.memory_probe import fds as descriptors
 from tests.gateway.procs import Proc
+from tests.waiting import wait_until
 
 ATTACKERS = 300
 assert ATTACKERS > NOFILE
@@ -79,15 +79,14 @@ def _baseline(served: Served) -> int:
     """The process's descriptors once quiet (a round of every client first, so lazily opened
     files are open), read until two readings agree."""
     served.well_served()
-    last = -1
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        now = descriptors(served.pid)
-        if now == last:
-            return now
-        last = now
-        time.sleep(0.1)
-    return last
+    readings = [descriptors(served.pid)]
+
+    def steady() -> bool:
+        readings.append(descriptors(served.pid))
+        return readings[-1] == readings[-2]
+
+    wait_until(steady, 10, "two descriptor counts that agree")
+    return readings[-1]
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +137,7 @@ def _flood_one_port(served: Served, port: str) -> None:
         assert held <= most, (held, baseline, served.cap)
         served.well_served()  # during the flood, each new connection in an attacker's place
         assert served.closed_at_the_cap() - closed_before >= excess
-    deadline = time.monotonic() + 20
-    while descriptors(served.pid) > baseline + SLACK_FDS:  # every attacker's descriptor back
-        assert time.monotonic() < deadline, (descriptors(served.pid), baseline)
-        time.sleep(0.05)
+    _settled(served.pid, baseline)  # every attacker's descriptor back
     assert served.proc.alive()
     fresh = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['grpc']}")
     assert fresh.is_server_ready()  # after the flood: new connections on every port
@@ -185,7 +181,9 @@ def test_floods_round_after_round_leave_the_descriptors_where_they_were(worker: 
 
 
 def _settled(pid: int, baseline: int, timeout: float = 20) -> int:
-    deadline = time.monotonic() + timeout
-    while (now := descriptors(pid)) > baseline + SLACK_FDS and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return now
+    """The descriptors once back within SLACK_FDS of ``baseline``."""
+    return wait_until(
+        lambda: (now := descriptors(pid)) <= baseline + SLACK_FDS and now,
+        timeout,
+        f"descriptors back to {baseline} + {SLACK_FDS}",
+    )

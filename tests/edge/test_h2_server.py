@@ -19,7 +19,7 @@ Each test is bounded; timers are small and the bounds generous."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -45,6 +45,7 @@ from tests.edge.h2_attacker import (
     window_update,
 )
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -122,13 +123,6 @@ async def healthy(port: int) -> None:
         await echo_ok(peer)
 
 
-async def until(condition: Callable[[], bool], timeout: float = BOUND) -> None:
-    """Wait for server state the wire does not show (deadline loop, no ordering sleeps)."""
-    with anyio.fail_after(timeout):
-        while not condition():
-            await anyio.sleep(0.01)
-
-
 def goaway_of(attacker: Attacker) -> tuple[int, bytes]:
     assert attacker.goaways, "no GOAWAY"
     frame = attacker.goaways[-1]
@@ -154,7 +148,7 @@ async def test_a_first_flight_burst_past_the_stream_limit_is_refused_stream_by_s
                 sids.append(sid)
             await peer.flush()
             await peer.until(lambda: sum(r.reset is not None for r in peer.replies.values()) >= 76)
-            await until(lambda: s.handlers.entered == 1024)
+            await until(lambda: s.handlers.entered == 1024, BOUND, "1024 calls entered")
             refused = [sid for sid in sids if peer.replies[sid].reset is not None]
             assert refused == sids[1024:]
             assert {peer.replies[sid].reset for sid in refused} == {int(ErrorCodes.REFUSED_STREAM)}
@@ -206,7 +200,11 @@ async def test_rapid_resets_get_goaway_enhance_your_calm_and_never_reach_a_handl
                 assert await a.until(lambda: bool(a.goaways))
                 assert await a.until_eof(BOUND)
             assert goaway_of(a) == (CALM, b"too_many_premature_resets")
-            await until(lambda: s.server.running_calls() == 0 and not s.server.connections)
+            await until(
+                lambda: s.server.running_calls() == 0 and not s.server.connections,
+                BOUND,
+                "all ended",
+            )
             await healthy(s.port)
     assert s.handlers.entered == 1  # the health check: no reset call reached its handler
     assert s.stats.premature_resets >= 51
@@ -271,7 +269,7 @@ async def test_a_peer_opening_connections_beyond_its_rate_has_them_closed_at_onc
                 async with Attacker.connect(s.port, local_host="127.0.0.2", preface=False):
                     pass
         # 2 at once, then 2 a second: at least 10 of 20 refused unless the accepts took 4 s
-        await until(lambda: s.stats.refused_connections["peer_rate"] >= 10)
+        await until(lambda: s.stats.refused_connections["peer_rate"] >= 10, BOUND, "10 refused")
         await healthy(s.port)  # another address: its own two a second
         await healthy(s.port)
 
@@ -402,8 +400,8 @@ async def test_a_ping_flood_gets_too_many_pings_and_a_keepalive_within_the_rule_
                     await keepalive.ping(b"keep%04d" % n)
                     await echo_ok(keepalive)  # data flows between pings too
                     await keepalive.ping(b"data%04d" % n)
-                    while anyio.current_time() - before < 0.35:
-                        await anyio.sleep(0.05)
+                    # the spacing is the subject: more than the interval passes between pings
+                    await anyio.sleep(max(0.0, 0.35 - (anyio.current_time() - before)))
                 assert keepalive.goaways == []
             async with Attacker.connect(s.port) as a:
                 await a.send(*(ping(b"%08d" % n) for n in range(10)))
@@ -421,7 +419,7 @@ async def test_a_reply_the_server_sends_resets_the_ping_strikes(engine):
     async with served(engine, **rule) as s, Attacker.connect(s.port) as a:
         with anyio.fail_after(BOUND):
             await a.send(a.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
-            await until(lambda: s.handlers.entered == 1)
+            await until(lambda: s.handlers.entered == 1, BOUND, "the call entered")
             await a.send(*(ping(b"before%02d" % n) for n in range(3)))
             assert await a.until(lambda: a.ping_acks() == 3)
             s.handlers.release.set()
@@ -443,10 +441,8 @@ async def test_an_idle_connection_gets_goaway_no_error_and_a_busy_one_does_not(e
         with anyio.fail_after(BOUND):
             async with Attacker.connect(s.port) as busy:  # a call longer than the idle time
                 await busy.send(busy.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
-                await until(lambda: s.handlers.entered == 1)
-                started = anyio.current_time()
-                while anyio.current_time() - started < 0.9:
-                    await anyio.sleep(0.05)
+                await until(lambda: s.handlers.entered == 1, BOUND, "the call entered")
+                await anyio.sleep(0.9)  # three idle times pass with the call open: no GOAWAY
                 s.handlers.release.set()
                 assert await busy.until(lambda: busy.status(1) == 0)
                 assert await busy.until(lambda: bool(busy.goaways), BOUND)  # idle after it
@@ -472,9 +468,7 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_pro
                 await half.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
                 assert await half.until_eof(BOUND)
             async with Peer.connect(s.port) as prompt:
-                started = anyio.current_time()
-                while anyio.current_time() - started < 0.9:
-                    await anyio.sleep(0.05)
+                await anyio.sleep(0.9)  # three handshake times pass: a prompt one is not cut
                 await echo_ok(prompt)
                 assert prompt.goaways == []
     assert s.stats.refused_connections["handshake_timeout"] == 2
@@ -483,7 +477,7 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline_and_a_pro
 async def hold_call(attacker: Attacker, handlers: Handlers, calls: int) -> None:
     """A Hold call on stream 1 of ``attacker``, in flight once it is the ``calls``-th."""
     await attacker.send(attacker.request(1, HOLD), data(1, grpc_message(b"x"), end_stream=True))
-    await until(lambda: handlers.entered == calls)
+    await until(lambda: handlers.entered == calls, BOUND, f"{calls} calls entered")
 
 
 @pytest.mark.timeout(60)

@@ -28,6 +28,7 @@ from kserve_trio.serving.grpc import (
 )
 from tests.serving.bomb import zero_bomb
 from tests.serving.grpc.h2_peer import Peer, grpc_frame
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -97,12 +98,6 @@ async def serve(test, budget_bytes: int = 0, share_bytes: int = 0, edge: EdgeLim
                 await server.shutdown(0.5)
 
 
-async def polled(condition) -> None:
-    """Until the server's state meets ``condition`` (bounded by ``serve``'s BOUND)."""
-    while not condition():
-        await anyio.sleep(0.01)
-
-
 async def opened(peer: Peer) -> None:
     await peer.until(lambda: peer.conn.outbound_flow_control_window > 1 << 20)
 
@@ -168,8 +163,7 @@ async def test_past_the_bytes_in_flight_a_unary_call_is_refused_and_a_stream_wai
             held = holder.open("/t.T/Echo")
             body = grpc_frame(b"\0" * (3 * MiB + 1000))[: 3 * MiB]  # 3 MiB of it, not all
             await holder.send_body(held, body, end=False)
-            while budget.used < 3 * MiB - 10:
-                await anyio.sleep(0.01)
+            await until(lambda: budget.used >= 3 * MiB - 10, BOUND, "3 MiB held")
             refused = await other.call("/t.T/Echo", grpc_frame(b"\0" * (2 * MiB)))
             assert refused.status == 8 and "in-flight bytes cap" in refused.message
             sid = other.open("/t.T/EchoStream")
@@ -178,8 +172,7 @@ async def test_past_the_bytes_in_flight_a_unary_call_is_refused_and_a_stream_wai
             reply = await other.wait(sid)  # after the holder's receive deadline frees room
             assert holder.replies[held].status == 4 or (await holder.wait(held)).status == 4
             assert (reply.status, reply.messages) == (0, [b"y" * (2 * MiB)])
-        while budget.used:
-            await anyio.sleep(0.01)
+        await until(lambda: not budget.used, BOUND, "the bytes freed")
 
     await serve(test, budget_bytes=4 * MiB)
 
@@ -232,7 +225,7 @@ async def test_a_connection_past_its_share_waits_for_the_lane_and_both_messages_
                 await opened(peer)
             one = first.open("/t.T/Echo")
             await first.send_body(one, body[: 3 * MiB], end=False)
-            await polled(lambda: budget.used >= 3 * MiB - 5)
+            await until(lambda: budget.used >= 3 * MiB - 5, BOUND, "3 MiB held")
             (lane,) = [c.share(budget) for c in s.server.connections if c.share(budget).arriving]
             assert budget.lane is lane
             two = second.open("/t.T/Echo")
@@ -250,7 +243,7 @@ async def test_a_connection_past_its_share_waits_for_the_lane_and_both_messages_
                     and c.inbound_bytes >= buffer
                 ]
 
-            await polled(held_back)
+            await until(held_back, BOUND, "a connection held back")
             (waiting,) = held_back()
             assert waiting.share(budget).arriving <= share
             reply = await other.call("/t.T/Echo", grpc_frame(b"o" * MiB))
@@ -260,8 +253,7 @@ async def test_a_connection_past_its_share_waits_for_the_lane_and_both_messages_
             assert (await first.wait(one)).messages == [b"f" * whole]
             await second.send_body(two, body[3 * MiB :])
             assert (await second.wait(two)).messages == [b"f" * whole]
-        while budget.used:
-            await anyio.sleep(0.01)
+        await until(lambda: not budget.used, BOUND, "the bytes freed")
         assert budget.lane is None
 
     edge = dataclasses.replace(EDGE, message_receive_seconds=BOUND)
@@ -285,7 +277,9 @@ async def test_a_message_whole_before_its_connection_gets_the_lane_is_served_who
                 await opened(peer)
             one = first.open("/t.T/Echo")
             await first.send_body(one, body[: 3 * MiB], end=False)
-            await polled(lambda: budget.lane is not None and budget.used >= 3 * MiB - 5)
+            await until(
+                lambda: budget.lane is not None and budget.used >= 3 * MiB - 5, BOUND, "a lane"
+            )
             two = second.open("/t.T/Echo")
             await second.send_body(two, body)  # all of it, and the end of the stream
             await second.ping(b"read all")  # acknowledged once every frame before it was read
@@ -294,7 +288,7 @@ async def test_a_message_whole_before_its_connection_gets_the_lane_is_served_who
             assert (await first.wait(one)).messages == [b"f" * whole]
             reply = await second.wait(two)
             assert (reply.status, reply.messages) == (0, [b"f" * whole]), reply.message
-        await polled(lambda: budget.used == 0 and budget.lane is None)
+        await until(lambda: budget.used == 0 and budget.lane is None, BOUND, "all freed")
 
     edge = dataclasses.replace(
         EDGE, message_receive_seconds=BOUND, max_connection_buffer_bytes=16 * MiB

@@ -217,7 +217,7 @@ async def test_a_head_line_that_never_ends_is_431_once_past_the_head_cap(served:
     # a long head within the cap, arriving in pieces, is served
     async with await served.connect() as stream:
         await stream.send(b"GET /h HTTP/1.1\r\nHost: t\r\nX-Long: " + b"v" * (40 * KIB))
-        await anyio.sleep(0.01)
+        await anyio.sleep(0.01)  # pauses make the head arrive in separate reads
         await stream.send(b"\r\n\r")
         await anyio.sleep(0.01)
         await stream.send(b"\n")

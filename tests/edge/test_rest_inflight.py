@@ -33,6 +33,7 @@ from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 from kserve_trio.serving.rest_routes import request_body
+from tests.waiting import until
 
 KIB = 1 << 10
 BUDGET = 1024 * KIB
@@ -75,10 +76,7 @@ class Served:
 
     async def until(self, condition: Callable[[], bool], what: str) -> None:
         """Wait for ``condition`` (the server's tasks run meanwhile), at most WAIT_SECONDS."""
-        deadline = anyio.current_time() + WAIT_SECONDS
-        while not condition():
-            assert anyio.current_time() < deadline, (what, self.inflight.used)
-            await anyio.sleep(0.005)
+        await until(condition, WAIT_SECONDS, what)
 
     async def drained(self) -> None:
         await self.until(lambda: self.inflight.used == 0, "the gauge back to 0")

@@ -20,6 +20,7 @@ from kserve_trio.core.protocol.json_depth import JsonTooDeep, check_json_depth, 
 from kserve_trio.serving.http import PayloadTooLarge, inflate_body
 from kserve_trio.serving.http._body import READ_AHEAD_CHUNKS, BodyBuffer, read_ahead_bound
 from kserve_trio.serving.rest_routes import RestCall, grpc_request
+from tests.waiting import until
 
 
 def test_depth_counts_brackets_and_braces_outside_strings_only():
@@ -223,8 +224,7 @@ def test_a_connection_stops_reading_once_chunks_queue_ahead_of_its_parser(loop):
 
                 tg.start_soon(listener.serve, keep)
                 client = await anyio.connect_tcp("127.0.0.1", port)
-                while not accepted:
-                    await anyio.sleep(0.01)
+                await until(lambda: accepted, what="the connection accepted")
                 server = accepted[0]
                 transport, protocol = server._transport, server._protocol  # type: ignore[attr-defined]
                 bound = read_ahead_bound(server)

@@ -37,6 +37,7 @@ from tests.edge.rest_peer import (
     worker_metrics,
 )
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 CAP = 48 * MIB
 REFUSED = "worker_edge_refused_requests_total"
@@ -61,17 +62,10 @@ def worker(demo_repo):
         assert w.stop() == 0, w.logs()
 
 
-def fds_settle(worker: RestWorker, baseline: int, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while fd_count(worker.proc.pid) > baseline and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return fd_count(worker.proc.pid)
-
-
 def still_serving(worker: RestWorker, fds: int) -> None:
     assert worker.alive(), worker.logs()
     assert served(worker.http_port)
-    assert fds_settle(worker, fds) <= fds
+    wait_until(lambda: fd_count(worker.proc.pid) <= fds, 10, f"descriptors back to {fds}")
 
 
 @pytest.mark.timeout(60)
