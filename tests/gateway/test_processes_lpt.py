@@ -70,12 +70,13 @@ def _summary(status: rc.GetSchedulingStatusResponse) -> str:
 
 def reported_arrivals(gw: TwoProcesses, model: str) -> int:
     """The requests for ``model`` that the follower (process 1) has told the placer it routed
-    (its arrivals file in the gateway's runtime directory; 0 before its first report)."""
+    (its arrivals file in the gateway's runtime directory, always replaced whole; 0 before its
+    first report)."""
     (starting,) = gw.events("gateway_processes_starting")
     path = _arrivals_path(pathlib.Path(starting["runtime_dir"]), 1)
     try:
         return int(json.loads(path.read_bytes())["counts"].get(model, 0))
-    except (OSError, ValueError):  # not written yet, or read while it was being replaced
+    except FileNotFoundError:
         return 0
 
 
