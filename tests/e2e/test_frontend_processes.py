@@ -20,7 +20,6 @@ import queue
 import signal
 import socket
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -35,12 +34,13 @@ from kserve_trio.export.demo import tokenize_sum_reference
 from tests.client.test_tls import pki  # noqa: F401  (the session's throwaway PKI)
 from tests.e2e import reference as ref
 from tests.e2e.conftest import WorkerProcess
-from tests.e2e.test_protocol_features_e2e import SLEEPY_MANIFEST, features_repository
+from tests.e2e.test_protocol_features_e2e import features_repository
 from tests.edge.rest_peer import (
     a_100_kb_extension_is_refused,
     chunk_extensions_are_bounded,
     http11_rules_hold,
 )
+from tests.gate_model import Gate, add_gate_model
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -49,60 +49,22 @@ pytestmark = pytest.mark.slow
 ARENA = 10_000_000
 """The device arena of the explicit-mode worker (the weight cache needs one on the CPU)."""
 
-GATE_MODEL_PY = """\
-import pathlib
-import time
-
-from kserve_trio.core.tensors.tensor import NamedTensor
-
-GATE = pathlib.Path({gate!r})
-
-
-def run(inputs, call):
-    (seconds,) = inputs
-    (GATE / "started").touch()
-    deadline = time.monotonic() + 60
-    while not (GATE / "open").exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    (GATE / "started").unlink(missing_ok=True)
-    (GATE / "open").unlink(missing_ok=True)
-    return [NamedTensor.from_array("slept", seconds.data.copy())]
-
-
-register_meta_model("gate", run=run)
-"""
-
-
-class Gate:
-    """The ``gate`` meta model's hold on the device thread: it runs until ``open``."""
-
-    def __init__(self, directory: pathlib.Path) -> None:
-        self.dir = directory
-
-    def wait_started(self) -> None:
-        wait_until(lambda: (self.dir / "started").exists(), timeout=60, what="gate on device")
-
-    def open(self) -> None:
-        (self.dir / "open").touch()
-
 
 @pytest.fixture(scope="module")
 def repo(demo_repo, tmp_path_factory):
     """The protocol-features repository and ``gate``."""
     root = features_repository(tmp_path_factory.mktemp("frontends") / "models", demo_repo)
-    (root / "gate").mkdir()
-    gate_dir = root.parent / "gate"
-    gate_dir.mkdir()
-    (root / "gate" / "model.py").write_text(GATE_MODEL_PY.format(gate=str(gate_dir)))
-    (root / "gate" / "manifest.yaml").write_text(SLEEPY_MANIFEST)
+    add_gate_model(root)
     return root
 
 
 @pytest.fixture
 def gate(repo):
+    """The ``gate`` model's hold (``add_gate_model`` put it beside ``repo``), opened after the
+    test whatever happened."""
     g = Gate(repo.parent / "gate")
     yield g
-    g.open() if (g.dir / "started").exists() else None
+    g.open()
 
 
 def start_worker(repo: pathlib.Path, *extra: str, env: dict | None = None) -> WorkerProcess:
@@ -238,7 +200,17 @@ def test_every_rpc_through_both_front_ends(worker, repo):
         assert list(result.as_numpy("label")) == list(want_labels)
 
 
-def test_streams_deadlines_and_cancellation_through_the_front_ends(worker, repo):
+def hold_device(worker, gate: Gate) -> threading.Thread:
+    """A ``gate`` request on a connection of its own, once it holds the device thread (the
+    test opens the gate, then joins the thread)."""
+    holder = own_connection(worker.url)
+    hold = threading.Thread(target=lambda: holder.infer("gate", [sleepy_input(0.0)]), daemon=True)
+    hold.start()
+    gate.wait_started()
+    return hold
+
+
+def test_streams_deadlines_and_cancellation_through_the_front_ends(worker, repo, gate):
     clients = one_client_per_frontend(worker)
     w = ref.weights(repo, "mlp")
     for c in clients.values():
@@ -269,22 +241,54 @@ def test_streams_deadlines_and_cancellation_through_the_front_ends(worker, repo)
             np.testing.assert_allclose(
                 by_id[str(i)].as_numpy("output"), ref.mlp(x, w), rtol=1e-5, atol=1e-5
             )
-        # a deadline the device process enforces
-        with pytest.raises(InferenceServerException) as err:
-            c.infer("sleepy", [sleepy_input(2.0)], client_timeout=0.3)
-        assert "DEADLINE" in str(err.value.status()).upper()
-    # cancellation: the client's RST reaches the device process, which drops the request
+        # a deadline that cannot be met: the device is held until the call has failed; the
+        # request it queued leaves the device process's queue unrun, the gate still held
+        served_before = metric(worker, "worker_requests_served_total", model="mlp")
+        hold = hold_device(worker, gate)
+        try:
+            with pytest.raises(InferenceServerException) as err:
+                c.infer("mlp", [mlp_input(xs[0])], client_timeout=1.0)
+            assert "DEADLINE" in str(err.value.status()).upper()
+            wait_until(
+                lambda: metric(worker, "worker_queue_depth", model="mlp") == 0,
+                timeout=30,
+                what="the expired request off the device process's queue",
+            )
+            assert gate.holding()
+        finally:
+            gate.open()
+            hold.join(60)
+        assert metric(worker, "worker_requests_served_total", model="mlp") == served_before
+    # cancellation: the client's RST reaches the device process, which drops the request (it
+    # waits behind the gate from before the cancel until after it is recorded)
     c = clients[0]
-    before = metric(worker, "worker_requests_total", model="sleepy", status="CANCELLED")
-    future = c.async_infer("sleepy", [sleepy_input(1.0)], callback=lambda r, e: None)
-    future.cancel()
-    wait_until(
-        lambda: (
-            metric(worker, "worker_requests_total", model="sleepy", status="CANCELLED") > before
-        ),
-        timeout=30,
-        what="the cancelled request is recorded CANCELLED",
-    )
+    before = metric(worker, "worker_requests_total", model="mlp", status="CANCELLED")
+    served_before = metric(worker, "worker_requests_served_total", model="mlp")
+    hold = hold_device(worker, gate)
+    try:
+        answered: list = []
+        future = c.async_infer(
+            "mlp", [mlp_input(xs[0])], callback=lambda result, error: answered.append(error)
+        )
+
+        def queued() -> bool:
+            assert not answered, answered  # nothing answers it before the cancel
+            return metric(worker, "worker_queue_depth", model="mlp") == 1
+
+        wait_until(queued, 30, "the request queued in the device process")
+        future.cancel()
+        wait_until(
+            lambda: (
+                metric(worker, "worker_requests_total", model="mlp", status="CANCELLED") > before
+            ),
+            timeout=30,
+            what="the cancelled request is recorded CANCELLED",
+        )
+        assert metric(worker, "worker_queue_depth", model="mlp") == 0 and gate.holding()
+    finally:
+        gate.open()
+        hold.join(60)
+    assert metric(worker, "worker_requests_served_total", model="mlp") == served_before
 
 
 def test_shared_memory_registered_through_one_front_end_used_through_the_other(worker, repo):
@@ -369,11 +373,8 @@ def _metrics_text(worker) -> str:
 
 def test_requests_of_both_front_ends_coalesce_into_one_batch(worker, gate):
     clients = one_client_per_frontend(worker)
-    holder = own_connection(worker.url)
     before = metric(worker, "worker_dispatch_total", model="mlp")
-    hold = threading.Thread(target=lambda: holder.infer("gate", [sleepy_input(0.0)]))
-    hold.start()
-    gate.wait_started()
+    hold = hold_device(worker, gate)
     results: list = []
     x = np.ones((1, 16), np.float32)
     threads = [  # 4 through each front end: 8 rows, mlp's compiled batch of 8
@@ -569,10 +570,13 @@ def test_sigterm_leaves_no_process_shared_memory_or_socket_behind(repo, event_lo
         assert w.terminate() == 0
     assert not any(alive(p) for p in pids.values())
     ours = {str(w.proc.pid), *map(str, pids.values())}
-    left = {  # the worker's own names (weight regions, pools named by pid): tests run beside it
+    # the worker's own names only (tests run beside it): its buffer pools, named by pid. It
+    # keeps its weights private (runtime.shared_host_weights off), so a kst-w- region that
+    # appears meanwhile is another worker's (a node test's, under xdist or beside the suite)
+    left = {
         name
         for name in set(os.listdir("/dev/shm")) - shm_before
-        if name.startswith("kst-w-") or any(f"-{pid}-" in name for pid in ours)
+        if any(f"-{pid}-" in name for pid in ours)
     }
     assert left == set()
     for port in (w.port, w.http_port):
@@ -589,23 +593,19 @@ def test_tls_through_the_front_ends(repo, pki):  # noqa: F811
         },
     )
     try:
-        deadline = time.monotonic() + 300
-        root = (pki / "ca.pem").read_bytes()
-        while True:
-            try:
-                c = grpcclient.InferenceServerClient(
-                    w.url, ssl=True, root_certificates=str(pki / "ca.pem")
-                )
-                if c.is_server_ready():
-                    break
-            except InferenceServerException:
-                pass
+        ca = str(pki / "ca.pem")
+
+        def ready_client() -> grpcclient.InferenceServerClient | None:
             assert w.proc.poll() is None, w.logs()
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+            c = grpcclient.InferenceServerClient(w.url, ssl=True, root_certificates=ca)
+            try:
+                return c if c.is_server_ready() else None
+            except InferenceServerException:
+                return None
+
+        c = wait_until(ready_client, 300, "the worker ready over TLS")
         out = c.infer("mlp", [mlp_input(np.ones((1, 16), np.float32))]).as_numpy("output")
-        assert out.shape == (1, 8) or out.size > 0
-        del root
+        assert out.shape == (1, 8)
     finally:
         w.terminate()
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 # ruff: noqa: F811  (the tests take the imported fixture ``fleet`` by name)
 import json
+import pathlib
 import re
 import time
 
 import pytest
 import tritonclient.grpc as grpcclient
 
+from kserve_trio.gateway.placement.multiprocess import _arrivals_path
 from kserve_trio.proto import reactant_control as rc
 from tests.gateway import test_lpt_e2e as lpt_e2e
 from tests.gateway.test_lpt_e2e import (  # noqa: F401  (the fixture and the tests, run again)
@@ -22,8 +24,10 @@ from tests.gateway.test_lpt_e2e import (  # noqa: F401  (the fixture and the tes
     placement,
     test_model_load_through_the_gateway_names_set_model_placement,
     test_placement_follows_traffic_and_an_all_replicas_override,
+    tick_after,
 )
 from tests.gateway.test_processes import OWN_CONNECTION, TwoProcesses
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -64,6 +68,18 @@ def _summary(status: rc.GetSchedulingStatusResponse) -> str:
     )
 
 
+def reported_arrivals(gw: TwoProcesses, model: str) -> int:
+    """The requests for ``model`` that the follower (process 1) has told the placer it routed
+    (its arrivals file in the gateway's runtime directory, always replaced whole; 0 before its
+    first report)."""
+    (starting,) = gw.events("gateway_processes_starting")
+    path = _arrivals_path(pathlib.Path(starting["runtime_dir"]), 1)
+    try:
+        return int(json.loads(path.read_bytes())["counts"].get(model, 0))
+    except FileNotFoundError:
+        return 0
+
+
 def client_of_process(gw: TwoProcesses, wanted: str) -> grpcclient.InferenceServerClient:
     """A client whose connection reached process ``wanted`` (a cnn request shows which)."""
     for _ in range(40):
@@ -87,9 +103,17 @@ def test_every_process_answers_alike_and_a_followers_traffic_counts(fleet):
     assert len(answers) == 1, answers
     follower = client_of_process(gw, "1")
     rate = {m.name: m.arrival_rate for m in status.models}
+    reported = reported_arrivals(gw, "scale4")
     for _ in range(40):  # scale4 traffic through the follower only
         follower.infer("scale4", inputs("scale4"))
-    time.sleep(2.5)  # two prober rounds poll the workers' counters
+    wait_until(
+        lambda: reported_arrivals(gw, "scale4") >= reported + 40, 30, "the follower's report"
+    )
+    # two prober rounds poll the workers' counters after the traffic: the placer's rate moves
+    # by the fleet compute it has seen since its last repack
+    traffic_end = time.time()
+    first = wait_until(lambda: tick_after(gw, traffic_end), 60, "a prober round")
+    wait_until(lambda: tick_after(gw, first), 60, "a second prober round")
     reply = control(gw.url, "Repack", rc.RepackRequest(wait_seconds=20))
     assert reply.completed
     after = control(gw.url, "GetSchedulingStatus", rc.GetSchedulingStatusRequest())

@@ -4,6 +4,7 @@ directory, the restart back-off, the parent's /routing and the ``processes`` set
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -38,6 +39,7 @@ from kserve_trio.gateway.processes._parent import child_env, child_raw_config
 from kserve_trio.gateway.shm_record import SharedShmRegistrations
 from kserve_trio.serving.metrics_merge import add_label
 from kserve_trio.serving.ports import reserve_port
+from tests.waiting import until
 
 G = "KSERVE_TRIO_GATEWAY_"
 
@@ -114,11 +116,21 @@ async def test_one_record_for_every_process_and_one_holder_at_a_time(tmp_path):
     assert a.items() == [("r1", b"one")] and "r0" not in a and len(a) == 1
     order: list[str] = []
 
+    def on_the_lock_file() -> int:
+        """This process's descriptors open on the lock file: one per view that holds the
+        record or polls for it."""
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                count += os.readlink(f"/proc/self/fd/{fd}") == str(a.lock_path)
+        return count
+
     async def hold(regs: SharedShmRegistrations, name: str, entered: anyio.Event) -> None:
         async with regs.exclusive():
             entered.set()
             order.append(f"{name} in")
-            await anyio.sleep(0.2)
+            if name == "a":  # held until b is polling for the file lock
+                await until(lambda: on_the_lock_file() == 2, what="b waiting for the lock")
             order.append(f"{name} out")
 
     first, second = anyio.Event(), anyio.Event()

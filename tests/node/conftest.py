@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -104,18 +106,22 @@ class NodeProcess:
         return self.log.read_text(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float = 120.0, after: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.compile(pattern, re.M).search(self.text(), after)
-            if m:
-                return m
-            if self.proc.poll() is not None:
-                m = re.compile(pattern, re.M).search(self.text(), after)
-                if m:
-                    return m
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no {pattern!r} in the node's output:\n{self.text()[-6000:]}")
+        """The first match of ``pattern`` in the node's output from offset ``after``, once it
+        is there; AssertionError with the output's tail past ``timeout`` or when the node
+        exited without it."""
+        regex = re.compile(pattern, re.M)
+
+        def found() -> re.Match | None:
+            exited = self.proc.poll() is not None  # before the read: its output is all there
+            m = regex.search(self.text(), after)
+            if m is None and exited:
+                raise AssertionError(f"the node exited ({self.proc.returncode})")
+            return m
+
+        try:
+            return wait_until(found, timeout, f"{pattern!r} in the node's output")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.text()[-6000:]}") from None
 
     def pids(self) -> dict[str, int]:
         """The latest pid the supervisor reported for each child."""
@@ -145,21 +151,23 @@ def wait_ready(url: str, timeout: float = 240.0, node: NodeProcess | None = None
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if node is not None and node.proc.poll() is not None:
             raise AssertionError(
                 f"the node exited ({node.proc.returncode}):\n{node.text()[-6000:]}"
             )
         try:
-            if client.is_server_ready():
-                return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(
-        f"{url} not ready within {timeout}s" + (f":\n{node.text()[-6000:]}" if node else "")
-    )
+            return client.is_server_ready()
+        except Exception:  # not listening yet
+            return False
+
+    try:
+        wait_until(ready, timeout, f"{url} ready")
+    except AssertionError as exc:
+        if node is None or "not within" not in str(exc):
+            raise
+        raise AssertionError(f"{exc}:\n{node.text()[-6000:]}") from None
 
 
 @pytest.fixture

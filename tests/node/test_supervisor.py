@@ -16,11 +16,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from trio.testing import MockClock
 
 from kserve_trio.node import ChildSpec, NodePlan, run_plan
 from kserve_trio.node._logmux import LogSink
 from kserve_trio.node._supervisor import describe_exit
 from tests.node.conftest import alive
+from tests.waiting import until, wait_until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -37,12 +39,15 @@ def child(name: str, code: str, grace: float = 5.0, **kw) -> ChildSpec:
     return ChildSpec(name, "worker", (sys.executable, "-c", code), dict(os.environ), grace, **kw)
 
 
-def run_in_process(plan: NodePlan) -> tuple[int, list[str]]:
+def run_in_process(plan: NodePlan, clock: MockClock | None = None) -> tuple[int, list[str]]:
+    """``run_plan`` on asyncio, or on trio with ``clock`` as its clock (the supervisor's
+    pauses and graces then take no real time)."""
     out = io.StringIO()
-    code = anyio.run(
-        functools.partial(run_plan, plan, LogSink(out), install_signal_handlers=False),
-        backend="asyncio",
-    )
+    run = functools.partial(run_plan, plan, LogSink(out), install_signal_handlers=False)
+    if clock is None:
+        code = anyio.run(run, backend="asyncio")
+    else:
+        code = anyio.run(run, backend="trio", backend_options={"clock": clock})
     return code, out.getvalue().splitlines()
 
 
@@ -65,15 +70,20 @@ class FakeNode:
         return self.log.read_text(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """The first match of ``pattern`` in the output once it is there; AssertionError with
+        the output past ``timeout`` or when the process exited without it."""
+
+        def found() -> re.Match | None:
+            exited = self.proc.poll() is not None  # before the read: its output is all there
             m = re.search(pattern, self.text())
-            if m:
-                return m
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in the node's output:\n{self.text()}")
+            if m is None and exited:
+                raise AssertionError(f"the process exited ({self.proc.returncode})")
+            return m
+
+        try:
+            return wait_until(found, timeout, f"{pattern!r} in the output")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.text()}") from None
 
     def pid_of(self, name: str) -> int:
         return int(self.wait_for(rf"\[supervisor\] started {name} \(pid (\d+)\)").group(1))
@@ -136,11 +146,14 @@ def test_exit_descriptions():
 
 
 def test_a_crashing_child_backs_off_then_exhausts_the_budget():
-    started = time.monotonic()
+    # on trio's MockClock (it jumps to the next timer whenever every task waits): the children
+    # are real, the pauses between them take no real time and are exactly what they say
+    clock = MockClock(autojump_threshold=0)
+    started = clock.current_time()
     exit_code, lines = run_in_process(
-        NodePlan("workers", (child("w", "raise SystemExit(3)"),), max_restarts=2)
+        NodePlan("workers", (child("w", "raise SystemExit(3)"),), max_restarts=2), clock
     )
-    elapsed = time.monotonic() - started
+    elapsed = clock.current_time() - started
     assert exit_code == 1
     events = [line for line in lines if line.startswith("[supervisor] ")]
     restarts = [e for e in events if "restarting" in e]
@@ -148,7 +161,7 @@ def test_a_crashing_child_backs_off_then_exhausts_the_budget():
     assert sum("w exited (code=3, signal=none" in e for e in events) == 3
     assert "[supervisor] w failed 3 consecutive times (max 2); shutting the node down" in events
     assert events[-1] == "[supervisor] node stopped (exit 1)"
-    assert 3.0 <= elapsed < 20
+    assert elapsed == 3.0  # the two pauses, 1 s and 2 s; nothing else waited on a timer
 
 
 def test_a_child_that_cannot_be_executed_counts_as_a_failure():
@@ -183,9 +196,9 @@ def test_cancelling_the_supervisor_stops_its_children():
             tg.start_soon(
                 functools.partial(run_plan, plan, LogSink(out), install_signal_handlers=False)
             )
-            with anyio.fail_after(30):
-                while not (m := re.search(r"started w \(pid (\d+)\)", out.getvalue())):
-                    await anyio.sleep(0.05)
+            m = await until(
+                lambda: re.search(r"started w \(pid (\d+)\)", out.getvalue()), 30, "w started"
+            )
             pids.append(int(m.group(1)))
             assert alive(pids[0])
             tg.cancel_scope.cancel()
@@ -245,10 +258,7 @@ def test_children_die_with_a_killed_supervisor(fake_node):
     pid = node.pid_of("orphan")
     node.proc.kill()  # SIGKILL: no handler runs, only the kernel's parent-death signal
     node.proc.wait()
-    deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid)
+    wait_until(lambda: not alive(pid), 10, "the orphan gone with its supervisor")
 
 
 # --- the trampoline ----------------------------------------------------------------------------
@@ -260,12 +270,12 @@ def test_the_child_is_pinned_and_runs_its_own_command_with_its_environment(fake_
         [{"name": "pinned", "argv": py(SLEEP), "cpus": [cpu], "env": {"PROBE_VAR": "42"}}]
     )
     pid = node.pid_of("pinned")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the pid is the trampoline's until it execs
+
+    def execed() -> list[bytes] | None:  # the pid is the trampoline's until it execs
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if cmdline[1:2] == [b"-c"]:
-            break
-        time.sleep(0.02)
+        return cmdline if cmdline[1:2] == [b"-c"] else None
+
+    cmdline = wait_until(execed, 10, "the child's own command")
     assert b"_trampoline.py" not in b" ".join(cmdline)
     status = Path(f"/proc/{pid}/status").read_text()
     assert re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M).group(1) == str(cpu)
