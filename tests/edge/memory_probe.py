@@ -9,6 +9,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from kserve_trio.proto import inference as pb
+from tests.sockets import tcp_sockets
 from tests.waiting import wait_until
 
 MiB = 1 << 20
@@ -73,23 +74,7 @@ def fds(pid: int) -> int:
 def accepted_on(pid: int, port: int) -> int:
     """How many connections the process holds open on its listening ``port`` (its sockets
     whose local port that is, the listener left out): one its server has closed is gone."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:  # closed meanwhile
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                listening = fields[3] == "0A"
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and not listening:
-                    count += fields[9] in inodes
-    return count
+    return sum(1 for s in tcp_sockets(pid) if s.local_port == port and not s.listening)
 
 
 def mlp_input(rows: int = 1, value: float = 1.0) -> grpcclient.InferInput:

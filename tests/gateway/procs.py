@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.gate_model import Gate, add_gate_model
 from tests.ports import free_port
+from tests.sockets import tcp_sockets
 
 
 class Proc:
@@ -43,22 +44,7 @@ class Proc:
     def connections_to(self, port: int) -> set[int]:
         """The local ports of this process's open TCP sockets whose peer port is ``port``
         (its file descriptors matched with the kernel's socket table, ``/proc``)."""
-        pid = self.proc.pid
-        inodes = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:  # closed meanwhile
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-        local = set()
-        for table in ("tcp", "tcp6"):
-            for line in pathlib.Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
-                    local.add(int(fields[1].rsplit(":", 1)[1], 16))
-        return local
+        return {s.local_port for s in tcp_sockets(self.proc.pid) if s.peer_port == port}
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
