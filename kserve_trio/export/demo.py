@@ -81,7 +81,7 @@ bytes). postprocess keeps ``tokens`` and adds ``label`` BYTES [B]: "<n> tokens, 
 
 import numpy as np
 
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 
 MAX_TOKENS = 16
 
