@@ -159,6 +159,11 @@ def test_the_project_has_no_import_cycle():
 
 
 FACED_PACKAGES = (
+    "kserve_trio.core.bundles",
+    "kserve_trio.core.memory",
+    "kserve_trio.core.process",
+    "kserve_trio.core.protocol",
+    "kserve_trio.core.tensors",
     "kserve_trio.gateway.fleet",
     "kserve_trio.gateway.placement",
     "kserve_trio.gateway.request_path",

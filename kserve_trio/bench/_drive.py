@@ -25,8 +25,8 @@ from kserve_trio.client import (
 )
 from kserve_trio.client.spec import ModelIOSpec, TensorMeta
 from kserve_trio.client.transport import parse_url
-from kserve_trio.core.process.event_loops import uvloop_available
-from kserve_trio.core.protocol.infer_wire import InferResponseMessage
+from kserve_trio.core.process import uvloop_available
+from kserve_trio.core.protocol import InferResponseMessage
 
 # --------------------------------------------------------------------------------------------
 # Synthetic inputs

@@ -54,7 +54,7 @@ from kserve_trio.client.spec import (
 from kserve_trio.client.tls import client_ssl_context
 from kserve_trio.client.transport import Endpoint, Transport
 from kserve_trio.core.errors import PoolAcquireTimeout
-from kserve_trio.core.memory.buffer_pool import BufferPool, PoolSlot, ScratchBuffer, subslot
+from kserve_trio.core.memory import BufferPool, PoolSlot, ScratchBuffer, subslot
 
 __all__ = [
     "BufferPool",

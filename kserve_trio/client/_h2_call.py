@@ -19,10 +19,12 @@ import anyio
 
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import ServingError, StatusCode
-from kserve_trio.core.protocol import compression
-from kserve_trio.core.protocol.grpc_wire import (
+from kserve_trio.core.protocol import (
+    IDENTITY,
     PREFIX,
     decode_message,
+    decompress,
+    parse_encoding,
     status_from_http,
     status_from_reset,
 )
@@ -188,7 +190,7 @@ class _Call:
     def _inflate(self, body: bytes | memoryview) -> bytes:
         """A compressed reply's message (see the module docstring for the statuses)."""
         rpc = self.rpc
-        if (self.encoding or compression.IDENTITY).strip().lower() == compression.IDENTITY:
+        if (self.encoding or IDENTITY).strip().lower() == IDENTITY:
             raise RpcError(
                 StatusCode.INTERNAL,
                 "the reply is flagged compressed but names no grpc-encoding",
@@ -196,8 +198,8 @@ class _Call:
                 retryable=False,
             )
         try:
-            algorithm = compression.parse_encoding(self.encoding)
-            return bytes(compression.decompress(body, algorithm, self.cap))
+            algorithm = parse_encoding(self.encoding)
+            return bytes(decompress(body, algorithm, self.cap))
         except ServingError as exc:  # the server's reply: another attempt gets the same
             status = StatusCode.INTERNAL
             if exc.status in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.UNIMPLEMENTED):

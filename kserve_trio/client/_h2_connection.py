@@ -49,9 +49,13 @@ import anyio.abc
 from kserve_trio.client._h2_call import _Call
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.process.config import MAX_FRAME_BYTES, WINDOW_BYTES
-from kserve_trio.core.process.event_loops import asyncio_transport, stream_attribute
-from kserve_trio.core.protocol import grpc_wire
+from kserve_trio.core.process import (
+    MAX_FRAME_BYTES,
+    WINDOW_BYTES,
+    asyncio_transport,
+    stream_attribute,
+)
+from kserve_trio.core.protocol import message_prefix
 from kserve_trio.http2 import (
     MAX_STREAM_ID,
     DataReceived,
@@ -476,7 +480,7 @@ class Connection:
         the call ended (or the connection died) before all of it was sent."""
         engine = self.engine
         sid = call.stream_id
-        prefix = grpc_wire.message_prefix(bool(flag), nbytes)
+        prefix = message_prefix(bool(flag), nbytes)
         try:
             if nbytes <= JOIN_BYTES:
                 engine.send_data(sid, b"".join([prefix, *pieces]), end_stream=True)

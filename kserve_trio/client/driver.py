@@ -56,26 +56,25 @@ from kserve_trio.client.runtime import (
 )
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.buffer_pool import BufferPool, ScratchBuffer, pool_offset, scratch
-from kserve_trio.core.protocol.bytes_tensor import encode_bytes_tensor
-from kserve_trio.core.protocol.codec import (
+from kserve_trio.core.memory import BufferPool, ScratchBuffer, pool_offset, scratch
+from kserve_trio.core.protocol import (
     SHM_BYTE_SIZE_PARAM,
     SHM_OFFSET_PARAM,
     SHM_REGION_PARAM,
-    ShmRef,
-    raw_output_indices,
-    shm_params,
-)
-from kserve_trio.core.protocol.infer_wire import (
     Buffer,
     InferInputTensor,
     InferOutputTensor,
     InferRequestedOutput,
     InferRequestMessage,
     InferResponseMessage,
+    Params,
+    ShmRef,
+    byte_view,
+    encode_bytes_tensor,
+    raw_output_indices,
+    shm_params,
 )
-from kserve_trio.core.protocol.wire import Params, byte_view
-from kserve_trio.core.tensors.dtypes import dtype_from_wire, dtype_of
+from kserve_trio.core.tensors import dtype_from_wire, dtype_of
 
 log = get_logger("kserve_trio.client")
 

@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kserve_trio.core.process.upstream_env import with_upstream_aliases
+from kserve_trio.core.process import with_upstream_aliases
 from kserve_trio.http2 import DEFAULT_ENGINE, check_engine
 
 DEFAULT_MAX_MESSAGE_BYTES = 512 << 20

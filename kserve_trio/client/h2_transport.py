@@ -50,13 +50,15 @@ from kserve_trio.client.endpoint import Endpoint
 from kserve_trio.client.errors import RpcError
 from kserve_trio.client.tls import client_ssl_context, handshake_error_message
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.protocol import compression
-from kserve_trio.core.protocol.grpc_wire import format_timeout, metadata_headers
-from kserve_trio.core.protocol.infer_wire import (
+from kserve_trio.core.protocol import (
+    ACCEPT_ENCODING,
     InferRequestMessage,
     InferResponseMessage,
     WirePieces,
+    compress,
+    format_timeout,
     infer_request_pieces,
+    metadata_headers,
 )
 from kserve_trio.http2 import Header, check_engine
 
@@ -135,7 +137,7 @@ class H2Transport:
         ]
         self._compression = endpoint.compression
         if self._compression:
-            self._base.append((b"grpc-accept-encoding", compression.ACCEPT_ENCODING.encode()))
+            self._base.append((b"grpc-accept-encoding", ACCEPT_ENCODING.encode()))
         self._engine = check_engine(endpoint.http2_engine)
         self._fixed: dict[str, list[Header]] = {}  # each method's fixed headers
 
@@ -273,7 +275,7 @@ class H2Transport:
             )
         if not compressed_with and self._compression:
             joined = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            pieces = [compression.compress(memoryview(joined), self._compression)]
+            pieces = [compress(memoryview(joined), self._compression)]
             nbytes = len(pieces[0])
             compressed_with = self._compression
         flag = 1 if compressed_with else 0

@@ -33,19 +33,19 @@ from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 import numpy as np
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.memory.buffer_pool import PoolSlot, ScratchBuffer, scratch
-from kserve_trio.core.memory.buffer_pool import pool_view as _core_pool_view
-from kserve_trio.core.protocol.bytes_tensor import bytes_tensor_from_values, decode_bytes_tensor
-from kserve_trio.core.protocol.codec import (
+from kserve_trio.core.memory import PoolSlot, ScratchBuffer, scratch
+from kserve_trio.core.memory import pool_view as _core_pool_view
+from kserve_trio.core.protocol import (
     SHM_REGION_PARAM,
+    InferResponseMessage,
+    bytes_tensor_from_values,
+    decode_bytes_tensor,
     in_shared_memory,
     int64_param,
     raw_output_indices,
     string_param,
 )
-from kserve_trio.core.protocol.infer_wire import InferResponseMessage
-from kserve_trio.core.tensors.dtypes import DType, dtype_from_wire, dtype_of
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import DType, NamedTensor, dtype_from_wire, dtype_of
 from kserve_trio.proto import inference as pb
 
 T = TypeVar("T")

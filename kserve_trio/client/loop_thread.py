@@ -19,7 +19,7 @@ import anyio
 import anyio.from_thread
 import sniffio
 
-from kserve_trio.core.process.event_loops import uvloop_available
+from kserve_trio.core.process import uvloop_available
 
 T = TypeVar("T")
 

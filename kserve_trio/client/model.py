@@ -34,15 +34,13 @@ from kserve_trio.client.transport import (
     resolve_message_cap,
 )
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.protocol.codec import (
+from kserve_trio.core.protocol import (
     TIMEOUT_NS_PARAM,
+    InferRequestMessage,
+    InferResponseMessage,
     RequestedOutput,
     deadline_params,
     encode_infer_request,
-)
-from kserve_trio.core.protocol.infer_wire import (
-    InferRequestMessage,
-    InferResponseMessage,
     parse_infer_request,
 )
 from kserve_trio.proto import inference as pb

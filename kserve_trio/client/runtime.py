@@ -35,7 +35,7 @@ from kserve_trio.client.loop_thread import LoopThread, current_loop_key, loop_cl
 from kserve_trio.client.transport import Endpoint, Transport, TransportFactory, method_path
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.buffer_pool import BufferPool
+from kserve_trio.core.memory import BufferPool
 from kserve_trio.proto import inference as pb
 
 log = get_logger("kserve_trio.client")

@@ -28,12 +28,11 @@ from kserve_trio.client.io import (
 )
 from kserve_trio.client.loop_thread import refuse_in_event_loop
 from kserve_trio.client.runtime import get_state
-from kserve_trio.core.bundles.bundle import MANIFEST_FILE, load_manifest
+from kserve_trio.core.bundles import MANIFEST_FILE, load_manifest
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.buffer_pool import BufferPool, ScratchBuffer, pool_offset
-from kserve_trio.core.protocol.codec import encode_model_metadata
-from kserve_trio.core.protocol.infer_wire import InferOutputTensor, InferResponseMessage
-from kserve_trio.core.tensors.dtypes import DType, dtype_from_wire, dtype_of
+from kserve_trio.core.memory import BufferPool, ScratchBuffer, pool_offset
+from kserve_trio.core.protocol import InferOutputTensor, InferResponseMessage, encode_model_metadata
+from kserve_trio.core.tensors import DType, dtype_from_wire, dtype_of
 from kserve_trio.proto import inference as pb
 
 log = get_logger("kserve_trio.client")

@@ -14,6 +14,9 @@ Three leaves every domain uses stay here: ``errors`` (the status-carrying except
 down the list above: ``tensors`` nothing of core's but those leaves, ``bundles`` and ``memory``
 ``tensors``, ``process`` ``memory`` (the shared-memory name rules its configuration checks),
 ``protocol`` ``tensors`` and ``process`` (the edge limits); ``tests/core/test_proto_fresh.py``
-holds each domain to it. Each face only documents its domain and loads nothing, so importing
-one module of a domain costs that module alone; import names from their modules.
+holds each domain to it. Each domain's face (its ``__init__``) re-exports the names code outside
+the domain uses, and outside code imports them from the face only (``from kserve_trio.core.memory
+import ShmRegistry``; ``tests/test_import_graph.py`` checks it); a domain's modules import each
+other by module path, never through their own face. A face is eager: importing any module of a
+domain loads the whole domain (none of them loads anything heavy).
 """

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kserve_trio.core.bundles.bundle import MANIFEST_FILE, WEIGHTS_FILE, load_manifest, module_files
+from kserve_trio.core.bundles import MANIFEST_FILE, WEIGHTS_FILE, load_manifest, module_files
 from kserve_trio.core.errors import BundleError
 from kserve_trio.runtime import entry_signature
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors import DType
 from kserve_trio.export.iospec import AXIS_LETTERS, IOSpec, as_dtype
 from kserve_trio.export.provenance import kserve_trio_version
 from kserve_trio.export.writer import write_bundle

@@ -22,7 +22,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from kserve_trio.core.bundles.bundle import MODEL_PY
+from kserve_trio.core.bundles import MODEL_PY
 from kserve_trio.export.frontends import export_bundle
 from kserve_trio.export.iospec import IOSpec
 from kserve_trio.export.writer import write_bundle
@@ -81,7 +81,7 @@ bytes). postprocess keeps ``tokens`` and adds ``label`` BYTES [B]: "<n> tokens, 
 
 import numpy as np
 
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 
 MAX_TOKENS = 16
 

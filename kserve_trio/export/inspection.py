@@ -11,15 +11,16 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from kserve_trio.core.bundles.bundle import (
+from kserve_trio.core.bundles import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
+    Manifest,
+    TensorSpec,
     discover_modules,
     is_bundle_dir,
     sidecar_path,
     validate_manifest,
 )
-from kserve_trio.core.bundles.manifest import Manifest, TensorSpec
 from kserve_trio.core.errors import BundleError
 from kserve_trio.export.arity import bundle_arity_report
 from kserve_trio.runtime import check_module_signature, entry_signature, read_weights_index

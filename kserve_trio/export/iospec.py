@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from kserve_trio.core.tensors.dtypes import DType, dtype_from_token, dtype_of
+from kserve_trio.core.tensors import DType, dtype_from_token, dtype_of
 
 AXIS_LETTERS = "acdefghijklmopqrstuvwxyz"
 """Auto-allocated non-batch letters (``b`` and ``n`` are the reserved batch markers)."""

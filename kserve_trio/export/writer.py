@@ -23,16 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.bundles.bundle import (
+from kserve_trio.core.bundles import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     PATCH_FILE,
     WEIGHTS_FILE,
     is_program_file,
     module_file,
+    parse_manifest,
     sidecar_file,
 )
-from kserve_trio.core.bundles.manifest import parse_manifest
 from kserve_trio.export.iospec import IOSpec
 from kserve_trio.runtime import (
     ModuleFormatError,

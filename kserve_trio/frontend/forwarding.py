@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 
 from kserve_trio.core.errors import ServingError
-from kserve_trio.core.protocol.stream_answers import stream_error
+from kserve_trio.core.protocol import stream_error
 from kserve_trio.serving.grpc import (
     Call,
     GrpcError,

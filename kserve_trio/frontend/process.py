@@ -35,8 +35,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kserve_trio.core.logging import LogSettings, get_logger, update_log_settings
-from kserve_trio.core.process.config import ServerConfig
-from kserve_trio.core.process.restricted import Restrictions
+from kserve_trio.core.process import Restrictions, ServerConfig
 from kserve_trio.frontend.forwarding import ForwardedRest, forwarded_methods
 from kserve_trio.serving.admission import InflightBytes
 from kserve_trio.serving.background import shutdown_signals

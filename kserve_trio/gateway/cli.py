@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kserve_trio.core.process.config import add_tracing_flags, tracing_overrides
+from kserve_trio.core.process import add_tracing_flags, tracing_overrides
 from kserve_trio.gateway.config import ENV_PREFIX
 from kserve_trio.serving.background import (
     add_event_loop_flags,

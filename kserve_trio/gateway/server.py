@@ -54,7 +54,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.restricted import Restrictions
+from kserve_trio.core.process import Restrictions
 from kserve_trio.gateway.admin import AdminEndpoints
 from kserve_trio.gateway.caller_headers import pass_caller_headers
 from kserve_trio.gateway.config import (

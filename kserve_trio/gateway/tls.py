@@ -15,7 +15,7 @@ import ssl
 
 from kserve_trio.client.tls import client_ssl_context
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.config import TlsConfig
+from kserve_trio.core.process import TlsConfig
 from kserve_trio.gateway.config import WorkerTlsConfig
 from kserve_trio.serving.tls import server_ssl_context
 

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.config import ENV_PREFIX
-from kserve_trio.core.process.node import node_gpus
+from kserve_trio.core.process import ENV_PREFIX, node_gpus
 
 GPUS_ENV = "KSERVE_TRIO_GPUS"
 CPU_WORKERS_ENV = "KSERVE_TRIO_CPU_WORKERS"

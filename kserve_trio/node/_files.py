@@ -22,9 +22,13 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.config import ENV_OVERRIDES, load_yaml_mapping, parse_env_value
-from kserve_trio.core.process.node import load_node_raw
-from kserve_trio.core.process.upstream_env import with_upstream_aliases
+from kserve_trio.core.process import (
+    ENV_OVERRIDES,
+    load_node_raw,
+    load_yaml_mapping,
+    parse_env_value,
+    with_upstream_aliases,
+)
 from kserve_trio.node._devices import Machine
 from kserve_trio.node._plan import (
     GATEWAY_FILE_ENV,

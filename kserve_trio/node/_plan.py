@@ -15,21 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.config import (
+from kserve_trio.core.process import (
     ENV_PREFIX,
+    ROLES,
     WORKER_NAME_ENV,
     ServerConfig,
     apply_env_overrides,
     build_config,
-)
-from kserve_trio.core.process.node import (
-    ROLES,
     materialize_node,
     validate_node,
+    with_upstream_aliases,
     worker_names,
     worker_raw_config,
 )
-from kserve_trio.core.process.upstream_env import with_upstream_aliases
 from kserve_trio.node._devices import (
     Machine,
     check_devices,

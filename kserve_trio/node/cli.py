@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.node import ROLES
+from kserve_trio.core.process import ROLES
 from kserve_trio.node._files import prepare_node
 from kserve_trio.node._probe import PROBE_TIMEOUT_SECONDS, describe_targets, probe_plan
 from kserve_trio.node._supervisor import supervise

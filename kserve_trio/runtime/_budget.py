@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.process.config import ResidencyMode, ResidencyState
+from kserve_trio.core.process import ResidencyMode, ResidencyState
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import ResidencyState
+from kserve_trio.core.process import ResidencyState
 from kserve_trio.runtime.weight_store import WeightStore, weights_digest, weights_file_token
 from kserve_trio.runtime.weights import WeightsIndex
 

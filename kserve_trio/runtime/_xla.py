@@ -315,7 +315,7 @@ def rewrite_numerics(
 
 def numpy_dtype(t: TensorType) -> np.dtype:
     """The numpy dtype of a signature entry (``ModuleFormatError`` when it has none)."""
-    from kserve_trio.core.tensors.dtypes import dtype_from_token
+    from kserve_trio.core.tensors import dtype_from_token
 
     if t.token is None:
         raise ModuleFormatError(f"unsupported tensor type {t.spelling}")

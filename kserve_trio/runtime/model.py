@@ -26,13 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.bundles.bundle import (
+from kserve_trio.core.bundles import (
     WEIGHTS_FILE,
+    DimKind,
+    Manifest,
+    TensorSpec,
     discover_modules,
     sidecar_path,
     validate_manifest,
 )
-from kserve_trio.core.bundles.manifest import DimKind, Manifest, TensorSpec
 from kserve_trio.core.errors import BundleError, FailedPrecondition, Internal
 from kserve_trio.core.logging import get_logger
 from kserve_trio.runtime import _xla

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 from kserve_trio.core.errors import FailedPrecondition, NotFound, Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import ResidencyMode, ResidencyState, ServerConfig
+from kserve_trio.core.process import ResidencyMode, ResidencyState, ServerConfig
 from kserve_trio.runtime._budget import (
     CacheBook,
     EvictionPlan,

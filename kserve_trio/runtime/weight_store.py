@@ -47,7 +47,7 @@ import numpy as np
 import posix_ipc
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.shm_names import SHM_DIR, reserved_name
+from kserve_trio.core.memory import SHM_DIR, reserved_name
 
 log = get_logger("kserve_trio.runtime.weight_store")
 

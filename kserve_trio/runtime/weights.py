@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kserve_trio.core.errors import BundleError
-from kserve_trio.core.tensors.dtypes import DType, dtype_of
+from kserve_trio.core.tensors import DType, dtype_of
 
 ARGUMENT_ORDER_KEY = "argument_order"
 MAX_HEADER_BYTES = 100 * 1024 * 1024

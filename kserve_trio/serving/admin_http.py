@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 import anyio.abc
 
-from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.process import EdgeLimits
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, serve_app
 

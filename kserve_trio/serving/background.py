@@ -26,7 +26,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from kserve_trio.core.process.event_loops import EVENT_LOOPS, uvloop_available
+from kserve_trio.core.process import EVENT_LOOPS, uvloop_available
 from kserve_trio.http2 import DEFAULT_ENGINE, ENGINES
 
 T = TypeVar("T")

@@ -29,8 +29,7 @@ from typing import Any
 
 import betterproto2
 
-from kserve_trio.core.protocol.request_bounds import RequestBounds, check_count, check_name
-from kserve_trio.core.protocol.wire import _fields
+from kserve_trio.core.protocol import RequestBounds, check_count, check_name, iter_fields
 
 _INTS = {
     "int32",
@@ -138,7 +137,7 @@ def scan_bounds(
     max_name = bounds.max_name_bytes
     counts: dict[int, int] = {}
     try:
-        for field, wt, value in _fields(buf, 0, len(buf)):
+        for field, wt, value in iter_fields(buf, 0, len(buf)):
             entry = layout.get(field)
             if entry is None:
                 continue

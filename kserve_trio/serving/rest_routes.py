@@ -48,9 +48,16 @@ from kserve_trio.core.errors import (
     Unimplemented,
 )
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.protocol import compression
-from kserve_trio.core.protocol.json_depth import JsonTooDeep
-from kserve_trio.core.protocol.rest_codec import DEFAULT_JSON_DEPTH, HEADER_LENGTH, load_json
+from kserve_trio.core.protocol import (
+    DEFAULT_JSON_DEPTH,
+    DEFLATE,
+    GZIP,
+    HEADER_LENGTH,
+    IDENTITY,
+    JsonTooDeep,
+    compress,
+    load_json,
+)
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http import HttpRequest, HttpResponse, PayloadTooLarge, inflate_body
@@ -162,9 +169,9 @@ def request_body(request: HttpRequest, max_bytes: int) -> bytes | bytearray:
     bomb costs the cap, not what it would inflate to. What it inflates to is charged to the
     request's bytes in flight as it grows (``HttpRequest.charge``; 429 when it does not fit)."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
-    if not encoding or encoding == compression.IDENTITY:
+    if not encoding or encoding == IDENTITY:
         return request.body
-    if encoding not in (compression.GZIP, compression.DEFLATE):
+    if encoding not in (GZIP, DEFLATE):
         raise Unimplemented(f"Content-Encoding '{encoding}' is not supported (gzip, deflate)")
     return inflate_body(request.body, encoding, max_bytes, request.charge)
 
@@ -197,11 +204,11 @@ def compressed_reply(request: HttpRequest, response: HttpResponse) -> HttpRespon
     if not accepted:
         return response
     names = {part.split(";")[0].strip().lower() for part in accepted.split(",")}
-    for algorithm in (compression.GZIP, compression.DEFLATE):
+    for algorithm in (GZIP, DEFLATE):
         if algorithm in names:
             body = response.body
             pieces = [body] if isinstance(body, bytes | bytearray | memoryview) else body
-            packed = compression.compress(b"".join(pieces), algorithm)
+            packed = compress(b"".join(pieces), algorithm)
             headers = [*response.headers, ("content-encoding", algorithm)]
             return HttpResponse(response.status, packed, response.content_type, headers)
     return response

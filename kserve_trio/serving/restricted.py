@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from kserve_trio.core.process.restricted import Restrictions, group_of
+from kserve_trio.core.process import Restrictions, group_of
 from kserve_trio.serving.grpc import Call, Method
 
 

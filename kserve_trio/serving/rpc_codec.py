@@ -30,8 +30,8 @@ from typing import Any
 
 from kserve_trio.core.errors import InvalidArgument, ServingError, StatusCode
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.protocol.infer_wire import (
+from kserve_trio.core.process import EdgeLimits
+from kserve_trio.core.protocol import (
     Buffer,
     InferRequestMessage,
     InferResponseMessage,

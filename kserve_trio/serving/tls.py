@@ -13,7 +13,7 @@ from __future__ import annotations
 import ssl
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.config import TlsConfig
+from kserve_trio.core.process import TlsConfig
 
 
 def server_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:

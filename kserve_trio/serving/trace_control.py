@@ -30,7 +30,7 @@ import anyio
 
 from kserve_trio.core.errors import FailedPrecondition
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import TracingConfig
+from kserve_trio.core.process import TracingConfig
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.trace_settings import (
     TraceSettings,

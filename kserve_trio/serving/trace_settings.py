@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kserve_trio.core.errors import InvalidArgument, Unimplemented
-from kserve_trio.core.process.config import TracingConfig
+from kserve_trio.core.process import TracingConfig
 from kserve_trio.proto import inference as pb
 
 TRACEPARENT = "traceparent"

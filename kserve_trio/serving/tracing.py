@@ -50,7 +50,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from kserve_trio.core.errors import StatusCode as GrpcStatus
-from kserve_trio.core.process.config import TracingConfig
+from kserve_trio.core.process import TracingConfig
 from kserve_trio.serving.http import http_status
 from kserve_trio.serving.trace_settings import TRACEPARENT, TRACESTATE, TraceSettings
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kserve_trio.core.process.config import ENV_PREFIX, add_tracing_flags, tracing_overrides
+from kserve_trio.core.process import ENV_PREFIX, add_tracing_flags, tracing_overrides
 from kserve_trio.serving.background import (
     add_event_loop_flags,
     add_http2_engine_flag,

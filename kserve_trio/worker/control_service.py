@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.bundles.manifest import wire_batch_spec
+from kserve_trio.core.bundles import wire_batch_spec
 from kserve_trio.core.errors import FailedPrecondition
-from kserve_trio.core.process.config import ResidencyMode, ResidencyState
+from kserve_trio.core.process import ResidencyMode, ResidencyState
 from kserve_trio.proto import reactant_control as pb
 from kserve_trio.runtime.weight_cache import (
     NEEDS_CACHE,

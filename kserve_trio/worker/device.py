@@ -21,7 +21,7 @@ import anyio.to_thread
 import numpy as np
 
 from kserve_trio.core.errors import Internal
-from kserve_trio.core.process.event_loops import LoopClosed, thread_poster
+from kserve_trio.core.process import LoopClosed, thread_poster
 from kserve_trio.runtime.weight_cache import NotResidentError
 from kserve_trio.worker.disciplines import MIN_COST_SECONDS
 from kserve_trio.worker.layout import ModelLayout

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kserve_trio.core.process.config import SchedulingDiscipline
+from kserve_trio.core.process import SchedulingDiscipline
 
 if TYPE_CHECKING:
-    from kserve_trio.core.process.config import SchedulerConfig
+    from kserve_trio.core.process import SchedulerConfig
     from kserve_trio.worker.model_state import ModelState
     from kserve_trio.worker.model_table import ModelTable
     from kserve_trio.worker.planner import BatchPlan

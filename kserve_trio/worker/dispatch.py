@@ -38,7 +38,7 @@ from kserve_trio.worker.planner import BatchPlan, plan_batch
 from kserve_trio.worker.switches import HotPathSwitches
 
 if TYPE_CHECKING:
-    from kserve_trio.core.process.config import SchedulerConfig
+    from kserve_trio.core.process import SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.tracing import Tracing
     from kserve_trio.worker.disciplines import Discipline

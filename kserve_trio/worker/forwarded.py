@@ -27,7 +27,7 @@ from typing import Any
 
 from kserve_trio.core.errors import NotFound
 from kserve_trio.core.logging import LogSettings, current_log_settings
-from kserve_trio.core.protocol.infer_wire import Buffer
+from kserve_trio.core.protocol import Buffer
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.http import HttpRequest, error_response
 from kserve_trio.serving.ipc import (

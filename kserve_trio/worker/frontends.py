@@ -44,8 +44,8 @@ import anyio
 import anyio.abc
 
 from kserve_trio.core.logging import LogSettings, current_log_settings, get_logger
-from kserve_trio.core.memory.shm_names import reserved_name
-from kserve_trio.core.process.config import ServerConfig
+from kserve_trio.core.memory import reserved_name
+from kserve_trio.core.process import ServerConfig
 from kserve_trio.serving.ipc import (
     ARENA_BYTES,
     Arena,

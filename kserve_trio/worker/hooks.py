@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kserve_trio.core.errors import BundleError
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 
 Hook = Callable[[list[NamedTensor]], list[NamedTensor]]
 

@@ -36,24 +36,25 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 import numpy as np
 from anyio import get_cancelled_exc_class
 
-from kserve_trio.core.bundles.manifest import Manifest
-from kserve_trio.core.errors import (
-    DeadlineExceeded,
-    Internal,
-    NotFound,
-    ServingError,
-)
-from kserve_trio.core.memory.buffer_pool import BufferPool
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.protocol import codec
-from kserve_trio.core.protocol.infer_wire import WirePieces
-from kserve_trio.core.protocol.request_bounds import (
+from kserve_trio.core.bundles import Manifest
+from kserve_trio.core.errors import DeadlineExceeded, Internal, NotFound, ServingError
+from kserve_trio.core.memory import BufferPool
+from kserve_trio.core.process import EdgeLimits
+from kserve_trio.core.protocol import (
+    BUNDLE_VERSION,
+    SHM_REGION_PARAM,
     RequestBounds,
+    RequestedOutput,
+    ShmRegistryLike,
+    WirePieces,
     check_infer_request,
+    combine_deadlines,
+    decode_infer_request,
+    encode_infer_response,
     name_too_long,
     shown,
 )
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 from kserve_trio.serving.admission import Admission
 from kserve_trio.worker import validation
 from kserve_trio.worker.meta import MetaCall, run_meta
@@ -63,8 +64,8 @@ from kserve_trio.worker.scheduler import RequestTrace
 if TYPE_CHECKING:
     # The parsed ModelInfer request a transport hands over (the codec reads it; the core
     # itself reads only model_name, model_version and id).
-    from kserve_trio.core.memory.shm import ShmRegistry
-    from kserve_trio.core.protocol.infer_wire import InferRequestMessage as ParsedInferRequest
+    from kserve_trio.core.memory import ShmRegistry
+    from kserve_trio.core.protocol import InferRequestMessage as ParsedInferRequest
     from kserve_trio.runtime.model import CompiledModel
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.trace_control import TraceControl
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
     from kserve_trio.worker.repository import ModelRepository
 
 InferReply = WirePieces
-"""What ``codec.encode_infer_response`` returns and a transport sends as it is."""
+"""What ``encode_infer_response`` returns and a transport sends as it is."""
 
 _Reply = TypeVar("_Reply", covariant=True)
 _R = TypeVar("_R")
@@ -82,15 +83,15 @@ _R = TypeVar("_R")
 
 class ResponseEncoder(Protocol[_Reply]):
     """How a transport's reply is written from a request's outputs: called like
-    ``codec.encode_infer_response`` (which is the gRPC one)."""
+    ``encode_infer_response`` (which is the gRPC one)."""
 
     def __call__(
         self,
         model_name: str,
         request_id: str,
         outputs: Sequence[NamedTensor],
-        requested: Sequence[codec.RequestedOutput] | None = None,
-        registry: codec.ShmRegistryLike | None = None,
+        requested: Sequence[RequestedOutput] | None = None,
+        registry: ShmRegistryLike | None = None,
         *,
         model_version: str = "",
         zero_copy: bool = False,
@@ -210,10 +211,10 @@ class InferenceCore:
                 # One coroutine from admission to encode: every frame on this path is paid
                 # per request (docs/benchmarks/history.md, "Hot path", counts them).
                 bundle = self._repository.lookup(request.model_name, request.model_version)
-                decoded = codec.decode_infer_request(request, registry)
+                decoded = decode_infer_request(request, registry)
                 try:
                     validation.validate_request(bundle, decoded)
-                    deadline = codec.combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
+                    deadline = combine_deadlines(decoded.deadline_ns, transport_deadline_ns)
                     if bundle.is_meta:
                         outputs = await self._run_meta(bundle, decoded.inputs, deadline, trace)
                     else:
@@ -226,14 +227,14 @@ class InferenceCore:
                             validated_for=bundle.manifest,
                         )
                     # looked up per call (not bound as a default) so the codec stays patchable
-                    encoder = codec.encode_infer_response if encode is None else encode
+                    encoder = encode_infer_response if encode is None else encode
                     reply = encoder(
                         request.model_name,
                         decoded.id,
                         outputs,
                         decoded.requested_outputs,
                         registry,
-                        model_version=codec.BUNDLE_VERSION,
+                        model_version=BUNDLE_VERSION,
                         zero_copy=True,
                     )
                 finally:
@@ -375,12 +376,12 @@ def _request_attributes(
     tensors it named in shared memory, and for a REST call the HTTP method and route."""
     inputs, outputs = request.inputs, request.outputs
     attrs: dict[str, str | int | float | bool] = {
-        "kserve_trio.model_version": request.model_version or codec.BUNDLE_VERSION,
+        "kserve_trio.model_version": request.model_version or BUNDLE_VERSION,
         "kserve_trio.request_id": request.id,
         "kserve_trio.rows": int(inputs[0].shape[0]) if inputs and inputs[0].shape else 0,
         "kserve_trio.bytes_in": sum(memoryview(b).nbytes for b in request.raw_input_contents),
-        "kserve_trio.shm_inputs": sum(codec.SHM_REGION_PARAM in t.parameters for t in inputs),
-        "kserve_trio.shm_outputs": sum(codec.SHM_REGION_PARAM in t.parameters for t in outputs),
+        "kserve_trio.shm_inputs": sum(SHM_REGION_PARAM in t.parameters for t in inputs),
+        "kserve_trio.shm_outputs": sum(SHM_REGION_PARAM in t.parameters for t in outputs),
     }
     if http_route is not None:
         attrs["http.request.method"] = "POST"

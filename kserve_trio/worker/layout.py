@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kserve_trio.core.bundles.manifest import DimKind, Manifest, TensorSpec, request_rows
+from kserve_trio.core.bundles import DimKind, Manifest, TensorSpec, request_rows
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 
 
 def check_executable_input(

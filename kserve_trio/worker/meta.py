@@ -18,11 +18,11 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import DTypeLike
 
-from kserve_trio.core.bundles.manifest import Manifest, TensorSpec, request_rows
+from kserve_trio.core.bundles import Manifest, TensorSpec, request_rows
 from kserve_trio.core.errors import DeadlineExceeded, Internal, InvalidArgument, ServingError
-from kserve_trio.core.memory.buffer_pool import BufferPool, PoolSlot, pool_view
-from kserve_trio.core.memory.buffer_pool import scratch as carve
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.memory import BufferPool, PoolSlot, pool_view
+from kserve_trio.core.memory import scratch as carve
+from kserve_trio.core.tensors import NamedTensor
 from kserve_trio.worker.hooks import Hook
 from kserve_trio.worker.model_state import MetaSubcall
 from kserve_trio.worker.planner import coalesce_inputs, slice_outputs, smallest_key_at_least

@@ -23,7 +23,7 @@ from prometheus_client.process_collector import ProcessCollector
 from kserve_trio.serving.edge_stats import EdgeCollector, EdgeStats
 
 if TYPE_CHECKING:
-    from kserve_trio.core.process.config import ServerConfig
+    from kserve_trio.core.process import ServerConfig
     from kserve_trio.runtime.backend import Backend
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.worker.scheduler import Scheduler

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kserve_trio.core.bundles.manifest import Manifest, parse_manifest
+from kserve_trio.core.bundles import Manifest, parse_manifest
 
 
 @dataclass(frozen=True, slots=True)

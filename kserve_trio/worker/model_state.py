@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import numpy as np
 
-from kserve_trio.core.bundles.manifest import Manifest
+from kserve_trio.core.bundles import Manifest
 from kserve_trio.core.errors import Internal
 from kserve_trio.runtime.weight_cache import ManagedModel
 from kserve_trio.worker.disciplines import decay, decay_ema, update_cost

@@ -17,10 +17,8 @@ import ssl
 from dataclasses import dataclass
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.buffer_pool import BufferPool
-from kserve_trio.core.memory.shm import ShmRegistry
-from kserve_trio.core.process.config import ModelControlMode, ResidencyMode, ServerConfig
-from kserve_trio.core.process.restricted import Restrictions
+from kserve_trio.core.memory import BufferPool, ShmRegistry
+from kserve_trio.core.process import ModelControlMode, ResidencyMode, Restrictions, ServerConfig
 from kserve_trio.runtime.backend import JaxBackend, WorkerBackend
 from kserve_trio.runtime.weight_cache import WeightCache
 from kserve_trio.serving.edge_stats import EdgeStats

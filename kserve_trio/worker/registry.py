@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.bundles.bundle import MANIFEST_FILE, MODEL_JL, MODEL_PY, validate_manifest
-from kserve_trio.core.bundles.manifest import Manifest
+from kserve_trio.core.bundles import MANIFEST_FILE, MODEL_JL, MODEL_PY, Manifest, validate_manifest
 from kserve_trio.core.errors import BundleError, NotFound
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.protocol.codec import BUNDLE_VERSION
+from kserve_trio.core.protocol import BUNDLE_VERSION
 from kserve_trio.worker.hooks import (
     Hook,
     Registration,

@@ -26,8 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.protocol.codec import BUNDLE_VERSION
-from kserve_trio.core.protocol.request_bounds import require_model_name
+from kserve_trio.core.protocol import BUNDLE_VERSION, require_model_name
 from kserve_trio.worker.registry import (
     LoadFailure,
     ModelBundle,

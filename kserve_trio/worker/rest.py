@@ -20,10 +20,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kserve_trio.core.errors import Unimplemented
-from kserve_trio.core.process.restricted import Restrictions, group_of
-from kserve_trio.core.protocol import codec, rest_codec
-from kserve_trio.core.protocol.request_bounds import check_path_names
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.process import Restrictions, group_of
+from kserve_trio.core.protocol import (
+    DEFAULT_JSON_DEPTH,
+    RequestedOutput,
+    RestInferRequest,
+    RestReply,
+    ShmRegistryLike,
+    check_path_names,
+    encode_rest_response,
+    parse_rest_request,
+    response_outputs,
+)
+from kserve_trio.core.tensors import NamedTensor
 from kserve_trio.serving.http import HttpRequest, HttpResponse, error_response
 from kserve_trio.serving.message_check import check_bounds
 from kserve_trio.serving.rest_routes import (
@@ -45,7 +54,7 @@ from kserve_trio.worker.service import InferenceService
 RpcMethod = Callable[[Any], Awaitable[Any]]
 
 
-def rest_encoder(parsed: rest_codec.RestInferRequest) -> ResponseEncoder[rest_codec.RestReply]:
+def rest_encoder(parsed: RestInferRequest) -> ResponseEncoder[RestReply]:
     """The core's response encoder for one REST request: the outputs the gRPC encoder would
     write (same selection, same shared-memory writes), as REST JSON and binary."""
 
@@ -53,16 +62,16 @@ def rest_encoder(parsed: rest_codec.RestInferRequest) -> ResponseEncoder[rest_co
         model_name: str,
         request_id: str,
         outputs: Sequence[NamedTensor],
-        requested: Sequence[codec.RequestedOutput] | None = None,
-        registry: codec.ShmRegistryLike | None = None,
+        requested: Sequence[RequestedOutput] | None = None,
+        registry: ShmRegistryLike | None = None,
         *,
         model_version: str = "",
         zero_copy: bool = False,
-    ) -> rest_codec.RestReply:
-        tensors, payloads = codec.response_outputs(
+    ) -> RestReply:
+        tensors, payloads = response_outputs(
             model_name, outputs, requested, registry, zero_copy=zero_copy
         )
-        return rest_codec.encode_infer_response(
+        return encode_rest_response(
             model_name, model_version, request_id, tensors, payloads, parsed.wants_binary
         )
 
@@ -78,7 +87,7 @@ class WorkerRest:
         core: InferenceCore,
         restrictions: Restrictions | None = None,
         *,
-        max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
+        max_json_depth: int = DEFAULT_JSON_DEPTH,
     ) -> None:
         self.service = service
         self.core = core
@@ -127,7 +136,7 @@ class WorkerRest:
 
     async def infer(self, call: RestCall, request: HttpRequest) -> HttpResponse:
         body = request_body(request, self.max_recv_bytes)
-        parsed = rest_codec.parse_infer_request(
+        parsed = parse_rest_request(
             body,
             header_length(request),
             call.model,

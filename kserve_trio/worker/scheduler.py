@@ -39,7 +39,7 @@ import anyio.abc
 import anyio.to_thread
 import numpy as np
 
-from kserve_trio.core.bundles.manifest import Manifest
+from kserve_trio.core.bundles import Manifest
 from kserve_trio.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -51,7 +51,7 @@ from kserve_trio.core.errors import (
     Unavailable,
 )
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 from kserve_trio.runtime.weight_cache import NEEDS_CACHE, ProbeResult, Program
 from kserve_trio.worker.disciplines import discipline_for
 from kserve_trio.worker.dispatch import DispatchLoop, Phase
@@ -73,7 +73,7 @@ from kserve_trio.worker.model_state import (
 from kserve_trio.worker.model_table import ModelTable
 
 if TYPE_CHECKING:
-    from kserve_trio.core.process.config import ResidencyState, SchedulerConfig
+    from kserve_trio.core.process import ResidencyState, SchedulerConfig
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.serving.tracing import Tracing
 

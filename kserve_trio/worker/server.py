@@ -37,13 +37,13 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import (
+from kserve_trio.core.process import (
     ModelControlMode,
     ResidencyState,
     ServerConfig,
+    load_server_config,
     log_config,
 )
-from kserve_trio.core.process.node import load_server_config
 from kserve_trio.runtime.backend import WorkerBackend
 from kserve_trio.serving.accept import ListenError
 from kserve_trio.serving.admin_http import serve_http

@@ -33,10 +33,14 @@ from typing import TYPE_CHECKING
 import kserve_trio
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.shm_names import check_key
-from kserve_trio.core.process.config import ModelControlMode, ResidencyState
-from kserve_trio.core.protocol import codec
-from kserve_trio.core.protocol.request_bounds import check_model_name
+from kserve_trio.core.memory import check_key
+from kserve_trio.core.process import ModelControlMode, ResidencyState
+from kserve_trio.core.protocol import (
+    BUNDLE_VERSION,
+    check_model_name,
+    encode_model_metadata,
+    encode_repository_index,
+)
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Method, stream, unary, unimplemented
 from kserve_trio.serving.log_settings import answer as answer_log_settings
@@ -150,11 +154,11 @@ class InferenceService:
 
     async def model_metadata(self, request):
         bundle = self.repository.lookup(request.name, request.version)
-        return codec.encode_model_metadata(request.name, bundle.manifest, PLATFORM)
+        return encode_model_metadata(request.name, bundle.manifest, PLATFORM)
 
     async def repository_index(self, request):
         # Failed bundles too, with the reason; a deleted bundle's directory leaves it.
-        return codec.encode_repository_index(self.repository.index(ready_only=request.ready))
+        return encode_repository_index(self.repository.index(ready_only=request.ready))
 
     async def shm_status(self, request):
         # Register, Unregister and Status validate names and keys in ShmRegistry
@@ -279,10 +283,10 @@ class InferenceService:
             self.repository.lookup(request.name, request.version)
             names = [request.name]
         else:
-            if request.version and request.version != codec.BUNDLE_VERSION:
+            if request.version and request.version != BUNDLE_VERSION:
                 raise NotFound(
                     f"no model has version '{request.version}' (every bundle is served as "
-                    f"version {codec.BUNDLE_VERSION})"
+                    f"version {BUNDLE_VERSION})"
                 )
             names = self.repository.routable_names()
         metrics = state.scheduler.scheduler_metrics()

@@ -20,8 +20,8 @@ from kserve_trio.serving.trace_control import TraceControl
 from kserve_trio.worker.stream import OpenStreams
 
 if TYPE_CHECKING:
-    from kserve_trio.core.memory.shm import ShmRegistry
-    from kserve_trio.core.process.config import ServerConfig
+    from kserve_trio.core.memory import ShmRegistry
+    from kserve_trio.core.process import ServerConfig
     from kserve_trio.runtime.backend import Backend
     from kserve_trio.runtime.weight_cache import WeightCache
     from kserve_trio.worker.metrics import WorkerMetrics

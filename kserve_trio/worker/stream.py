@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from kserve_trio.core.errors import ServingError
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.protocol.infer_wire import WirePieces
-from kserve_trio.core.protocol.stream_answers import stream_error, stream_reply
+from kserve_trio.core.process import EdgeLimits
+from kserve_trio.core.protocol import WirePieces, stream_error, stream_reply
 from kserve_trio.proto import inference as pb
 from kserve_trio.serving.grpc import Call, RawMessage, StreamSession
 from kserve_trio.serving.rpc_codec import parse_message, status_of

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kserve_trio.core.bundles.manifest import Manifest, TensorSpec
-from kserve_trio.core.protocol.codec import BUNDLE_VERSION
+from kserve_trio.core.bundles import Manifest, TensorSpec
+from kserve_trio.core.protocol import BUNDLE_VERSION
 from kserve_trio.proto import inference as pb
 
 PLATFORM = "jax"

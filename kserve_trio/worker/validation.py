@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.bundles.manifest import DimKind, TensorSpec
+from kserve_trio.core.bundles import DimKind, TensorSpec
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.protocol import codec
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.protocol import InferRequest, RequestedOutput, no_such_output
+from kserve_trio.core.tensors import NamedTensor
 
 if TYPE_CHECKING:
     from kserve_trio.worker.registry import ModelBundle
@@ -26,7 +26,7 @@ def validate_inputs(
 ) -> None:
     """Raise ``InvalidArgument`` unless ``inputs`` match ``specs`` exactly.
 
-    ``inputs`` come from ``codec.decode_infer_request``, the one owner of the rule that each
+    ``inputs`` come from ``decode_infer_request``, the one owner of the rule that each
     input name is given once (``duplicate input 'x' in request for model 'm'``), so it is not
     checked again here. Rules, checked per input in request order, then for completeness:
     1. the name is declared (``input 'x' is not declared by model 'm'``);
@@ -66,17 +66,17 @@ def validate_inputs(
 
 
 def check_requested_outputs(
-    model_name: str, specs: Sequence[TensorSpec], requested: Sequence[codec.RequestedOutput]
+    model_name: str, specs: Sequence[TensorSpec], requested: Sequence[RequestedOutput]
 ) -> None:
     """Refuse an unknown requested output before any device work is spent on the request
-    (``codec.no_such_output``)."""
+    (``no_such_output``)."""
     known = {spec.name for spec in specs}
     for out in requested:
         if out.name not in known:
-            raise codec.no_such_output(model_name, out.name, known)
+            raise no_such_output(model_name, out.name, known)
 
 
-def validate_request(bundle: ModelBundle, request: codec.InferRequest) -> None:
+def validate_request(bundle: ModelBundle, request: InferRequest) -> None:
     """The request's one validation pass against the model's client-facing specs: its inputs
     (``validate_inputs``), then the outputs it asks for, if any."""
     manifest = bundle.manifest

@@ -31,7 +31,7 @@ from typing import Literal
 import anyio
 import anyio.abc
 
-from kserve_trio.core.bundles.bundle import MANIFEST_FILE, bundle_signature_files
+from kserve_trio.core.bundles import MANIFEST_FILE, bundle_signature_files
 from kserve_trio.core.logging import get_logger
 
 log = get_logger("kserve_trio.worker.watcher")

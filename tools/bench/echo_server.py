@@ -23,16 +23,16 @@ from kserve_trio.serving.background import EVENT_LOOPS, run_loop
 
 
 async def main(port: int, engine: str) -> None:
-    from kserve_trio.core.protocol import codec
+    from kserve_trio.core.protocol import decode_infer_request, encode_infer_response
     from kserve_trio.proto import inference as pb
     from kserve_trio.serving.grpc import GrpcServer, Limits, ServerSettings, unary
 
     limits = Limits(512 << 20, 512 << 20)
 
     async def model_infer(request):
-        decoded = codec.decode_infer_request(request)
+        decoded = decode_infer_request(request)
         try:
-            return codec.encode_infer_response(
+            return encode_infer_response(
                 request.model_name,
                 decoded.id,
                 decoded.inputs,

@@ -4,11 +4,11 @@ trees compared in one session (before/after a change), interleaved round by roun
 What one request costs, per stage (microseconds, median of the rounds):
 
 - server ``parse``: the received message bytes -> the request object the handler gets
-  (``serving.grpc``'s ``parse_message``); ``decode``: that plus ``codec.decode_infer_request``;
-- server ``encode``: ``codec.encode_infer_response(..., zero_copy=True)`` plus what
+  (``serving.grpc``'s ``parse_message``); ``decode``: that plus ``decode_infer_request``;
+- server ``encode``: ``encode_infer_response(..., zero_copy=True)`` plus what
   ``send_reply`` prepares before it writes (the joined bytes, or the segments it sends from the
   arrays' own buffers);
-- client ``encode``: ``codec.encode_infer_request`` plus one attempt's serialization (deadline
+- client ``encode``: ``encode_infer_request`` plus one attempt's serialization (deadline
   parameter set, ``bytes()`` of the request, as the transport takes it);
 - client ``parse``: the reply bytes -> the response (the transport's reply type) plus
   ``InferOutput`` of its output.
@@ -59,8 +59,14 @@ def _round(tree: str) -> dict:
     from tritonclient.grpc import service_pb2 as sp
 
     from kserve_trio.client import InferInput, InferOutput
-    from kserve_trio.core.protocol import codec
-    from kserve_trio.core.tensors.tensor import NamedTensor
+    from kserve_trio.core.protocol import (
+        TIMEOUT_NS_PARAM,
+        deadline_params,
+        decode_infer_request,
+        encode_infer_request,
+        encode_infer_response,
+    )
+    from kserve_trio.core.tensors import NamedTensor
     from kserve_trio.proto import inference as pb
 
     try:  # the server layer of this tree: serving.grpc, or the older grpc_adapter
@@ -83,7 +89,7 @@ def _round(tree: str) -> dict:
 
     assert sys.modules["kserve_trio"].__file__.startswith(tree), "imported the wrong tree"
     try:
-        from kserve_trio.core.protocol.infer_wire import InferResponseMessage, WirePieces
+        from kserve_trio.core.protocol import InferResponseMessage, WirePieces
 
         new = True
     except ImportError:
@@ -107,8 +113,8 @@ def _round(tree: str) -> dict:
 
     def attempt_bytes(request) -> bytes:
         """One attempt of send_infer: the budget parameter, then the bytes the transport sends."""
-        request.parameters.pop(codec.TIMEOUT_NS_PARAM, None)
-        request.parameters.update(codec.deadline_params(9_000_000_000))
+        request.parameters.pop(TIMEOUT_NS_PARAM, None)
+        request.parameters.update(deadline_params(9_000_000_000))
         return bytes(request) if new else bytes(EncodedInferRequest(request))
 
     reader = InferResponseMessage if new else InferResponseReader
@@ -135,16 +141,16 @@ def _round(tree: str) -> dict:
             return parse_message(request_bytes, pb.ModelInferRequest)
 
         def server_decode():
-            return codec.decode_infer_request(server_parse())
+            return decode_infer_request(server_parse())
 
         def server_encode():
-            reply = codec.encode_infer_response(
+            reply = encode_infer_response(
                 "m", "r-1", outputs, [], None, model_version="1", zero_copy=True
             )
             return reply_buffers(reply)
 
         def client_encode():
-            request = codec.encode_infer_request(
+            request = encode_infer_request(
                 "m", [i.to_tensor() for i in inputs], requested_outputs=[], id=""
             )
             return attempt_bytes(request)

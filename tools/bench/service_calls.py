@@ -28,14 +28,14 @@ import time
 import anyio.from_thread
 import numpy as np
 
-from kserve_trio.core.protocol import codec
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.protocol import encode_infer_request
+from kserve_trio.core.tensors import NamedTensor
 from kserve_trio.export.demo import write_demo_repository
 from kserve_trio.worker import service as service_mod
 from kserve_trio.worker.server import serve, stop
 
 try:
-    from kserve_trio.core.protocol.infer_wire import parse_infer_request
+    from kserve_trio.core.protocol import parse_infer_request
 except ImportError:  # a commit from before the one ModelInfer wire module
     from kserve_trio.core.protocol.wire import parse_infer_request
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     svc = _service(running)
     x = np.ones((1, 16), np.float32)
-    data = bytes(codec.encode_infer_request("mlp", [NamedTensor.from_array("input_0", x)]))
+    data = bytes(encode_infer_request("mlp", [NamedTensor.from_array("input_0", x)]))
 
     async def round_(n: int, profile: cProfile.Profile | None) -> tuple[float, float]:
         requests = [parse_infer_request(data) for _ in range(n)]

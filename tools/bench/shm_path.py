@@ -81,7 +81,7 @@ def main() -> int:
     args = p.parse_args()
     import jax
 
-    from kserve_trio.core.memory import shm as current
+    import kserve_trio.core.memory as current
     from kserve_trio.serving.process_tuning import tune_allocator
 
     tune_allocator()  # as the worker CLI does

@@ -56,7 +56,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kserve_trio.core.process.config import TracingConfig  # noqa: E402
+from kserve_trio.core.process import TracingConfig  # noqa: E402
 from kserve_trio.serving.grpc import Call, Limits  # noqa: E402
 from kserve_trio.serving.trace_control import TraceControl, tracing_installed  # noqa: E402
 from kserve_trio.serving.trace_settings import caller_context  # noqa: E402

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from kserve_trio.core.process.config import ResidencyState
+    from kserve_trio.core.process import ResidencyState
     from kserve_trio.runtime import JaxBackend
     from kserve_trio.runtime.model import load_compiled_model
     from kserve_trio.runtime.weight_cache import WeightCache

@@ -36,7 +36,7 @@ import numpy as np
 import posix_ipc
 
 from kserve_trio.core.errors import PoolAcquireTimeout
-from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors import DType
 
 DEFAULT_POOL_NAME = "kserve_trio_pool"
 

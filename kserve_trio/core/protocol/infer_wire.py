@@ -32,10 +32,10 @@ from kserve_trio.core.protocol.request_bounds import RequestBounds, check_count,
 from kserve_trio.core.protocol.wire import (
     Params,
     TensorContents,
-    _fields,
-    _varint,
     contents_bytes,
+    decode_varint,
     encode_varint,
+    iter_fields,
     len_field,
     params_bytes,
     parse_contents,
@@ -191,7 +191,7 @@ def _read_shape(buf, pos: int, end: int, shape: list[int]) -> None:
             shape.append(d)
             pos += 1
         else:
-            d, pos = _varint(buf, pos)
+            d, pos = decode_varint(buf, pos)
             shape.append(d - (1 << 64) if d >= 1 << 63 else d)
     if pos != end:
         raise ValueError("truncated packed shape")
@@ -200,7 +200,7 @@ def _read_shape(buf, pos: int, end: int, shape: list[int]) -> None:
 def _parse_tensor(
     buf, start: int, end: int, t: _AnyTensor, max_params: int = 0, what: str = "input"
 ) -> _AnyTensor:
-    for field, wt, v in _fields(buf, start, end):
+    for field, wt, v in iter_fields(buf, start, end):
         if field == 3:
             if wt == 2:
                 _read_shape(buf, v[0], v[1], t.shape)
@@ -228,7 +228,7 @@ def _parse_tensor(
 
 def _parse_requested(buf, start: int, end: int, max_params: int = 0) -> InferRequestedOutput:
     o = InferRequestedOutput()
-    for field, wt, v in _fields(buf, start, end):
+    for field, wt, v in iter_fields(buf, start, end):
         if wt == 2:
             if field == 1:
                 o.name = text(buf, v)
@@ -347,7 +347,7 @@ def _parse_infer(
     max_tensors = bounds.max_tensors if bounds is not None else 0
     max_params = bounds.max_parameters if bounds is not None else 0
     try:
-        for field, wt, v in _fields(buf, 0, len(buf)):
+        for field, wt, v in iter_fields(buf, 0, len(buf)):
             if wt != 2:
                 continue
             if field == raw_field:

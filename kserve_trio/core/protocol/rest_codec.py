@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.process import EdgeLimits
 from kserve_trio.core.protocol.bytes_tensor import decode_bytes_tensor
 from kserve_trio.core.protocol.codec._tensors import checked_nbytes, shape_str
 from kserve_trio.core.protocol.infer_wire import (
@@ -55,7 +55,7 @@ from kserve_trio.core.protocol.infer_wire import (
 from kserve_trio.core.protocol.json_depth import JsonTooDeep, check_json_depth
 from kserve_trio.core.protocol.json_numbers import LiftedJson, NumberArray, lift_number_arrays
 from kserve_trio.core.protocol.wire import Params, TensorContents
-from kserve_trio.core.tensors.dtypes import DType, dtype_from_wire
+from kserve_trio.core.tensors import DType, dtype_from_wire
 
 HEADER_LENGTH = "inference-header-content-length"
 """The header naming the JSON part's length (lower-case, as ``serving.http`` gives headers)."""

@@ -5,7 +5,7 @@ microseconds for a small ``ModelInferRequest``) and copies every ``bytes`` field
 ModelInfer messages are therefore coded directly (``core.protocol.infer_wire``) from the pieces defined
 here, which the gateway's request peek reads with too:
 
-- varints (``encode_varint``, ``_varint``, ``signed``) and the field walker ``_fields``;
+- varints (``encode_varint``, ``decode_varint``, ``signed``) and the field walker ``iter_fields``;
 - length-delimited fields (``len_field``);
 - ``InferParameter`` values as plain Python values (``ParamValue``): ``bool``, ``int``,
   ``float``, ``str``, ``Uint64`` (an ``int`` that travels as ``uint64_param``) or ``None`` for
@@ -54,7 +54,7 @@ def encode_varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _varint(buf, pos: int) -> tuple[int, int]:
+def decode_varint(buf, pos: int) -> tuple[int, int]:
     b = buf[pos]
     if b < 0x80:
         return b, pos + 1
@@ -80,12 +80,12 @@ def signed(n: int) -> int:
 
 
 FieldValue = Any
-"""A value ``_fields`` yields: an ``int`` for wire type 0 (varint), a ``(start, end)`` span of
+"""A value ``iter_fields`` yields: an ``int`` for wire type 0 (varint), a ``(start, end)`` span of
 the buffer for the others. Which one depends on the wire type, which a type checker cannot
 follow, so the alias is left open; every caller tests the wire type before using the value."""
 
 
-def _fields(buf, start: int, end: int) -> Iterator[tuple[int, int, FieldValue]]:
+def iter_fields(buf, start: int, end: int) -> Iterator[tuple[int, int, FieldValue]]:
     """Yield (field number, wire type, value) where value is an int or a (start, end) span.
 
     Keys and lengths under 128 (every key of these messages, most lengths) are read inline:
@@ -96,7 +96,7 @@ def _fields(buf, start: int, end: int) -> Iterator[tuple[int, int, FieldValue]]:
         if key < 0x80:
             pos += 1
         else:
-            key, pos = _varint(buf, pos)
+            key, pos = decode_varint(buf, pos)
         field, wt = key >> 3, key & 7
         if field == 0:
             raise ValueError("field number 0")
@@ -105,13 +105,13 @@ def _fields(buf, start: int, end: int) -> Iterator[tuple[int, int, FieldValue]]:
             if n < 0x80:
                 pos += 1
             else:
-                n, pos = _varint(buf, pos)
+                n, pos = decode_varint(buf, pos)
             if pos + n > end:
                 raise ValueError(f"truncated field {field}")
             yield field, wt, (pos, pos + n)
             pos += n
         elif wt == 0:
-            value, pos = _varint(buf, pos)
+            value, pos = decode_varint(buf, pos)
             if pos > end:
                 raise ValueError(f"truncated field {field}")
             yield field, wt, value
@@ -173,7 +173,7 @@ def read_varints(buf, wt: int, value, into: list[int]) -> None:
         return
     pos, end = value
     while pos < end:
-        v, pos = _varint(buf, pos)
+        v, pos = decode_varint(buf, pos)
         into.append(v)
     if pos != end:
         raise ValueError("truncated packed field")
@@ -271,11 +271,11 @@ def params_bytes(num: int, params: Mapping[str, Any]) -> bytes:
 def parse_param(buf, start: int, end: int) -> ParamValue:
     """An ``InferParameter`` (the last member on the wire wins, as protobuf's oneof does)."""
     if end - start >= 2 and buf[start] == 0x10 and buf[end - 1] < 0x80:  # one int64_param
-        v, pos = _varint(buf, start + 1)
+        v, pos = decode_varint(buf, start + 1)
         if pos == end:
             return signed(v)
     value: ParamValue = None
-    for field, wt, v in _fields(buf, start, end):
+    for field, wt, v in iter_fields(buf, start, end):
         if wt == 0:
             if field == 1:
                 value = v != 0
@@ -314,7 +314,7 @@ def parse_map_entry(buf, span: tuple[int, int], into: Params) -> None:
         return
     key = ""
     value: ParamValue = None
-    for field, wt, v in _fields(buf, span[0], span[1]):
+    for field, wt, v in iter_fields(buf, span[0], span[1]):
         if wt == 2:
             if field == 1:
                 key = text(buf, v)
@@ -405,7 +405,7 @@ def _fixed(buf, wt: int, value, want_wt: int, fmt: str, into: list) -> None:
 def parse_contents(buf, start: int, end: int) -> TensorContents:
     """An ``InferTensorContents`` message."""
     c = TensorContents()
-    for field, wt, v in _fields(buf, start, end):
+    for field, wt, v in iter_fields(buf, start, end):
         if field == 6:
             if wt in (2, 5):
                 _fixed(buf, wt, v, 5, "<f4", c.fp32_contents)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kserve_trio.core.process.config import (
+from kserve_trio.core.process import (
     apply_env_table,
     limits_env_rows,
     parse_env_value,

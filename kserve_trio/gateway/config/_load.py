@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kserve_trio.core.logging import configure_logging, get_logger
-from kserve_trio.core.process.config import load_yaml_mapping, merge_given, tracing_to_raw
-from kserve_trio.core.process.restricted import redacted
-from kserve_trio.core.process.upstream_env import with_upstream_aliases
+from kserve_trio.core.process import (
+    load_yaml_mapping,
+    merge_given,
+    redacted,
+    tracing_to_raw,
+    with_upstream_aliases,
+)
 from kserve_trio.gateway.config._env import apply_gateway_env, prober_from_env
 from kserve_trio.gateway.config._schema import (
     LPT_SCHEDULING_KEYS,

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.process.config import (
+from kserve_trio.core.process import (
+    EVENT_LOOPS,
     LIMIT_FIELDS,
     LIVENESS_INTERVAL_SECONDS,
     LIVENESS_MISSES,
@@ -27,7 +28,6 @@ from kserve_trio.core.process.config import (
     parse_enum,
     read_block,
 )
-from kserve_trio.core.process.event_loops import EVENT_LOOPS
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._types import (
     ALL_REPLICAS,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kserve_trio.core.memory.shm_names import ClientShmPolicy
-from kserve_trio.core.process.config import (
+from kserve_trio.core.memory import ClientShmPolicy
+from kserve_trio.core.process import (
     DEFAULT_GRPC_MSG_BYTES,
     LIVENESS_INTERVAL_SECONDS,
     LIVENESS_MISSES,

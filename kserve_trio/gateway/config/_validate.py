@@ -8,13 +8,14 @@ from typing import Any
 
 from kserve_trio.core.errors import ConfigError
 from kserve_trio.core.logging import parse_level
-from kserve_trio.core.process.config import (
+from kserve_trio.core.process import (
+    parse_header,
+    parse_restrictions,
     validate_limits,
     validate_shm_policy,
     validate_tls,
     validate_tracing,
 )
-from kserve_trio.core.process.restricted import parse_header, parse_restrictions
 from kserve_trio.gateway.addresses import parse_host_port
 from kserve_trio.gateway.config._env import PROBER_ENV_NAME
 from kserve_trio.gateway.config._schema import LPT_SCHEDULING_KEYS, lpt_key_error

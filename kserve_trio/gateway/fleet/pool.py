@@ -31,7 +31,7 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.h2_transport import H2Transport
 from kserve_trio.client.transport import Endpoint, method_path
 from kserve_trio.core.errors import DeadlineExceeded, StatusCode
-from kserve_trio.core.process.restricted import parse_header
+from kserve_trio.core.process import parse_header
 from kserve_trio.gateway.caller_headers import passed_on
 from kserve_trio.gateway.config import GatewayConfig
 from kserve_trio.gateway.fleet.discovery import WorkerDiff, WorkerSpec

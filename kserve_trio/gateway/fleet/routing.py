@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kserve_trio.core.errors import NotFound, ServingError, StatusCode, Unavailable
-from kserve_trio.core.protocol.request_bounds import shown
+from kserve_trio.core.protocol import shown
 from kserve_trio.gateway.config import SchedulingConfig, SchedulingMode, WorkBasis
 from kserve_trio.gateway.fleet.routing_metadata import EMPTY_METADATA, RoutingMetadata
 from kserve_trio.proto import inference as pb

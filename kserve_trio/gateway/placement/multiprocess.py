@@ -48,7 +48,7 @@ import anyio.abc
 from kserve_trio.client.errors import RpcError
 from kserve_trio.core.errors import Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import EdgeLimits, FrozenMap
+from kserve_trio.core.process import EdgeLimits, FrozenMap
 from kserve_trio.gateway.config import GatewayConfig, build_gateway_config, gateway_config_to_raw
 from kserve_trio.gateway.fleet import PoolSettings, RoutingMetadata, WorkerClient, WorkerSpec
 from kserve_trio.gateway.placement.assignment import Assignment, Placement

@@ -31,7 +31,7 @@ from pathlib import Path
 import anyio
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import LIVENESS_INTERVAL_SECONDS, LIVENESS_MISSES
+from kserve_trio.core.process import LIVENESS_INTERVAL_SECONDS, LIVENESS_MISSES
 from kserve_trio.gateway.admin import ScrapeError, fetch
 from kserve_trio.gateway.processes._layout import read_announcement
 from kserve_trio.serving.liveness import kill_when_stuck

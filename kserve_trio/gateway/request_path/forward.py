@@ -54,8 +54,8 @@ import anyio
 from kserve_trio.client.errors import RpcError, is_stale_registration
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.errors import ServingError
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.protocol.request_bounds import RequestBounds, check_name
+from kserve_trio.core.process import EdgeLimits
+from kserve_trio.core.protocol import RequestBounds, check_name
 from kserve_trio.gateway.fleet import (
     Failover,
     RouteRefresher,

@@ -22,8 +22,13 @@ from dataclasses import dataclass
 from typing import cast
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.protocol.request_bounds import check_count, require_model_name
-from kserve_trio.core.protocol.wire import _fields, _varint, signed
+from kserve_trio.core.protocol import (
+    check_count,
+    decode_varint,
+    iter_fields,
+    require_model_name,
+    signed,
+)
 
 _MASK64 = (1 << 64) - 1
 _Span = tuple[int, int]
@@ -53,7 +58,7 @@ def _tensor(sub: memoryview, target: bytes) -> tuple[int, ...] | None:
     """The shape of input ``sub`` if its name is ``target``, else ``None``."""
     name: tuple[int, int] | None = None
     dims: list[int] = []
-    for field, wt, value in _fields(sub, 0, len(sub)):
+    for field, wt, value in iter_fields(sub, 0, len(sub)):
         if field == 1 and wt == 2:
             name = cast(_Span, value)
         elif field == 3 and wt == 0:  # one unpacked element
@@ -63,7 +68,7 @@ def _tensor(sub: memoryview, target: bytes) -> tuple[int, ...] | None:
             packed = sub[start:end]
             pos = 0
             while pos < len(packed):
-                element, pos = _varint(packed, pos)
+                element, pos = decode_varint(packed, pos)
                 dims.append(signed(element & _MASK64))
     if name is None:
         return tuple(dims) if target == b"" else None
@@ -85,7 +90,7 @@ def _walk(
     inputs: list[tuple[int, int]] = []
     counts = dict.fromkeys(_COUNTED, 0)
     try:
-        for field, wt, value in _fields(buf, 0, len(buf)):
+        for field, wt, value in iter_fields(buf, 0, len(buf)):
             if wt != 2:
                 continue
             if field == 1:
@@ -150,7 +155,7 @@ def peek_region_name(data: _Buffer, rpc: str) -> str:
     buf = memoryview(data).cast("B")
     name: tuple[int, int] | None = None
     try:
-        for field, wt, value in _fields(buf, 0, len(buf)):
+        for field, wt, value in iter_fields(buf, 0, len(buf)):
             if field == 1 and wt == 2:
                 name = cast(_Span, value)
         text = "" if name is None else bytes(buf[name[0] : name[1]]).decode("utf-8")

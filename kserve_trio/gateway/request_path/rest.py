@@ -26,10 +26,8 @@ import anyio
 import anyio.abc
 
 from kserve_trio.core.errors import Unimplemented
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.process.restricted import Restrictions, group_of
-from kserve_trio.core.protocol.request_bounds import check_path_names
-from kserve_trio.core.protocol.rest_codec import DEFAULT_JSON_DEPTH
+from kserve_trio.core.process import EdgeLimits, Restrictions, group_of
+from kserve_trio.core.protocol import DEFAULT_JSON_DEPTH, check_path_names
 from kserve_trio.gateway.caller_headers import passing_on, rest_headers
 from kserve_trio.gateway.request_path.rest_forward import MODEL_RPCS, ModelRequests, RestUpstream
 from kserve_trio.gateway.request_path.service import GatewayService

@@ -43,8 +43,14 @@ import anyio
 
 from kserve_trio.client.errors import STALE_REGION_PREFIX, RpcError
 from kserve_trio.core.errors import Internal, InvalidArgument, ServingError, StatusCode
-from kserve_trio.core.protocol import rest_codec
-from kserve_trio.core.protocol.infer_wire import parse_infer_response
+from kserve_trio.core.protocol import (
+    DEFAULT_JSON_DEPTH,
+    encode_rest_response,
+    input_shape,
+    load_json,
+    parse_infer_response,
+    parse_rest_request,
+)
 from kserve_trio.gateway.caller_headers import rest_headers
 from kserve_trio.gateway.fleet import WorkerClient
 from kserve_trio.gateway.request_path.forward import MODEL_INFER, Forwarder
@@ -125,7 +131,7 @@ def reply_headers(raw: Sequence[tuple[bytes, bytes]]) -> tuple[str, tuple[tuple[
 def error_message(body: bytes) -> str:
     """The ``error`` of a worker's JSON error body ("" when it has none)."""
     try:
-        doc = rest_codec.load_json(body, "a worker's error reply")
+        doc = load_json(body, "a worker's error reply")
     except InvalidArgument:
         return ""
     error = doc.get("error") if isinstance(doc, dict) else None
@@ -144,13 +150,13 @@ def peek_shape(
     body: bytes | bytearray,
     header_length: int | None,
     input_name: str,
-    max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
+    max_json_depth: int = DEFAULT_JSON_DEPTH,
 ) -> tuple[int, ...] | None:
     """The shape of input ``input_name`` in a REST inference body (uncompressed), ``None`` when
     it cannot be read: a malformed request is still forwarded, and the worker answers it. The
     body's depth is checked before it is parsed and its tensor data is not decoded
-    (``rest_codec.input_shape``)."""
-    return rest_codec.input_shape(body, header_length, input_name, max_json_depth)
+    (``input_shape``)."""
+    return input_shape(body, header_length, input_name, max_json_depth)
 
 
 @dataclass(frozen=True)
@@ -253,7 +259,7 @@ class ModelRequests:
         forwarder: Forwarder,
         upstream: RestUpstream,
         max_recv_bytes: int,
-        max_json_depth: int = rest_codec.DEFAULT_JSON_DEPTH,
+        max_json_depth: int = DEFAULT_JSON_DEPTH,
         tracing: TraceControl | None = None,
     ) -> None:
         self.forwarder = forwarder
@@ -343,7 +349,7 @@ class ModelRequests:
                 return reply.response()
             if not translated:  # once, whichever attempt needs it first
                 translated.append(
-                    rest_codec.parse_infer_request(
+                    parse_rest_request(
                         request_body(request, self.max_recv_bytes),
                         header_length(request),
                         call.model,
@@ -395,7 +401,7 @@ def _infer_reply(data: bytes, wants_binary: Any) -> HttpResponse:
             f"worker reply has {len(response.raw_output_contents)} raw_output_contents "
             f"entries for {len(response.outputs)} outputs"
         )
-    rest = rest_codec.encode_infer_response(
+    rest = encode_rest_response(
         response.model_name,
         response.model_version,
         response.id,

@@ -47,8 +47,8 @@ from anyio import get_cancelled_exc_class
 
 import kserve_trio
 from kserve_trio.core.errors import FailedPrecondition, InvalidArgument, ServingError
-from kserve_trio.core.process.config import EdgeLimits, TracingConfig
-from kserve_trio.core.protocol.request_bounds import check_model_name
+from kserve_trio.core.process import EdgeLimits, TracingConfig
+from kserve_trio.core.protocol import check_model_name
 from kserve_trio.gateway.caller_headers import grpc_headers
 from kserve_trio.gateway.request_path import aggregate
 from kserve_trio.gateway.request_path.admission import Admission

@@ -48,7 +48,7 @@ from kserve_trio.client.errors import RpcError
 from kserve_trio.client.transport import method_path
 from kserve_trio.core.errors import InvalidArgument, StatusCode, Unavailable
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.memory.shm_names import ClientShmPolicy, check_key
+from kserve_trio.core.memory import ClientShmPolicy, check_key
 from kserve_trio.gateway.fleet import WorkerClient
 from kserve_trio.gateway.metrics import GatewayMetrics, ObservedRequest
 from kserve_trio.gateway.request_path.forward import RegisterGates

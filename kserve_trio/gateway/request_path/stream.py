@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from kserve_trio.core.errors import ServingError
-from kserve_trio.core.protocol.stream_answers import stream_error, stream_response
+from kserve_trio.core.protocol import stream_error, stream_response
 from kserve_trio.gateway.caller_headers import grpc_headers
 from kserve_trio.gateway.request_path.admission import SHUTTING_DOWN, Admission
 from kserve_trio.gateway.request_path.forward import Forwarder

@@ -45,7 +45,7 @@ Receiving (``receive``), per message:
   the socket), until the connection's other messages are whole or it takes the lane. Once
   whole, its bytes leave the share (they stay charged until its request is done).
 - *Stepwise inflation*: a compressed message is inflated on arrival a bounded step at a time
-  (``compression.Inflater``), its output charged as it grows (refused past the bytes in flight,
+  (``Inflater``), its output charged as it grows (refused past the bytes in flight,
   never waiting for them) and the task yielding between steps, so a bomb neither takes more
   than its cap nor holds the event loop; ``plain`` returns the result (or raises what stopped
   it).
@@ -86,8 +86,21 @@ from kserve_trio.core.errors import (
     StatusCode,
 )
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.protocol import compression, grpc_wire
+from kserve_trio.core.process import EdgeLimits
+from kserve_trio.core.protocol import (
+    ACCEPT_ENCODING,
+    IDENTITY,
+    OK_TRAILERS,
+    PREFIX,
+    PREFIX_BYTES,
+    RESPONSE_HEADERS,
+    Inflater,
+    compress,
+    custom_metadata,
+    decompress,
+    message_prefix,
+    status_trailers,
+)
 from kserve_trio.serving.grpc._headers import Headers, header_value
 from kserve_trio.serving.grpc._messages import Limits, RawMessage, reply_encoding
 from kserve_trio.serving.rpc_codec import reply_pieces
@@ -104,7 +117,7 @@ write) before its sender waits for it to go."""
 
 log = get_logger("kserve_trio.serving.grpc")
 
-_ACCEPT_ENCODING = compression.ACCEPT_ENCODING.encode("ascii")
+_ACCEPT_ENCODING = ACCEPT_ENCODING.encode("ascii")
 
 
 class CallClosed(Exception):
@@ -321,7 +334,7 @@ class Call:
     def metadata(self) -> dict[str, str | bytes]:
         """The caller's custom metadata (``-bin`` values as bytes; ``grpc-*`` left out)."""
         if self._metadata is None:
-            self._metadata = grpc_wire.custom_metadata(self.headers)
+            self._metadata = custom_metadata(self.headers)
         return self._metadata
 
     @property
@@ -536,17 +549,17 @@ class Call:
         ``wait``: past the process's bytes in flight the message waits for room (a stream's
         backpressure) instead of being refused RESOURCE_EXHAUSTED (a unary call).
         """
-        prefix = await self._read(grpc_wire.PREFIX_BYTES)
+        prefix = await self._read(PREFIX_BYTES)
         if prefix is None:
             if self._buffered:
                 raise InvalidArgument(
                     "truncated request: the stream ended inside the 5-byte gRPC message prefix"
                 )
             return None
-        flag, length = grpc_wire.PREFIX.unpack(prefix)
+        flag, length = PREFIX.unpack(prefix)
         if flag > 1:
             raise InvalidArgument(f"malformed gRPC message prefix: compressed flag {flag}")
-        if flag and self.encoding == compression.IDENTITY:
+        if flag and self.encoding == IDENTITY:
             raise InvalidArgument(
                 "a compressed message arrived without a grpc-encoding naming its algorithm"
             )
@@ -583,7 +596,7 @@ class Call:
         could wait for each other for good): past it the message is refused, RESOURCE_EXHAUSTED
         when ``plain`` is asked for it, a stream's one included.
         """
-        inflater = compression.Inflater(data, self.encoding, self.limits.max_recv_bytes)
+        inflater = Inflater(data, self.encoding, self.limits.max_recv_bytes)
         grown = 0
         try:
             while not inflater.done:
@@ -615,22 +628,22 @@ class Call:
             if message.problem is not None:
                 raise message.problem
             return message.plain_data
-        return compression.decompress(message.data, self.encoding, self.limits.max_recv_bytes)
+        return decompress(message.data, self.encoding, self.limits.max_recv_bytes)
 
     # ---------------------------------------------------------------- sending
 
     def _response_headers(self, encoding: str) -> list[tuple[bytes, bytes]]:
-        headers = list(grpc_wire.RESPONSE_HEADERS)
-        if encoding != compression.IDENTITY:
+        headers = list(RESPONSE_HEADERS)
+        if encoding != IDENTITY:
             headers.append((b"grpc-encoding", encoding.encode("ascii")))
             headers.append((b"grpc-accept-encoding", _ACCEPT_ENCODING))
         return headers
 
-    async def send(self, reply: Any, *, encoding: str = compression.IDENTITY) -> None:
+    async def send(self, reply: Any, *, encoding: str = IDENTITY) -> None:
         """Send one reply message; the call stays open."""
         await self._send(reply, encoding, last=False)
 
-    async def send_last(self, reply: Any, *, encoding: str = compression.IDENTITY) -> None:
+    async def send_last(self, reply: Any, *, encoding: str = IDENTITY) -> None:
         """Send a unary call's reply and end the call OK."""
         await self._send(reply, encoding, last=True)
 
@@ -639,12 +652,12 @@ class Call:
         cap = self.limits.max_send_bytes
         if length > cap:
             raise ResourceExhausted(f"response larger than max ({length} vs. {cap})")
-        if encoding != compression.IDENTITY:
-            packed = compression.compress(b"".join(pieces), encoding)
+        if encoding != IDENTITY:
+            packed = compress(b"".join(pieces), encoding)
             pieces, length, compressed = [packed], len(packed), True
         else:
             compressed = False
-        prefix = grpc_wire.message_prefix(compressed, length)
+        prefix = message_prefix(compressed, length)
         buffers: list[Any] = (
             [b"".join([prefix, *pieces])] if length <= JOIN_BYTES else [prefix, *pieces]
         )
@@ -672,7 +685,7 @@ class Call:
             sink.queue_data(sid, buffer)
         if last:
             self.move(CallEvent.ANSWER)
-            sink.queue_trailers(sid, grpc_wire.OK_TRAILERS)
+            sink.queue_trailers(sid, OK_TRAILERS)
             if sink.blocked(sid):  # the reply's end waits for the client's windows
                 await self._progress(lambda: not sink.pending(sid), lambda: sink.pending(sid))
         elif sink.pending(sid) > SEND_BATCH_BYTES:
@@ -715,9 +728,7 @@ class Call:
         """End the call with ``status`` (*status*); nothing happens when it has ended already."""
         if not self.move(CallEvent.ANSWER):
             return
-        block = grpc_wire.status_trailers(
-            status, message, extra, trailers_only=not self.headers_sent
-        )
+        block = status_trailers(status, message, extra, trailers_only=not self.headers_sent)
         if self.headers_sent:
             self._sink.queue_trailers(self.stream_id, block)
         else:

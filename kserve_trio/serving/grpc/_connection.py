@@ -61,7 +61,7 @@ import anyio.abc
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.protocol import compression, grpc_wire
+from kserve_trio.core.protocol import IDENTITY, parse_encoding, parse_timeout, status_trailers
 from kserve_trio.http2 import (
     DataReceived,
     ErrorCode,
@@ -420,13 +420,13 @@ class ServerConnection:
             self._refuse(sid, ended, StatusCode.UNIMPLEMENTED, message)
             return
         encoding = head.encoding
-        if encoding != compression.IDENTITY:
-            encoding = compression.parse_encoding(encoding)
+        if encoding != IDENTITY:
+            encoding = parse_encoding(encoding)
         call = Call(self, sid, head.path, head.headers, encoding, method.limits, method.rpc)
         if ended:
             call.inbound_done = True
         if head.timeouts:
-            remaining = min(map(grpc_wire.parse_timeout, head.timeouts))
+            remaining = min(map(parse_timeout, head.timeouts))
             if remaining <= 0:
                 call.finish(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
                 self._after_answer(call)
@@ -453,11 +453,11 @@ class ServerConnection:
     ) -> None:
         """Answer a stream without a call task (*refused at once*)."""
         if http_status != "200":
-            block = grpc_wire.status_trailers(status, message, trailers_only=True)
+            block = status_trailers(status, message, trailers_only=True)
             block[0] = (b":status", http_status.encode("ascii"))
             self.queue_headers(sid, block, True)
         else:
-            block = grpc_wire.status_trailers(status, message, tuple(extra), trailers_only=True)
+            block = status_trailers(status, message, tuple(extra), trailers_only=True)
             self.queue_headers(sid, block, True)
         if not ended:
             self.engine.reset_stream(sid, ErrorCode.NO_ERROR)

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.protocol import compression, grpc_wire
+from kserve_trio.core.protocol import (
+    ACCEPT_ENCODING,
+    IDENTITY,
+    parse_encoding,
+    valid_bin,
+    valid_timeout,
+)
 
 Headers = Sequence[tuple[str, str]]
 
@@ -32,7 +38,7 @@ class RequestHead:
     content_type: str = ""
     te: str = ""
     timeouts: list[str] | None = None
-    encoding: str = compression.IDENTITY
+    encoding: str = IDENTITY
     checked: bool = False
 
 
@@ -42,7 +48,7 @@ def read_request(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
     append = headers.append
     method = path = content_type = te = ""
     timeouts: list[str] | None = None
-    encoding = compression.IDENTITY
+    encoding = IDENTITY
     checked = False
     for k, v in raw:
         key = k.decode("latin-1")
@@ -61,7 +67,7 @@ def read_request(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
             if timeouts is None:
                 timeouts = []
             timeouts.append(value)
-            checked = checked or not grpc_wire.valid_timeout(value)
+            checked = checked or not valid_timeout(value)
         elif key == "grpc-encoding":
             encoding = value
             checked = True
@@ -73,23 +79,23 @@ def read_request(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
 def header_problem(headers: Headers) -> tuple[StatusCode, str, Headers] | None:
     """What is wrong with a call's headers, as (status, message, extra trailers), or None."""
     for key, value in headers:
-        if key == "grpc-timeout" and not grpc_wire.valid_timeout(value):
+        if key == "grpc-timeout" and not valid_timeout(value):
             return (
                 StatusCode.INVALID_ARGUMENT,
                 f"malformed grpc-timeout header {value[:64]!r}: expected 1-8 digits and a unit "
                 "(H, M, S, m, u, n)",
                 (),
             )
-        if key.endswith("-bin") and not grpc_wire.valid_bin(value):
+        if key.endswith("-bin") and not valid_bin(value):
             return (StatusCode.INVALID_ARGUMENT, f"metadata {key[:64]} is not base64", ())
         if key == "grpc-encoding":
             try:
-                compression.parse_encoding(value)
+                parse_encoding(value)
             except Exception as exc:
                 return (
                     StatusCode.UNIMPLEMENTED,
                     str(exc),
-                    (("grpc-accept-encoding", compression.ACCEPT_ENCODING),),
+                    (("grpc-accept-encoding", ACCEPT_ENCODING),),
                 )
     return None
 

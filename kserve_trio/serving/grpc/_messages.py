@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kserve_trio.core.process.config import EdgeLimits
-from kserve_trio.core.protocol import compression
+from kserve_trio.core.process import EdgeLimits
+from kserve_trio.core.protocol import IDENTITY, parse_accept_encoding
+from kserve_trio.core.protocol import reply_encoding as negotiated_encoding
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import InflightBytes
@@ -47,10 +48,10 @@ class RawMessage:
 
 def reply_encoding(request_encoding: str, accept_encoding: str | None, limits: Limits) -> str:
     """The algorithm a reply is sent with (module docstring)."""
-    if request_encoding == compression.IDENTITY and not limits.compress_responses:
-        return compression.IDENTITY
-    accepted = compression.parse_accept_encoding(accept_encoding)
-    return compression.reply_encoding(request_encoding, accepted, limits.compress_responses)
+    if request_encoding == IDENTITY and not limits.compress_responses:
+        return IDENTITY
+    accepted = parse_accept_encoding(accept_encoding)
+    return negotiated_encoding(request_encoding, accepted, limits.compress_responses)
 
 
 __all__ = ["Limits", "RawMessage", "reply_encoding"]

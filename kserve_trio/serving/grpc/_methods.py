@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kserve_trio.core.errors import InvalidArgument, Unimplemented
-from kserve_trio.core.protocol import compression
+from kserve_trio.core.protocol import IDENTITY
 from kserve_trio.serving.grpc._call import Call
 from kserve_trio.serving.grpc._messages import Limits, RawMessage
 from kserve_trio.serving.rpc_codec import TypedUnaryFn, parse_message
@@ -79,7 +79,7 @@ def unary(
             reply = await cast(DeadlineUnaryFn, fn)(request, call.deadline_ns)
         else:
             reply = await cast(TypedUnaryFn, fn)(request)
-        encoding = call.encoding if message.compressed else compression.IDENTITY
+        encoding = call.encoding if message.compressed else IDENTITY
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
     return Method(rpc, limits, run)
@@ -92,7 +92,7 @@ def _unary_with_header(
         message = await _one_message(call)
         request = parse_message(call.plain(message), request_type, limits.edge)
         reply = await fn(request, call.deadline_ns, context(call.header))
-        encoding = call.encoding if message.compressed else compression.IDENTITY
+        encoding = call.encoding if message.compressed else IDENTITY
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
     return Method(rpc, limits, run)
@@ -113,7 +113,7 @@ def bytes_unary_with_header(
     async def run(call: Call) -> None:
         message = await _one_message(call)
         reply = await fn(call.plain(message), call.deadline_ns, context(call.header))
-        encoding = call.encoding if message.compressed else compression.IDENTITY
+        encoding = call.encoding if message.compressed else IDENTITY
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
     return Method(rpc, limits, run)
@@ -125,7 +125,7 @@ def bytes_unary(fn: BytesUnaryFn, limits: Limits, rpc: str) -> Method:
     async def run(call: Call) -> None:
         message = await _one_message(call)
         reply = await fn(call.plain(message), call.deadline_ns)
-        encoding = call.encoding if message.compressed else compression.IDENTITY
+        encoding = call.encoding if message.compressed else IDENTITY
         await call.send_last(reply, encoding=call.reply_encoding(encoding))
 
     return Method(rpc, limits, run)

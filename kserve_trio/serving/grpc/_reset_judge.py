@@ -8,7 +8,7 @@ by the client right after opening.
 
 from __future__ import annotations
 
-from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.process import EdgeLimits
 from kserve_trio.serving.peer_ledger import judged_streams
 
 MAX_RESET_WINDOW = 1 << 16

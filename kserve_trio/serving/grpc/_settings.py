@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import MAX_FRAME_BYTES, WINDOW_BYTES, EdgeLimits
+from kserve_trio.core.process import MAX_FRAME_BYTES, WINDOW_BYTES, EdgeLimits
 from kserve_trio.http2 import DEFAULT_ENGINE, EngineSettings
 
 MAX_CONTINUATIONS = 8

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import anyio
 import anyio.abc
 
-from kserve_trio.core.process.event_loops import stream_attribute
+from kserve_trio.core.process import stream_attribute
 from kserve_trio.serving.accept import Slot
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.grpc._connection import OnClosed, ServerConnection

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kserve_trio.core.errors import InvalidArgument, ResourceExhausted, ServingError, StatusCode
-from kserve_trio.core.process.event_loops import asyncio_transport
-from kserve_trio.core.protocol.compression import DEFLATE, GZIP
+from kserve_trio.core.process import asyncio_transport
+from kserve_trio.core.protocol import DEFLATE, GZIP
 
 if TYPE_CHECKING:
     from kserve_trio.serving.admission import InflightBytes

@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import httptools
 
-from kserve_trio.core.process.event_loops import stream_attribute
+from kserve_trio.core.process import stream_attribute
 
 READ_BYTES = 256 << 10
 _JOIN_BYTES = 256 << 10

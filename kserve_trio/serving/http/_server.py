@@ -76,7 +76,7 @@ from anyio.streams.tls import TLSStream
 
 from kserve_trio.core.errors import ResourceExhausted
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.process.config import EdgeLimits
+from kserve_trio.core.process import EdgeLimits
 from kserve_trio.serving.accept import ConnectionCap, Slot, accept_loop, bind, listening_sockets
 from kserve_trio.serving.edge_stats import EdgeStats
 from kserve_trio.serving.http._body import BodyBuffer, BodyCharges, read_ahead_bound, too_large

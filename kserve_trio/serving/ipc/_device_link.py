@@ -22,7 +22,7 @@ import anyio
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import LogSettings
-from kserve_trio.core.protocol.infer_wire import Buffer
+from kserve_trio.core.protocol import Buffer
 from kserve_trio.serving.ipc._arena import Arena, Ring
 from kserve_trio.serving.ipc._channel import Channel, ChannelClosed, first_batch
 from kserve_trio.serving.ipc._messages import (

@@ -25,7 +25,7 @@ import anyio.abc
 
 from kserve_trio.core.errors import StatusCode
 from kserve_trio.core.logging import get_logger
-from kserve_trio.core.protocol.infer_wire import Buffer
+from kserve_trio.core.protocol import Buffer
 from kserve_trio.serving.ipc._arena import Arena, Ring
 from kserve_trio.serving.ipc._channel import Channel, ChannelClosed
 from kserve_trio.serving.ipc._messages import (

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from kserve_trio.core.logging import LogSettings
-    from kserve_trio.core.process.config import ServerConfig
+    from kserve_trio.core.process import ServerConfig
 
 _T = TypeVar("_T")
 

@@ -33,7 +33,7 @@ from kserve_trio.core.bundles.manifest._types import (
 )
 from kserve_trio.core.errors import ManifestError
 from kserve_trio.core.plain import is_int
-from kserve_trio.core.tensors.dtypes import dtype_from_token
+from kserve_trio.core.tensors import dtype_from_token
 
 SUPPORTED_FORMAT_VERSIONS: tuple[str, ...] = ("2.0", "2")
 SUPPORTED_KINDS: tuple[str, ...] = ("model", "meta")

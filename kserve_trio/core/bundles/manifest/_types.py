@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kserve_trio.core.errors import InvalidArgument
-from kserve_trio.core.tensors.dtypes import DType
+from kserve_trio.core.tensors import DType
 
 
 class DimKind(enum.Enum):

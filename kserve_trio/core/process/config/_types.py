@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.memory.shm_names import ClientShmPolicy
+from kserve_trio.core.memory import ClientShmPolicy
 from kserve_trio.core.process.config._frozen import FrozenMap
 from kserve_trio.core.process.config._limits import EdgeLimits
 from kserve_trio.core.process.config._tracing import TracingConfig

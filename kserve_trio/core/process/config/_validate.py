@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from kserve_trio.core.errors import ConfigError
-from kserve_trio.core.memory.shm_names import ClientShmPolicy, prefix_problem, shown
+from kserve_trio.core.memory import ClientShmPolicy, prefix_problem, shown
 from kserve_trio.core.process.config._limits import validate_limits
 from kserve_trio.core.process.config._tracing import validate_tracing
 from kserve_trio.core.process.config._types import (

@@ -34,7 +34,7 @@ from kserve_trio.core.protocol.infer_wire import (
     InferRequestMessage,
 )
 from kserve_trio.core.protocol.wire import Params, byte_view, plain_params
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 
 
 def requested_tensors(items: Sequence[str | RequestedOutput]) -> list[InferRequestedOutput]:

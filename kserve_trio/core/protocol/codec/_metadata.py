@@ -10,7 +10,7 @@ from kserve_trio.core.protocol.codec._types import BUNDLE_VERSION
 from kserve_trio.proto import inference as pb
 
 if TYPE_CHECKING:
-    from kserve_trio.core.bundles.manifest import Manifest, TensorSpec
+    from kserve_trio.core.bundles import Manifest, TensorSpec
 
 
 def encode_model_metadata(name: str, manifest: Manifest, platform: str) -> pb.ModelMetadataResponse:

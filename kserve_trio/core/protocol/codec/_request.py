@@ -28,8 +28,7 @@ from kserve_trio.core.protocol.codec._types import RequestedOutput, ShmRef, ShmR
 from kserve_trio.core.protocol.infer_wire import InferRequestMessage
 from kserve_trio.core.protocol.request_bounds import require_model_name
 from kserve_trio.core.protocol.wire import Params, plain_params
-from kserve_trio.core.tensors.dtypes import DType
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import DType, NamedTensor
 from kserve_trio.proto import inference as pb
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from kserve_trio.core.protocol.infer_wire import (
 )
 from kserve_trio.core.protocol.request_bounds import shown
 from kserve_trio.core.protocol.wire import byte_view
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import NamedTensor
 
 
 def no_such_output(model_name: str, name: str, outputs: Iterable[str]) -> InvalidArgument:

@@ -16,8 +16,7 @@ from kserve_trio.core.protocol.bytes_tensor import (
     encode_bytes_tensor,
 )
 from kserve_trio.core.protocol.wire import CONTENTS_FIELDS
-from kserve_trio.core.tensors.dtypes import DType, dtype_from_wire
-from kserve_trio.core.tensors.tensor import NamedTensor
+from kserve_trio.core.tensors import DType, NamedTensor, dtype_from_wire
 
 MAX_TENSOR_BYTES = 2**62
 """Largest payload a tensor may declare; larger shapes are rejected before any allocation."""
