@@ -22,6 +22,7 @@ from kserve_trio.client import (
     InferOutput,
     KServeModel,
     OutputSpec,
+    h2_transport,
     infer_async,
     infer_sync,
     kserve_shutdown,
@@ -31,7 +32,6 @@ from kserve_trio.client import (
 from kserve_trio.client.runtime import Route, get_state, probe_same_namespace
 from kserve_trio.client.transport import default_transport_factory
 from kserve_trio.core.errors import StatusCode
-from kserve_trio.core.protocol import compression as core_compression
 from kserve_trio.core.tensors.dtypes import DType
 from tests.e2e.triton_peer import PeerStartError, TritonPeer
 
@@ -185,13 +185,13 @@ async def test_on_exchanges_tensors_through_system_shared_memory(peer, model):
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 async def test_our_compressed_requests_are_served_by_the_peer(peer, algorithm, monkeypatch):
     packed: list[int] = []
-    compress = core_compression.compress
+    compress = h2_transport.compress  # the client's transport compresses what it sends
 
     def counting(data, name):
         packed.append(len(data))
         return compress(data, name)
 
-    monkeypatch.setattr(core_compression, "compress", counting)
+    monkeypatch.setattr(h2_transport, "compress", counting)
     x = rows(37, seed=6)
     io = RowsIO(x)
     async with KServeModel(

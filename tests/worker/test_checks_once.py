@@ -24,9 +24,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from kserve_trio.core.bundles.manifest import TensorSpec
-from kserve_trio.core.protocol import codec
 from kserve_trio.runtime import model as runtime_model
-from kserve_trio.worker import layout, registry, validation
+from kserve_trio.worker import inference, layout, registry, validation
 from kserve_trio.worker.layout import ModelLayout
 from kserve_trio.worker.repository import ModelRepository
 from kserve_trio.worker.server import RunningServer, serve, stop
@@ -68,7 +67,7 @@ class Counts:
 
 def wrap_request_path(counts: Counts) -> None:
     counts.wrap(ModelRepository, "lookup", "lookup")
-    counts.wrap(codec, "decode_infer_request", "decode")
+    counts.wrap(inference, "decode_infer_request", "decode")
     counts.wrap(validation, "validate_request", "validate_request")
     counts.wrap(validation, "validate_inputs", "validate_inputs")
     counts.wrap(validation, "check_requested_outputs", "check_requested_outputs")
@@ -76,7 +75,7 @@ def wrap_request_path(counts: Counts) -> None:
     counts.wrap(ModelLayout, "prepare", "prepare")
     counts.wrap(layout, "check_executable_input", "check_executable_input")
     counts.wrap(TensorSpec, "matches", "spec_matches")
-    counts.wrap(codec, "encode_infer_response", "encode")
+    counts.wrap(inference, "encode_infer_response", "encode")
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +199,7 @@ def requests_with_status(running: RunningServer, status: str) -> float:
 def test_a_cancelled_shm_request_releases_its_leases_once(server, monkeypatch):
     released: collections.Counter[int] = collections.Counter()
     leased: list[int] = []
-    decode = codec.decode_infer_request
+    decode = inference.decode_infer_request
 
     def decode_counting_leases(*args, **kwargs):
         request = decode(*args, **kwargs)
@@ -216,7 +215,7 @@ def test_a_cancelled_shm_request_releases_its_leases_once(server, monkeypatch):
         leased.extend(range(len(leased), len(leased) + len(request.leases)))
         return request
 
-    monkeypatch.setattr(codec, "decode_infer_request", decode_counting_leases)
+    monkeypatch.setattr(inference, "decode_infer_request", decode_counting_leases)
     x = np.random.default_rng(2).standard_normal((1, 16), dtype=np.float32)
     name, key = f"lease_{os.getpid()}_{uuid.uuid4().hex[:8]}", f"/lease_{uuid.uuid4().hex[:8]}"
     handle = shm.create_shared_memory_region(name, key, x.nbytes)
