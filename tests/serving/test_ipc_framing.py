@@ -150,8 +150,13 @@ def test_any_bytes_decode_to_messages_or_are_refused(frame):
 
 
 @FUZZ
-@given(batches.filter(bool), st.data())
+@given(st.lists(hot, min_size=1, max_size=12), st.data())
 def test_a_corrupted_or_cut_frame_decodes_to_messages_or_is_refused(batch, data):
+    """Frames of the per-request messages, which name no class. A rare message is pickled with
+    its class's module path, and a byte flipped there can name any module pickle will then
+    import (jax or torch: seconds each, 46 s for this test once in the suite); the channel runs
+    between two processes of ours, so what its frames name is trusted, and the records' shapes
+    are what a reader must check."""
     frame = bytearray(encode(batch))
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(0, len(frame) - 1))
