@@ -53,15 +53,19 @@ def _has_gpu() -> bool:
 
 LONGEST_FILES_FIRST = (
     "tests/e2e/test_frontend_processes.py",
-    "tests/e2e/test_torch_export.py",
     "tests/gateway/test_processes.py",
-    "tests/e2e/test_tracing_e2e.py",
-    "tests/e2e/test_event_loops.py",
     "tests/node/test_node_e2e.py",
     "tests/edge/test_every_process_kind.py",
+    "tests/gateway/test_frozen_fleet_e2e.py",
+    "tests/e2e/test_event_loops.py",
+    "tests/export/test_torch_frontend.py",
+    "tests/e2e/test_tracing_e2e.py",
     "tests/serving/grpc/conformance/test_conformance.py",
-    "tests/e2e/test_residency_shared.py",
+    "tests/edge/test_memory_gateway.py",
+    "tests/edge/test_h2_server.py",
     "tests/gateway/test_tracing.py",
+    "tests/client/test_worker_e2e.py",
+    "tests/e2e/test_torch_export.py",
 )
 """The suite's longest files, longest first, are handed out before all others. pytest-xdist's
 ``--dist loadfile`` gives each test process a whole file at a time in collection order, so a long
