@@ -67,14 +67,22 @@ def _resolve(
     return getattr(module, func_name, None)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one sub-parser per command (built commands get full options)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per command. Every command gets its full
+    options when ``command`` is None (the whole CLI, for its help and tests); otherwise only
+    ``command`` does and the others are listed by their help line, so that a process imports
+    the package of the command it runs and no other (a worker front end or a gateway child
+    starts faster by the imports of the other five)."""
     parser = argparse.ArgumentParser(
         prog="python -m kserve_trio",
         description="kserve_trio: a KServe V2 gRPC inference server for compiled StableHLO bundles",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_text, target, capability) in _COMMANDS.items():
+        if command is not None and name != command:
+            sub = subparsers.add_parser(name, help=help_text, add_help=False)
+            sub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            continue
         configure = _resolve(target) if target else None
         if configure is None:
             sub = subparsers.add_parser(
@@ -88,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs: its first word, when that names one (the top-level parser
+    has no option taking a value, so nothing before the command can be mistaken for it)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in _COMMANDS else None
+    return None
+
+
 def _not_built(name: str, capability: str) -> Callable[[argparse.Namespace], int]:
     def run(_args: argparse.Namespace) -> int:
         print(f"'{name}' is not built yet: it arrives with {capability}.", file=sys.stderr)
@@ -98,8 +115,9 @@ def _not_built(name: str, capability: str) -> Callable[[argparse.Namespace], int
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_named(words))
+    args = parser.parse_args(words)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0

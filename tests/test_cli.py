@@ -82,3 +82,32 @@ def test_the_worker_flags_of_client_shared_memory():
         endpoints("--client-shared-memory-prefix", "kst-w-")
     with pytest.raises(ConfigError, match=r"has no effect with endpoints\.client_shared_memory"):
         endpoints("--no-client-shared-memory", "--client-shared-memory-prefix", "a")
+
+
+def test_a_command_imports_its_own_package_and_no_other_commands():
+    """A front end or a gateway child is a ``python -m kserve_trio`` process of its own: it
+    parses its command's options without importing the other commands' packages."""
+    code = (
+        "import sys\n"
+        "from kserve_trio.__main__ import main\n"
+        "try:\n"
+        "    main(['frontend', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in ('kserve_trio.gateway', 'kserve_trio.worker', 'kserve_trio.node',"
+        " 'kserve_trio.export', 'kserve_trio.bench', 'jax') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--channel-fd" in out.stdout  # the chosen command's full options
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_command_still_parses_as_the_first_word():
+    from kserve_trio.__main__ import _command_named
+
+    assert _command_named(["worker", "--port", "0"]) == "worker"
+    assert _command_named(["--help"]) is None
+    assert _command_named(["nonsense", "worker"]) is None
+    out = run_cli("nonsense")
+    assert out.returncode == 2 and "invalid choice" in out.stderr

@@ -90,6 +90,11 @@ case "$cmd" in
     # socket (docs/benchmarks/history.md, "Test suite"). KSERVE_TRIO_TEST_PROCS sets how many
     # (1: one process, no xdist).
     procs=${KSERVE_TRIO_TEST_PROCS:-3}
+    # Bytecode is written and read back: the suite starts a few hundred Python processes and
+    # pytest rewrites every test file's asserts, each once per process when an environment
+    # sets PYTHONDONTWRITEBYTECODE (git-ignored __pycache__; docs/benchmarks.md, "Test suite").
+    unset PYTHONDONTWRITEBYTECODE
+    .venv/bin/python -m compileall -q kserve_trio tests tools > /dev/null
     say "running the test suite (slow tests included, $procs processes)"
     status=0
     if [ "$procs" -gt 1 ]; then

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import pathlib
+import queue
 import re
 import signal
 import socket
@@ -166,7 +167,11 @@ def test_connections_spread_over_both_processes_and_admin_merges_them(e2e):
 def test_a_gateway_process_killed_under_load_fails_only_its_in_flight_requests(e2e):
     """SIGKILL process 1 under load from four connections: the requests in flight on its
     connections fail UNAVAILABLE (and, until their client reconnects, the calls its channel
-    fails fast); process 0's connection is untouched; the process comes back."""
+    fails fast); process 0's connection is untouched; the process comes back.
+
+    A unary request is in flight on the victim's connection at the kill only by chance (its
+    client spends part of each loop between requests), so a stream opened on that connection
+    and answered once before the kill is the call known to be in flight there."""
     gw = e2e.gw
     clients = client_per_process(gw)
     pids = gw.children()
@@ -192,9 +197,13 @@ def test_a_gateway_process_killed_under_load_fails_only_its_in_flight_requests(e
     ]
     threads = [threading.Thread(target=load, args=(p, c)) for p, c in clients.items()]
     threads += [threading.Thread(target=load, args=("?", c)) for c in extra]
+    stream_events: queue.Queue = queue.Queue()
+    clients[victim].start_stream(callback=lambda result, error: stream_events.put(error))
     for t in threads:
         t.start()
     try:
+        clients[victim].async_stream_infer("mlp", [mlp_input(x)])
+        assert stream_events.get(timeout=30) is None  # the stream is open on the victim
         wait_until(lambda: len(results) > 40, 30, "no load")
         os.kill(pids[int(victim)], signal.SIGKILL)
         killed = time.monotonic()
@@ -210,8 +219,11 @@ def test_a_gateway_process_killed_under_load_fails_only_its_in_flight_requests(e
         stop.set()
         for t in threads:
             t.join(30)
+    stream_error = stream_events.get(timeout=30)
+    clients[victim].stop_stream()
+    assert isinstance(stream_error, InferenceServerException), stream_error
+    assert stream_error.status() == "StatusCode.UNAVAILABLE", stream_error
     failures = [(start, end, p, s) for start, end, p, s in results if s is not None]
-    assert failures  # the victim's connection had requests in flight
     assert all(s == "StatusCode.UNAVAILABLE" for *_, s in failures), failures
     assert not [p for *_, p, _ in failures if p == "0"]  # the other process's: untouched
     in_flight = [f for f in failures if f[0] < killed]
