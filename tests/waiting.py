@@ -25,6 +25,28 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, what: str = ""
     return value
 
 
+def succeeds_within(call: Callable[[], object], timeout: float, what: str = "") -> float:
+    """Call ``call`` until it raises nothing; the seconds that took. Past ``timeout`` the
+    AssertionError names ``what`` with the last failure as its cause (a server that may refuse a
+    new connection for a moment, e.g. while its last clients are still being closed)."""
+    start = time.monotonic()
+    failures: list[Exception] = []
+
+    def succeeded() -> bool:
+        try:
+            call()
+        except Exception as exc:
+            failures.append(exc)
+            return False
+        return True
+
+    try:
+        wait_until(succeeded, timeout, what)
+    except AssertionError as exc:
+        raise exc from (failures[-1] if failures else None)
+    return time.monotonic() - start
+
+
 async def until(condition: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
     """``wait_until`` for a test on an event loop: polls between turns of the loop, so the
     tasks that make ``condition`` hold run meanwhile."""
@@ -36,4 +58,4 @@ async def until(condition: Callable[[], T], timeout: float = 10.0, what: str = "
     return value
 
 
-__all__ = ["until", "wait_until"]
+__all__ = ["succeeds_within", "until", "wait_until"]

@@ -49,7 +49,7 @@ from tests.edge.limited_procs import counter, fresh_get, get
 from tests.edge.memory_probe import accepted_on
 from tests.gateway.procs import Gateway, Proc, Worker
 from tests.ports import free_port
-from tests.waiting import wait_until
+from tests.waiting import succeeds_within, wait_until
 
 BOUND = 20.0
 """Seconds: the bound on every outcome."""
@@ -283,22 +283,7 @@ def target(
 def _served_soon(call: Callable[[], object]) -> float:
     """Seconds until ``call()`` succeeds (a port whose last clients are still being closed
     may refuse a moment); past BOUND, the last failure is the cause."""
-    start = time.monotonic()
-    failures: list[Exception] = []
-
-    def served() -> bool:
-        try:
-            call()
-        except Exception as exc:
-            failures.append(exc)
-            return False
-        return True
-
-    try:
-        wait_until(served, BOUND, "served")
-    except AssertionError as exc:
-        raise exc from failures[-1]
-    return time.monotonic() - start
+    return succeeds_within(call, BOUND, "served")
 
 
 async def _handshaken(stack: AsyncExitStack, port: int, n: int) -> list[Attacker]:

@@ -33,7 +33,7 @@ from tests.edge.limited_procs import (
 )
 from tests.edge.memory_probe import fds as descriptors
 from tests.gateway.procs import Proc
-from tests.waiting import wait_until
+from tests.waiting import succeeds_within, wait_until
 
 ATTACKERS = 300
 assert ATTACKERS > NOFILE
@@ -103,20 +103,7 @@ port that never serves again; a healthy one serves within a few turns of its loo
 
 
 def _served_soon(check: Callable[[], None], what: str) -> None:
-    failures: list[Exception] = []
-
-    def served() -> bool:
-        try:
-            check()
-        except Exception as exc:
-            failures.append(exc)
-            return False
-        return True
-
-    try:
-        wait_until(served, SERVED_WITHIN, f"{what} served on a new connection")
-    except AssertionError as exc:
-        raise exc from failures[-1]
+    succeeds_within(check, SERVED_WITHIN, f"{what} served on a new connection")
 
 
 def _baseline(served: Served) -> int:
