@@ -54,24 +54,32 @@ def _has_gpu() -> bool:
 LONGEST_FILES_FIRST = (
     "tests/e2e/test_frontend_processes.py",
     "tests/gateway/test_processes.py",
-    "tests/node/test_node_e2e.py",
     "tests/edge/test_every_process_kind.py",
+    "tests/node/test_node_e2e.py",
     "tests/gateway/test_frozen_fleet_e2e.py",
-    "tests/e2e/test_event_loops.py",
     "tests/export/test_torch_frontend.py",
-    "tests/e2e/test_tracing_e2e.py",
-    "tests/serving/grpc/conformance/test_conformance.py",
     "tests/edge/test_memory_gateway.py",
-    "tests/edge/test_h2_server.py",
-    "tests/gateway/test_tracing.py",
-    "tests/client/test_worker_e2e.py",
     "tests/e2e/test_torch_export.py",
+    "tests/e2e/test_tracing_e2e.py",
+    "tests/gateway/test_tracing.py",
+    "tests/edge/test_h2_server.py",
+    "tests/client/test_worker_e2e.py",
+    "tests/serving/grpc/conformance/test_conformance.py",
+    "tests/edge/test_memory_connections.py",
+    "tests/e2e/test_event_loops.py",
+    "tests/worker/test_tracing.py",
+    "tests/gateway/test_e2e.py",
+    "tests/edge/test_memory_process.py",
+    "tests/edge/test_connections_http.py",
+    "tests/e2e/test_compression_e2e.py",
 )
 """The suite's longest files, longest first, are handed out before all others. pytest-xdist's
-``--dist loadfile`` gives each test process a whole file at a time in collection order, so a long
-file collected late (``e2e`` sorts in the middle) ran alone at the end while the other
-processes had nothing left to do. Measured with ``--durations=0`` on the quiet 2-core machine;
-a file missing here only costs the run some of its overlap, never a result."""
+``--dist loadfile --no-loadscope-reorder`` (``tools/dev.sh test``) gives each test process a
+whole file at a time in collection order, so a long file collected late ran alone at the end
+while the other processes had nothing left to do (without ``--no-loadscope-reorder`` xdist
+hands out the files with the most tests first, whatever this order says). Measured with
+``--durations=0`` on the quiet 2-core machine; a file missing here only costs the run some of
+its overlap, never a result."""
 
 
 def _longest_first(items: list[pytest.Item]) -> None:

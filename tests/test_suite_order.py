@@ -30,3 +30,14 @@ def test_collection_puts_the_listed_files_first_in_their_order():
             if not files or files[-1] != name:
                 files.append(name)
     assert files == [LONGEST_FILES_FIRST[0], LONGEST_FILES_FIRST[2], "tests/test_ports.py"]
+
+
+def test_the_test_command_hands_files_out_in_collection_order():
+    """pytest-xdist reorders files by their number of tests unless told not to, which would
+    undo the order above: the long files, few tests each, would run last."""
+    command = next(
+        line
+        for line in (_REPO / "tools" / "dev.sh").read_text().splitlines()
+        if '-n "$procs"' in line
+    )
+    assert "--dist loadfile" in command and "--no-loadscope-reorder" in command, command

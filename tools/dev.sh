@@ -88,7 +88,9 @@ case "$cmd" in
     # Three processes, a test file at a time each (a module's fixtures stay in one process):
     # on 2 cores three finish sooner than two, because many tests wait on a subprocess or a
     # socket (docs/benchmarks/history.md, "Test suite"). KSERVE_TRIO_TEST_PROCS sets how many
-    # (1: one process, no xdist).
+    # (1: one process, no xdist). Files are handed out in collection order, which puts the
+    # longest first (tests/conftest.py); xdist's default hands out the files with the most
+    # tests first, and the long ones, which start processes and have few tests, ran last.
     procs=${KSERVE_TRIO_TEST_PROCS:-3}
     # Bytecode is written and read back: the suite starts a few hundred Python processes and
     # pytest rewrites every test file's asserts, each once per process when an environment
@@ -98,7 +100,7 @@ case "$cmd" in
     say "running the test suite (slow tests included, $procs processes)"
     status=0
     if [ "$procs" -gt 1 ]; then
-      .venv/bin/python -m pytest --run-slow -n "$procs" --dist loadfile "$@" || status=$?
+      .venv/bin/python -m pytest --run-slow -n "$procs" --dist loadfile --no-loadscope-reorder "$@" || status=$?
     else
       .venv/bin/python -m pytest --run-slow "$@" || status=$?
     fi
