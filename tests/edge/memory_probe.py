@@ -3,14 +3,13 @@ open descriptors), deadline loops, and the mlp request of the demo repository.""
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
 from kserve_trio.proto import inference as pb
+from tests.gateway.procs import Proc
 from tests.sockets import tcp_sockets
 from tests.waiting import wait_until
 
@@ -69,21 +68,16 @@ def rss_comes_back(pid: int, start: int, what: str, within: int = RETURNED_BYTES
     return rss(pid)
 
 
-def trimmed_rss(logs: Callable[[], str], since: int, what: str) -> int:
-    """The resident bytes right after the first idle trim a server logged past character
-    ``since`` of its log (its ``heap_trimmed`` event: the process must log at debug level, as
-    JSON lines). Unlike the resident size read at any moment, which keeps the allocator's
-    high-water mark until the trim and so moves with how a round's frees happened to
-    fragment the heap, this is what the process still holds."""
-
-    def trims() -> list[int]:
-        found = []
-        for line in logs()[since:].splitlines():
-            if '"heap_trimmed"' in line:
-                found.append(int(json.loads(line)["resident_after"]))
-        return found
-
-    return wait_until(trims, RETURN_SECONDS, f"{what}: an idle trim logged")[0]
+def trimmed_rss(server: Proc, since: int, what: str) -> int:
+    """The resident bytes right after the first idle trim ``server`` logged past character
+    ``since`` of its log (its ``heap_trimmed`` event: the process must log at debug level).
+    Unlike the resident size read at any moment, which keeps the allocator's high-water mark
+    until the trim and so moves with how a round's frees happened to fragment the heap, this
+    is what the process still holds."""
+    trims = wait_until(
+        lambda: server.events("heap_trimmed", since), RETURN_SECONDS, f"{what}: an idle trim logged"
+    )
+    return int(trims[0]["resident_after"])
 
 
 def fds(pid: int) -> int:

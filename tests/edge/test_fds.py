@@ -14,7 +14,7 @@ or ``"max_connections"`` when too many evictions were still closing).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -80,9 +80,13 @@ class Served:
         server has closed stays counted under the cap until its task has finished, a few turns
         of the loop after its descriptor is gone, and during a flood while EVICTING_MAX
         evicted ones still close. A port that does not serve again fails with its last error."""
-        _served_soon(self._grpc_served, "gRPC")
+        succeeds_within(self._grpc_served, SERVED_WITHIN, "gRPC served on a new connection")
         for port, path in (("rest", self.ready_path), ("metrics", "/metrics")):
-            _served_soon(lambda port=port, path=path: self._http_served(port, path), port)
+            succeeds_within(
+                lambda port=port, path=path: self._http_served(port, path),
+                SERVED_WITHIN,
+                f"{port} served on a new connection",
+            )
 
     def _grpc_served(self) -> None:
         client = self.fresh_grpc()
@@ -100,10 +104,6 @@ class Served:
 SERVED_WITHIN = 30.0
 """Seconds a well-behaved client's check may be retried on new connections (a bound for a
 port that never serves again; a healthy one serves within a few turns of its loop)."""
-
-
-def _served_soon(check: Callable[[], None], what: str) -> None:
-    succeeds_within(check, SERVED_WITHIN, f"{what} served on a new connection")
 
 
 def _baseline(served: Served) -> int:

@@ -79,9 +79,8 @@ def servers(demo_repo: pathlib.Path) -> Iterator[tuple[Worker, Gateway]]:
             G + "LIMITS_MESSAGE_RECEIVE_SECONDS": str(RECEIVE_SECONDS),
             G + "LIMITS_MAX_CONNECTION_BUFFER_BYTES": str(CONNECTION_BUFFER),
             G + "LIMITS_MAX_INFLIGHT_BYTES": str(INFLIGHT),
-            # Its idle trims, with the resident size each left, as JSON lines in its log.
+            # Its idle trims, with the resident size each left, in its log.
             G + "LOGGING_LEVEL": "debug",
-            G + "LOGGING_FORMAT": "json",
         },
     ) as pair:
         yield pair.worker, pair.gateway
@@ -141,7 +140,7 @@ def test_a_gzip_bomb_to_the_gateway_costs_about_its_cap_and_others_are_forwarded
         ] * BOMBS, bombs
         settle(gateway)
         still_standing(worker, gateway, pid, base_fds)
-        held.append(trimmed_rss(gateway.logs, round_began, "the gateway after gzip bombs"))
+        held.append(trimmed_rss(gateway, round_began, "the gateway after gzip bombs"))
     client.close()
     print(
         "gateway gzip bomb: peak RSS growth per round",

@@ -4,6 +4,7 @@ CLI, each logging to a file next to the test's temporary directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -37,6 +38,20 @@ class Proc:
     def logs(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
+
+    def events(self, name: str, since: int = 0) -> list[dict]:
+        """The process's ``name`` log events (its lines are JSON: ``--log-format json``) past
+        character ``since`` of its log."""
+        out = []
+        for line in self.logs()[since:].splitlines():
+            if f'"{name}"' in line:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == name:
+                    out.append(event)
+        return out
 
     def alive(self) -> bool:
         return self.proc.poll() is None

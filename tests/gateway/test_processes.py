@@ -67,18 +67,6 @@ class TwoProcesses(Gateway):
     def __init__(self, workdir: pathlib.Path, env: dict[str, str], *args: str) -> None:
         super().__init__(workdir, env, "--processes", "2", *args)
 
-    def events(self, name: str) -> list[dict]:
-        out = []
-        for line in self.logs().splitlines():
-            if f'"{name}"' in line:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == name:
-                    out.append(event)
-        return out
-
     def children(self) -> dict[int, int]:
         """Each process's pid, as the parent last saw it come up."""
         return {e["gateway_process"]: e["pid"] for e in self.events("gateway_process_up")}
